@@ -1,0 +1,42 @@
+# The README's commands. `make setup` is idempotent and is run by demo, test and bench.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := build-essential libgmp-dev iproute2 wireguard-go wireguard-tools vde2 procps
+STAMP := $(VENV)/.installed
+
+.PHONY: setup apt venv demo test test-fast bench clean
+
+setup: apt venv
+
+# Debian packages the daemon and the lab need; installed only when one is missing.
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "warning: missing Debian packages (install as root): $$missing" >&2; \
+	  fi; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[compute,test]'
+	@touch $@
+
+demo: setup
+	$(BIN)/python -m sim.demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .bench *.egg-info

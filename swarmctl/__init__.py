@@ -1,0 +1,1 @@
+"""swarmctl: the command-line client of swarmd. Thin: parse, call the daemon, render."""

@@ -1,0 +1,175 @@
+"""swarmd's configuration: one documented dataclass, loaded from layered sources.
+
+Precedence, lowest first: defaults, the TOML file (/etc/swarmd/swarmd.toml or --config),
+SWARMD_* environment variables, command-line flags. Every value is checked where it
+enters; a bad one raises ConfigError naming the source, the key and what was expected, and
+swarmd exits 2 with that line.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from . import paths
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+
+
+class ConfigError(Exception):
+    """Exit status 2: the configuration is wrong and restarting will not fix it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    state_dir: Path = field(default_factory=paths.default_state_dir, metadata={
+        "doc": "identity key and everything that must survive a restart (created 0700)"})
+    socket: Path | None = field(default=None, metadata={
+        "doc": "control socket; default /run/swarmd/swarmd.sock as root, else STATE_DIR/swarmd.sock"})
+    socket_group: str = field(default="swarm", metadata={
+        "doc": "group owning the socket (mode 0660) and allowed to change things; ignored if absent"})
+    listen: tuple[str, ...] = field(default=("/ip4/0.0.0.0/tcp/4001",), metadata={
+        "doc": "libp2p listen multiaddrs (TCP; Noise + yamux)"})
+    bootstrap: tuple[str, ...] = field(default=(), metadata={
+        "doc": "peers to dial at start: multiaddrs ending in /p2p/PEER_ID"})
+    metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
+        "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
+    log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
+    log_format: str = field(default="auto", metadata={
+        "doc": "json (journald), console, or auto: console on a TTY, json otherwise"})
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket or paths.default_socket(self.state_dir)
+
+    @property
+    def metrics_hostport(self) -> tuple[str, int] | None:
+        if self.metrics_addr is None:
+            return None
+        host, _, port = self.metrics_addr.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+# --- checking values -------------------------------------------------------------------
+
+Check = Callable[[Any], Any]
+
+
+class _Bad(Exception):
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+
+
+def _path(v: Any) -> Path:
+    if not isinstance(v, str) or not v:
+        raise _Bad("a non-empty path string")
+    return Path(v).expanduser()
+
+
+def _choice(options: tuple[str, ...]) -> Check:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or v.lower() not in options:
+            raise _Bad("one of " + ", ".join(options))
+        return v.lower()
+    return check
+
+
+def _group(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Bad("a group name")
+    return v
+
+
+def _multiaddrs(need: str, what: str) -> Check:
+    def check(v: Any) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = [x for x in (p.strip() for p in v.split(",")) if x]
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise _Bad(f"a list of multiaddr strings ({what})")
+        from multiaddr import Multiaddr  # the daemon pays for it; swarmctl never loads config
+
+        for addr in v:
+            try:
+                protocols = {p.name for p in Multiaddr(addr).protocols()}
+            except Exception as exc:
+                raise _Bad(f"multiaddrs ({what}); {addr!r} does not parse: {exc}") from None
+            if need not in protocols:
+                raise _Bad(f"multiaddrs with /{need}/ ({what}); {addr!r} has none")
+        return tuple(v)
+    return check
+
+
+def _hostport_or_off(v: Any) -> str | None:
+    if v is False or (isinstance(v, str) and v.lower() in ("off", "none", "")):
+        return None
+    if isinstance(v, str):
+        host, sep, port = v.rpartition(":")
+        if sep and host and port.isdigit() and int(port) <= 65535:
+            return v
+    raise _Bad("HOST:PORT with a port 0-65535, or 'off'")
+
+
+_CHECKS: dict[str, Check] = {
+    "state_dir": _path,
+    "socket": _path,
+    "socket_group": _group,
+    "listen": _multiaddrs("tcp", "e.g. /ip4/0.0.0.0/tcp/4001"),
+    "bootstrap": _multiaddrs("p2p", "e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3KooW..."),
+    "metrics_addr": _hostport_or_off,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+}
+assert set(_CHECKS) == {f.name for f in fields(Config)}
+
+
+def env_name(key: str) -> str:
+    return "SWARMD_" + key.upper()
+
+
+def _apply(config: Config, values: Mapping[str, Any], where: Callable[[str], str]) -> Config:
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        check = _CHECKS.get(key)
+        if check is None:
+            known = ", ".join(sorted(_CHECKS))
+            raise ConfigError(f"{where(key)}: unknown key (known keys: {known})")
+        try:
+            changes[key] = check(value)
+        except _Bad as bad:
+            raise ConfigError(f"{where(key)}: expected {bad.expected}, got {value!r}") from None
+    return replace(config, **changes)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load(*, config_file: Path | None, env: Mapping[str, str] = os.environ,
+         flags: Mapping[str, Any] | None = None) -> Config:
+    """Build the configuration; ``config_file=None`` means the system file if it exists."""
+    config = Config()
+    path = config_file
+    if path is None and env.get("SWARMD_CONFIG"):
+        path = Path(env["SWARMD_CONFIG"])
+    if path is None and paths.SYSTEM_CONFIG.exists():
+        path = paths.SYSTEM_CONFIG
+    if path is not None:
+        config = _apply(config, read_file(path), lambda k: f"{path}: key '{k}'")
+    from_env = {k: env[env_name(k)] for k in _CHECKS if env.get(env_name(k)) is not None}
+    config = _apply(config, from_env, lambda k: f"environment {env_name(k)}")
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    config = _apply(config, given, lambda k: f"flag --{k.replace('_', '-')}")
+    return config

@@ -1,0 +1,1 @@
+"""libp2p host, signed capacity records, membership view, failure detection."""

@@ -1,0 +1,62 @@
+"""The libp2p host, configured the way DESIGN requires, and the bootstrap dialer.
+
+Security: Noise is the only security transport offered; py-libp2p's default would also
+accept /plaintext/2.0.0. Muxer: yamux only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import structlog
+import trio
+from libp2p import create_yamux_muxer_option, new_host
+from libp2p.abc import IHost
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from multiaddr import Multiaddr
+
+from ..identity import Identity
+
+log = structlog.get_logger("swarmd.gossip")
+
+BOOTSTRAP_RETRY_MAX = 30.0  # seconds; a provider's peer may be down for minutes
+BOOTSTRAP_CHECK = 5.0  # how often a connected bootstrap peer is checked
+
+
+def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
+    noise = NoiseTransport(identity.key_pair, noise_privkey=new_x25519_pair().private_key)
+    return new_host(
+        key_pair=identity.key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt=create_yamux_muxer_option(),
+        listen_addrs=[Multiaddr(a) for a in listen],
+    )
+
+
+def retry_delay(attempt: int, rng: random.Random) -> float:
+    """Exponential backoff from 0.5 s, capped, with full jitter (AWS architecture blog)."""
+    return rng.uniform(0, min(BOOTSTRAP_RETRY_MAX, 0.5 * 2 ** attempt))
+
+
+async def keep_connected(host: IHost, addr: str, rng: random.Random) -> None:
+    """Dial a bootstrap peer until connected, and again whenever the connection drops."""
+    info = info_from_p2p_addr(Multiaddr(addr))
+    attempt = 0
+    while True:
+        if info.peer_id in host.get_connected_peers():
+            attempt = 0
+            await trio.sleep(BOOTSTRAP_CHECK)
+            continue
+        try:
+            await host.connect(info)
+            log.info("bootstrap peer connected", peer=str(info.peer_id), addr=addr)
+            attempt = 0
+        except Exception as exc:  # libp2p raises many types for an unreachable peer
+            delay = retry_delay(attempt, rng)
+            log.debug("bootstrap dial failed", addr=addr, error=str(exc), retry_in=round(delay, 2))
+            attempt += 1
+            await trio.sleep(delay)

@@ -1,0 +1,100 @@
+"""A node: wires identity, the libp2p host, the control socket and metrics together.
+
+Start order matters to systemd: READY=1 is sent only once the control socket accepts, so
+`systemctl start swarmd && swarmctl status` never races. Stop order: stop accepting, close
+libp2p, remove the socket.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import random
+import time
+from typing import Any
+
+import structlog
+import trio
+from multiaddr import Multiaddr
+
+from . import __version__, api
+from .config import Config
+from .gossip.host import keep_connected, make_host
+from .identity import Identity
+from .metrics import Metrics
+from .rpc.protocol import Dispatcher
+from .rpc.server import AccessPolicy, RpcServer, bind_unix
+from .sdnotify import Notifier
+
+SHUTDOWN_GRACE = 3.0  # seconds libp2p gets to close; systemd's stop timeout is longer
+
+
+def group_id(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+class Node:
+    def __init__(self, config: Config, identity: Identity, *, notifier: Notifier | None = None,
+                 started: float | None = None) -> None:
+        self.config = config
+        self.identity = identity
+        self.notifier = notifier or Notifier()
+        self.started = time.monotonic() if started is None else started
+        self.log_level = config.log_level
+        self.log = structlog.get_logger("swarmd")
+        self.metrics = Metrics(version=__version__, peer_id=str(identity.peer_id), started=self.started)
+        self.metrics_bound: tuple[str, int] | None = None
+        self.host = make_host(identity, config.listen)
+        self.rng = random.Random()
+
+    def status(self) -> dict[str, Any]:
+        peers = self.host.get_connected_peers()
+        self.metrics.peers_connected.set(len(peers))
+        return {
+            "peer_id": str(self.identity.peer_id),
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_s": api.uptime(self.started),
+            "state_dir": str(self.config.state_dir),
+            "socket": str(self.config.socket_path),
+            "listen_addrs": [str(a) for a in self.host.get_addrs()],
+            "connected_peers": len(peers),
+            "metrics_addr": "off" if self.metrics_bound is None else "%s:%d" % self.metrics_bound,
+            "log_level": self.log_level,
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        group = group_id(config.socket_group)
+        dispatcher = Dispatcher(api.methods(self))
+        server = RpcServer(dispatcher, AccessPolicy(daemon_uid=os.geteuid(), group_gid=group),
+                           observer=self.metrics.observe_rpc)
+        listener = await bind_unix(config.socket_path, group_gid=group)
+        try:
+            if (hostport := config.metrics_hostport) is not None:
+                self.metrics_bound = self.metrics.serve(*hostport)
+            async with self.host.run([Multiaddr(a) for a in config.listen]), trio.open_nursery() as nursery:
+                await nursery.start(server.serve, listener)
+                for addr in config.bootstrap:
+                    nursery.start_soon(keep_connected, self.host, addr, self.rng)
+                if self.notifier.watchdog_interval:
+                    nursery.start_soon(self._watchdog, self.notifier.watchdog_interval)
+                self.notifier.notify("READY=1", f"STATUS=serving {config.socket_path}")
+                self.log.info("ready", socket=str(config.socket_path),
+                              listen=[str(a) for a in self.host.get_addrs()],
+                              metrics=self.status()["metrics_addr"],
+                              startup_s=round(time.monotonic() - self.started, 3))
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.notifier.notify("STOPPING=1")
+            config.socket_path.unlink(missing_ok=True)
+            self.metrics.close()
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            self.notifier.notify("WATCHDOG=1")
+            await trio.sleep(interval)

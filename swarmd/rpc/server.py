@@ -1,0 +1,222 @@
+"""The control socket: a thin trio driver around framing and the dispatcher.
+
+Rules:
+- Each connection is its own task, and each call its own task within it, so a silent
+  client, a slow reader or a long stream never holds up anyone else.
+- A protocol error (truncated, oversize or non-msgpack frame, a malformed request, an
+  unknown method, bad params, a refused call) gets an error reply where one can be sent
+  and the connection is closed. A handler's failure is answered and the connection stays.
+- Sends are bounded in time; a client that stops reading is dropped after SEND_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket as _socket
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, encode_frame
+from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, end_of_stream,
+                       error_reply, may_mutate, reply)
+
+log = structlog.get_logger("swarmd.rpc")
+
+SEND_TIMEOUT = 10.0  # a reader this slow is gone or hostile
+FRAME_TIMEOUT = 30.0  # a frame that has started must finish within this
+MAX_CONNECTIONS = 256
+MAX_CALLS_PER_CONNECTION = 64
+
+Observer = Callable[[str, ErrorCode | None], None]
+
+
+class SocketInUse(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccessPolicy:
+    daemon_uid: int
+    group_gid: int | None
+
+    def caller(self, pid: int, uid: int, gid: int) -> Caller:
+        gids = _groups_of(pid) | {gid}
+        return Caller(pid=pid, uid=uid, gid=gid,
+                      may_mutate=may_mutate(uid, gids, daemon_uid=self.daemon_uid,
+                                            group_gid=self.group_gid))
+
+
+def _groups_of(pid: int) -> set[int]:
+    """Supplementary groups of a process (the kernel's view, not /etc/group's)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return set()
+
+
+def _peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def _refuse_live_socket(path: Path) -> None:
+    """Remove a stale socket; refuse to steal one another daemon is serving."""
+    if not path.exists() and not path.is_symlink():
+        return
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink(missing_ok=True)
+    else:
+        raise SocketInUse(f"{path} is served by another process (is swarmd already running?)")
+    finally:
+        probe.close()
+
+
+async def bind_unix(path: Path, *, mode: int = 0o660, group_gid: int | None = None) -> trio.SocketListener:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _refuse_live_socket(path)
+    sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)  # the socket is never wider than `mode`, not even briefly
+    try:
+        await sock.bind(str(path))
+    finally:
+        os.umask(old)
+    if group_gid is not None:
+        os.chown(path, -1, group_gid)
+    os.chmod(path, mode)
+    sock.listen(128)
+    return trio.SocketListener(sock)
+
+
+class RpcServer:
+    def __init__(self, dispatcher: Dispatcher, policy: AccessPolicy, *,
+                 observer: Observer | None = None) -> None:
+        self._dispatcher = dispatcher
+        self._policy = policy
+        self._observer = observer or (lambda method, code: None)
+        self._connections = 0
+
+    async def serve(self, listener: trio.SocketListener, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with listener, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(self._connection, stream)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        self._connections += 1
+        try:
+            async with stream:
+                if self._connections > MAX_CONNECTIONS:
+                    await _Conn(stream, self).send(error_reply(None, ErrorCode.BUSY,
+                                                               "too many connections"))
+                    return
+                await _Conn(stream, self).run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._connections -= 1
+
+
+class _Conn:
+    def __init__(self, stream: trio.SocketStream, server: RpcServer) -> None:
+        self.stream = stream
+        self.server = server
+        self.send_lock = trio.Lock()
+        self.in_flight = 0
+
+    async def send(self, message: dict[str, Any]) -> None:
+        frame = encode_frame(message)
+        async with self.send_lock:
+            with trio.move_on_after(SEND_TIMEOUT) as scope:
+                await self.stream.send_all(frame)
+            if scope.cancelled_caught:
+                raise trio.BrokenResourceError("client stopped reading")
+
+    async def run(self) -> None:
+        pid, uid, gid = _peer_credentials(self.stream.socket)
+        caller = self.server._policy.caller(pid, uid, gid)
+        log.debug("rpc connection", pid=pid, uid=uid, gid=gid)
+        decoder = FrameDecoder()
+        async with trio.open_nursery() as calls:
+            try:
+                await self._read_loop(decoder, caller, calls)
+            except RpcError as exc:
+                self.server._observer(exc.method or "<invalid>", exc.code)
+                log.info("rpc request refused", pid=pid, uid=uid, code=exc.code.name, error=exc.message)
+                calls.cancel_scope.cancel()
+                with trio.move_on_after(SEND_TIMEOUT):
+                    await self.send(exc.reply())
+
+    async def _read_loop(self, decoder: FrameDecoder, caller: Caller, calls: trio.Nursery) -> None:
+        while True:
+            timeout = FRAME_TIMEOUT if decoder.pending else float("inf")
+            with trio.move_on_after(timeout) as idle:
+                data = await self.stream.receive_some(1 << 16)
+            if idle.cancelled_caught:
+                raise RpcError(ErrorCode.PARSE_ERROR,
+                               f"incomplete frame ({decoder.pending} bytes) not finished within {FRAME_TIMEOUT:g} s")
+            if not data:
+                if decoder.pending:
+                    raise RpcError(ErrorCode.PARSE_ERROR,
+                                   f"truncated frame: stream ended inside a frame ({decoder.pending} bytes buffered)")
+                return  # in-flight calls finish, then the nursery closes
+            decoder.feed(data)
+            for message in self._messages(decoder):
+                call = self.server._dispatcher.prepare(message, caller)
+                if self.in_flight >= MAX_CALLS_PER_CONNECTION:
+                    raise RpcError(ErrorCode.BUSY, f"more than {MAX_CALLS_PER_CONNECTION} calls in flight",
+                                   request_id=call.id, method=call.method.name)
+                self.in_flight += 1
+                calls.start_soon(self._run_call, call)
+
+    @staticmethod
+    def _messages(decoder: FrameDecoder) -> Iterable[Any]:
+        while True:
+            try:
+                message = decoder.next_message()
+            except FrameTooLarge as exc:
+                raise RpcError(ErrorCode.FRAME_TOO_LARGE, str(exc)) from None
+            except FramingError as exc:
+                raise RpcError(ErrorCode.PARSE_ERROR, str(exc)) from None
+            if message is NOT_YET:
+                return
+            yield message
+
+    async def _run_call(self, call: Call) -> None:
+        name = call.method.name
+        code: ErrorCode | None = None
+        try:
+            if call.method.streams:
+                async for item in call.method.handler(call.params, call.caller):
+                    await self.send(reply(call.id, item, final=False))
+                await self.send(end_of_stream(call.id))
+            else:
+                result = await call.method.handler(call.params, call.caller)
+                await self.send(reply(call.id, result))
+        except RpcError as exc:
+            code = exc.code
+            await self.send(error_reply(call.id, exc.code, exc.message))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception as exc:  # a bug: answer, log, keep serving
+            code = ErrorCode.INTERNAL_ERROR
+            log.exception("rpc handler crashed", method=name)
+            await self.send(error_reply(call.id, code, f"internal error in {name}: {type(exc).__name__}: {exc}"))
+        finally:
+            self.in_flight -= 1
+            self.server._observer(name, code)
