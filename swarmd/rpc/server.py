@@ -126,8 +126,10 @@ class RpcServer:
                                                                "too many connections"))
                     return
                 await _Conn(stream, self).run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away or was dropped for not reading
+        except* Exception:
+            log.exception("rpc connection failed")  # a bug; this connection only
         finally:
             self._connections -= 1
 
@@ -158,9 +160,10 @@ class _Conn:
             except RpcError as exc:
                 self.server._observer(exc.method or "<invalid>", exc.code)
                 log.info("rpc request refused", pid=pid, uid=uid, code=exc.code.name, error=exc.message)
-                calls.cancel_scope.cancel()
-                with trio.move_on_after(SEND_TIMEOUT):
+                try:
                     await self.send(exc.reply())
+                finally:
+                    calls.cancel_scope.cancel()  # close: the stream can no longer be trusted
 
     async def _read_loop(self, decoder: FrameDecoder, caller: Caller, calls: trio.Nursery) -> None:
         while True:
