@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 demo: setup
-	$(BIN)/python -m sim.demo
+	BIN=$(BIN) bash examples/demo.sh
 
 test: setup
 	$(BIN)/python -m pytest -q

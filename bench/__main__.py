@@ -1,0 +1,129 @@
+"""Foundation benchmarks: control-socket round trip, swarmctl start-up, daemon start-to-ready,
+and idle RSS/CPU. Each is measured against a real swarmd started for the purpose."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from swarmd.rpc.client import Client, DaemonUnreachable
+
+OUT = Path(".bench")
+IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
+IDLE_WINDOW = 10.0
+
+
+def start(base: Path) -> tuple[subprocess.Popen[bytes], Path, float]:
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "empty.toml").touch()
+    sock = base / "swarmd.sock"
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarmd.main", "--config", str(base / "empty.toml"), "--state-dir",
+         str(base / "state"), "--socket", str(sock), "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--metrics-addr", "off", "--log-level", "warning"], stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            with Client(str(sock), timeout=2) as c:
+                c.call("status")
+            return proc, sock, time.monotonic() - t0
+        except DaemonUnreachable:
+            if proc.poll() is not None or time.monotonic() - t0 > 60:
+                raise SystemExit("swarmd did not start")
+            time.sleep(0.005)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(10)
+
+
+def pct(samples: list[float], q: float) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
+
+
+def main() -> None:
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        ready = []
+        for i in range(5):
+            proc, _, took = start(base / f"r{i}")
+            ready.append(took)
+            stop(proc)
+        results["start_to_ready_p50_ms"] = statistics.median(ready) * 1e3
+
+        proc, sock, _ = start(base / "main")
+        try:
+            fresh = []  # what swarmctl does: connect, call, close
+            for _ in range(1000):
+                t0 = time.perf_counter()
+                with Client(str(sock)) as c:
+                    c.call("status")
+                fresh.append((time.perf_counter() - t0) * 1e3)
+            kept = []
+            with Client(str(sock)) as c:
+                for _ in range(1000):
+                    t0 = time.perf_counter()
+                    c.call("status")
+                    kept.append((time.perf_counter() - t0) * 1e3)
+            results |= {"status_rtt_p50_ms": pct(fresh, 50), "status_rtt_p99_ms": pct(fresh, 99),
+                        "status_rtt_kept_conn_p50_ms": pct(kept, 50)}
+
+            cli = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "swarmctl.main", "--socket", str(sock), "status", "--json"],
+                               check=True, capture_output=True)
+                cli.append((time.perf_counter() - t0) * 1e3)
+            helps = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "swarmctl.main", "--help"], check=True, capture_output=True)
+                helps.append((time.perf_counter() - t0) * 1e3)
+            results["swarmctl_status_p50_ms"] = statistics.median(cli)
+            results["swarmctl_help_p50_ms"] = statistics.median(helps)
+
+            p = psutil.Process(proc.pid)
+            print(f"idling {IDLE_SETTLE + IDLE_WINDOW:.0f} s for the idle figures...", file=sys.stderr)
+            time.sleep(IDLE_SETTLE)
+            cpu0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
+            time.sleep(IDLE_WINDOW)
+            cpu1, t1 = sum(p.cpu_times()[:2]), time.monotonic()
+            results["idle_rss_mb"] = p.memory_info().rss / 2**20
+            results["idle_cpu_pct"] = 100 * (cpu1 - cpu0) / (t1 - t0)
+        finally:
+            stop(proc)
+
+    targets = {"status_rtt_p50_ms": 2.0, "swarmctl_help_p50_ms": 300.0, "idle_rss_mb": 120.0, "idle_cpu_pct": 1.0}
+    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
+    report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
+              "targets": targets}
+    OUT.mkdir(exist_ok=True)
+    (OUT / "foundation.json").write_text(json.dumps(report, indent=2))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"swarmd foundation bench — {machine}")
+    for col in ("measure", "value", "target", "ok"):
+        table.add_column(col)
+    for key, value in results.items():
+        target = targets.get(key)
+        ok = "" if target is None else ("yes" if value < target else "NO")
+        table.add_row(key, f"{value:.2f}", "" if target is None else f"< {target:g}", ok)
+    Console().print(table)
+    print(f"written to {OUT / 'foundation.json'}")
+
+
+if __name__ == "__main__":
+    main()
