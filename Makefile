@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := build-essential libgmp-dev iproute2 wireguard-go wireguard-tools vde2 procps
+APT_PACKAGES := build-essential libgmp-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt venv demo test test-fast bench clean

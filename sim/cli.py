@@ -1,0 +1,155 @@
+"""`swarm-sim`: the network lab (and later the simulator). Thin: parse, act, render."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    name = argparse.ArgumentParser(add_help=False)
+    name.add_argument("--name", default="lab", help="which lab (default: lab); several can coexist")
+    p = argparse.ArgumentParser(prog="swarm-sim", description="Try a swarm before deploying it.")
+    top = p.add_subparsers(dest="area", metavar="AREA", required=True)
+    lab = top.add_parser("lab", help="real daemons on an emulated wide-area network")
+    sub = lab.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    up = sub.add_parser("up", parents=[name], help="create hosts, links and daemons")
+    up.add_argument("--hosts", type=int, required=True, metavar="N")
+    rtt = up.add_mutually_exclusive_group()
+    rtt.add_argument("--rtt-ms", type=float, default=None, metavar="MS", help="the same RTT on every link (default 20)")
+    rtt.add_argument("--rtt-matrix", type=Path, metavar="FILE.csv", help="square CSV of RTTs in ms, no header")
+    rtt.add_argument("--countries", metavar="DE,US,JP", help="host i sits in the i-th country; measured RTTs")
+    up.add_argument("--loss", type=float, default=0.0, metavar="PCT")
+    up.add_argument("--bandwidth", type=float, default=None, metavar="MBIT")
+    up.add_argument("--no-daemons", action="store_true", help="the network only")
+
+    ex = sub.add_parser("exec", parents=[name], help="run a command inside a host's namespace")
+    ex.add_argument("host")
+    ex.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD")
+
+    ln = sub.add_parser("link", parents=[name], help="change one link at run time")
+    ln.add_argument("a")
+    ln.add_argument("b")
+    ln.add_argument("--rtt-ms", type=float, metavar="MS")
+    ln.add_argument("--loss", type=float, metavar="PCT")
+    ln.add_argument("--bandwidth", type=float, metavar="MBIT")
+    state = ln.add_mutually_exclusive_group()
+    state.add_argument("--down", dest="up", action="store_false", default=None)
+    state.add_argument("--up", dest="up", action="store_true")
+
+    kill = sub.add_parser("kill", parents=[name], help="signal a host's daemon")
+    kill.add_argument("host")
+    kill.add_argument("--signal", default="TERM", choices=["KILL", "TERM", "STOP", "CONT"])
+    start = sub.add_parser("start", parents=[name], help="restart a host's daemon (same identity)")
+    start.add_argument("host")
+    st = sub.add_parser("status", parents=[name], help="hosts and links")
+    st.add_argument("--json", action="store_true")
+    sub.add_parser("down", parents=[name], help="remove everything the lab made")
+    return p
+
+
+def _check_range(value: float | None, low: float, high: float, flag: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise SystemExit(f"swarm-sim: {flag} must be between {low:g} and {high:g}, got {value:g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from .netlab import lab as labmod
+    from .netlab import topology
+    from .netlab.state import LabState
+
+    for flag in ("loss",):
+        _check_range(getattr(args, flag, None), 0, 100, f"--{flag}")
+    _check_range(getattr(args, "rtt_ms", None), 0, 10_000, "--rtt-ms")
+    try:
+        if args.command == "up":
+            countries = None
+            if args.countries:
+                table = topology.country_table()
+                countries = topology.check_countries(args.countries.split(","), table)
+                rtt = topology.from_countries(table)
+            elif args.rtt_matrix:
+                rtt = topology.from_matrix_csv(args.rtt_matrix)
+            else:
+                rtt = topology.uniform(20.0 if args.rtt_ms is None else args.rtt_ms)
+            hosts, links = topology.plan(args.hosts, rtt, loss_pct=args.loss, bandwidth_mbit=args.bandwidth,
+                                         countries=countries)
+            lab = labmod.Lab.up(args.name, hosts, links, daemons=not args.no_daemons)
+            _render_hosts(lab.status())
+            return 0
+        if args.command == "down":
+            labmod.down(args.name)
+            return 0
+        state = LabState.load(args.name)
+        if state is None:
+            print(f"swarm-sim: no lab named {args.name!r} (start one with `swarm-sim lab up`)", file=sys.stderr)
+            return 2
+        lab = labmod.Lab(state)
+        if args.command == "exec":
+            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not argv:
+                print("swarm-sim: lab exec HOST -- CMD: no command given", file=sys.stderr)
+                return 2
+            return lab.exec(args.host, argv)
+        if args.command == "link":
+            link = lab.set_link(args.a, args.b, rtt_ms=args.rtt_ms, loss_pct=args.loss,
+                                bandwidth_mbit=args.bandwidth, up=args.up)
+            print(json.dumps(link.to_dict()))
+            return 0
+        if args.command == "kill":
+            lab.kill(args.host, signal.Signals[f"SIG{args.signal}"])
+            return 0
+        if args.command == "start":
+            lab.start(args.host)
+            return 0
+        if args.command == "status":
+            status = lab.status()
+            if args.json:
+                print(json.dumps(status, indent=2))
+            else:
+                _render_hosts(status)
+                _render_links(status)
+            return 0
+    except labmod.LabError as exc:
+        print(f"swarm-sim: {exc}", file=sys.stderr)
+        return exc.status
+    except (KeyError, ValueError) as exc:
+        print(f"swarm-sim: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _render_hosts(status: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"lab {status['name']}")
+    for col in ("host", "namespace", "underlay address", "country", "daemon", "pid", "socket", "peer id"):
+        t.add_column(col, no_wrap=col != "socket", overflow="fold")
+    for h in status["hosts"]:
+        t.add_row(h["host"], h["netns"], h["address"], h["country"] or "-", h["daemon"], str(h["pid"] or "-"),
+                  h["socket"], h["peer_id"][-12:])
+    Console().print(t)
+
+
+def _render_links(status: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="links")
+    for col in ("a", "b", "a end", "b end", "rtt ms", "loss %", "bandwidth", "state"):
+        t.add_column(col)
+    for link in status["links"]:
+        bw = f"{link['bandwidth_mbit']:g} Mbit/s" if link["bandwidth_mbit"] else "-"
+        t.add_row(link["a"], link["b"], link["a_addr"], link["b_addr"], f"{link['rtt_ms']:g}",
+                  f"{link['loss_pct']:g}", bw, "up" if link["up"] else "DOWN")
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

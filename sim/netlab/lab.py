@@ -1,0 +1,328 @@
+"""Bring a lab up and down, and act on it: exec, link changes, kill and start.
+
+Each host is a network namespace ``sl-NAME-hI`` with its own swarmd, state directory and
+control socket. Each host pair is a vde2 segment: a vde_switch per end, a wirefilter
+between them (delay = RTT/2 each way, loss, bandwidth; changed at run time through its
+management socket), and a vde_plug2tap in each namespace. Helpers are started detached and
+recorded by pidfile, so they outlive `lab up`; `lab down` kills by pidfile and by the lab
+directory in a process's command line, so a crashed `up` is cleaned too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from swarmd.identity import load_or_create
+from swarmd.rpc.client import Client, DaemonUnreachable
+
+from .state import ROOT, HostState, LabState
+from .topology import Host, Link
+
+READY_TIMEOUT = 90.0  # N daemons importing libp2p on 2 cores
+SWARMD_PORT = 4001
+TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2"}
+
+
+class LabError(Exception):
+    """Shown as one line; exit status 2 for what the user must fix, 1 otherwise."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("swarm-sim lab needs root (it creates network namespaces): run it as root", 2)
+    if not Path("/proc/self/ns/net").exists():
+        raise LabError("this kernel has no network namespaces (CONFIG_NET_NS): swarm-sim lab cannot run", 2)
+    for tool, package in TOOLS.items():
+        if shutil.which(tool) is None:
+            raise LabError(f"{tool} not found: install the Debian package {package}", 2)
+
+
+def run(*args: str, input: str | None = None) -> None:
+    proc = subprocess.run(args, input=input, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LabError(f"{' '.join(args)}: {proc.stderr.strip()}")
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _pidfile_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def process_state(pid: int | None) -> str:
+    if not _alive(pid):
+        return "dead"
+    with open(f"/proc/{pid}/stat") as f:
+        code = f.read().rsplit(")", 1)[1].split()[0]
+    return {"T": "stopped", "t": "stopped"}.get(code, "running")
+
+
+class Lab:
+    def __init__(self, state: LabState) -> None:
+        self.state = state
+        self.dir = Path(state.dir)
+
+    # --- up ----------------------------------------------------------------------------
+
+    @classmethod
+    def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True) -> Lab:
+        preflight()
+        if LabState.load(name) is not None or any(_netns_of(name)):
+            raise LabError(f"lab {name!r} exists: `swarm-sim lab down --name {name}` first", 2)
+        directory = ROOT / name
+        directory.mkdir(parents=True, exist_ok=True)
+        state = LabState(name=name, dir=str(directory), daemons=daemons, links=links)
+        for h in hosts:
+            hdir = directory / h.name
+            ident, _ = load_or_create(hdir / "state")  # the peer id is known before the daemon starts
+            state.hosts.append(HostState(
+                name=h.name, index=h.index, address=h.address, netns=f"sl-{name}-{h.name}",
+                state_dir=str(hdir / "state"), socket=str(hdir / "swarmd.sock"), log=str(hdir / "swarmd.log"),
+                peer_id=str(ident.peer_id), country=h.country))
+        state.save()
+        lab = cls(state)
+        try:
+            lab._build_network()
+            if daemons:
+                for h in state.hosts:
+                    lab._spawn(h)
+                state.save()
+                lab.wait_ready(list(state.hosts))
+        except BaseException:
+            lab.down_quietly()
+            raise
+        return lab
+
+    def _build_network(self) -> None:
+        for h in self.state.hosts:
+            run("ip", "netns", "add", h.netns)
+            run("ip", "-n", h.netns, "-batch", "-", input=f"link set lo up\naddr add {h.address}/32 dev lo\n")
+        (self.dir / "links").mkdir(exist_ok=True)
+        for link in self.state.links:
+            self._build_link(link)
+        for h in self.state.hosts:  # addresses and host routes, one batch per namespace
+            lines = []
+            for link in self.state.links:
+                if h.name not in (link.a, link.b):
+                    continue
+                mine, theirs = (link.a_addr, link.b_addr) if h.name == link.a else (link.b_addr, link.a_addr)
+                peer = self.state.host(link.b if h.name == link.a else link.a)
+                tap = f"to-{peer.name}"
+                wait_for(lambda: _link_exists(h.netns, tap), 10, f"tap {tap} in {h.netns}")
+                lines += [f"addr add {mine}/30 dev {tap}", f"link set {tap} up",
+                          f"route add {peer.address}/32 via {theirs} src {h.address}"]
+            if lines:
+                run("ip", "-n", h.netns, "-batch", "-", input="\n".join(lines) + "\n")
+
+    def _build_link(self, link: Link) -> None:
+        base = self.dir / "links" / f"p{link.pair}"
+        for end in ("a", "b"):
+            run("vde_switch", "-s", f"{base}{end}.sw", "-d", "-p", f"{base}{end}.sw.pid")
+        args = ["wirefilter", "-v", f"{base}a.sw:{base}b.sw", "-M", f"{base}.mgmt", "--daemon",
+                "--pidfile", f"{base}.wf.pid", "-d", f"{link.rtt_ms / 2:g}", "-l", f"{link.loss_pct:g}"]
+        if link.bandwidth_mbit:
+            args += ["-b", str(int(link.bandwidth_mbit * 125_000))]
+        run(*args)
+        for end, host, peer in (("a", link.a, link.b), ("b", link.b, link.a)):
+            run("ip", "netns", "exec", self.state.host(host).netns, "vde_plug2tap", "-s", f"{base}{end}.sw",
+                "-d", "-P", f"{base}{end}.tap.pid", f"to-{peer}")
+
+    # --- daemons -----------------------------------------------------------------------
+
+    def _spawn(self, h: HostState) -> None:
+        hdir = Path(h.state_dir).parent
+        (hdir / "swarmd.toml").touch()
+        bootstrap = []
+        for other in self.state.hosts:
+            if other.name != h.name:
+                bootstrap += ["--bootstrap", f"/ip4/{other.address}/tcp/{SWARMD_PORT}/p2p/{other.peer_id}"]
+        cmd = ["ip", "netns", "exec", h.netns, sys.executable, "-m", "swarmd.main",
+               "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
+               "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
+               *bootstrap]
+        with open(h.log, "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
+        h.pid = proc.pid  # `ip netns exec` execs: this is swarmd's pid
+
+    def wait_ready(self, hosts: list[HostState], timeout: float = READY_TIMEOUT) -> None:
+        pending = list(hosts)
+        deadline = time.monotonic() + timeout
+        while pending:
+            for h in list(pending):
+                if not _alive(h.pid):
+                    raise LabError(f"swarmd on {h.name} exited; its log: {h.log}")
+                try:
+                    with Client(h.socket, timeout=2) as c:
+                        c.call("status")
+                    pending.remove(h)
+                except DaemonUnreachable:
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise LabError(f"swarmd not ready after {timeout:g} s on {', '.join(h.name for h in pending)}")
+            time.sleep(0.05)
+
+    def kill(self, host: str, sig: signal.Signals = signal.SIGTERM) -> None:
+        h = self.state.host(host)
+        if not _alive(h.pid):
+            raise LabError(f"swarmd on {host} is not running")
+        os.kill(h.pid, sig)
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            wait_for(lambda: not _alive(h.pid), 10, f"swarmd on {host} to exit")
+            _reap(h.pid)
+
+    def start(self, host: str) -> None:
+        h = self.state.host(host)
+        if _alive(h.pid):
+            raise LabError(f"swarmd on {host} is already running (pid {h.pid})", 2)
+        self._spawn(h)
+        self.state.save()
+        self.wait_ready([h])
+
+    # --- links -------------------------------------------------------------------------
+
+    def set_link(self, a: str, b: str, *, rtt_ms: float | None = None, loss_pct: float | None = None,
+                 bandwidth_mbit: float | None = None, up: bool | None = None) -> Link:
+        link = self.state.link(a, b)
+        if rtt_ms is not None:
+            link.rtt_ms = rtt_ms
+        if loss_pct is not None:
+            link.loss_pct = loss_pct
+        if bandwidth_mbit is not None:
+            link.bandwidth_mbit = bandwidth_mbit
+        if up is not None:
+            link.up = up
+        commands = [f"delay {link.rtt_ms / 2:g}", f"loss {100 if not link.up else link.loss_pct:g}",
+                    f"bandwidth {int((link.bandwidth_mbit or 0) * 125_000)}"]
+        _wirefilter(self.dir / "links" / f"p{link.pair}.mgmt", commands)
+        self.state.save()
+        return link
+
+    # --- exec, status, down ------------------------------------------------------------
+
+    def exec(self, host: str, argv: list[str]) -> int:
+        h = self.state.host(host)
+        env = {**os.environ, "SWARMD_SOCKET": h.socket,
+               "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        return subprocess.call(["ip", "netns", "exec", h.netns, *argv], env=env)
+
+    def status(self) -> dict:
+        hosts = []
+        for h in self.state.hosts:
+            hosts.append({"host": h.name, "netns": h.netns, "address": h.address, "country": h.country,
+                          "pid": h.pid, "daemon": process_state(h.pid) if self.state.daemons else "none",
+                          "socket": h.socket, "peer_id": h.peer_id})
+        return {"name": self.state.name, "dir": self.state.dir, "hosts": hosts,
+                "links": [link.to_dict() for link in self.state.links]}
+
+    def down_quietly(self) -> None:
+        down(self.state.name)
+
+
+def down(name: str) -> bool:
+    """Remove everything lab ``name`` made; True if there was anything. Safe to repeat."""
+    directory = ROOT / name
+    state = LabState.load(name)
+    found = state is not None or directory.exists()
+    daemons = [h.pid for h in state.hosts if _alive(h.pid)] if state else []
+    for pid in daemons:  # a clean stop first, so daemons remove what they made
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in daemons) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    marker = str(directory) + "/"
+    for pid in _pids_mentioning(marker) + [p for p in (_pidfile_pid(f) for f in directory.glob("links/*.pid")) if p]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in daemons:
+        _reap(pid)
+    for ns in _netns_of(name):
+        found = True
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    return found
+
+
+def _reap(pid: int | None) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our child when started by this process (tests)
+    except (ChildProcessError, TypeError):
+        pass
+
+
+def _pids_mentioning(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _netns_of(name: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    prefix = f"sl-{name}-"
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def _link_exists(netns: str, dev: str) -> bool:
+    return subprocess.run(["ip", "-n", netns, "link", "show", dev], capture_output=True).returncode == 0
+
+
+def _wirefilter(mgmt: Path, commands: list[str]) -> None:
+    """Send commands to a wirefilter's management socket; each must answer '1000 Success'."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(mgmt))
+        buf = b""
+        while not buf.endswith(b"$ "):
+            buf += s.recv(4096)  # the banner and prompt
+        for command in commands:
+            s.sendall(command.encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"$ "):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+            if b"1000 Success" not in buf:
+                raise LabError(f"wirefilter refused {command!r}: {buf.decode(errors='replace').strip()}")
+
+
+def _source_root() -> str:
+    return str(Path(__file__).resolve().parent.parent.parent)
