@@ -59,6 +59,12 @@ def _check_range(value: float | None, low: float, high: float, flag: str) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "exec" and "--" in args.argv:
+        # `lab exec h2 --name x -- cmd`: options may stand between the host and the --
+        cut = args.argv.index("--")
+        head, args.argv = args.argv[:cut], args.argv[cut + 1:]
+        if head:
+            args.name = parser().parse_args(["lab", "exec", *head, args.host]).name
     from .netlab import lab as labmod
     from .netlab import topology
     from .netlab.state import LabState
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         lab = labmod.Lab(state)
         if args.command == "exec":
-            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            argv = args.argv
             if not argv:
                 print("swarm-sim: lab exec HOST -- CMD: no command given", file=sys.stderr)
                 return 2
@@ -124,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _render_hosts(status: dict) -> None:
+def _console():
     from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160  # logs and pipes: do not squeeze the table to 80 columns
+    return console
+
+
+def _render_hosts(status: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"lab {status['name']}")
@@ -134,11 +148,10 @@ def _render_hosts(status: dict) -> None:
     for h in status["hosts"]:
         t.add_row(h["host"], h["netns"], h["address"], h["country"] or "-", h["daemon"], str(h["pid"] or "-"),
                   h["socket"], h["peer_id"][-12:])
-    Console().print(t)
+    _console().print(t)
 
 
 def _render_links(status: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title="links")
@@ -148,7 +161,7 @@ def _render_links(status: dict) -> None:
         bw = f"{link['bandwidth_mbit']:g} Mbit/s" if link["bandwidth_mbit"] else "-"
         t.add_row(link["a"], link["b"], link["a_addr"], link["b_addr"], f"{link['rtt_ms']:g}",
                   f"{link['loss_pct']:g}", bw, "up" if link["up"] else "DOWN")
-    Console().print(t)
+    _console().print(t)
 
 
 if __name__ == "__main__":
