@@ -51,7 +51,49 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("version", parents=[common], help="client and daemon versions")
     lv = sub.add_parser("log-level", parents=[common], help="change the daemon's log level")
     lv.add_argument("level", choices=LOG_LEVELS)
+
+    sw = sub.add_parser("swarm", parents=[common], help="make, invite to, or join a swarm")
+    swsub = sw.add_subparsers(dest="swarm_command", metavar="ACTION", required=True)
+    swsub.add_parser("init", parents=[common], help="make a new swarm owned by this node")
+    inv = swsub.add_parser("invite", parents=[common], help="print a token that admits one or more nodes")
+    inv.add_argument("--expires", type=_duration, default=7 * 86400.0, metavar="DURATION",
+                     help="how long the token works, e.g. 30m, 12h, 7d (default 7d)")
+    inv.add_argument("--cert-ttl", type=_duration, default=365 * 86400.0, metavar="DURATION",
+                     help="how long the members' certificates are valid (default 365d)")
+    jn = swsub.add_parser("join", parents=[common], help="join a swarm with a token from `swarm invite`")
+    jn.add_argument("token")
+
+    sub.add_parser("peers", parents=[common], help="every member: state, RTT, GPUs, CPU, memory, labels")
+
+    lb = sub.add_parser("labels", parents=[common], help="change this node's labels (re-advertised at once)")
+    lbsub = lb.add_subparsers(dest="labels_command", metavar="ACTION", required=True)
+    ls = lbsub.add_parser("set", parents=[common], help="set labels: K=V ...")
+    ls.add_argument("pairs", nargs="+", type=_label, metavar="K=V")
+    lr = lbsub.add_parser("rm", parents=[common], help="remove labels: K ...")
+    lr.add_argument("keys", nargs="+", metavar="K")
     return p
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    unit = text[-1:] if text[-1:] in _UNITS else "s"
+    number = text[:-1] if text[-1:] in _UNITS else text
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 30m, 12h or 7d, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {text!r}")
+    return key, value
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
@@ -90,8 +132,48 @@ def cmd_log_level(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_swarm(client: Client, args: argparse.Namespace) -> int:
+    if args.swarm_command == "init":
+        result = client.call("swarm.init")
+        render.as_json(result) if args.json else print(
+            f"swarm {result['swarm']} created; this node owns it.\n"
+            "Invite nodes with: swarmctl swarm invite")
+    elif args.swarm_command == "invite":
+        result = client.call("swarm.invite", expires=args.expires, cert_ttl=args.cert_ttl)
+        if args.json:
+            render.as_json(result)
+        else:
+            print(result["token"])
+            print(f"# valid for {render.duration(args.expires)}; on the new node run: swarmd --join TOKEN, "
+                  "or swarmctl swarm join TOKEN", file=sys.stderr)
+    else:
+        client.set_timeout(max(args.timeout, 30.0))  # the owner may be far away
+        result = client.call("swarm.join", token=args.token)
+        render.as_json(result) if args.json else print(f"joined swarm {result['swarm']}")
+    return EXIT_OK
+
+
+def cmd_peers(client: Client, args: argparse.Namespace) -> int:
+    result = client.call("peers")
+    render.as_json(result) if args.json else render.peers(result)
+    return EXIT_OK
+
+
+def cmd_labels(client: Client, args: argparse.Namespace) -> int:
+    if args.labels_command == "set":
+        result = client.call("labels.set", labels=dict(args.pairs))
+    else:
+        result = client.call("labels.rm", keys=args.keys)
+    if args.json:
+        render.as_json(result)
+    else:
+        print(", ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "no labels")
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "version": cmd_version, "log-level": cmd_log_level,
+    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels,
 }
 
 

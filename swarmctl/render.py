@@ -54,4 +54,62 @@ def status(s: Mapping[str, Any]) -> None:
         ("socket", s.get("socket")),
         ("metrics", s.get("metrics_addr")),
         ("log level", s.get("log_level")),
+        *swarm_rows(s),
     ])
+
+
+def swarm_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    swarm = s.get("swarm")
+    if not swarm:
+        return [("swarm", "none: `swarmctl swarm init` or `swarmctl swarm join TOKEN`")]
+    members = swarm.get("members", {})
+    rows: list[tuple[str, Any]] = [
+        ("swarm", swarm["id"] + (" (owner)" if swarm.get("owner") else "")),
+        ("members", ", ".join(f"{n} {state}" for state, n in members.items() if n) or "no peers yet"),
+    ]
+    record = s.get("record")
+    if record:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(record["labels"].items())) or "-"
+        rows += [("advertised", record["summary"]), ("labels", labels), ("record seq", record["seq"])]
+    return rows
+
+
+STATE_STYLE = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "dim"}
+
+
+def peers(result: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if result.get("swarm") is None:
+        console.print("not in a swarm: run `swarmctl swarm init` or `swarmctl swarm join TOKEN`")
+        return
+    table = Table(title=f"swarm {result['swarm']}", title_justify="left")
+    for column in ("peer", "state", "rtt", "gpus", "cpu free", "memory free", "labels", "record age"):
+        table.add_column(column, no_wrap=column in ("peer", "state", "rtt"))
+    for p in result["peers"]:
+        res = p["resources"]
+        style = STATE_STYLE.get(p["state"], "")
+        table.add_row(
+            p["peer"][-8:], f"[{style}]{p['state']}[/]",
+            "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms",
+            gpus(res.get("gpus", [])),
+            f"{res['cpu_free']:g}/{res['cpu_count']}",
+            f"{res['memory_free_mb'] / 1024:.1f}/{res['memory_total_mb'] / 1024:.1f} GiB",
+            ", ".join(f"{k}={v}" for k, v in sorted(p["labels"].items())) or "-",
+            duration(p["record_age_s"]),
+        )
+    console.print(table)
+    if not result["peers"]:
+        console.print("no other members known yet")
+
+
+def gpus(items: list[Mapping[str, Any]]) -> str:
+    if not items:
+        return "-"
+    by_model: dict[str, list[Mapping[str, Any]]] = {}
+    for g in items:
+        by_model.setdefault(g["name"], []).append(g)
+    return "\n".join(f"{len(gs)}× {name} ({sum(g['memory_free_mb'] for g in gs) / 1024:.0f} GiB free)"
+                     for name, gs in by_model.items())

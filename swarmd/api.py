@@ -16,12 +16,19 @@ import trio
 
 from . import __version__, log
 from .config import LOG_LEVELS
+from .gossip import swarmstate
+from .gossip.cert import DEFAULT_CERT_TTL, make_token, parse_token
+from .gossip.service import JoinError
+from .gossip.signed import Invalid
+from .gossip.swarmstate import owner_signer
+from .gossip.wire import check_labels
 from .rpc.protocol import Caller, Method, Param, RpcError, ErrorCode
 
 if TYPE_CHECKING:
     from .node import Node
 
 MIN_WATCH_INTERVAL = 0.1
+DEFAULT_INVITE_TTL = 7 * 86400.0
 
 
 def methods(node: Node) -> list[Method]:
@@ -57,6 +64,72 @@ def methods(node: Node) -> list[Method]:
         node.log.info("log level changed", level=level, previous=previous, by_uid=caller.uid)
         return {"level": level, "previous": previous}
 
+    async def swarm_init(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        try:
+            swarm = swarmstate.create(node.config.state_dir, node.identity.peer_id.to_bytes())
+        except swarmstate.SwarmStateError as exc:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm init: {exc}") from None
+        node.gossip.adopt(swarm)
+        node.log.info("swarm created", swarm=swarm.swarm, by_uid=caller.uid)
+        return {"swarm": swarm.swarm}
+
+    async def swarm_invite(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        swarm = node.gossip.swarm
+        if swarm is None or not swarm.is_owner:
+            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm invite: only the node that ran `swarm init` holds the owner "
+                                             "key and can invite")
+        expires = float(params.get("expires", DEFAULT_INVITE_TTL))
+        cert_ttl = float(params.get("cert_ttl", DEFAULT_CERT_TTL))
+        if not 60 <= expires <= 365 * 86400 or not 3600 <= cert_ttl <= 10 * 365 * 86400:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "swarm invite: 'expires' must be 1 min to 365 d "
+                                                     "and 'cert_ttl' 1 h to 10 years")
+        me = str(node.identity.peer_id)
+        addrs = [f"{a}/p2p/{me}" for a in node.gossip.addrs()]
+        token = make_token(owner_signer(swarm), swarm.owner_public, addrs, now=time.time(),
+                           expires_in=expires, cert_ttl=cert_ttl)
+        node.log.info("invite issued", expires=round(token.expires), by_uid=caller.uid)
+        return {"token": token.encode(), "swarm": swarm.swarm, "expires": token.expires, "addrs": addrs}
+
+    async def swarm_join(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        if node.gossip.swarm is not None:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm join: this node is already in swarm {node.gossip.swarm.swarm}")
+        try:
+            token = parse_token(params["token"])
+        except ValueError as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm join: {exc}") from None
+        try:
+            swarm = await node.gossip.join(token, node.config.state_dir)
+        except (JoinError, swarmstate.SwarmStateError) as exc:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm join: {exc}") from None
+        return {"swarm": swarm.swarm}
+
+    async def peers(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        return {"swarm": node.gossip.swarm.swarm if node.gossip.swarm else None, "peers": peer_rows(node)}
+
+    async def labels_set(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        return change_labels(params["labels"], [], caller)
+
+    async def labels_rm(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        keys = params["keys"]
+        if not all(isinstance(k, str) for k in keys):
+            raise RpcError(ErrorCode.INVALID_PARAMS, "labels.rm: 'keys' must be strings")
+        return change_labels({}, keys, caller)
+
+    def change_labels(set_: dict[str, Any], remove: list[str], caller: Caller) -> dict[str, Any]:
+        try:
+            check_labels(set_, "labels")
+        except Invalid as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, exc.detail) from None
+        labels = {k: v for k, v in node.gossip.labels.items() if k not in remove} | set_
+        try:
+            check_labels(labels, "labels")
+        except Invalid as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, exc.detail) from None
+        swarmstate.change_labels(node.config.state_dir, set_, remove)
+        node.gossip.set_labels(labels)
+        node.log.info("labels changed", labels=labels, by_uid=caller.uid)
+        return {"labels": labels}
+
     return [
         Method(name="status", handler=status, doc="this node: identity, addresses, uptime"),
         Method(name="version", handler=version, doc="daemon and library versions"),
@@ -67,7 +140,52 @@ def methods(node: Node) -> list[Method]:
         Method(name="log.level", handler=set_log_level, mutates=True,
                doc="change the daemon's log level at run time",
                params={"level": Param(type=str, required=True, doc=" | ".join(LOG_LEVELS))}),
+        Method(name="swarm.init", handler=swarm_init, mutates=True,
+               doc="make a new swarm, owned by this node"),
+        Method(name="swarm.invite", handler=swarm_invite, mutates=True,
+               doc="an invite token for a new member (owner only)",
+               params={"expires": Param(type=(int, float), doc="seconds the token is valid (default 7 days)"),
+                       "cert_ttl": Param(type=(int, float), doc="seconds the member's certificate is valid")}),
+        Method(name="swarm.join", handler=swarm_join, mutates=True, doc="join a swarm with an invite token",
+               params={"token": Param(type=str, required=True, doc="from `swarmctl swarm invite`")}),
+        Method(name="peers", handler=peers, doc="every member in this node's view"),
+        Method(name="labels.set", handler=labels_set, mutates=True, doc="set labels on this node's record",
+               params={"labels": Param(type=dict, required=True, doc="{key: value}")}),
+        Method(name="labels.rm", handler=labels_rm, mutates=True, doc="remove labels from this node's record",
+               params={"keys": Param(type=list, required=True, doc="[key, ...]")}),
     ]
+
+
+def peer_rows(node: Node) -> list[dict[str, Any]]:
+    core = node.gossip.core
+    if core is None:
+        return []
+    now_mono, now = trio.current_time(), time.time()
+    rows = []
+    for m in sorted(core.members.values(), key=lambda m: m.peer):
+        r = m.record
+        rows.append({
+            "peer": m.peer, "state": m.state.value, "since_s": round(now_mono - m.since, 3),
+            "rtt_ms": None if m.rtt_ewma is None else round(m.rtt_ewma * 1000, 2),
+            "rtt_min_ms": None if m.rtt_min is None else round(m.rtt_min * 1000, 2),
+            "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
+            "addrs": list(r.addrs), "seq": r.seq, "record_age_s": round(now - r.issued, 3),
+        })
+    return rows
+
+
+def swarm_status(node: Node) -> dict[str, Any]:
+    swarm, core = node.gossip.swarm, node.gossip.core
+    if swarm is None:
+        return {"swarm": None}
+    own = node.gossip.own_record
+    return {
+        "swarm": {"id": swarm.swarm, "owner": swarm.is_owner, "cert_expires": swarm.cert.expires,
+                  "members": core.counts() if core else {}},
+        "record": None if own is None else {
+            "seq": own.seq, "addrs": list(own.addrs), "labels": own.labels,
+            "resources": own.resources.to_wire(), "summary": own.resources.summary()},
+    }
 
 
 def uptime(started: float) -> float:

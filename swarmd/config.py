@@ -37,6 +37,16 @@ class Config:
         "doc": "libp2p listen multiaddrs (TCP; Noise + yamux)"})
     bootstrap: tuple[str, ...] = field(default=(), metadata={
         "doc": "peers to dial at start: multiaddrs ending in /p2p/PEER_ID"})
+    announce: tuple[str, ...] = field(default=(), metadata={
+        "doc": "addresses put in this node's record; default: the listen addresses, 0.0.0.0 "
+               "expanded to this host's non-loopback addresses"})
+    join: str | None = field(default=None, metadata={
+        "doc": "invite token (swarmctl swarm invite) to join a swarm at start; ignored once joined"})
+    labels: tuple[tuple[str, str], ...] = field(default=(), metadata={
+        "doc": "labels advertised in this node's record, e.g. region=eu (K=V, comma-separated in env)"})
+    mdns: bool = field(default=True, metadata={"doc": "find peers on the local network with mDNS"})
+    gossip_timing: str = field(default="wan", metadata={
+        "doc": "failure-detector timers: wan (internet), lan, or local (tests)"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
@@ -104,6 +114,49 @@ def _multiaddrs(need: str, what: str) -> Check:
     return check
 
 
+def _labels(v: Any) -> tuple[tuple[str, str], ...]:
+    from .gossip.wire import LABEL_KEY, MAX_LABEL_VALUE
+
+    if isinstance(v, str):
+        v = [x for x in (p.strip() for p in v.split(",")) if x]
+    if isinstance(v, (list, tuple)):
+        pairs = {}
+        for item in v:
+            key, sep, value = str(item).partition("=")
+            if not sep:
+                raise _Bad(f"K=V labels; {item!r} has no '='")
+            pairs[key.strip()] = value.strip()
+        v = pairs
+    if not isinstance(v, dict):
+        raise _Bad("a table of labels, or K=V strings")
+    for key, value in v.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise _Bad(f"label keys of 1-63 characters a-z 0-9 . _ / - ({key!r} is not)")
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
+            raise _Bad(f"label values as strings of at most {MAX_LABEL_VALUE} characters")
+    return tuple(sorted(v.items()))
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return v.lower() in ("1", "true", "yes", "on")
+    raise _Bad("true or false (on/off)")
+
+
+def _token(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    from .gossip.cert import parse_token
+
+    try:
+        parse_token(str(v))
+    except ValueError as exc:
+        raise _Bad(f"an invite token ({exc})") from None
+    return str(v).strip()
+
+
 def _hostport_or_off(v: Any) -> str | None:
     if v is False or (isinstance(v, str) and v.lower() in ("off", "none", "")):
         return None
@@ -120,6 +173,11 @@ _CHECKS: dict[str, Check] = {
     "socket_group": _group,
     "listen": _multiaddrs("tcp", "e.g. /ip4/0.0.0.0/tcp/4001"),
     "bootstrap": _multiaddrs("p2p", "e.g. /ip4/10.0.0.2/tcp/4001/p2p/12D3KooW..."),
+    "announce": _multiaddrs("tcp", "e.g. /ip4/203.0.113.7/tcp/4001"),
+    "join": _token,
+    "labels": _labels,
+    "mdns": _bool,
+    "gossip_timing": _choice(("wan", "lan", "local")),
     "metrics_addr": _hostport_or_off,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),

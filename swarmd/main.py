@@ -32,6 +32,13 @@ def parser() -> argparse.ArgumentParser:
                    help="libp2p listen address, repeatable (default /ip4/0.0.0.0/tcp/4001)")
     p.add_argument("--bootstrap", action="append", metavar="MULTIADDR",
                    help="peer to dial at start, /ip4/…/tcp/…/p2p/PEER_ID, repeatable")
+    p.add_argument("--announce", action="append", metavar="MULTIADDR",
+                   help="address to advertise to peers, repeatable (default: listen addresses)")
+    p.add_argument("--join", metavar="TOKEN", help="join a swarm with an invite token (swarmctl swarm invite)")
+    p.add_argument("--label", action="append", dest="labels", metavar="K=V",
+                   help="label advertised to peers, e.g. region=eu, repeatable")
+    p.add_argument("--mdns", metavar="on|off", help="find peers on the local network with mDNS (default on)")
+    p.add_argument("--gossip-timing", metavar="PRESET", help="failure-detector timers: wan (default), lan, local")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="Prometheus endpoint (port 0: any free port; 'off' to disable)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     structlog.contextvars.bind_contextvars(peer=str(identity.peer_id))
     logger.info("identity " + ("created" if created else "loaded"), key=str(identity.path))
 
+    from .gossip.swarmstate import SwarmStateError
+
     async def serve() -> None:
         node = Node(config, identity, started=started)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -80,11 +89,16 @@ def main(argv: list[str] | None = None) -> int:
                 nursery.start_soon(node.run)
                 async for signum in signals:
                     logger.info("stopping", signal=signal.Signals(signum).name)
+                    await node.leave()
                     nursery.cancel_scope.cancel()
                     break
 
     try:
         trio.run(serve)
+    except SwarmStateError as exc:
+        logger.error("cannot load the swarm state", error=str(exc))
+        print(f"swarmd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except SocketInUse as exc:
         logger.error("cannot serve the control socket", error=str(exc))
         return 1

@@ -29,6 +29,16 @@ class Metrics:
                                   ["method", "code"], registry=self.registry)
         self.peers_connected = Gauge("swarmd_libp2p_connected_peers", "Peers with an open libp2p connection",
                                      registry=self.registry)
+        self.members = Gauge("swarmd_members", "Swarm members in this node's view, by state", ["state"],
+                             registry=self.registry)
+        self.gossip_messages = Counter("swarmd_gossip_messages", "Records and rumors on the swarm topic",
+                                       ["direction"], registry=self.registry)
+        self.gossip_bytes = Counter("swarmd_gossip_bytes", "Bytes of records and rumors on the swarm topic",
+                                    ["direction"], registry=self.registry)
+        self.gossip_rejected = Counter("swarmd_gossip_rejected", "Peer input dropped, by reason", ["reason"],
+                                       registry=self.registry)
+        self.gossip_dropped = Counter("swarmd_gossip_dropped", "Outbound gossip RPCs dropped by a full queue",
+                                      registry=self.registry)
         self._server: WSGIServer | None = None
         self._thread: Thread | None = None
 
@@ -36,6 +46,10 @@ class Metrics:
         self.rpc_requests.labels(method).inc()
         if code is not None:
             self.rpc_errors.labels(method, code.name.lower()).inc()
+
+    def set_members(self, counts: dict[str, int]) -> None:
+        for state, n in counts.items():
+            self.members.labels(state).set(n)
 
     def serve(self, host: str, port: int) -> tuple[str, int]:
         """Start the HTTP endpoint (a daemon thread of prometheus-client); the bound address."""

@@ -19,7 +19,11 @@ from multiaddr import Multiaddr
 
 from . import __version__, api
 from .config import Config
-from .gossip.host import keep_connected, make_host
+from .gossip import swarmstate
+from .gossip.cert import parse_token
+from .gossip.host import announce_addrs, keep_connected, make_host, mdns_connector
+from .gossip.membership import Timing
+from .gossip.service import Gossip, JoinError
 from .identity import Identity
 from .metrics import Metrics
 from .rpc.protocol import Dispatcher
@@ -47,8 +51,16 @@ class Node:
         self.log = structlog.get_logger("swarmd")
         self.metrics = Metrics(version=__version__, peer_id=str(identity.peer_id), started=self.started)
         self.metrics_bound: tuple[str, int] | None = None
-        self.host = make_host(identity, config.listen)
+        self.host = make_host(identity, config.listen, mdns=config.mdns)
         self.rng = random.Random()
+        peer = identity.peer_id.to_bytes()
+        self.swarm = swarmstate.load(config.state_dir, peer)  # SwarmStateError: exit 2
+        labels = swarmstate.effective_labels(config.state_dir, dict(config.labels))
+        seq = swarmstate.first_seq(swarmstate.next_epoch(config.state_dir))
+        timing = {"wan": Timing.wan, "lan": Timing.lan, "local": Timing.local}[config.gossip_timing]()
+        self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
+                             timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
+                             addrs=lambda: announce_addrs(self.host, config.announce))
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()
@@ -64,6 +76,7 @@ class Node:
             "connected_peers": len(peers),
             "metrics_addr": "off" if self.metrics_bound is None else "%s:%d" % self.metrics_bound,
             "log_level": self.log_level,
+            **api.swarm_status(self),
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -78,6 +91,11 @@ class Node:
                 self.metrics_bound = self.metrics.serve(*hostport)
             async with self.host.run([Multiaddr(a) for a in config.listen]), trio.open_nursery() as nursery:
                 await nursery.start(server.serve, listener)
+                await nursery.start(self.gossip.run)
+                if config.join and self.gossip.swarm is None:
+                    nursery.start_soon(self._join, config.join)
+                if config.mdns:
+                    nursery.start_soon(mdns_connector, self.host)
                 for addr in config.bootstrap:
                     nursery.start_soon(keep_connected, self.host, addr, self.rng)
                 if self.notifier.watchdog_interval:
@@ -93,6 +111,22 @@ class Node:
             self.notifier.notify("STOPPING=1")
             config.socket_path.unlink(missing_ok=True)
             self.metrics.close()
+
+    async def leave(self) -> None:
+        """A graceful stop: tell the swarm this node is leaving, then let the caller cancel."""
+        await self.gossip.leave()
+
+    async def _join(self, text: str) -> None:
+        token = parse_token(text)  # checked when the config was loaded
+        delay = 1.0
+        while self.gossip.swarm is None:
+            try:
+                await self.gossip.join(token, self.config.state_dir)
+                return
+            except JoinError as exc:
+                self.log.warning("cannot join the swarm yet", error=str(exc), retry_in=round(delay, 1))
+            await trio.sleep(delay)
+            delay = min(30.0, delay * 2)
 
     async def _watchdog(self, interval: float) -> None:
         while True:

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py"]
+CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signed.py", "swarmd/gossip/cert.py",
+         "swarmd/gossip/wire.py", "swarmd/gossip/suspicion.py", "swarmd/gossip/membership.py"]
 FORBIDDEN = {"trio", "socket", "time", "asyncio", "select", "selectors", "libp2p"}
 
 

@@ -14,7 +14,7 @@ import trio
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_pair
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from multiaddr import Multiaddr
@@ -27,14 +27,70 @@ BOOTSTRAP_RETRY_MAX = 30.0  # seconds; a provider's peer may be down for minutes
 BOOTSTRAP_CHECK = 5.0  # how often a connected bootstrap peer is checked
 
 
-def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
+def make_host(identity: Identity, listen: Sequence[str], *, mdns: bool = False) -> IHost:
     noise = NoiseTransport(identity.key_pair, noise_privkey=new_x25519_pair().private_key)
     return new_host(
         key_pair=identity.key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
         listen_addrs=[Multiaddr(a) for a in listen],
+        enable_mDNS=mdns,
     )
+
+
+def announce_addrs(host: IHost, announce: Sequence[str]) -> list[str]:
+    """What peers should dial: the configured addresses, else the listen addresses with
+    0.0.0.0 expanded to this host's non-loopback IPv4 addresses (a peer cannot dial 0.0.0.0)."""
+    if announce:
+        return list(announce)
+    out: list[str] = []
+    for addr in host.get_addrs():
+        text = str(addr).split("/p2p/")[0]
+        if text.startswith("/ip4/0.0.0.0/"):
+            rest = text[len("/ip4/0.0.0.0"):]
+            out += [f"/ip4/{ip}{rest}" for ip in _local_ipv4()]
+        else:
+            out.append(text)
+    return out[:16]
+
+
+def _local_ipv4() -> list[str]:
+    import socket
+
+    import psutil
+
+    ips = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+           if a.family == socket.AF_INET and not a.address.startswith(("127.", "169.254."))]
+    return sorted(set(ips)) or ["127.0.0.1"]
+
+
+async def mdns_connector(host: IHost) -> None:
+    """Dial peers that py-libp2p's mDNS (zeroconf, in its own thread) discovers."""
+    from libp2p.discovery.events.peerDiscovery import peerDiscovery
+
+    send, receive = trio.open_memory_channel[PeerInfo](64)
+    token = trio.lowlevel.current_trio_token()
+
+    def found(info: PeerInfo) -> None:
+        def put() -> None:
+            try:
+                send.send_nowait(info)
+            except trio.WouldBlock:
+                log.debug("mdns: too many discoveries at once; dropping one", peer=str(info.peer_id))
+        token.run_sync_soon(put)
+
+    peerDiscovery.register_peer_discovered_handler(found)
+    try:
+        async for info in receive:
+            if info.peer_id != host.get_id() and info.peer_id not in host.get_connected_peers():
+                with trio.move_on_after(10):
+                    try:
+                        await host.connect(info)
+                        log.info("mdns peer connected", peer=str(info.peer_id))
+                    except Exception as exc:
+                        log.debug("mdns peer unreachable", peer=str(info.peer_id), error=str(exc))
+    finally:
+        peerDiscovery.unregister_peer_discovered_handler(found)
 
 
 def retry_delay(attempt: int, rng: random.Random) -> float:

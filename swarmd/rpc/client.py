@@ -45,6 +45,11 @@ class Client:
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
 
+    def set_timeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+        if self._sock is not None:
+            self._sock.settimeout(timeout)
+
     def __enter__(self) -> Client:
         return self
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgpack
 
 MAX_FRAME: Final = 16 * 1024 * 1024
-_HEADER = struct.Struct(">I")
+HEADER = struct.Struct(">I")
 
 
 class FramingError(Exception):
@@ -44,7 +44,7 @@ def encode_frame(message: Any, *, max_frame: int = MAX_FRAME) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > max_frame:
         raise FrameTooLarge(f"frame of {len(body)} bytes exceeds the {max_frame}-byte limit")
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 class FrameDecoder:
@@ -62,15 +62,15 @@ class FrameDecoder:
 
     def next_message(self) -> Any:
         """The next decoded message, or ``NOT_YET`` when a whole frame is not buffered."""
-        if len(self._buf) < _HEADER.size:
+        if len(self._buf) < HEADER.size:
             return NOT_YET
-        (length,) = _HEADER.unpack_from(self._buf)
+        (length,) = HEADER.unpack_from(self._buf)
         if length > self._max:
             raise FrameTooLarge(f"frame of {length} bytes exceeds the {self._max}-byte limit")
-        end = _HEADER.size + length
+        end = HEADER.size + length
         if len(self._buf) < end:
             return NOT_YET
-        body = bytes(self._buf[_HEADER.size : end])
+        body = bytes(self._buf[HEADER.size : end])
         del self._buf[:end]
         try:
             return msgpack.unpackb(body, raw=False, strict_map_key=False)

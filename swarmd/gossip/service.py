@@ -1,0 +1,490 @@
+"""The trio driver of membership: feeds the sans-IO core and performs its actions.
+
+Inputs: verified gossipsub messages, probe and sync answers, libp2p connection events,
+capacity samples and label changes, and the core's own deadlines. Outputs: signed
+records and rumors on the swarm topic, pings, indirect probes, push-pull syncs. Every
+request on our protocols carries the sender's certificate; anything that fails a check
+is dropped, counted in ``swarmd_gossip_rejected_total{reason}`` and logged once per
+(reason, peer).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import trio
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from multiaddr import Multiaddr
+
+from . import pubsub as ps
+from .capacity import Collector, Resources
+from .cert import Token, check_cert, check_ticket, issue_cert
+from .membership import (Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
+                         Sync, Timing)
+from .signed import Invalid, Signer, peer_bytes, peer_str
+from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger,
+                      read_frame, request, write_frame)
+from .swarmstate import SwarmMembership, owner_signer, save_joined
+from .wire import Record, Rumor, Verifier, make_record, make_rumor
+
+log = structlog.get_logger("swarmd.gossip")
+
+SAMPLE_INTERVAL = 5.0  # capacity sampling; changes are advertised only when significant
+SYNC_TIMEOUT = 5.0
+JOIN_TIMEOUT = 10.0
+LEAVE_FLUSH = 1.0
+ADDR_TTL = 3600
+
+
+class JoinError(Exception):
+    pass
+
+
+class _Notifee(INotifee):
+    def __init__(self, send: trio.MemorySendChannel) -> None:
+        self.send = send
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self.send.send_nowait(("connected", conn.muxed_conn.peer_id))
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self.send.send_nowait(("disconnected", conn.muxed_conn.peer_id))
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+
+class Gossip:
+    def __init__(self, *, host: IHost, sign: Signer, peer: str, swarm: SwarmMembership | None,
+                 timing: Timing, labels: dict[str, str], addrs: Callable[[], list[str]], seq: int,
+                 metrics: Any, rng: Any, collector: Collector | None = None) -> None:
+        self.host = host
+        self.sign = sign
+        self.me = peer
+        self.swarm = swarm
+        self.timing = timing
+        self.labels = dict(labels)
+        self.addrs = addrs
+        self.metrics = metrics
+        self.rng = rng
+        self.collector = collector or Collector()
+        self.resources: Resources = self.collector.sample()
+        self.advertised: Resources = self.resources
+        self.seq = seq
+        self.core: Membership | None = None  # made when this node is in a swarm
+        self.verifier: Verifier | None = None
+        self.own_record: Record | None = None
+        self.pinger = Pinger(host)
+        self.joined = trio.Event()
+        if swarm is not None:
+            self.joined.set()
+        self._wake = trio.Event()
+        self._publish_send, self._publish_recv = trio.open_memory_channel[bytes](math.inf)
+        self._events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](math.inf)
+        self._syncing: set[str] = set()
+        self._logged: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
+        self._pubsub = None
+        self.topic = ""
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        for protocol, handler in ((PROBE_PROTOCOL, self._handle_probe), (SYNC_PROTOCOL, self._handle_sync),
+                                  (JOIN_PROTOCOL, self._handle_join)):
+            self.host.set_stream_handler(protocol, handler)
+        self.host.get_network().register_notifee(_Notifee(self._events_send))
+        ps.count_drops(lambda peer: self.metrics.gossip_dropped.inc())
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._sample_capacity)
+            task_status.started()
+            await self.joined.wait()
+            await self._run_swarm()
+
+    async def _run_swarm(self) -> None:
+        from libp2p.tools.anyio_service import background_trio_service
+
+        assert self.swarm is not None and self._nursery is not None
+        self.verifier = Verifier(self.swarm.swarm, self.swarm.owner_public)
+        self.core = Membership(self.me, self.seq, self.timing, self.rng, trio.current_time())
+        self.topic = ps.topic(self.swarm.swarm)
+        pubsub, router = ps.make_pubsub(self.host)
+        pubsub.set_topic_validator(self.topic, self._validate, False)
+        self._pubsub = pubsub
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            subscription = await pubsub.subscribe(self.topic)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._timers)
+                nursery.start_soon(self._read, subscription)
+                nursery.start_soon(self._publisher, pubsub)
+                nursery.start_soon(self._connection_events)
+                for addr in self.swarm.bootstrap:
+                    nursery.start_soon(self._dial_bootstrap, addr)
+                log.info("in swarm", swarm=self.swarm.swarm, owner=self.swarm.is_owner,
+                         expires=round(self.swarm.cert.expires))
+                await trio.sleep_forever()
+
+    async def leave(self) -> None:
+        """Announce a graceful stop; returns once the rumor is handed to the network."""
+        if self._pubsub is None or self.core is None:
+            return
+        self.core.leave(trio.current_time())
+        self._perform()
+        with trio.move_on_after(LEAVE_FLUSH):
+            while self._publish_recv.statistics().current_buffer_used or any(
+                    len(q) for q in self._pubsub.peer_queues.values()):
+                await trio.sleep(0.01)
+            await trio.sleep(0.05)  # the writer task has popped the last RPC; let it write
+
+    # --- swarm admission ----------------------------------------------------------------
+
+    def adopt(self, swarm: SwarmMembership) -> None:
+        """Start gossiping in ``swarm`` (after `swarm init` or a join)."""
+        self.swarm = swarm
+        self.joined.set()
+
+    async def join(self, token: Token, state_dir) -> SwarmMembership:
+        errors = []
+        for addr in token.addrs:
+            try:
+                info = info_from_p2p_addr(Multiaddr(addr))
+                with trio.fail_after(JOIN_TIMEOUT):
+                    await self.host.connect(info)
+                    reply = await request(self.host, info.peer_id, JOIN_PROTOCOL, {"ticket": token.ticket})
+            except (PeerError, trio.TooSlow, OSError, Exception) as exc:  # any dial failure
+                errors.append(f"{addr}: {exc.__class__.__name__}: {exc}")
+                continue
+            if not isinstance(reply, dict) or "cert" not in reply:
+                reason = reply.get("error") if isinstance(reply, dict) else "a malformed answer"
+                raise JoinError(f"{addr} refused: {reason}")
+            try:
+                cert = check_cert(reply["cert"], owner_public=token.owner_public, swarm=token.swarm,
+                                  peer=peer_bytes(self.me), now=time.time())
+            except Invalid as exc:
+                raise JoinError(f"{addr} sent a bad certificate: {exc.detail}") from None
+            swarm = save_joined(state_dir, token.owner_public, cert, token.addrs)
+            self.adopt(swarm)
+            log.info("joined swarm", swarm=swarm.swarm, via=addr)
+            return swarm
+        raise JoinError("no inviting node answered: " + "; ".join(errors))
+
+    async def _handle_join(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id
+        try:
+            with trio.fail_after(JOIN_TIMEOUT):
+                req = await read_frame(stream, 4096)
+                if self.swarm is None or not self.swarm.is_owner:
+                    await write_frame(stream, {"error": "this node does not hold the swarm's owner key"})
+                    return
+                try:
+                    roles, ttl = check_ticket(req.get("ticket") if isinstance(req, dict) else None,
+                                              owner_public=self.swarm.owner_public, now=time.time())
+                except Invalid as exc:
+                    self._rejected(exc.reason, str(peer), exc.detail)
+                    await write_frame(stream, {"error": exc.detail})
+                    return
+                cert = issue_cert(owner_signer(self.swarm), self.swarm.swarm, peer.to_bytes(), now=time.time(),
+                                  ttl=ttl, roles=roles)
+                await write_frame(stream, {"cert": cert.blob})
+                log.info("admitted", peer=str(peer), expires=round(cert.expires))
+        except (PeerError, trio.TooSlow, Exception) as exc:
+            self._rejected("join", str(peer), f"{exc.__class__.__name__}: {exc}")
+        finally:
+            await _close(stream)
+
+    # --- the core's clock and actions ---------------------------------------------------
+
+    async def _timers(self) -> None:
+        while True:
+            with trio.move_on_at(self.core.next_deadline()):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self.core.handle_timeout(trio.current_time())
+            self._perform()
+
+    def _perform(self) -> None:
+        assert self._nursery is not None
+        for action in self.core.take_actions():
+            match action:
+                case PublishRecord(seq):
+                    self._publish_send.send_nowait(self._make_record(seq))
+                case PublishRumor(kind, about, inc):
+                    self._publish_send.send_nowait(make_rumor(
+                        self.sign, kind=kind, swarm=self.swarm.swarm, sender=self.me, about=about,
+                        incarnation=inc, issued=time.time(), cert=self.swarm.cert))
+                case Probe(pid, peer, timeout):
+                    self._nursery.start_soon(self._probe, pid, peer, timeout)
+                case ProbeVia(pid, via, target, timeout):
+                    self._nursery.start_soon(self._probe_via, pid, via, target, timeout)
+                case Sync(peer):
+                    if peer not in self._syncing:
+                        self._nursery.start_soon(self._sync, peer)
+                case Changed(peer, old, new, reason):
+                    log.info("member " + (new.value if new else "forgotten"), member=peer,
+                             was=old.value if old else None, reason=reason)
+                    if new in (State.DEAD, State.LEFT) and self._nursery is not None:
+                        self._nursery.start_soon(self.pinger.forget, ID.from_base58(peer))
+        self.metrics.set_members(self.core.counts())
+
+    def _input(self) -> None:
+        """After feeding the core from outside the timer task: act, and let the timers re-arm."""
+        self._perform()
+        self._wake.set()
+
+    def _make_record(self, seq: int) -> bytes:
+        assert self.swarm is not None
+        self.advertised = self.resources
+        blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=time.time(),
+                           ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
+                           labels=self.labels, wg=None, cert=self.swarm.cert)
+        self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
+        return blob
+
+    async def _publisher(self, pubsub) -> None:
+        async for blob in self._publish_recv:
+            try:
+                await pubsub.publish(self.topic, blob)
+                self.metrics.gossip_messages.labels("out").inc()
+                self.metrics.gossip_bytes.labels("out").inc(len(blob))
+            except Exception as exc:
+                log.warning("publish failed", error=f"{exc.__class__.__name__}: {exc}")
+
+    # --- inbound gossip -----------------------------------------------------------------
+
+    def _validate(self, forwarder: ID, msg) -> bool:
+        try:
+            self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
+            return True
+        except Invalid as exc:
+            self._rejected(exc.reason, str(forwarder), exc.detail)
+            return False
+
+    async def _read(self, subscription) -> None:
+        while True:
+            msg = await subscription.get()
+            self.metrics.gossip_messages.labels("in").inc()
+            self.metrics.gossip_bytes.labels("in").inc(len(msg.data))
+            try:
+                decoded = self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
+            except Invalid:
+                continue  # counted by the validator
+            self._accept(decoded)
+
+    def _accept(self, msg: Record | Rumor) -> str:
+        result = self.core.receive(trio.current_time(), msg)
+        if result == "old" and isinstance(msg, Record):
+            self.metrics.gossip_rejected.labels("old_seq").inc()
+        if isinstance(msg, Record) and result in ("new", "updated"):
+            addrs = [Multiaddr(a) for a in msg.addrs if _parses(a)]
+            self.host.get_peerstore().add_addrs(ID.from_base58(msg.peer), addrs, ADDR_TTL)
+        self._input()
+        return result
+
+    def _rejected(self, reason: str, peer: str, detail: str) -> None:
+        self.metrics.gossip_rejected.labels(reason).inc()
+        if (reason, peer) not in self._logged and len(self._logged) < 10_000:
+            self._logged.add((reason, peer))
+            log.warning("rejected input", reason=reason, peer=peer, detail=detail)
+
+    # --- probes -------------------------------------------------------------------------
+
+    async def _ensure_connected(self, peer: ID) -> None:
+        if peer in self.host.get_connected_peers():
+            return
+        m = self.core.members.get(str(peer)) if self.core else None
+        addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if _parses(a)]
+        try:
+            await self.host.connect(PeerInfo(peer, addrs))
+        except Exception as exc:
+            raise PeerError(f"cannot connect ({exc.__class__.__name__})") from None
+
+    async def _ping(self, peer: str, timeout: float) -> float | None:
+        pid = ID.from_base58(peer)
+        with trio.move_on_after(timeout):
+            try:
+                await self._ensure_connected(pid)
+                return await self.pinger.ping(pid)
+            except PeerError:
+                return None
+        return None
+
+    async def _probe(self, probe_id: int, peer: str, timeout: float) -> None:
+        rtt = await self._ping(peer, timeout)
+        self.core.probe_result(trio.current_time(), probe_id, rtt is not None, rtt)
+        self._input()
+
+    async def _probe_via(self, probe_id: int, via: str, target: str, timeout: float) -> None:
+        ack = None
+        with trio.move_on_after(timeout * 1.5 + 0.5):
+            try:
+                pid = ID.from_base58(via)
+                await self._ensure_connected(pid)
+                reply = await request(self.host, pid, PROBE_PROTOCOL, {
+                    "cert": self.swarm.cert.blob, "target": peer_bytes(target), "timeout": timeout})
+                ack = bool(reply.get("ack")) if isinstance(reply, dict) else None
+            except PeerError:
+                pass
+        if ack is not None:
+            self.core.via_result(trio.current_time(), probe_id, via, ack)
+            self._input()
+
+    def _check_member(self, req: Any, peer: ID) -> bool:
+        if self.swarm is None or self.core is None:
+            return False
+        try:
+            check_cert(req.get("cert") if isinstance(req, dict) else None, owner_public=self.swarm.owner_public,
+                       swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
+            return True
+        except Invalid as exc:
+            self._rejected("not_member", str(peer), exc.detail)
+            return False
+
+    async def _handle_probe(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id
+        try:
+            with trio.fail_after(10):
+                req = await read_frame(stream, 4096)
+                if not self._check_member(req, peer):
+                    return
+                target = peer_str(req["target"])
+                timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
+                rtt = await self._ping(target, timeout)
+                await write_frame(stream, {"ack": rtt is not None})
+        except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlow) as exc:
+            self._rejected("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
+        finally:
+            await _close(stream)
+
+    # --- push-pull sync -----------------------------------------------------------------
+
+    def _sync_payload(self) -> dict[str, Any]:
+        records = [m.record.blob for m in self.core.members.values()]
+        if self.own_record is not None:
+            records.append(self.own_record.blob)
+        return {"cert": self.swarm.cert.blob, "records": records, "claims": self.core.down_claims()}
+
+    def _apply_sync(self, payload: Any, peer: ID) -> None:
+        if not isinstance(payload, dict):
+            self._rejected("malformed", str(peer), "sync payload is not a map")
+            return
+        for blob in payload.get("records", [])[:100_000]:
+            try:
+                msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
+            except Invalid as exc:
+                self._rejected(exc.reason, str(peer), exc.detail)
+                continue
+            self._accept(msg)
+        claims = payload.get("claims", [])
+        mine = [tuple(c) for c in claims if isinstance(c, list) and len(c) == 3 and c[0] == self.me
+                and isinstance(c[2], int)]
+        self.core.claims(trio.current_time(), mine)  # type: ignore[arg-type]
+        self._input()
+
+    async def _sync(self, peer: str) -> None:
+        self._syncing.add(peer)
+        pid = ID.from_base58(peer)
+        try:
+            m = self.core.members.get(peer)
+            if m is not None and m.state is State.DEAD and pid in self.host.get_connected_peers():
+                with trio.move_on_after(1):
+                    await self.host.disconnect(pid)  # after a partition the old TCP connection may be stuck in backoff
+            with trio.move_on_after(SYNC_TIMEOUT):
+                await self._ensure_connected(pid)
+                reply = await request(self.host, pid, SYNC_PROTOCOL, self._sync_payload(), MAX_SYNC_FRAME)
+                self._apply_sync(reply, pid)
+        except PeerError:
+            pass
+        except Exception as exc:  # a frame too large, a bad answer
+            self._rejected("sync", peer, f"{exc.__class__.__name__}: {exc}")
+        finally:
+            self._syncing.discard(peer)
+
+    async def _handle_sync(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id
+        try:
+            with trio.fail_after(SYNC_TIMEOUT * 2):
+                req = await read_frame(stream, MAX_SYNC_FRAME)
+                if not self._check_member(req, peer):
+                    return
+                await write_frame(stream, self._sync_payload())
+                self._apply_sync(req, peer)
+        except Exception as exc:
+            reason = "too_large" if "limit" in str(exc) else "sync"
+            self._rejected(reason, str(peer), f"{exc.__class__.__name__}: {exc}")
+        finally:
+            await _close(stream)
+
+    # --- connections, bootstrap, capacity -----------------------------------------------
+
+    async def _connection_events(self) -> None:
+        assert self.core is not None
+        async for kind, pid in self._events_recv:
+            peer = str(pid)
+            if kind == "disconnected":
+                if pid not in self.host.get_connected_peers():
+                    self.core.connection_lost(trio.current_time(), peer)
+                    self._input()
+            elif peer not in self.core.members and peer not in self._syncing and self._nursery:
+                self._nursery.start_soon(self._sync, peer)  # a new peer: exchange views at once
+
+    async def _dial_bootstrap(self, addr: str) -> None:
+        info = info_from_p2p_addr(Multiaddr(addr))
+        delay = 0.5
+        while str(info.peer_id) not in self.core.members:
+            try:
+                with trio.move_on_after(JOIN_TIMEOUT):
+                    await self.host.connect(info)
+                    await self._sync(str(info.peer_id))
+            except Exception:
+                pass
+            if str(info.peer_id) in self.core.members:
+                return
+            await trio.sleep(self.rng.uniform(0, delay))
+            delay = min(30.0, delay * 2)
+
+    async def _sample_capacity(self) -> None:
+        while True:
+            await trio.sleep(SAMPLE_INTERVAL)
+            self.resources = await trio.to_thread.run_sync(self.collector.sample)
+            if self.resources.significant_change(self.advertised) and self.core is not None:
+                self.core.local_change(trio.current_time())
+                self._input()
+
+    def set_labels(self, labels: dict[str, str]) -> None:
+        self.labels = dict(labels)
+        if self.core is not None:
+            self.core.local_change(trio.current_time())
+            self._input()
+
+
+def _parses(addr: str) -> bool:
+    try:
+        Multiaddr(addr)
+        return True
+    except Exception:
+        return False
+
+
+async def _close(stream: INetStream) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(1):
+        try:
+            await stream.close()
+        except Exception:
+            pass

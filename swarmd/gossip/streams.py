@@ -1,0 +1,130 @@
+"""Request/response over libp2p streams, and the libp2p ping used as SWIM's direct probe.
+
+Frames are the control socket's (4-byte length + msgpack, checked from the header before
+anything is read), so a 10 MB frame from a peer costs four bytes of reading. Each request
+carries the requester's membership certificate; the handler checks it against the peer id
+Noise authenticated before doing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgpack
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.host.ping import ID as PING_PROTOCOL
+from libp2p.peer.id import ID
+
+from ..rpc.framing import HEADER, FrameTooLarge, encode_frame
+
+PROBE_PROTOCOL = "/swarmd/probe/1.0.0"
+SYNC_PROTOCOL = "/swarmd/sync/1.0.0"
+JOIN_PROTOCOL = "/swarmd/join/1.0.0"
+MAX_SYNC_FRAME = 16 * 1024 * 1024
+MAX_SMALL_FRAME = 64 * 1024
+PING_SIZE = 32
+
+
+class PeerError(Exception):
+    """The peer closed, reset, sent garbage or something too large."""
+
+
+async def _read_exactly(stream: INetStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = await stream.read(n - len(buf))
+        except Exception as exc:  # StreamEOF, StreamReset, StreamError…
+            raise PeerError(f"stream closed ({exc.__class__.__name__})") from None
+        if not chunk:
+            raise PeerError("stream closed")
+        buf += chunk
+    return bytes(buf)
+
+
+async def read_frame(stream: INetStream, limit: int) -> Any:
+    (length,) = HEADER.unpack(await _read_exactly(stream, HEADER.size))
+    if length > limit:
+        raise FrameTooLarge(f"a {length}-byte frame; the limit is {limit}")
+    try:
+        return msgpack.unpackb(await _read_exactly(stream, length), raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise PeerError(f"not msgpack: {exc}") from None
+
+
+async def write_frame(stream: INetStream, obj: Any) -> None:
+    try:
+        await stream.write(encode_frame(obj))
+    except Exception as exc:
+        raise PeerError(f"write failed ({exc.__class__.__name__})") from None
+
+
+async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = MAX_SMALL_FRAME) -> Any:
+    """Open a stream, send one frame, read one frame, close. Callers bound it with a timeout."""
+    try:
+        stream = await host.new_stream(peer, [protocol])
+    except Exception as exc:
+        raise PeerError(f"cannot open {protocol} ({exc.__class__.__name__}: {exc})") from None
+    try:
+        await write_frame(stream, obj)
+        return await read_frame(stream, limit)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            try:
+                await stream.close()
+            except Exception:
+                pass
+
+
+class Pinger:
+    """One reusable ping stream per peer (the ping protocol echoes 32 bytes for as long as the
+    stream lives), so a probe's RTT is one round trip, not a stream negotiation."""
+
+    def __init__(self, host: IHost) -> None:
+        self.host = host
+        self._streams: dict[ID, INetStream] = {}
+        self._locks: dict[ID, trio.Lock] = {}
+
+    async def ping(self, peer: ID) -> float:
+        """Seconds for one echo; raises PeerError. Callers bound it with a timeout."""
+        lock = self._locks.setdefault(peer, trio.Lock())
+        async with lock:
+            stream = self._streams.get(peer)
+            if stream is None:
+                try:
+                    stream = await self.host.new_stream(peer, [PING_PROTOCOL])
+                except Exception as exc:
+                    raise PeerError(f"cannot reach ({exc.__class__.__name__})") from None
+                self._streams[peer] = stream
+            payload = os.urandom(PING_SIZE)
+            ok = False
+            try:
+                started = time.monotonic()
+                await write_frame_raw(stream, payload)
+                echo = await _read_exactly(stream, PING_SIZE)
+                ok = echo == payload
+                if not ok:
+                    raise PeerError("ping echo mismatch")
+                return time.monotonic() - started
+            finally:
+                if not ok:  # also on cancellation: a half-read stream is useless
+                    await self.forget(peer)
+
+    async def forget(self, peer: ID) -> None:
+        stream = self._streams.pop(peer, None)
+        if stream is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(0.5):
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+
+
+async def write_frame_raw(stream: INetStream, data: bytes) -> None:
+    try:
+        await stream.write(data)
+    except Exception as exc:
+        raise PeerError(f"write failed ({exc.__class__.__name__})") from None

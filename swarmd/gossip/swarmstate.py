@@ -1,0 +1,164 @@
+"""This node's swarm membership on disk, and the record seq that survives restarts.
+
+Files in the state directory, each written atomically:
+- ``swarm.json``: swarm id, owner public key, this node's certificate, bootstrap addresses.
+- ``owner.key`` (0600): the owner's Ed25519 seed, only on the node that ran `swarm init`.
+- ``labels.json``: labels set or removed at run time (`swarmctl labels`), applied over the
+  configured ones at every start, so a change survives a restart.
+- ``seq``: the record epoch. Each start takes the next epoch, and seqs are
+  ``epoch << 32 | n``, so a restarted node's records always beat its old ones with one small
+  write per start rather than one per record.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from ..atomic import write_atomically
+from .cert import Cert, check_cert, issue_cert, swarm_id
+from .signed import Invalid, Signer
+
+SWARM_FILE = "swarm.json"
+OWNER_KEY = "owner.key"
+SEQ_FILE = "seq"
+LABELS_FILE = "labels.json"
+OWNER_ROLES = ("owner", "member")
+
+
+class SwarmStateError(Exception):
+    """The swarm files need a person's attention; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwarmMembership:
+    swarm: str
+    owner_public: bytes
+    cert: Cert
+    bootstrap: tuple[str, ...]
+    owner_key: SigningKey | None = None
+
+    @property
+    def is_owner(self) -> bool:
+        return self.owner_key is not None
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def load(state_dir: Path, peer: bytes) -> SwarmMembership | None:
+    path = state_dir / SWARM_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        owner_public = base64.b64decode(data["owner_public"])
+        cert_blob = base64.b64decode(data["cert"])
+        bootstrap = tuple(str(a) for a in data.get("bootstrap", []))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SwarmStateError(f"{path} is damaged ({exc}): move it away and join again") from None
+    swarm = swarm_id(owner_public)
+    try:  # expiry is judged by the caller, which can say so at run time
+        cert = check_cert(cert_blob, owner_public=owner_public, swarm=swarm, peer=peer, now=0.0)
+    except Invalid as exc:
+        raise SwarmStateError(f"{path}: {exc.detail}: move it away and join again") from None
+    owner_key = None
+    key_path = state_dir / OWNER_KEY
+    if key_path.exists():
+        if key_path.stat().st_mode & 0o077:
+            raise SwarmStateError(f"owner key {key_path} is readable by others: run `chmod 600 {key_path}`")
+        owner_key = SigningKey(key_path.read_bytes())
+        if bytes(owner_key.verify_key) != owner_public:
+            raise SwarmStateError(f"owner key {key_path} does not belong to swarm {swarm}")
+    return SwarmMembership(swarm=swarm, owner_public=owner_public, cert=cert, bootstrap=bootstrap,
+                           owner_key=owner_key)
+
+
+def _save(state_dir: Path, owner_public: bytes, cert: Cert, bootstrap: tuple[str, ...]) -> None:
+    data = {"swarm": swarm_id(owner_public), "owner_public": _b64(owner_public), "cert": _b64(cert.blob),
+            "bootstrap": list(bootstrap)}
+    write_atomically(state_dir / SWARM_FILE, json.dumps(data, indent=2).encode(), mode=0o600)
+
+
+def create(state_dir: Path, peer: bytes, *, now: float | None = None) -> SwarmMembership:
+    """`swarm init`: a new owner key, and this node its first member."""
+    if (state_dir / SWARM_FILE).exists():
+        raise SwarmStateError("this node is already in a swarm (see `swarmctl status`)")
+    owner = SigningKey.generate()
+    owner_public = bytes(owner.verify_key)
+    swarm = swarm_id(owner_public)
+    cert = issue_cert(_signer(owner), swarm, peer, now=time.time() if now is None else now,
+                      roles=OWNER_ROLES, ttl=100 * 365 * 86400.0)
+    write_atomically(state_dir / OWNER_KEY, bytes(owner), mode=0o600)
+    _save(state_dir, owner_public, cert, ())
+    return SwarmMembership(swarm=swarm, owner_public=owner_public, cert=cert, bootstrap=(), owner_key=owner)
+
+
+def save_joined(state_dir: Path, owner_public: bytes, cert: Cert, bootstrap: tuple[str, ...]) -> SwarmMembership:
+    if (state_dir / SWARM_FILE).exists():
+        raise SwarmStateError("this node is already in a swarm (see `swarmctl status`)")
+    _save(state_dir, owner_public, cert, bootstrap)
+    return SwarmMembership(swarm=swarm_id(owner_public), owner_public=owner_public, cert=cert, bootstrap=bootstrap)
+
+
+def _signer(key: SigningKey) -> Signer:
+    return lambda data: key.sign(data).signature
+
+
+def owner_signer(m: SwarmMembership) -> Signer:
+    assert m.owner_key is not None
+    return _signer(m.owner_key)
+
+
+def next_epoch(state_dir: Path) -> int:
+    path = state_dir / SEQ_FILE
+    try:
+        epoch = int(path.read_text().strip()) + 1
+    except FileNotFoundError:
+        epoch = 1
+    except ValueError:
+        raise SwarmStateError(f"{path} is damaged: it must hold one integer") from None
+    write_atomically(path, f"{epoch}\n".encode(), mode=0o600)
+    return epoch
+
+
+def first_seq(epoch: int) -> int:
+    return epoch << 32
+
+
+def effective_labels(state_dir: Path, configured: dict[str, str]) -> dict[str, str]:
+    overlay = _label_overlay(state_dir)
+    labels = {k: v for k, v in configured.items() if k not in overlay["removed"]}
+    labels.update(overlay["set"])
+    return labels
+
+
+def change_labels(state_dir: Path, set_: dict[str, str], remove: list[str]) -> None:
+    overlay = _label_overlay(state_dir)
+    for k in remove:
+        overlay["set"].pop(k, None)
+        if k not in overlay["removed"]:
+            overlay["removed"].append(k)
+    for k, v in set_.items():
+        overlay["set"][k] = v
+        if k in overlay["removed"]:
+            overlay["removed"].remove(k)
+    write_atomically(state_dir / LABELS_FILE, json.dumps(overlay, indent=2, sort_keys=True).encode(), mode=0o600)
+
+
+def _label_overlay(state_dir: Path) -> dict:
+    path = state_dir / LABELS_FILE
+    try:
+        data = json.loads(path.read_text())
+        return {"set": {str(k): str(v) for k, v in data.get("set", {}).items()},
+                "removed": [str(k) for k in data.get("removed", [])]}
+    except FileNotFoundError:
+        return {"set": {}, "removed": []}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SwarmStateError(f"{path} is damaged ({exc}): fix or remove it") from None

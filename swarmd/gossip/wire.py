@@ -1,0 +1,153 @@
+"""The membership messages on the wire: capacity records and rumors, and their checks.
+
+Every message is a signed blob (see signed.py) whose body has ``v`` (schema version), ``k``
+(kind), ``swarm``, ``peer`` (the signer) and ``cert`` (the signer's membership certificate):
+
+- ``record``: ``{seq, issued, ttl, addrs, res, labels, wg}`` — what a node is and offers. The
+  seq grows with every record a node issues, across restarts; it is also the node's SWIM
+  incarnation number, so a newer record refutes a suspicion.
+- ``suspect`` / ``dead``: ``{about, inc, issued}`` — the signer suspects ``about`` (or
+  declares it dead) at incarnation ``inc``.
+- ``left``: ``{inc, issued}`` — the signer is leaving on purpose.
+
+``Verifier.decode`` checks, in this order, before anything is believed: size, shape,
+version, swarm id, the signature against the key inside the signer's peer id, the
+certificate against the owner's key, freshness; then the fields. A failure raises
+``Invalid`` whose ``reason`` is the metric label. Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .capacity import Resources
+from .cert import CLOCK_SKEW, Cert, check_cert
+from .signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
+
+VERSION = 1
+MAX_MESSAGE = 64 * 1024  # a record with 64 GPUs is about 8 KiB
+RUMOR_TTL = 60.0  # a rumor older than this is a replay, not news
+MAX_LABELS = 32
+MAX_ADDRS = 16
+LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
+MAX_LABEL_VALUE = 255
+RUMOR_KINDS = ("suspect", "dead", "left")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    swarm: str
+    peer: str
+    seq: int
+    issued: float  # wall clock, seconds since the epoch
+    ttl: float
+    addrs: tuple[str, ...]
+    resources: Resources
+    labels: dict[str, str]
+    wg: dict[str, Any] | None
+    cert: Cert
+    blob: bytes
+
+    @property
+    def expires(self) -> float:
+        return self.issued + self.ttl
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rumor:
+    kind: str  # suspect | dead | left
+    swarm: str
+    sender: str
+    about: str
+    incarnation: int
+    issued: float
+    blob: bytes
+
+
+def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise Invalid("malformed", f"{where}: expected a map of at most {MAX_LABELS} labels")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not LABEL_KEY.match(k):
+            raise Invalid("malformed", f"{where}: key {k!r} must be 1-63 of a-z 0-9 . _ / - "
+                                       "starting and ending with a letter or digit")
+        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE:
+            raise Invalid("malformed", f"{where}.{k}: value must be a string of at most {MAX_LABEL_VALUE} chars")
+    return dict(labels)
+
+
+def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float, ttl: float,
+                addrs: list[str], resources: Resources, labels: dict[str, str],
+                wg: dict[str, Any] | None, cert: Cert) -> bytes:
+    return seal({"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
+                 "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
+                 "labels": labels, "wg": wg, "cert": cert.blob}, sign)
+
+
+def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, incarnation: int,
+               issued: float, cert: Cert) -> bytes:
+    assert kind in RUMOR_KINDS
+    return seal({"v": VERSION, "k": kind, "swarm": swarm, "peer": peer_bytes(sender),
+                 "about": peer_bytes(about), "inc": incarnation, "issued": issued, "cert": cert.blob}, sign)
+
+
+class Verifier:
+    """Checks messages for one swarm; ``now`` is wall-clock time (certificates expire)."""
+
+    def __init__(self, swarm: str, owner_public: bytes) -> None:
+        self.swarm = swarm
+        self.owner_public = owner_public
+
+    def decode(self, blob: bytes, now: float) -> Record | Rumor:
+        if len(blob) > MAX_MESSAGE:
+            raise Invalid("too_large", f"{len(blob)} bytes, the limit is {MAX_MESSAGE}")
+        body, raw, sig = unseal(blob)
+        if body.get("v") != VERSION:
+            raise Invalid("version", f"schema version {body.get('v')!r}, this node reads {VERSION}")
+        kind = body.get("k")
+        if kind != "record" and kind not in RUMOR_KINDS:
+            raise Invalid("malformed", f"unknown kind {kind!r}")
+        if body.get("swarm") != self.swarm:
+            raise Invalid("swarm", f"message for swarm {body.get('swarm')!r}")
+        signer = field(body, "peer", bytes, kind)
+        verify(peer_key(signer), raw, sig)
+        cert = check_cert(body.get("cert"), owner_public=self.owner_public, swarm=self.swarm,
+                          peer=signer, now=now)
+        issued = float(field(body, "issued", (int, float), kind))
+        if issued > now + CLOCK_SKEW:
+            raise Invalid("future", f"issued {issued - now:.0f} s in the future")
+        if kind == "record":
+            return self._record(body, blob, cert, issued, now)
+        if issued + RUMOR_TTL < now:
+            raise Invalid("stale", f"{kind} rumor issued {now - issued:.0f} s ago")
+        about = field(body, "about", bytes, kind) if kind != "left" else signer
+        peer_key(about)
+        return Rumor(kind=kind, swarm=self.swarm, sender=cert.peer, about=peer_str(about),
+                     incarnation=_uint(body, "inc", kind), issued=issued, blob=blob)
+
+    def _record(self, body: dict[str, Any], blob: bytes, cert: Cert, issued: float, now: float) -> Record:
+        ttl = float(field(body, "ttl", (int, float), "record"))
+        if issued + ttl < now:
+            raise Invalid("stale", f"record expired {now - issued - ttl:.0f} s ago")
+        addrs = field(body, "addrs", list, "record")
+        if len(addrs) > MAX_ADDRS or not all(isinstance(a, str) and len(a) <= 256 for a in addrs):
+            raise Invalid("malformed", f"record.addrs: at most {MAX_ADDRS} multiaddr strings")
+        try:
+            resources = Resources.from_wire(body.get("res"))
+        except ValueError as exc:
+            raise Invalid("malformed", f"record.{exc}") from None
+        wg = body.get("wg")
+        if wg is not None and not isinstance(wg, dict):
+            raise Invalid("malformed", "record.wg: expected a map")
+        return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
+                      ttl=ttl, addrs=tuple(addrs), resources=resources,
+                      labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, cert=cert, blob=blob)
+
+
+def _uint(body: dict[str, Any], name: str, where: str) -> int:
+    value = field(body, name, int, where)
+    if not 0 <= value < 2**64:
+        raise Invalid("malformed", f"{where}.{name}: out of range")
+    return value
