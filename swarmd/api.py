@@ -182,6 +182,9 @@ def swarm_status(node: Node) -> dict[str, Any]:
     return {
         "swarm": {"id": swarm.swarm, "owner": swarm.is_owner, "cert_expires": swarm.cert.expires,
                   "members": core.counts() if core else {}},
+        "gossip": {**{k: node.gossip.traffic[k] for k in ("messages_in", "messages_out", "bytes_in",
+                                                           "bytes_out", "dropped")},
+                   "rejected": dict(node.gossip.rejected)},
         "record": None if own is None else {
             "seq": own.seq, "addrs": list(own.addrs), "labels": own.labels,
             "resources": own.resources.to_wire(), "summary": own.resources.summary()},

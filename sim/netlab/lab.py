@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from swarmd.gossip import swarmstate
+from swarmd.gossip.cert import issue_cert
+from swarmd.gossip.signed import peer_bytes
 from swarmd.identity import load_or_create
 from swarmd.rpc.client import Client, DaemonUnreachable
 
@@ -109,6 +112,7 @@ class Lab:
                 name=h.name, index=h.index, address=h.address, netns=f"sl-{name}-{h.name}",
                 state_dir=str(hdir / "state"), socket=str(hdir / "swarmd.sock"), log=str(hdir / "swarmd.log"),
                 peer_id=str(ident.peer_id), country=h.country))
+        _make_swarm([Path(h.state_dir) for h in state.hosts], [h.peer_id for h in state.hosts])
         state.save()
         lab = cls(state)
         try:
@@ -169,7 +173,7 @@ class Lab:
         cmd = ["ip", "netns", "exec", h.netns, sys.executable, "-m", "swarmd.main",
                "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
                "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
-               *bootstrap]
+               "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off", *bootstrap]
         with open(h.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
@@ -247,6 +251,14 @@ class Lab:
 
     def down_quietly(self) -> None:
         down(self.state.name)
+
+
+def _make_swarm(state_dirs: list[Path], peers: list[str]) -> None:
+    """The first host owns a new swarm; the others hold certificates from it, as after a join."""
+    owner = swarmstate.create(state_dirs[0], peer_bytes(peers[0]))
+    for state_dir, peer in zip(state_dirs[1:], peers[1:]):
+        cert = issue_cert(swarmstate.owner_signer(owner), owner.swarm, peer_bytes(peer), now=time.time())
+        swarmstate.save_joined(state_dir, owner.owner_public, cert, ())
 
 
 def down(name: str) -> bool:

@@ -25,17 +25,23 @@ log = structlog.get_logger("swarmd.gossip")
 
 BOOTSTRAP_RETRY_MAX = 30.0  # seconds; a provider's peer may be down for minutes
 BOOTSTRAP_CHECK = 5.0  # how often a connected bootstrap peer is checked
+# py-libp2p 0.8.1 refuses every dial to a peer for 60 s once all its addresses failed. Our
+# failure detector decides when to try a peer again (probes, reconnects to dead members);
+# a minute-long refusal kept the two sides of a healed partition apart, measured in netlab.
+DIAL_BLOCK = 0.5
 
 
 def make_host(identity: Identity, listen: Sequence[str], *, mdns: bool = False) -> IHost:
     noise = NoiseTransport(identity.key_pair, noise_privkey=new_x25519_pair().private_key)
-    return new_host(
+    host = new_host(
         key_pair=identity.key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
         listen_addrs=[Multiaddr(a) for a in listen],
         enable_mDNS=mdns,
     )
+    host.get_network()._negative_peer_cache._ttl = DIAL_BLOCK  # no public knob in 0.8.1
+    return host
 
 
 def announce_addrs(host: IHost, announce: Sequence[str]) -> list[str]:

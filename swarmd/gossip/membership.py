@@ -343,9 +343,11 @@ class Membership:
             self.counters.records_accepted += 1
             self._actions.append(Changed(r.peer, None, State.ALIVE, "joined"))
             return "new"
-        if r.seq <= m.record.seq:
+        if r.seq == m.record.seq:
+            return "duplicate"  # the same record by another path (sync and gossip): normal
+        if r.seq < m.record.seq:
             self.counters.records_old += 1
-            return "old"
+            return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
         m.record, m.heard = r, now
         if m.state is not State.ALIVE:

@@ -10,6 +10,7 @@ is dropped, counted in ``swarmd_gossip_rejected_total{reason}`` and logged once 
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable
@@ -97,6 +98,10 @@ class Gossip:
         self._publish_send, self._publish_recv = trio.open_memory_channel[bytes](math.inf)
         self._events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](math.inf)
         self._syncing: set[str] = set()
+        self._publishing = False  # a publish is between the channel and the peers' queues
+        # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
+        self.traffic: collections.Counter[str] = collections.Counter()
+        self.rejected: collections.Counter[str] = collections.Counter()
         self._logged: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
         self._pubsub = None
@@ -109,7 +114,7 @@ class Gossip:
                                   (JOIN_PROTOCOL, self._handle_join)):
             self.host.set_stream_handler(protocol, handler)
         self.host.get_network().register_notifee(_Notifee(self._events_send))
-        ps.count_drops(lambda peer: self.metrics.gossip_dropped.inc())
+        ps.count_drops(self._dropped)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sample_capacity)
@@ -148,7 +153,7 @@ class Gossip:
         self.core.leave(trio.current_time())
         self._perform()
         with trio.move_on_after(LEAVE_FLUSH):
-            while self._publish_recv.statistics().current_buffer_used or any(
+            while self._publishing or self._publish_recv.statistics().current_buffer_used or any(
                     len(q) for q in self._pubsub.peer_queues.values()):
                 await trio.sleep(0.01)
             await trio.sleep(0.05)  # the writer task has popped the last RPC; let it write
@@ -259,12 +264,14 @@ class Gossip:
 
     async def _publisher(self, pubsub) -> None:
         async for blob in self._publish_recv:
+            self._publishing = True
             try:
                 await pubsub.publish(self.topic, blob)
-                self.metrics.gossip_messages.labels("out").inc()
-                self.metrics.gossip_bytes.labels("out").inc(len(blob))
+                self._count("out", len(blob))
             except Exception as exc:
                 log.warning("publish failed", error=f"{exc.__class__.__name__}: {exc}")
+            finally:
+                self._publishing = False
 
     # --- inbound gossip -----------------------------------------------------------------
 
@@ -279,8 +286,7 @@ class Gossip:
     async def _read(self, subscription) -> None:
         while True:
             msg = await subscription.get()
-            self.metrics.gossip_messages.labels("in").inc()
-            self.metrics.gossip_bytes.labels("in").inc(len(msg.data))
+            self._count("in", len(msg.data))
             try:
                 decoded = self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
             except Invalid:
@@ -289,7 +295,8 @@ class Gossip:
 
     def _accept(self, msg: Record | Rumor) -> str:
         result = self.core.receive(trio.current_time(), msg)
-        if result == "old" and isinstance(msg, Record):
+        if result == "old" and isinstance(msg, Record):  # a replay, or overtaken in flight
+            self.rejected["old_seq"] += 1
             self.metrics.gossip_rejected.labels("old_seq").inc()
         if isinstance(msg, Record) and result in ("new", "updated"):
             addrs = [Multiaddr(a) for a in msg.addrs if _parses(a)]
@@ -297,7 +304,18 @@ class Gossip:
         self._input()
         return result
 
+    def _count(self, direction: str, size: int) -> None:
+        self.traffic[f"messages_{direction}"] += 1
+        self.traffic[f"bytes_{direction}"] += size
+        self.metrics.gossip_messages.labels(direction).inc()
+        self.metrics.gossip_bytes.labels(direction).inc(size)
+
+    def _dropped(self, peer: ID) -> None:
+        self.traffic["dropped"] += 1
+        self.metrics.gossip_dropped.inc()
+
     def _rejected(self, reason: str, peer: str, detail: str) -> None:
+        self.rejected[reason] += 1
         self.metrics.gossip_rejected.labels(reason).inc()
         if (reason, peer) not in self._logged and len(self._logged) < 10_000:
             self._logged.add((reason, peer))
@@ -345,8 +363,10 @@ class Gossip:
             self.core.via_result(trio.current_time(), probe_id, via, ack)
             self._input()
 
-    def _check_member(self, req: Any, peer: ID) -> bool:
+    async def _check_member(self, req: Any, peer: ID, stream: INetStream) -> bool:
+        """Whether the requester holds a certificate of this swarm; if not, it is told why."""
         if self.swarm is None or self.core is None:
+            await write_frame(stream, {"error": "this node is in no swarm"})
             return False
         try:
             check_cert(req.get("cert") if isinstance(req, dict) else None, owner_public=self.swarm.owner_public,
@@ -354,6 +374,7 @@ class Gossip:
             return True
         except Invalid as exc:
             self._rejected("not_member", str(peer), exc.detail)
+            await write_frame(stream, {"error": f"not a member of swarm {self.swarm.swarm}: {exc.detail}"})
             return False
 
     async def _handle_probe(self, stream: INetStream) -> None:
@@ -361,7 +382,7 @@ class Gossip:
         try:
             with trio.fail_after(10):
                 req = await read_frame(stream, 4096)
-                if not self._check_member(req, peer):
+                if not await self._check_member(req, peer, stream):
                     return
                 target = peer_str(req["target"])
                 timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
@@ -383,6 +404,11 @@ class Gossip:
     def _apply_sync(self, payload: Any, peer: ID) -> None:
         if not isinstance(payload, dict):
             self._rejected("malformed", str(peer), "sync payload is not a map")
+            return
+        if "error" in payload:  # it does not take us for a member (an expired certificate?)
+            if ("refused", str(peer)) not in self._logged:
+                self._logged.add(("refused", str(peer)))
+                log.warning("sync refused", peer=str(peer), error=str(payload["error"])[:300])
             return
         for blob in payload.get("records", [])[:100_000]:
             try:
@@ -421,7 +447,7 @@ class Gossip:
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
                 req = await read_frame(stream, MAX_SYNC_FRAME)
-                if not self._check_member(req, peer):
+                if not await self._check_member(req, peer, stream):
                     return
                 await write_frame(stream, self._sync_payload())
                 self._apply_sync(req, peer)

@@ -65,7 +65,7 @@ def load(state_dir: Path, peer: bytes) -> SwarmMembership | None:
         raise SwarmStateError(f"{path} is damaged ({exc}): move it away and join again") from None
     swarm = swarm_id(owner_public)
     try:  # expiry is judged by the caller, which can say so at run time
-        cert = check_cert(cert_blob, owner_public=owner_public, swarm=swarm, peer=peer, now=0.0)
+        cert = check_cert(cert_blob, owner_public=owner_public, swarm=swarm, peer=peer, now=None)
     except Invalid as exc:
         raise SwarmStateError(f"{path}: {exc.detail}: move it away and join again") from None
     owner_key = None
@@ -73,7 +73,10 @@ def load(state_dir: Path, peer: bytes) -> SwarmMembership | None:
     if key_path.exists():
         if key_path.stat().st_mode & 0o077:
             raise SwarmStateError(f"owner key {key_path} is readable by others: run `chmod 600 {key_path}`")
-        owner_key = SigningKey(key_path.read_bytes())
+        try:
+            owner_key = SigningKey(key_path.read_bytes())
+        except (OSError, ValueError) as exc:  # nacl: "The seed must be exactly 32 bytes long"
+            raise SwarmStateError(f"owner key {key_path} is damaged ({exc}): restore it from a backup") from None
         if bytes(owner_key.verify_key) != owner_public:
             raise SwarmStateError(f"owner key {key_path} does not belong to swarm {swarm}")
     return SwarmMembership(swarm=swarm, owner_public=owner_public, cert=cert, bootstrap=bootstrap,
@@ -160,5 +163,5 @@ def _label_overlay(state_dir: Path) -> dict:
                 "removed": [str(k) for k in data.get("removed", [])]}
     except FileNotFoundError:
         return {"set": {}, "removed": []}
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise SwarmStateError(f"{path} is damaged ({exc}): fix or remove it") from None

@@ -18,6 +18,7 @@ certificate against the owner's key, freshness; then the fields. A failure raise
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +117,8 @@ class Verifier:
         cert = check_cert(body.get("cert"), owner_public=self.owner_public, swarm=self.swarm,
                           peer=signer, now=now)
         issued = float(field(body, "issued", (int, float), kind))
+        if not math.isfinite(issued):  # NaN compares false: it would pass every freshness check below
+            raise Invalid("malformed", f"{kind}.issued: {issued} is not a time")
         if issued > now + CLOCK_SKEW:
             raise Invalid("future", f"issued {issued - now:.0f} s in the future")
         if kind == "record":
@@ -129,6 +132,8 @@ class Verifier:
 
     def _record(self, body: dict[str, Any], blob: bytes, cert: Cert, issued: float, now: float) -> Record:
         ttl = float(field(body, "ttl", (int, float), "record"))
+        if not math.isfinite(ttl):  # a record that never expires outlives its node
+            raise Invalid("malformed", f"record.ttl: {ttl} is not a duration")
         if issued + ttl < now:
             raise Invalid("stale", f"record expired {now - issued - ttl:.0f} s ago")
         addrs = field(body, "addrs", list, "record")

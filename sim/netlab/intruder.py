@@ -1,0 +1,132 @@
+"""A misbehaving peer, for tests of a swarm's defences: run it inside a lab namespace.
+
+    python -m sim.netlab.intruder ATTACK --target /ip4/…/tcp/4001/p2p/12D3… --owner-dir DIR [--file F]
+
+Attacks (each is what a real attacker could send; none needs anything but the network):
+  no-cert   gossip a record and ask for a sync with a certificate from a foreign owner
+  forged    gossip a record whose signature does not verify (a member's cert, a flipped byte)
+  capture   save the records the target holds (sync as a member) to --file
+  replay    gossip the records saved by `capture` again, verbatim
+  oversize  sync a 10 MB record to the target as a member
+
+``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
+and, for the attacks that play a rogue member, issues itself a certificate with the owner
+key (a member turned bad). It prints one line saying what it sent, and exits 0 once sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import trio
+from multiaddr import Multiaddr
+from nacl.signing import SigningKey
+
+from swarmd.gossip import pubsub as ps
+from swarmd.gossip import swarmstate
+from swarmd.gossip.capacity import Resources
+from swarmd.gossip.cert import issue_cert
+from swarmd.gossip.host import make_host
+from swarmd.gossip.signed import peer_bytes
+from swarmd.gossip.streams import MAX_SYNC_FRAME, SYNC_PROTOCOL, request
+from swarmd.gossip.wire import make_record
+from swarmd.identity import load_or_create
+
+OVERSIZE = 10 * 1024 * 1024
+ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.netlab.intruder", description=__doc__.split("\n")[0])
+    parser.add_argument("attack", choices=ATTACKS)
+    parser.add_argument("--target", required=True, help="the victim's /ip4/…/tcp/…/p2p/… address")
+    parser.add_argument("--owner-dir", required=True, type=Path, help="the swarm owner's state directory")
+    parser.add_argument("--file", type=Path, help="where `capture` writes and `replay` reads")
+    args = parser.parse_args(argv)
+    if args.attack in ("capture", "replay") and args.file is None:
+        parser.error(f"{args.attack} needs --file")
+    with tempfile.TemporaryDirectory() as tmp:
+        print(trio.run(_attack, args, Path(tmp)))
+    return 0
+
+
+async def _attack(args: argparse.Namespace, tmp: Path) -> str:
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.tools.anyio_service import background_trio_service
+
+    ident, _ = load_or_create(tmp / "state")
+    me = str(ident.peer_id)
+    owner = swarmstate.load(args.owner_dir, peer_bytes(_owner_peer(args.owner_dir)))
+    assert owner is not None and owner.owner_key is not None, f"{args.owner_dir} holds no owner key"
+    member_cert = issue_cert(swarmstate.owner_signer(owner), owner.swarm, peer_bytes(me), now=time.time())
+    foreign = SigningKey.generate()
+    foreign_cert = issue_cert(lambda d: foreign.sign(d).signature, owner.swarm, peer_bytes(me), now=time.time())
+    target = info_from_p2p_addr(Multiaddr(args.target))
+
+    def record(cert, seq: int = 1) -> bytes:
+        return make_record(ident.sign, swarm=owner.swarm, peer=me, seq=seq, issued=time.time(), ttl=120.0,
+                           addrs=[], resources=Resources(cpu_count=1, cpu_free=1.0, memory_total_mb=1,
+                                                         memory_free_mb=1), labels={}, wg=None, cert=cert)
+
+    host = make_host(ident, ["/ip4/0.0.0.0/tcp/0"])
+    async with host.run([Multiaddr("/ip4/0.0.0.0/tcp/0")]):
+        pubsub, router = ps.make_pubsub(host)
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            topic = ps.topic(owner.swarm)
+            await pubsub.subscribe(topic)
+            with trio.fail_after(20):  # after pubsub is up, so that it greets the target
+                await host.connect(target)
+            with trio.fail_after(20):  # the target's subscription must be known to publish to it
+                while target.peer_id not in pubsub.peer_topics.get(topic, set()):
+                    await trio.sleep(0.05)
+
+            async def gossip(blobs: list[bytes]) -> None:
+                for blob in blobs:
+                    await pubsub.publish(topic, blob)
+                with trio.move_on_after(5):  # until handed to the socket
+                    while any(len(q) for q in pubsub.peer_queues.values()):
+                        await trio.sleep(0.01)
+                await trio.sleep(0.2)
+
+            async def sync(payload: dict) -> object:
+                with trio.fail_after(30):
+                    return await request(host, target.peer_id, SYNC_PROTOCOL, payload, MAX_SYNC_FRAME)
+
+            match args.attack:
+                case "no-cert":
+                    await gossip([record(foreign_cert)])
+                    reply = await sync({"cert": foreign_cert.blob, "records": [], "claims": []})
+                    return f"sent a record and a sync request with a foreign certificate; reply: {reply}"
+                case "forged":
+                    body, sig = msgpack.unpackb(record(member_cert), raw=False)
+                    await gossip([msgpack.packb([body, sig[:-1] + bytes([sig[-1] ^ 1])], use_bin_type=True)])
+                    return "sent a record with a flipped signature byte"
+                case "capture":
+                    reply = await sync({"cert": member_cert.blob, "records": [], "claims": []})
+                    records = reply.get("records", []) if isinstance(reply, dict) else []
+                    args.file.write_bytes(msgpack.packb(records, use_bin_type=True))
+                    return f"captured {len(records)} records"
+                case "replay":
+                    records = msgpack.unpackb(args.file.read_bytes(), raw=False)
+                    await gossip(records)
+                    return f"replayed {len(records)} records"
+                case "oversize":
+                    await sync({"cert": member_cert.blob, "records": [os.urandom(OVERSIZE)], "claims": []})
+                    return f"sent a {OVERSIZE}-byte record"
+    raise AssertionError(args.attack)
+
+
+def _owner_peer(owner_dir: Path) -> str:
+    ident, _ = load_or_create(owner_dir)
+    return str(ident.peer_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

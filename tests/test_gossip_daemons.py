@@ -1,0 +1,84 @@
+"""Real daemons on loopback form a swarm: init, invite, join, peers, labels, kill, restart, leave."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from conftest import wait_until
+from swarmd.rpc.client import RemoteError
+
+pytestmark = pytest.mark.slow
+
+
+def states(daemon) -> dict[str, str]:
+    return {p["peer"]: p["state"] for p in daemon.call("peers")["peers"]}
+
+
+def peer_id(daemon) -> str:
+    return daemon.call("status")["peer_id"]
+
+
+@pytest.fixture
+def swarm(make_daemon):
+    owner = make_daemon("a")
+    owner.call("swarm.init")
+    token = owner.call("swarm.invite")["token"]
+    others = [make_daemon(name, args=["--join", token]) for name in ("b", "c")]
+    return [owner, *others]
+
+
+def test_members_see_each_other_with_their_capacity(swarm):
+    ids = [peer_id(d) for d in swarm]
+    for d, me in zip(swarm, ids):
+        wait_until(lambda: states(d) == {p: "alive" for p in ids if p != me}, 15, f"{me} sees the others alive")
+    def measured():
+        peers = swarm[0].call("peers")["peers"]
+        return peers if all(p["rtt_ms"] is not None for p in peers) else None
+    peers = wait_until(measured, 5, "RTTs from probes")
+    for p in peers:
+        assert p["resources"]["cpu_count"] >= 1
+        assert p["resources"]["memory_total_mb"] > 0
+        assert 0 < p["rtt_min_ms"] <= p["rtt_ms"] < 1000
+    status = swarm[1].call("status")
+    assert status["swarm"]["id"] == swarm[0].call("status")["swarm"]["id"]
+    assert status["swarm"]["members"] == {"alive": 2, "suspect": 0, "dead": 0, "left": 0}
+
+
+def test_a_label_change_reaches_the_others(swarm):
+    b = peer_id(swarm[1])
+    wait_until(lambda: b in states(swarm[0]), 15, "a knows b")
+    swarm[1].call("labels.set", labels={"region": "eu"})
+
+    def seen():
+        return {p["peer"]: p["labels"] for p in swarm[0].call("peers")["peers"]}.get(b) == {"region": "eu"}
+    wait_until(seen, 2, "the new label at a")
+    swarm[1].call("labels.rm", keys=["region"])
+    wait_until(lambda: not {p["peer"]: p["labels"] for p in swarm[0].call("peers")["peers"]}[b], 2,
+               "the label removed at a")
+
+
+def test_killed_is_dead_restarted_is_alive_stopped_has_left(swarm):
+    a, b, c = swarm
+    ids = {d.socket: peer_id(d) for d in swarm}
+    for d in swarm:
+        wait_until(lambda: list(states(d).values()) == ["alive", "alive"], 15, "all alive")
+    c.kill()
+    wait_until(lambda: states(a)[ids[c.socket]] == "dead" and states(b)[ids[c.socket]] == "dead", 5,
+               "c dead everywhere")
+    c.start()  # no --join: the certificate and the bootstrap peers are in its state dir
+    assert peer_id(c) == ids[c.socket]
+    wait_until(lambda: states(a)[ids[c.socket]] == "alive" and states(b)[ids[c.socket]] == "alive", 10,
+               "c alive again")
+    assert b.stop(signal.SIGTERM) == 0
+    wait_until(lambda: states(a)[ids[b.socket]] == "left" and states(c)[ids[b.socket]] == "left", 2,
+               "b left everywhere")
+
+
+def test_a_node_without_swarm_says_so(make_daemon):
+    d = make_daemon("lonely")
+    with pytest.raises(RemoteError, match="swarm"):
+        d.call("swarm.invite")
+    assert d.call("peers")["peers"] == []
+    assert d.call("status")["swarm"] is None

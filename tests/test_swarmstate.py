@@ -1,0 +1,224 @@
+import base64
+import json
+
+import pytest
+from nacl.signing import SigningKey
+
+from swarmd.gossip.cert import check_cert, issue_cert, swarm_id
+from swarmd.gossip.signed import peer_from_key
+from swarmd.gossip.swarmstate import (LABELS_FILE, OWNER_KEY, SEQ_FILE, SWARM_FILE, SwarmStateError, change_labels,
+                                      create, effective_labels, first_seq, load, next_epoch, owner_signer,
+                                      save_joined)
+
+PEER = peer_from_key(bytes(SigningKey(b"\x01" * 32).verify_key))
+OTHER_PEER = peer_from_key(bytes(SigningKey(b"\x02" * 32).verify_key))
+OWNER = SigningKey(b"\x0a" * 32)
+OWNER_PUBLIC = bytes(OWNER.verify_key)
+NOW = 1_700_000_000.0
+BOOTSTRAP = ("/ip4/192.0.2.1/tcp/4001/p2p/12D3KooWK99VoVxNE7XzyBwXEzW7xhK7Gpv85r9F3V3fyKSUKPH5",)
+
+
+def mode(path):
+    return path.stat().st_mode & 0o777
+
+
+def joined_cert(peer=PEER, now=NOW, ttl=3600.0):
+    return issue_cert(lambda d: OWNER.sign(d).signature, swarm_id(OWNER_PUBLIC), peer, now=now, ttl=ttl)
+
+
+def test_nothing_to_load(tmp_path):
+    assert load(tmp_path, PEER) is None
+
+
+def test_create_and_load(tmp_path):
+    made = create(tmp_path, PEER, now=NOW)
+    assert made.is_owner
+    assert made.swarm == swarm_id(made.owner_public)
+    assert made.cert.roles == ("owner", "member")
+    assert made.bootstrap == ()
+    assert mode(tmp_path / OWNER_KEY) == 0o600
+    assert mode(tmp_path / SWARM_FILE) == 0o600
+    loaded = load(tmp_path, PEER)
+    assert loaded is not None
+    assert (loaded.swarm, loaded.owner_public, loaded.cert, loaded.bootstrap) == \
+        (made.swarm, made.owner_public, made.cert, made.bootstrap)
+    assert loaded.is_owner and bytes(loaded.owner_key) == bytes(made.owner_key)
+
+
+def test_load_a_certificate_issued_now(tmp_path):
+    # what a restart sees: a certificate issued at the real time (not at a test's fixed `now`)
+    create(tmp_path, PEER)
+    assert load(tmp_path, PEER).is_owner
+
+
+def test_owner_signer_issues_certificates_the_swarm_accepts(tmp_path):
+    m = create(tmp_path, PEER, now=NOW)
+    cert = issue_cert(owner_signer(m), m.swarm, OTHER_PEER, now=NOW)
+    assert check_cert(cert.blob, owner_public=m.owner_public, swarm=m.swarm, peer=OTHER_PEER, now=NOW).peer == \
+        cert.peer
+
+
+def test_create_twice_is_refused(tmp_path):
+    first = create(tmp_path, PEER, now=NOW)
+    with pytest.raises(SwarmStateError, match="already in a swarm"):
+        create(tmp_path, PEER, now=NOW)
+    assert load(tmp_path, PEER).swarm == first.swarm
+
+
+def test_save_joined_and_load(tmp_path):
+    cert = joined_cert()
+    saved = save_joined(tmp_path, OWNER_PUBLIC, cert, BOOTSTRAP)
+    assert not saved.is_owner
+    assert not (tmp_path / OWNER_KEY).exists()
+    loaded = load(tmp_path, PEER)
+    assert loaded == saved
+    assert loaded.bootstrap == BOOTSTRAP
+    with pytest.raises(SwarmStateError, match="already in a swarm"):
+        save_joined(tmp_path, OWNER_PUBLIC, cert, ())
+
+
+def test_an_expired_certificate_still_loads(tmp_path):
+    # the caller judges expiry at run time and can say so; the files are not damaged
+    save_joined(tmp_path, OWNER_PUBLIC, joined_cert(now=1000.0, ttl=1.0), ())
+    assert load(tmp_path, PEER).cert.expires == 1001.0
+
+
+def test_certificate_of_another_peer(tmp_path):
+    save_joined(tmp_path, OWNER_PUBLIC, joined_cert(), ())
+    with pytest.raises(SwarmStateError) as err:
+        load(tmp_path, OTHER_PEER)
+    assert str(tmp_path / SWARM_FILE) in str(err.value)
+    assert "certificate of another peer" in str(err.value)
+
+
+def _good_swarm_json():
+    return {"swarm": swarm_id(OWNER_PUBLIC), "owner_public": base64.b64encode(OWNER_PUBLIC).decode(),
+            "cert": base64.b64encode(joined_cert().blob).decode(), "bootstrap": []}
+
+
+@pytest.mark.parametrize("content", [
+    b"",
+    b"{",
+    b"\xff\xfe not utf-8",
+    b"[]",
+    b"null",
+    b"{}",
+    json.dumps({**_good_swarm_json(), "owner_public": "!!not base64!!"}).encode(),
+    json.dumps({**_good_swarm_json(), "cert": 5}).encode(),
+    json.dumps({**_good_swarm_json(), "bootstrap": 5}).encode(),
+    json.dumps({**_good_swarm_json(), "cert": base64.b64encode(b"garbage").decode()}).encode(),
+    json.dumps({**_good_swarm_json(), "owner_public": base64.b64encode(b"\x00" * 32).decode()}).encode(),
+])
+def test_damaged_swarm_json_names_the_file(tmp_path, content):
+    (tmp_path / SWARM_FILE).write_bytes(content)
+    with pytest.raises(SwarmStateError) as err:
+        load(tmp_path, PEER)
+    assert str(tmp_path / SWARM_FILE) in str(err.value)
+    assert "move it away and join again" in str(err.value)
+
+
+def test_owner_key_readable_by_others(tmp_path):
+    create(tmp_path, PEER, now=NOW)
+    (tmp_path / OWNER_KEY).chmod(0o640)
+    with pytest.raises(SwarmStateError) as err:
+        load(tmp_path, PEER)
+    assert f"chmod 600 {tmp_path / OWNER_KEY}" in str(err.value)
+
+
+def test_owner_key_of_another_swarm(tmp_path):
+    save_joined(tmp_path, OWNER_PUBLIC, joined_cert(), ())
+    key = tmp_path / OWNER_KEY
+    key.write_bytes(bytes(SigningKey(b"\x0b" * 32)))
+    key.chmod(0o600)
+    with pytest.raises(SwarmStateError, match=f"owner key {key} does not belong to swarm"):
+        load(tmp_path, PEER)
+
+
+@pytest.mark.parametrize("content", [b"", b"short", bytes(OWNER) + b"\x00"], ids=["empty", "short", "long"])
+def test_damaged_owner_key_names_the_file(tmp_path, content):
+    save_joined(tmp_path, OWNER_PUBLIC, joined_cert(), ())
+    key = tmp_path / OWNER_KEY
+    key.write_bytes(content)
+    key.chmod(0o600)
+    with pytest.raises(SwarmStateError) as err:
+        load(tmp_path, PEER)
+    assert str(key) in str(err.value)
+
+
+def test_epochs_grow_across_restarts(tmp_path):
+    epochs = [next_epoch(tmp_path) for _ in range(3)]
+    assert epochs == [1, 2, 3]
+    assert mode(tmp_path / SEQ_FILE) == 0o600
+    assert (tmp_path / SEQ_FILE).read_text() == "3\n"
+
+
+def test_first_seq_after_a_restart_beats_every_seq_before_it(tmp_path):
+    before = first_seq(next_epoch(tmp_path))
+    after = first_seq(next_epoch(tmp_path))  # a restart
+    last_before = before + (1 << 32) - 1  # the most records one run can issue
+    assert after > last_before
+
+
+@pytest.mark.parametrize("epoch, seq", [(1, 1 << 32), (2, 2 << 32), (0x7FFF_FFFF, 0x7FFF_FFFF << 32)])
+def test_first_seq(epoch, seq):
+    assert first_seq(epoch) == seq
+
+
+def test_seq_file_written_by_hand(tmp_path):
+    (tmp_path / SEQ_FILE).write_text(" 41 \n")
+    assert next_epoch(tmp_path) == 42
+
+
+@pytest.mark.parametrize("content", ["", "seven", "1.5", "1\n2\n"])
+def test_damaged_seq_file_names_the_file(tmp_path, content):
+    (tmp_path / SEQ_FILE).write_text(content)
+    with pytest.raises(SwarmStateError) as err:
+        next_epoch(tmp_path)
+    assert str(tmp_path / SEQ_FILE) in str(err.value)
+    assert (tmp_path / SEQ_FILE).read_text() == content  # not replaced
+
+
+CONFIGURED = {"zone": "eu-west", "tier": "gold"}
+
+
+def test_labels_without_overlay_are_the_configured_ones(tmp_path):
+    assert effective_labels(tmp_path, CONFIGURED) == CONFIGURED
+    assert not (tmp_path / LABELS_FILE).exists()
+
+
+@pytest.mark.parametrize("changes, labels", [
+    ([({"gpu": "a100"}, [])], {"zone": "eu-west", "tier": "gold", "gpu": "a100"}),
+    ([({"zone": "us-east"}, [])], {"zone": "us-east", "tier": "gold"}),  # overrides the configured value
+    ([({}, ["tier"])], {"zone": "eu-west"}),  # removes a configured label
+    ([({}, ["nonexistent"])], CONFIGURED),
+    ([({"gpu": "a100"}, []), ({}, ["gpu"])], CONFIGURED),
+    ([({}, ["tier"]), ({"tier": "silver"}, [])], {"zone": "eu-west", "tier": "silver"}),  # set after remove
+    ([({}, ["tier"]), ({}, ["tier"])], {"zone": "eu-west"}),
+    ([({"a": "1", "b": "2"}, ["zone"]), ({"a": "3"}, ["b"])], {"tier": "gold", "a": "3"}),
+])
+def test_label_overlay(tmp_path, changes, labels):
+    for set_, remove in changes:
+        change_labels(tmp_path, set_, remove)
+    assert effective_labels(tmp_path, CONFIGURED) == labels
+    assert mode(tmp_path / LABELS_FILE) == 0o600
+
+
+def test_label_removal_outlives_a_config_change(tmp_path):
+    change_labels(tmp_path, {}, ["tier"])
+    # the operator removed "tier" at run time; a later config still setting it does not bring it back
+    assert effective_labels(tmp_path, {"tier": "platinum", "rack": "r1"}) == {"rack": "r1"}
+
+
+def test_overlay_file_is_readable_json(tmp_path):
+    change_labels(tmp_path, {"gpu": "a100"}, ["tier"])
+    assert json.loads((tmp_path / LABELS_FILE).read_text()) == {"set": {"gpu": "a100"}, "removed": ["tier"]}
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"set": []}', '{"set": "gpu=a100"}', '{"removed": 5}'])
+def test_damaged_labels_file_names_the_file(tmp_path, content):
+    (tmp_path / LABELS_FILE).write_text(content)
+    for call in (lambda: effective_labels(tmp_path, CONFIGURED), lambda: change_labels(tmp_path, {"a": "b"}, [])):
+        with pytest.raises(SwarmStateError) as err:
+            call()
+        assert str(tmp_path / LABELS_FILE) in str(err.value)
+    assert (tmp_path / LABELS_FILE).read_text() == content

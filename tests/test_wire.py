@@ -1,0 +1,316 @@
+import pytest
+from nacl.signing import SigningKey
+
+from swarmd.gossip.capacity import Gpu, Resources
+from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
+from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, RUMOR_TTL, Record, Rumor, Verifier, check_labels,
+                                make_record, make_rumor)
+
+OWNER = SigningKey(b"\x0a" * 32)
+OWNER_PUBLIC = bytes(OWNER.verify_key)
+SWARM = swarm_id(OWNER_PUBLIC)
+NODE = SigningKey(b"\x01" * 32)
+PEER = peer_from_key(bytes(NODE.verify_key))
+OTHER = SigningKey(b"\x02" * 32)
+OTHER_PEER = peer_from_key(bytes(OTHER.verify_key))
+STRANGER = SigningKey(b"\x0b" * 32)
+NOW = 1_700_000_000.0
+RES = Resources(cpu_count=8, cpu_free=6.5, memory_total_mb=32000, memory_free_mb=20000, gpus=(
+    Gpu(index=0, name="NVIDIA A100-SXM4-80GB", uuid="GPU-aaaa", memory_total_mb=81920, memory_free_mb=80000,
+        utilization_pct=3, compute_capability="8.0"),))
+ADDRS = ["/ip4/192.0.2.1/tcp/4001"]
+
+
+def signer(key):
+    return lambda data: key.sign(data).signature
+
+
+def cert_for(peer=PEER, *, owner=OWNER, swarm=SWARM, issued=NOW - 86400, ttl=365 * 86400.0):
+    return issue_cert(signer(owner), swarm, peer, now=issued, ttl=ttl)
+
+
+CERT = cert_for()
+VERIFIER = Verifier(SWARM, OWNER_PUBLIC)
+
+
+def record(**kw):
+    args = dict(swarm=SWARM, peer=peer_str(PEER), seq=(3 << 32) + 7, issued=NOW - 1, ttl=120.0, addrs=ADDRS,
+                resources=RES, labels={"zone": "eu-west", "example.com/tier": "gold"},
+                wg={"pubkey": "abc", "port": 51820}, cert=CERT)
+    key = kw.pop("key", NODE)
+    args.update(kw)
+    return make_record(signer(key), **args)
+
+
+def rumor(kind="suspect", **kw):
+    args = dict(kind=kind, swarm=SWARM, sender=peer_str(PEER), about=peer_str(OTHER_PEER), incarnation=42,
+                issued=NOW - 1, cert=CERT)
+    key = kw.pop("key", NODE)
+    args.update(kw)
+    return make_rumor(signer(key), **args)
+
+
+def record_body(**changes):
+    """A record's body as make_record writes it; a value of ... removes the field."""
+    body = {"v": 1, "k": "record", "swarm": SWARM, "peer": PEER, "seq": 7, "issued": NOW - 1, "ttl": 120.0,
+            "addrs": ADDRS, "res": RES.to_wire(), "labels": {}, "wg": None, "cert": CERT.blob}
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def rumor_body(**changes):
+    body = {"v": 1, "k": "suspect", "swarm": SWARM, "peer": PEER, "about": OTHER_PEER, "inc": 42,
+            "issued": NOW - 1, "cert": CERT.blob}
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def sealed(body, key=NODE):
+    return seal(body, signer(key))
+
+
+def decode(blob, now=NOW):
+    return VERIFIER.decode(blob, now)
+
+
+def reason(blob, now=NOW):
+    with pytest.raises(Invalid) as err:
+        decode(blob, now)
+    return err.value.reason
+
+
+def test_good_record():
+    blob = record()
+    rec = decode(blob)
+    assert isinstance(rec, Record)
+    assert rec == Record(swarm=SWARM, peer=peer_str(PEER), seq=(3 << 32) + 7, issued=NOW - 1, ttl=120.0,
+                         addrs=tuple(ADDRS), resources=RES, labels={"zone": "eu-west", "example.com/tier": "gold"},
+                         wg={"pubkey": "abc", "port": 51820}, cert=CERT, blob=blob)
+    assert rec.expires == NOW + 119.0
+
+
+def test_record_without_optional_fields():
+    rec = decode(sealed(record_body(labels=..., wg=...)))
+    assert rec.labels == {} and rec.wg is None
+
+
+def test_unknown_fields_are_ignored():
+    assert decode(sealed(record_body(future={"x": 1}))).seq == 7
+
+
+@pytest.mark.parametrize("kind", ["suspect", "dead"])
+def test_good_rumor(kind):
+    blob = rumor(kind)
+    got = decode(blob)
+    assert got == Rumor(kind=kind, swarm=SWARM, sender=peer_str(PEER), about=peer_str(OTHER_PEER), incarnation=42,
+                        issued=NOW - 1, blob=blob)
+
+
+def test_left_is_about_the_sender():
+    got = decode(sealed(rumor_body(k="left", about=...)))
+    assert (got.kind, got.sender, got.about) == ("left", peer_str(PEER), peer_str(PEER))
+    # and an "about" in a left rumor cannot make it about someone else
+    assert decode(sealed(rumor_body(k="left", about=OTHER_PEER))).about == peer_str(PEER)
+
+
+def test_too_large():
+    assert reason(b"\x00" * (MAX_MESSAGE + 1)) == "too_large"
+    big = record(wg={"padding": "x" * MAX_MESSAGE})
+    assert reason(big) == "too_large"
+
+
+def test_bad_signature():
+    blob = record()
+    assert reason(blob.replace(b"eu-west", b"eu-east")) == "signature"
+
+
+def test_signed_by_someone_else_in_the_signers_name():
+    assert reason(record(key=OTHER)) == "signature"  # OTHER signs, the body says PEER
+    assert reason(rumor(key=STRANGER)) == "signature"
+
+
+def test_signature_checked_before_certificate():
+    # a forger without the key learns nothing about which certificates are good
+    assert reason(record(key=OTHER, cert=cert_for(owner=STRANGER))) == "signature"
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None, ...])
+def test_unknown_version(version):
+    assert reason(sealed(record_body(v=version))) == "version"
+    assert reason(sealed(rumor_body(v=version))) == "version"
+
+
+def test_foreign_swarm():
+    other_swarm = swarm_id(bytes(STRANGER.verify_key))
+    assert reason(record(swarm=other_swarm)) == "swarm"
+    assert reason(rumor(swarm=other_swarm)) == "swarm"
+    assert reason(sealed(record_body(swarm=...))) == "swarm"
+
+
+@pytest.mark.parametrize("cert", [
+    pytest.param(..., id="missing"),
+    pytest.param(None, id="none"),
+    pytest.param(b"not a cert", id="garbage"),
+    pytest.param(cert_for(OTHER_PEER).blob, id="another-peers"),
+    pytest.param(cert_for(owner=STRANGER).blob, id="not-the-owners"),
+    pytest.param(cert_for(owner=STRANGER, swarm=swarm_id(bytes(STRANGER.verify_key))).blob, id="another-swarms"),
+    pytest.param(cert_for(swarm="0123456789abcdef").blob, id="owner-signed-for-another-swarm"),
+    pytest.param(cert_for(issued=NOW - 7200, ttl=3600).blob, id="expired"),
+    pytest.param(cert_for(issued=NOW + CLOCK_SKEW + 60).blob, id="issued-in-the-future"),
+])
+def test_bad_certificate(cert):
+    assert reason(sealed(record_body(cert=cert))) == "cert"
+    assert reason(sealed(rumor_body(cert=cert))) == "cert"
+
+
+@pytest.mark.parametrize("issued, ttl, ok", [
+    (NOW - 1, 120.0, True),
+    (NOW - 120, 120.0, True),  # expires now: still good this instant
+    (NOW - 121, 120.0, False),
+    (NOW - 86400, 120.0, False),
+    (NOW - 1, -5.0, False),
+    (NOW + CLOCK_SKEW, 120.0, True),  # a fast clock is tolerated
+])
+def test_record_freshness(issued, ttl, ok):
+    blob = sealed(record_body(issued=issued, ttl=ttl))
+    if ok:
+        assert decode(blob).issued == issued
+    else:
+        assert reason(blob) == "stale"
+
+
+@pytest.mark.parametrize("age, ok", [(0, True), (RUMOR_TTL - 1, True), (RUMOR_TTL, True), (RUMOR_TTL + 1, False),
+                                     (3600, False)])
+def test_rumor_freshness(age, ok):
+    for kind in ("suspect", "dead", "left"):
+        blob = sealed(rumor_body(k=kind, issued=NOW - age))
+        if ok:
+            assert decode(blob).kind == kind
+        else:
+            assert reason(blob) == "stale"
+
+
+@pytest.mark.parametrize("body", [record_body(issued=NOW + CLOCK_SKEW + 1), rumor_body(issued=NOW + 3600)])
+def test_issued_in_the_future(body):
+    assert reason(sealed(body)) == "future"
+
+
+@pytest.mark.parametrize("issued", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_times(issued):
+    # NaN compares false with everything: it must not slip past the freshness checks
+    assert reason(sealed(rumor_body(issued=issued))) == "malformed"
+    assert reason(sealed(record_body(issued=issued))) == "malformed"
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf")])
+def test_non_finite_ttl(ttl):
+    assert reason(sealed(record_body(ttl=ttl))) == "malformed"
+
+
+@pytest.mark.parametrize("labels", [
+    {"Zone": "eu"},
+    {"bad key": "x"},
+    {"-zone": "x"},
+    {"zone-": "x"},
+    {"": "x"},
+    {"z" * 64: "x"},
+    {"zone": 5},
+    {"zone": None},
+    {"zone": "x" * 256},
+    {f"l{i}": "x" for i in range(MAX_LABELS + 1)},
+    ["zone", "eu"],
+    "zone=eu",
+])
+def test_bad_labels(labels):
+    assert reason(sealed(record_body(labels=labels))) == "malformed"
+
+
+@pytest.mark.parametrize("labels", [
+    {},
+    {"a": ""},
+    {"z" * 63: "x" * 255},
+    {"example.com/gpu-class": "a100", "x_y": "1", "0": "digit"},
+    {f"l{i}": "x" for i in range(MAX_LABELS)},
+])
+def test_good_labels(labels):
+    assert decode(sealed(record_body(labels=labels))).labels == labels
+    assert check_labels(labels) == labels
+
+
+def test_check_labels_names_the_key():
+    with pytest.raises(Invalid, match=r"^malformed: labels: key 'Zone' must be"):
+        check_labels({"Zone": "x"})
+    with pytest.raises(Invalid, match=r"^malformed: config.labels.zone: value must be a string"):
+        check_labels({"zone": 1}, "config.labels")
+
+
+@pytest.mark.parametrize("res, where", [
+    (..., "record.resources: expected a map"),
+    ("8 cpus", "record.resources: expected a map"),
+    ({**RES.to_wire(), "cpu_count": -1}, "record.resources.cpu_count"),
+    ({**RES.to_wire(), "gpus": [{**RES.to_wire()["gpus"][0], "memory_free_mb": "lots"}]},
+     "record.resources.gpus[0].memory_free_mb"),
+])
+def test_bad_resources(res, where):
+    with pytest.raises(Invalid) as err:
+        decode(sealed(record_body(res=res)))
+    assert err.value.reason == "malformed"
+    assert err.value.detail.startswith(where), err.value.detail
+
+
+@pytest.mark.parametrize("changes", [
+    {"k": "gossip"},
+    {"k": ...},
+    {"peer": ...},
+    {"peer": peer_str(PEER)},  # text, not bytes
+    {"peer": b"\x00" * 38},  # not an Ed25519 peer id
+    {"issued": ...},
+    {"issued": "now"},
+    {"ttl": ...},
+    {"ttl": True},
+    {"seq": ...},
+    {"seq": -1},
+    {"seq": 1.0},
+    {"seq": True},
+    {"addrs": ...},
+    {"addrs": "/ip4/192.0.2.1/tcp/4001"},
+    {"addrs": [1]},
+    {"addrs": ["/ip4/192.0.2.1/tcp/4001/" + "x" * 256]},
+    {"addrs": [f"/ip4/192.0.2.{i}/tcp/4001" for i in range(MAX_ADDRS + 1)]},
+    {"wg": "wireguard"},
+    {"wg": []},
+])
+def test_malformed_record(changes):
+    assert reason(sealed(record_body(**changes))) == "malformed"
+
+
+def test_largest_seq_and_most_addrs():
+    addrs = [f"/ip4/192.0.2.{i}/tcp/4001" for i in range(MAX_ADDRS)]
+    rec = decode(sealed(record_body(seq=2**64 - 1, addrs=addrs)))
+    assert rec.seq == 2**64 - 1 and len(rec.addrs) == MAX_ADDRS
+
+
+@pytest.mark.parametrize("changes", [
+    {"about": ...},
+    {"about": peer_str(OTHER_PEER)},
+    {"about": b"\x00" * 38},
+    {"inc": ...},
+    {"inc": -1},
+    {"inc": "42"},
+    {"inc": False},
+])
+def test_malformed_rumor(changes):
+    assert reason(sealed(rumor_body(**changes))) == "malformed"
+
+
+@pytest.mark.parametrize("blob", [b"", b"\xc1", b"\x93\x01\x02\x03", record()[:-3]])
+def test_not_a_signed_message(blob):
+    assert reason(blob) == "malformed"
+
+
+def test_a_verifier_for_another_swarm_rejects_ours():
+    theirs = Verifier(swarm_id(bytes(STRANGER.verify_key)), bytes(STRANGER.verify_key))
+    with pytest.raises(Invalid) as err:
+        theirs.decode(record(), NOW)
+    assert err.value.reason == "swarm"
