@@ -39,7 +39,8 @@ def duration(seconds: float) -> str:
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
     parts = [f"{days}d"] * bool(days) + [f"{hours}h"] * bool(hours) + [f"{minutes}m"] * bool(minutes)
-    return " ".join(parts + [f"{secs}s"]) if parts or secs or not seconds else "0s"
+    parts += [f"{secs}s"] * bool(secs)
+    return " ".join(parts) or "0s"
 
 
 def status(s: Mapping[str, Any]) -> None:

@@ -51,7 +51,7 @@ class Node:
         self.log = structlog.get_logger("swarmd")
         self.metrics = Metrics(version=__version__, peer_id=str(identity.peer_id), started=self.started)
         self.metrics_bound: tuple[str, int] | None = None
-        self.host = make_host(identity, config.listen, mdns=config.mdns)
+        self.host = make_host(identity, config.listen)
         self.rng = random.Random()
         peer = identity.peer_id.to_bytes()
         self.swarm = swarmstate.load(config.state_dir, peer)  # SwarmStateError: exit 2
@@ -95,7 +95,7 @@ class Node:
                 if config.join and self.gossip.swarm is None:
                     nursery.start_soon(self._join, config.join)
                 if config.mdns:
-                    nursery.start_soon(mdns_connector, self.host)
+                    nursery.start_soon(mdns_connector, self.host, announce_addrs(self.host, config.announce))
                 for addr in config.bootstrap:
                     nursery.start_soon(keep_connected, self.host, addr, self.rng)
                 if self.notifier.watchdog_interval:

@@ -31,14 +31,13 @@ BOOTSTRAP_CHECK = 5.0  # how often a connected bootstrap peer is checked
 DIAL_BLOCK = 0.5
 
 
-def make_host(identity: Identity, listen: Sequence[str], *, mdns: bool = False) -> IHost:
+def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
     noise = NoiseTransport(identity.key_pair, noise_privkey=new_x25519_pair().private_key)
     host = new_host(
         key_pair=identity.key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt=create_yamux_muxer_option(),
         listen_addrs=[Multiaddr(a) for a in listen],
-        enable_mDNS=mdns,
     )
     host.get_network()._negative_peer_cache._ttl = DIAL_BLOCK  # no public knob in 0.8.1
     return host
@@ -70,9 +69,18 @@ def _local_ipv4() -> list[str]:
     return sorted(set(ips)) or ["127.0.0.1"]
 
 
-async def mdns_connector(host: IHost) -> None:
-    """Dial peers that py-libp2p's mDNS (zeroconf, in its own thread) discovers."""
+async def mdns_connector(host: IHost, addrs: list[str]) -> None:
+    """Advertise ``addrs`` over mDNS and dial the peers it discovers.
+
+    py-libp2p's own mDNS (``enable_mDNS``) advertises the listen addresses as they are, so a
+    daemon listening on 0.0.0.0 told its neighbours to dial 0.0.0.0, which is themselves
+    (measured: every dial failed its Noise handshake). We give it the announce addresses.
+    """
     from libp2p.discovery.events.peerDiscovery import peerDiscovery
+    from libp2p.discovery.mdns.mdns import MDNSDiscovery
+
+    port = next((int(a.split("/tcp/")[1].split("/")[0]) for a in addrs if "/tcp/" in a), 4001)
+    mdns = await trio.to_thread.run_sync(lambda: MDNSDiscovery(host.get_network(), port=port, listen_addrs=addrs))
 
     send, receive = trio.open_memory_channel[PeerInfo](64)
     token = trio.lowlevel.current_trio_token()
@@ -86,6 +94,7 @@ async def mdns_connector(host: IHost) -> None:
         token.run_sync_soon(put)
 
     peerDiscovery.register_peer_discovered_handler(found)
+    mdns.start()
     try:
         async for info in receive:
             if info.peer_id != host.get_id() and info.peer_id not in host.get_connected_peers():
@@ -97,6 +106,7 @@ async def mdns_connector(host: IHost) -> None:
                         log.debug("mdns peer unreachable", peer=str(info.peer_id), error=str(exc))
     finally:
         peerDiscovery.unregister_peer_discovered_handler(found)
+        mdns.stop()
 
 
 def retry_delay(attempt: int, rng: random.Random) -> float:

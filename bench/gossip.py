@@ -1,0 +1,139 @@
+"""Membership figures on a 5-host country lab (DE US JP BR IN): time to a full view, capacity
+change convergence, kill -9 detection, gossip load and RSS per daemon; then a lossy soak
+(5 % loss on every link) counting false dead declarations. Needs root.
+
+Convergence is timed by polling every receiver's `peers` over its control socket (about
+2 ms a poll on this machine), so figures carry that resolution. The target for a change is
+"p99 < 100 ms + one-way path delay": ``change_excess`` is the time beyond the longest
+one-way delay from the changed host, the part the daemon is responsible for.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+
+import psutil
+
+from sim.netlab import lab as labmod
+from sim.netlab import topology
+from swarmd.rpc.client import Client
+
+COUNTRIES = ["DE", "US", "JP", "BR", "IN"]
+CHANGES = 30
+KILLS = 8
+LOAD_WINDOW = 30.0
+SOAK_SECONDS = float(os.environ.get("SWARMD_BENCH_SOAK_SECONDS", "300"))
+
+
+def _call(lab: labmod.Lab, host: str, method: str, **params):
+    with Client(lab.state.host(host).socket, timeout=10) as c:
+        return c.call(method, **params)
+
+
+def _states(lab: labmod.Lab, host: str) -> dict[str, str]:
+    return {p["peer"]: p["state"] for p in _call(lab, host, "peers")["peers"]}
+
+
+def _wait(predicate, timeout: float) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"bench: condition not met within {timeout} s")
+        time.sleep(0.002)
+    return time.monotonic() - t0
+
+
+def _all_alive(lab: labmod.Lab) -> bool:
+    ids = {h.peer_id for h in lab.state.hosts}
+    return all(_states(lab, h.name) == {p: "alive" for p in ids if p != h.peer_id} for h in lab.state.hosts)
+
+
+def _pct(samples: list[float], q: int) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] if len(samples) > 1 else samples[0]
+
+
+def _lab(name: str, rtt, loss: float = 0.0, countries=None) -> tuple[labmod.Lab, float]:
+    labmod.down(name)
+    hosts, links = topology.plan(5, rtt, loss_pct=loss, countries=countries)
+    t0 = time.monotonic()
+    lab = labmod.Lab.up(name, hosts, links)
+    _wait(lambda: _all_alive(lab), 60)
+    return lab, time.monotonic() - t0
+
+
+def measure() -> dict[str, float]:
+    results: dict[str, float] = {}
+    lab, took = _lab("benchg", topology.from_countries(topology.country_table()), countries=COUNTRIES)
+    try:
+        results["gossip_up_to_full_view_5_hosts_s"] = took
+        names = [h.name for h in lab.state.hosts]
+
+        took_all, excess = [], []
+        for i in range(CHANGES):
+            src = names[i % len(names)]
+            others = [h for h in names if h != src]
+            one_way = max(lab.state.link(src, o).rtt_ms for o in others) / 2e3
+            value = f"v{i}"
+            peer = lab.state.host(src).peer_id
+            t0 = time.monotonic()
+            _call(lab, src, "labels.set", labels={"bench": value})
+
+            def seen() -> bool:
+                for o in others:
+                    rows = {p["peer"]: p for p in _call(lab, o, "peers")["peers"]}
+                    if rows[peer]["labels"].get("bench") != value:
+                        return False
+                return True
+            _wait(seen, 10)
+            t = time.monotonic() - t0
+            took_all.append(t * 1e3)
+            excess.append((t - one_way) * 1e3)
+            time.sleep(0.3)  # publishes are rate-limited to 4/s per node: measure single changes
+        results |= {"change_seen_by_all_p50_ms": _pct(took_all, 50), "change_seen_by_all_p99_ms": _pct(took_all, 99),
+                    "change_excess_p50_ms": _pct(excess, 50), "change_excess_p99_ms": _pct(excess, 99)}
+
+        detect = []
+        for i in range(KILLS):
+            victim = names[1 + i % (len(names) - 1)]
+            peer = lab.state.host(victim).peer_id
+            others = [h for h in names if h != victim]
+            _wait(lambda: _all_alive(lab), 30)
+            t0 = time.monotonic()
+            lab.kill(victim, signal.SIGKILL)
+            _wait(lambda: all(_states(lab, o).get(peer) == "dead" for o in others), 30)
+            detect.append(time.monotonic() - t0)
+            lab.start(victim)
+        _wait(lambda: _all_alive(lab), 30)
+        results |= {"kill_detected_by_all_p50_s": _pct(detect, 50), "kill_detected_by_all_p99_s": _pct(detect, 99)}
+
+        before = {h: _call(lab, h, "status")["gossip"] for h in names}
+        time.sleep(LOAD_WINDOW)
+        after = {h: _call(lab, h, "status")["gossip"] for h in names}
+        msgs = [(after[h]["messages_in"] + after[h]["messages_out"] - before[h]["messages_in"]
+                 - before[h]["messages_out"]) / LOAD_WINDOW for h in names]
+        size = [(after[h]["bytes_in"] + after[h]["bytes_out"] - before[h]["bytes_in"]
+                 - before[h]["bytes_out"]) / LOAD_WINDOW for h in names]
+        rss = [psutil.Process(lab.state.host(h).pid).memory_info().rss / 2**20 for h in names]
+        results |= {"gossip_msgs_per_s_per_daemon": statistics.mean(msgs),
+                    "gossip_bytes_per_s_per_daemon": statistics.mean(size),
+                    "daemon_rss_with_membership_max_mb": max(rss)}
+    finally:
+        labmod.down("benchg")
+
+    if SOAK_SECONDS > 0:
+        lab, _ = _lab("benchs", topology.uniform(30.0), loss=5.0)
+        try:
+            time.sleep(SOAK_SECONDS)
+            dead = suspect = 0
+            for h in lab.state.hosts:
+                with open(h.log) as log:
+                    for line in log:
+                        dead += '"event": "member dead"' in line
+                        suspect += '"event": "member suspect"' in line
+            results |= {"soak_seconds": SOAK_SECONDS, "soak_false_dead": dead, "soak_suspicions_refuted": suspect}
+        finally:
+            labmod.down("benchs")
+    return results
