@@ -88,7 +88,7 @@ def peers(result: Mapping[str, Any]) -> None:
         return
     table = Table(title=f"swarm {result['swarm']}", title_justify="left")
     for column in ("peer", "state", "rtt", "gpus", "cpu free", "memory free", "labels", "record age"):
-        table.add_column(column, no_wrap=column in ("peer", "state", "rtt"))
+        table.add_column(column, no_wrap=column not in ("gpus", "labels"))
     for p in result["peers"]:
         res = p["resources"]
         style = STATE_STYLE.get(p["state"], "")

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from conftest import wait_until
+
 SWARMCTL = [sys.executable, "-m", "swarmctl.main"]
 
 
@@ -99,3 +101,45 @@ def test_help_imports_nothing_heavy():
     code = "import sys, swarmctl.main; print(sorted(m for m in ('trio', 'libp2p', 'rich', 'structlog') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert proc.stdout.strip() == "[]"
+
+
+def test_swarm_commands_from_init_to_peers(make_daemon):
+    owner = make_daemon("owner")
+    sock = ["--socket", str(owner.socket)]
+    assert "not in a swarm" in run(*sock, "peers").stdout
+    refused = run(*sock, "swarm", "invite")
+    assert refused.returncode == 1 and "swarm init" in refused.stderr
+    init = run(*sock, "swarm", "init")
+    assert init.returncode == 0 and "created" in init.stdout
+    again = run(*sock, "swarm", "init")
+    assert again.returncode == 1 and "already in a swarm" in again.stderr
+    invite = run(*sock, "swarm", "invite", "--expires", "1h")
+    assert invite.returncode == 0, invite.stderr
+    token = invite.stdout.strip()
+    assert token.startswith("swarmd1.") and "valid for 1h" in invite.stderr
+
+    member = make_daemon("member")
+    joined = run("--socket", str(member.socket), "swarm", "join", token)
+    assert joined.returncode == 0, joined.stderr
+    member_id = member.call("status")["peer_id"]
+    assert run("--socket", str(member.socket), "labels", "set", "region=eu", "tier=a").returncode == 0
+    assert run("--socket", str(member.socket), "labels", "rm", "tier").returncode == 0
+
+    def row():
+        peers = json.loads(run(*sock, "--json", "peers").stdout)["peers"]
+        return peers[0] if peers and peers[0]["labels"] == {"region": "eu"} else None
+    got = wait_until(row, 10, "the member's labels at the owner")
+    assert got["peer"] == member_id and got["state"] == "alive"
+    table = run(*sock, "peers").stdout
+    assert member_id[-8:] in table and "alive" in table and "region=eu" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["labels", "set", "region"], "expected K=V"),
+    (["labels", "set", "Bad Key=x"], "key"),
+    (["swarm", "join", "swarmd1.garbage"], "token"),
+    (["swarm", "invite", "--expires", "soon"], "expires"),
+])
+def test_bad_swarm_arguments_are_named(daemon, args, message):
+    proc = run("--socket", str(daemon.socket), *args)
+    assert proc.returncode in (1, 2) and message in proc.stderr, proc.stderr

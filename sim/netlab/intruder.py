@@ -8,6 +8,7 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   capture   save the records the target holds (sync as a member) to --file
   replay    gossip the records saved by `capture` again, verbatim
   oversize  sync a 10 MB record to the target as a member
+  garbage   open each swarmd stream protocol and send junk: bytes, a huge length, half a frame
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -34,12 +35,13 @@ from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import issue_cert
 from swarmd.gossip.host import make_host
 from swarmd.gossip.signed import peer_bytes
-from swarmd.gossip.streams import MAX_SYNC_FRAME, SYNC_PROTOCOL, request
+from swarmd.gossip.streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, encode_frame,
+                                   request)
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
 OVERSIZE = 10 * 1024 * 1024
-ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize")
+ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +119,21 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                     records = msgpack.unpackb(args.file.read_bytes(), raw=False)
                     await gossip(records)
                     return f"replayed {len(records)} records"
+                case "garbage":
+                    junk = [os.urandom(64), (1 << 31).to_bytes(4, "big"), encode_frame({"cert": 1})[:-1],
+                            encode_frame({"cert": member_cert.blob, "target": b"x", "timeout": "soon"}),
+                            encode_frame(["not", "a", "map"])]
+                    for protocol in (PROBE_PROTOCOL, SYNC_PROTOCOL, JOIN_PROTOCOL):
+                        for data in junk:
+                            stream = await host.new_stream(target.peer_id, [protocol])
+                            await stream.write(data)
+                            with trio.move_on_after(0.5):
+                                try:
+                                    await stream.read(1 << 16)
+                                except Exception:
+                                    pass
+                            await stream.reset()
+                    return f"sent {3 * len(junk)} junk requests"
                 case "oversize":
                     await sync({"cert": member_cert.blob, "records": [os.urandom(OVERSIZE)], "claims": []})
                     return f"sent a {OVERSIZE}-byte record"

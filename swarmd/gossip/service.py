@@ -23,6 +23,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from multiaddr import Multiaddr
 
+from ..rpc.framing import FrameTooLarge
 from . import pubsub as ps
 from .capacity import Collector, Resources
 from .cert import Token, check_cert, check_ticket, issue_cert
@@ -112,7 +113,7 @@ class Gossip:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         for protocol, handler in ((PROBE_PROTOCOL, self._handle_probe), (SYNC_PROTOCOL, self._handle_sync),
                                   (JOIN_PROTOCOL, self._handle_join)):
-            self.host.set_stream_handler(protocol, handler)
+            self.host.set_stream_handler(protocol, self._guarded(handler))
         self.host.get_network().register_notifee(_Notifee(self._events_send))
         ps.count_drops(self._dropped)
         async with trio.open_nursery() as nursery:
@@ -121,6 +122,20 @@ class Gossip:
             task_status.started()
             await self.joined.wait()
             await self._run_swarm()
+
+    def _guarded(self, handler: Callable[[INetStream], Any]) -> Callable[[INetStream], Any]:
+        """py-libp2p lets an exception from a stream handler take the whole host down: no
+        request a peer can send may do that. The handlers catch what they expect; this is
+        the backstop for what they did not."""
+        async def guarded(stream: INetStream) -> None:
+            try:
+                await handler(stream)
+            except Exception as exc:
+                peer = str(stream.muxed_conn.peer_id)
+                self._rejected("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
+                log.exception("stream handler failed", peer=peer, handler=handler.__name__)
+                await _close(stream)
+        return guarded
 
     async def _run_swarm(self) -> None:
         from libp2p.tools.anyio_service import background_trio_service
@@ -173,7 +188,7 @@ class Gossip:
                 with trio.fail_after(JOIN_TIMEOUT):
                     await self.host.connect(info)
                     reply = await request(self.host, info.peer_id, JOIN_PROTOCOL, {"ticket": token.ticket})
-            except (PeerError, trio.TooSlow, OSError, Exception) as exc:  # any dial failure
+            except Exception as exc:  # any dial or protocol failure
                 errors.append(f"{addr}: {exc.__class__.__name__}: {exc}")
                 continue
             if not isinstance(reply, dict) or "cert" not in reply:
@@ -209,7 +224,7 @@ class Gossip:
                                   ttl=ttl, roles=roles)
                 await write_frame(stream, {"cert": cert.blob})
                 log.info("admitted", peer=str(peer), expires=round(cert.expires))
-        except (PeerError, trio.TooSlow, Exception) as exc:
+        except Exception as exc:
             self._rejected("join", str(peer), f"{exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
@@ -388,7 +403,9 @@ class Gossip:
                 timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
                 rtt = await self._ping(target, timeout)
                 await write_frame(stream, {"ack": rtt is not None})
-        except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlow) as exc:
+        except FrameTooLarge as exc:
+            self._rejected("too_large", str(peer), f"probe request: {exc}")
+        except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlowError) as exc:
             self._rejected("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
@@ -451,9 +468,10 @@ class Gossip:
                     return
                 await write_frame(stream, self._sync_payload())
                 self._apply_sync(req, peer)
+        except FrameTooLarge as exc:
+            self._rejected("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
-            reason = "too_large" if "limit" in str(exc) else "sync"
-            self._rejected(reason, str(peer), f"{exc.__class__.__name__}: {exc}")
+            self._rejected("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 

@@ -140,6 +140,11 @@ def test_bad_peers_are_rejected_and_counted(lab, tmp_path):
     intruder(l, "oversize")
     until(lambda: grew("too_large", before), 10, "10 MB record refused")
 
+    before = rejected()
+    intruder(l, "garbage")
+    until(lambda: sum(rejected().values()) >= sum(before.values()) + 10, 10, "junk requests counted")
+    assert "handler" not in rejected(), "every kind of junk is expected by a handler, none reaches the backstop"
+
     # the swarm is unharmed: nobody was marked down, and the intruders are not members
     until(lambda: all_alive(l, names), 10, "everyone still alive, only the 4 hosts are members")
 
