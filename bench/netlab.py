@@ -45,7 +45,7 @@ def measure() -> dict[str, float]:
     lab, took = _up("bench10", 10)
     try:
         results["lab_up_10_hosts_s"] = took
-        time.sleep(10)  # let the daemons settle after start
+        time.sleep(20)  # let the daemons settle after start: joins, syncs, mesh grafts
         marker = lab.state.dir + "/"
         procs = [psutil.Process(p) for p in labmod._pids_mentioning(marker)]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)

@@ -47,6 +47,15 @@ class Config:
     mdns: bool = field(default=True, metadata={"doc": "find peers on the local network with mDNS"})
     gossip_timing: str = field(default="wan", metadata={
         "doc": "failure-detector timers: wan (internet), lan, or local (tests)"})
+    mesh: str = field(default="auto", metadata={
+        "doc": "WireGuard backend: auto (kernel if the module is there, else wireguard-go), kernel, "
+               "userspace, or off"})
+    mesh_interface: str = field(default="swarm0", metadata={
+        "doc": "WireGuard interface name (distinct per host when several share a machine)"})
+    mesh_network: str = field(default="10.211.0.0/16", metadata={
+        "doc": "private IPv4 range overlay addresses are drawn from (the same on every member)"})
+    mesh_port: int = field(default=51820, metadata={"doc": "WireGuard UDP listen port"})
+    mesh_mtu: int = field(default=1420, metadata={"doc": "MTU of the WireGuard interface"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
@@ -157,6 +166,34 @@ def _token(v: Any) -> str | None:
     return str(v).strip()
 
 
+def _interface(v: Any) -> str:
+    if not isinstance(v, str) or not 1 <= len(v) <= 15 or not all(c.isalnum() or c in "-_." for c in v):
+        raise _Bad("an interface name of 1-15 characters a-z 0-9 - _ .")
+    return v
+
+
+def _private_network(v: Any) -> str:
+    import ipaddress
+
+    try:
+        net = ipaddress.IPv4Network(str(v))
+    except ValueError as exc:
+        raise _Bad(f"an IPv4 network such as 10.211.0.0/16 ({exc})") from None
+    if not net.is_private or net.prefixlen > 24:
+        raise _Bad(f"a private IPv4 network of /24 or larger, got {v!r}")
+    return str(net)
+
+
+def _int_range(low: int, high: int) -> Check:
+    def check(v: Any) -> int:
+        if isinstance(v, str) and v.isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise _Bad(f"an integer from {low} to {high}")
+        return v
+    return check
+
+
 def _hostport_or_off(v: Any) -> str | None:
     if v is False or (isinstance(v, str) and v.lower() in ("off", "none", "")):
         return None
@@ -178,6 +215,11 @@ _CHECKS: dict[str, Check] = {
     "labels": _labels,
     "mdns": _bool,
     "gossip_timing": _choice(("wan", "lan", "local")),
+    "mesh": _choice(("auto", "kernel", "userspace", "off")),
+    "mesh_interface": _interface,
+    "mesh_network": _private_network,
+    "mesh_port": _int_range(1, 65535),
+    "mesh_mtu": _int_range(1280, 9000),
     "metrics_addr": _hostport_or_off,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),

@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
                    help="label advertised to peers, e.g. region=eu, repeatable")
     p.add_argument("--mdns", metavar="on|off", help="find peers on the local network with mDNS (default on)")
     p.add_argument("--gossip-timing", metavar="PRESET", help="failure-detector timers: wan (default), lan, local")
+    p.add_argument("--mesh", metavar="BACKEND", help="WireGuard: auto (default), kernel, userspace or off")
+    p.add_argument("--mesh-interface", metavar="NAME", help="WireGuard interface (default swarm0)")
+    p.add_argument("--mesh-port", metavar="PORT", help="WireGuard UDP port (default 51820)")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="Prometheus endpoint (port 0: any free port; 'off' to disable)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")

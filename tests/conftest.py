@@ -44,7 +44,7 @@ class Daemon:
         return [*SWARMD, "--state-dir", str(self.state_dir), "--socket", str(self.socket),
                 "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics-addr", "off",
                 "--config", str(self.state_dir.parent / "empty.toml"), "--mdns", "off",
-                "--gossip-timing", "local", *self.args]
+                "--gossip-timing", "local", "--mesh", "off", *self.args]
 
     def start(self, wait: bool = True) -> Daemon:
         (self.state_dir.parent / "empty.toml").touch()

@@ -4,7 +4,7 @@ from nacl.signing import SigningKey
 from swarmd.gossip.capacity import Gpu, Resources
 from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
-from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, RUMOR_TTL, Record, Rumor, Verifier, check_labels,
+from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
                                 make_record, make_rumor)
 
 OWNER = SigningKey(b"\x0a" * 32)
@@ -31,13 +31,15 @@ def cert_for(peer=PEER, *, owner=OWNER, swarm=SWARM, issued=NOW - 86400, ttl=365
 
 
 CERT = cert_for()
+MESH = MeshInfo(public=bytes(range(32)), addr4="10.211.3.4", addr6="fd12:3456:789a::1", port=51820,
+                endpoints=("192.0.2.1", "2001:db8::1"))
 VERIFIER = Verifier(SWARM, OWNER_PUBLIC)
 
 
 def record(**kw):
     args = dict(swarm=SWARM, peer=peer_str(PEER), seq=(3 << 32) + 7, issued=NOW - 1, ttl=120.0, addrs=ADDRS,
                 resources=RES, labels={"zone": "eu-west", "example.com/tier": "gold"},
-                wg={"pubkey": "abc", "port": 51820}, cert=CERT)
+                wg=MESH, cert=CERT)
     key = kw.pop("key", NODE)
     args.update(kw)
     return make_record(signer(key), **args)
@@ -86,7 +88,7 @@ def test_good_record():
     assert isinstance(rec, Record)
     assert rec == Record(swarm=SWARM, peer=peer_str(PEER), seq=(3 << 32) + 7, issued=NOW - 1, ttl=120.0,
                          addrs=tuple(ADDRS), resources=RES, labels={"zone": "eu-west", "example.com/tier": "gold"},
-                         wg={"pubkey": "abc", "port": 51820}, cert=CERT, blob=blob)
+                         wg=MESH, cert=CERT, blob=blob)
     assert rec.expires == NOW + 119.0
 
 
@@ -116,7 +118,7 @@ def test_left_is_about_the_sender():
 
 def test_too_large():
     assert reason(b"\x00" * (MAX_MESSAGE + 1)) == "too_large"
-    big = record(wg={"padding": "x" * MAX_MESSAGE})
+    big = sealed(record_body(padding="x" * MAX_MESSAGE))
     assert reason(big) == "too_large"
 
 
@@ -280,6 +282,13 @@ def test_bad_resources(res, where):
     {"addrs": [f"/ip4/192.0.2.{i}/tcp/4001" for i in range(MAX_ADDRS + 1)]},
     {"wg": "wireguard"},
     {"wg": []},
+    {"wg": {**MESH.to_wire(), "pub": b"short"}},
+    {"wg": {**MESH.to_wire(), "port": 0}},
+    {"wg": {**MESH.to_wire(), "port": True}},
+    {"wg": {**MESH.to_wire(), "addr4": "10.211.0.300"}},
+    {"wg": {**MESH.to_wire(), "addr6": "fd00::zz"}},
+    {"wg": {**MESH.to_wire(), "endpoints": ["192.0.2.1:51820"]}},
+    {"wg": {**MESH.to_wire(), "endpoints": [f"192.0.2.{i}" for i in range(MAX_ADDRS + 1)]}},
 ])
 def test_malformed_record(changes):
     assert reason(sealed(record_body(**changes))) == "malformed"

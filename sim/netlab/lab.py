@@ -98,13 +98,13 @@ class Lab:
     # --- up ----------------------------------------------------------------------------
 
     @classmethod
-    def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True) -> Lab:
+    def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True, mesh: bool = True) -> Lab:
         preflight()
         if LabState.load(name) is not None or any(_netns_of(name)):
             raise LabError(f"lab {name!r} exists: `swarm-sim lab down --name {name}` first", 2)
         directory = ROOT / name
         directory.mkdir(parents=True, exist_ok=True)
-        state = LabState(name=name, dir=str(directory), daemons=daemons, links=links)
+        state = LabState(name=name, dir=str(directory), daemons=daemons, links=links, mesh=mesh)
         for h in hosts:
             hdir = directory / h.name
             ident, _ = load_or_create(hdir / "state")  # the peer id is known before the daemon starts
@@ -173,7 +173,10 @@ class Lab:
         cmd = ["ip", "netns", "exec", h.netns, sys.executable, "-m", "swarmd.main",
                "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
                "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
-               "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off", *bootstrap]
+               "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off",
+               "--log-level", os.environ.get("SWARMD_LAB_LOG_LEVEL", "info"),
+               "--mesh", "userspace" if self.state.mesh else "off",
+               "--mesh-interface", mesh_interface(self.state.name, h.name), *bootstrap]
         with open(h.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
@@ -273,7 +276,8 @@ def down(name: str) -> bool:
     while any(_alive(p) for p in daemons) and time.monotonic() < deadline:
         time.sleep(0.05)
     marker = str(directory) + "/"
-    for pid in _pids_mentioning(marker) + [p for p in (_pidfile_pid(f) for f in directory.glob("links/*.pid")) if p]:
+    leftovers = _pids_mentioning(marker) + _pids_mentioning(f"-f {mesh_prefix(name)}")  # wireguard-go of a killed daemon
+    for pid in leftovers + [p for p in (_pidfile_pid(f) for f in directory.glob("links/*.pid")) if p]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -284,7 +288,18 @@ def down(name: str) -> bool:
         found = True
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     shutil.rmtree(directory, ignore_errors=True)
+    for sock in Path("/var/run/wireguard").glob(f"{mesh_prefix(name)}*.sock"):
+        sock.unlink(missing_ok=True)
     return found
+
+
+def mesh_prefix(lab: str) -> str:
+    return f"w{lab}"[:11]
+
+
+def mesh_interface(lab: str, host: str) -> str:
+    """Distinct per host: wireguard-go's UAPI sockets share one directory across namespaces."""
+    return f"{mesh_prefix(lab)}{host}"[:15]
 
 
 def _reap(pid: int | None) -> None:

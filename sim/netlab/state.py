@@ -38,6 +38,7 @@ class LabState:
     hosts: list[HostState] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     daemons: bool = True
+    mesh: bool = True  # each daemon runs the WireGuard mesh (wireguard-go)
 
     @staticmethod
     def path_for(name: str) -> Path:
@@ -53,7 +54,7 @@ class LabState:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        return cls(name=data["name"], dir=data["dir"], daemons=data.get("daemons", True),
+        return cls(name=data["name"], dir=data["dir"], daemons=data.get("daemons", True), mesh=data.get("mesh", True),
                    hosts=[HostState(**h) for h in data["hosts"]], links=[Link(**l) for l in data["links"]])
 
     def host(self, name: str) -> HostState:

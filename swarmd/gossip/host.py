@@ -40,7 +40,27 @@ def make_host(identity: Identity, listen: Sequence[str]) -> IHost:
         listen_addrs=[Multiaddr(a) for a in listen],
     )
     host.get_network()._negative_peer_cache._ttl = DIAL_BLOCK  # no public knob in 0.8.1
+    _refuse_unspecified(host.get_peerstore())
     return host
+
+
+def _refuse_unspecified(peerstore) -> None:
+    """Keep 0.0.0.0 and :: out of the address book. Identify and gossipsub's peer exchange
+    copy a peer's *listen* addresses into it, and a daemon listening on 0.0.0.0 is dialled
+    there, which reaches ourselves: the Noise handshake fails on the peer id, and a dial
+    that tries that address too fails as a whole (measured: a healed partition stayed split
+    for 15-30 s). Records carry announce addresses, which is what we dial."""
+    add = peerstore.add_addrs
+
+    def add_addrs(peer_id, addrs, ttl: int = 0) -> None:
+        add(peer_id, [a for a in addrs if not _unspecified(a)], ttl)
+
+    peerstore.add_addrs = add_addrs
+
+
+def _unspecified(addr: Multiaddr) -> bool:
+    text = str(addr)
+    return text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))
 
 
 def announce_addrs(host: IHost, announce: Sequence[str]) -> list[str]:

@@ -33,7 +33,7 @@ from .signed import Invalid, Signer, peer_bytes, peer_str
 from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger,
                       read_frame, request, write_frame)
 from .swarmstate import SwarmMembership, owner_signer, save_joined
-from .wire import Record, Rumor, Verifier, make_record, make_rumor
+from .wire import MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -95,6 +95,8 @@ class Gossip:
         self.joined = trio.Event()
         if swarm is not None:
             self.joined.set()
+        self.mesh_info: Callable[[], MeshInfo | None] = lambda: None  # set by the mesh when it runs
+        self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
         self._wake = trio.Event()
         self._publish_send, self._publish_recv = trio.open_memory_channel[bytes](math.inf)
         self._events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](math.inf)
@@ -257,10 +259,11 @@ class Gossip:
                     if peer not in self._syncing:
                         self._nursery.start_soon(self._sync, peer)
                 case Changed(peer, old, new, reason):
+                    self._view_changed()
                     log.info("member " + (new.value if new else "forgotten"), member=peer,
                              was=old.value if old else None, reason=reason)
                     if new in (State.DEAD, State.LEFT) and self._nursery is not None:
-                        self._nursery.start_soon(self.pinger.forget, ID.from_base58(peer))
+                        self._nursery.start_soon(self._hang_up, ID.from_base58(peer))
         self.metrics.set_members(self.core.counts())
 
     def _input(self) -> None:
@@ -273,7 +276,7 @@ class Gossip:
         self.advertised = self.resources
         blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=time.time(),
                            ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
-                           labels=self.labels, wg=None, cert=self.swarm.cert)
+                           labels=self.labels, wg=self.mesh_info(), cert=self.swarm.cert)
         self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
         return blob
 
@@ -316,6 +319,7 @@ class Gossip:
         if isinstance(msg, Record) and result in ("new", "updated"):
             addrs = [Multiaddr(a) for a in msg.addrs if _parses(a)]
             self.host.get_peerstore().add_addrs(ID.from_base58(msg.peer), addrs, ADDR_TTL)
+            self._view_changed()
         self._input()
         return result
 
@@ -343,10 +347,12 @@ class Gossip:
             return
         m = self.core.members.get(str(peer)) if self.core else None
         addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if _parses(a)]
+        if addrs:  # the signed record is the authority on where a member listens
+            self.host.get_peerstore().clear_addrs(peer)
         try:
             await self.host.connect(PeerInfo(peer, addrs))
         except Exception as exc:
-            raise PeerError(f"cannot connect ({exc.__class__.__name__})") from None
+            raise PeerError(f"cannot connect ({_cause(exc)})") from None
 
     async def _ping(self, peer: str, timeout: float) -> float | None:
         pid = ID.from_base58(peer)
@@ -418,15 +424,18 @@ class Gossip:
             records.append(self.own_record.blob)
         return {"cert": self.swarm.cert.blob, "records": records, "claims": self.core.down_claims()}
 
-    def _apply_sync(self, payload: Any, peer: ID) -> None:
+    def _apply_sync(self, payload: Any, peer: ID) -> bool:
+        """Merge a sync payload; True when it made us refute (the peer holds us suspect or dead,
+        so it should get our new record at once rather than by gossip it may not be part of yet)."""
         if not isinstance(payload, dict):
             self._rejected("malformed", str(peer), "sync payload is not a map")
-            return
+            return False
         if "error" in payload:  # it does not take us for a member (an expired certificate?)
             if ("refused", str(peer)) not in self._logged:
                 self._logged.add(("refused", str(peer)))
                 log.warning("sync refused", peer=str(peer), error=str(payload["error"])[:300])
-            return
+            return False
+        seq = self.core.seq
         for blob in payload.get("records", [])[:100_000]:
             try:
                 msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
@@ -439,25 +448,41 @@ class Gossip:
                 and isinstance(c[2], int)]
         self.core.claims(trio.current_time(), mine)  # type: ignore[arg-type]
         self._input()
+        return self.core.seq != seq
 
     async def _sync(self, peer: str) -> None:
         self._syncing.add(peer)
         pid = ID.from_base58(peer)
+        started, outcome = trio.current_time(), "timeout"
         try:
-            m = self.core.members.get(peer)
-            if m is not None and m.state is State.DEAD and pid in self.host.get_connected_peers():
-                with trio.move_on_after(1):
-                    await self.host.disconnect(pid)  # after a partition the old TCP connection may be stuck in backoff
             with trio.move_on_after(SYNC_TIMEOUT):
                 await self._ensure_connected(pid)
-                reply = await request(self.host, pid, SYNC_PROTOCOL, self._sync_payload(), MAX_SYNC_FRAME)
-                self._apply_sync(reply, pid)
-        except PeerError:
-            pass
+                for _ in range(2):  # once more if we had to refute: the peer still holds us down
+                    reply = await request(self.host, pid, SYNC_PROTOCOL, self._sync_payload(), MAX_SYNC_FRAME)
+                    outcome = "done"
+                    if not self._apply_sync(reply, pid):
+                        break
+                    outcome = "refuted"
+        except PeerError as exc:
+            outcome = str(exc)
         except Exception as exc:  # a frame too large, a bad answer
+            outcome = "rejected"
             self._rejected("sync", peer, f"{exc.__class__.__name__}: {exc}")
         finally:
             self._syncing.discard(peer)
+            log.debug("sync", peer=peer, outcome=outcome, s=round(trio.current_time() - started, 3))
+
+    async def _hang_up(self, pid: ID) -> None:
+        """Close what we hold to a member gone dead or left. Were it only cut off, its TCP
+        connection would be stuck in retransmit backoff, and gossip and syncs sent on it after a
+        heal would wait many seconds; a fresh dial gets through in one round trip."""
+        await self.pinger.forget(pid)
+        if pid in self.host.get_connected_peers():
+            with trio.move_on_after(1):
+                try:
+                    await self.host.disconnect(pid)
+                except Exception as exc:
+                    log.debug("disconnect failed", peer=str(pid), error=f"{exc.__class__.__name__}: {exc}")
 
     async def _handle_sync(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id
@@ -467,7 +492,8 @@ class Gossip:
                 if not await self._check_member(req, peer, stream):
                     return
                 await write_frame(stream, self._sync_payload())
-                self._apply_sync(req, peer)
+                if self._apply_sync(req, peer) and str(peer) not in self._syncing and self._nursery:
+                    self._nursery.start_soon(self._sync, str(peer))  # our answer carried the record it refuted
         except FrameTooLarge as exc:
             self._rejected("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
@@ -511,11 +537,19 @@ class Gossip:
                 self.core.local_change(trio.current_time())
                 self._input()
 
-    def set_labels(self, labels: dict[str, str]) -> None:
-        self.labels = dict(labels)
+    def _view_changed(self) -> None:
+        self.view_changed.set()
+        self.view_changed = trio.Event()
+
+    def readvertise(self) -> None:
+        """Something in this node's record changed (labels, mesh key or address): publish it."""
         if self.core is not None:
             self.core.local_change(trio.current_time())
             self._input()
+
+    def set_labels(self, labels: dict[str, str]) -> None:
+        self.labels = dict(labels)
+        self.readvertise()
 
 
 def _parses(addr: str) -> bool:
@@ -532,3 +566,14 @@ async def _close(stream: INetStream) -> None:
             await stream.close()
         except Exception:
             pass
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost reason of a dial failure (py-libp2p wraps it in several layers, one of
+    them a MultiError holding one error per address)."""
+    seen: list[str] = []
+    while exc is not None and len(seen) < 8:
+        seen.append(f"{exc.__class__.__name__}: {exc}"[:120])
+        errors = getattr(exc, "errors", None)
+        exc = exc.__cause__ or exc.__context__ or (errors[0] if errors else None)
+    return " <- ".join(seen)

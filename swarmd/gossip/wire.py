@@ -18,6 +18,7 @@ certificate against the owner's key, freshness; then the fields. A failure raise
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -38,6 +39,43 @@ RUMOR_KINDS = ("suspect", "dead", "left")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeshInfo:
+    """A member's WireGuard side: its key (bound to the identity by the record's signature),
+    overlay addresses, UDP port, and the underlay IPs a peer may try as endpoints."""
+
+    public: bytes
+    addr4: str
+    addr6: str | None
+    port: int
+    endpoints: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"pub": self.public, "addr4": self.addr4, "addr6": self.addr6, "port": self.port,
+                "endpoints": list(self.endpoints)}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> MeshInfo:
+        if not isinstance(data, dict):
+            raise Invalid("malformed", "record.wg: expected a map")
+        public = data.get("pub")
+        if not isinstance(public, bytes) or len(public) != 32:
+            raise Invalid("malformed", "record.wg.pub: expected a 32-byte key")
+        port = data.get("port")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise Invalid("malformed", f"record.wg.port: expected 1-65535, got {port!r}")
+        endpoints = data.get("endpoints", [])
+        if not isinstance(endpoints, list) or len(endpoints) > MAX_ADDRS:
+            raise Invalid("malformed", f"record.wg.endpoints: expected a list of at most {MAX_ADDRS} IPs")
+        try:
+            addr4 = str(ipaddress.IPv4Address(data.get("addr4")))
+            addr6 = None if data.get("addr6") is None else str(ipaddress.IPv6Address(data["addr6"]))
+            endpoints = [str(ipaddress.ip_address(e)) for e in endpoints]
+        except (ValueError, TypeError) as exc:
+            raise Invalid("malformed", f"record.wg: {exc}") from None
+        return cls(public=public, addr4=addr4, addr6=addr6, port=port, endpoints=tuple(endpoints))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Record:
     swarm: str
     peer: str
@@ -47,7 +85,7 @@ class Record:
     addrs: tuple[str, ...]
     resources: Resources
     labels: dict[str, str]
-    wg: dict[str, Any] | None
+    wg: MeshInfo | None
     cert: Cert
     blob: bytes
 
@@ -81,10 +119,10 @@ def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
 
 def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float, ttl: float,
                 addrs: list[str], resources: Resources, labels: dict[str, str],
-                wg: dict[str, Any] | None, cert: Cert) -> bytes:
+                wg: MeshInfo | None, cert: Cert) -> bytes:
     return seal({"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
                  "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
-                 "labels": labels, "wg": wg, "cert": cert.blob}, sign)
+                 "labels": labels, "wg": None if wg is None else wg.to_wire(), "cert": cert.blob}, sign)
 
 
 def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, incarnation: int,
@@ -143,9 +181,7 @@ class Verifier:
             resources = Resources.from_wire(body.get("res"))
         except ValueError as exc:
             raise Invalid("malformed", f"record.{exc}") from None
-        wg = body.get("wg")
-        if wg is not None and not isinstance(wg, dict):
-            raise Invalid("malformed", "record.wg: expected a map")
+        wg = None if body.get("wg") is None else MeshInfo.from_wire(body["wg"])
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
                       labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, cert=cert, blob=blob)

@@ -33,12 +33,12 @@ def states(lab, host: str) -> dict[str, str]:
     return {name: row["state"] for name, row in view(lab, host).items()}
 
 
-def until(predicate, timeout: float, what: str, interval: float = 0.05) -> float:
-    """Seconds until ``predicate()`` holds; fails naming ``what``."""
+def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=None) -> float:
+    """Seconds until ``predicate()`` holds; fails naming ``what`` (and ``detail()``, if given)."""
     start = time.monotonic()
     while not predicate():
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            raise AssertionError(f"not within {timeout} s: {what}" + (f"; {detail()}" if detail else ""))
         time.sleep(interval)
     return time.monotonic() - start
 
@@ -95,7 +95,8 @@ def test_partition_and_heal(lab):
     for a in left:
         for b in right:
             l.set_link(a, b, up=True)
-    until(lambda: all_alive(l, names), 15, "both sides converge back, nobody stuck dead")
+    until(lambda: all_alive(l, names), 15, "both sides converge back, nobody stuck dead",
+          detail=lambda: {h: states(l, h) for h in names})
 
 
 def intruder(l, attack: str, *extra: str) -> str:

@@ -1,0 +1,234 @@
+"""The mesh driver: keeps this node's WireGuard interface in step with the membership view.
+
+Inputs: the gossip view (woken by ``Gossip.view_changed``, and a periodic tick), endpoint
+RTT measurements, and the device's own state read back through the backend. Outputs: the
+backend calls that the sans-IO ``Reconciler`` asks for, and this node's ``MeshInfo`` in its
+record. The overlay address follows ``address.choose``; when a member with precedence
+claims ours, we move to the next candidate and re-advertise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+from multiaddr import Multiaddr
+
+from ..gossip.membership import State
+from ..gossip.wire import MeshInfo
+from . import address, keys
+from .backend import Backend
+from .reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
+from .uapi import PeerConfig
+
+log = structlog.get_logger("swarmd.wg")
+
+TICK = 1.0  # the view is also re-read this often: records can change without a state change
+RESYNC = 10.0  # the device is read back and repaired this often
+PROBE_TIMEOUT = 2.0
+
+
+class Mesh:
+    def __init__(self, *, backend: Backend, gossip: Any, state_dir: Path, interface: str, network: str,
+                 port: int, mtu: int) -> None:
+        self.backend = backend
+        self.gossip = gossip
+        self.state_dir = state_dir
+        self.interface = interface
+        self.network = ipaddress.IPv4Network(network)
+        self.port = port
+        self.mtu = mtu
+        self.keys = keys.load_or_create(state_dir)
+        self.addr4: ipaddress.IPv4Address | None = None
+        self.addr6: ipaddress.IPv6Address | None = None
+        self.reconciler = Reconciler(self.keys.public)
+        self.started = False
+        self.readdressed = 0
+        self._members: dict[str, Member] = {}
+
+    # --- what the record says -----------------------------------------------------------
+
+    def info(self) -> MeshInfo | None:
+        if self.addr4 is None:
+            return None
+        return MeshInfo(public=self.keys.public, addr4=str(self.addr4), addr6=str(self.addr6), port=self.port,
+                        endpoints=tuple(self._underlay_ips()))
+
+    def _underlay_ips(self) -> list[str]:
+        ips = []
+        for addr in self.gossip.addrs():
+            for proto in ("ip4", "ip6"):
+                try:
+                    ip = Multiaddr(addr).value_for_protocol(proto)
+                except Exception:
+                    continue
+                if ip and ip not in ips:
+                    ips.append(ip)
+        return ips
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.gossip.joined.wait()
+        swarm = self.gossip.swarm.swarm
+        self.addr6 = address.ula(swarm, self.keys.public)
+        self.addr4 = address.choose(swarm, self.keys.public, self._claims(), self.network)
+        await self.backend.start(private_key=self.keys.private, listen_port=self.port,
+                                 addresses=self._cidrs(), mtu=self.mtu)
+        self.started = True
+        self.gossip.mesh_info = self.info
+        self.gossip.readvertise()
+        log.info("mesh up", interface=self.interface, backend=self.backend.name, address=str(self.addr4),
+                 address6=str(self.addr6), public_key=self.keys.public_b64)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.backend.supervise, self._backend_restarted)
+            nursery.start_soon(self._resync_loop)
+            while True:
+                with trio.move_on_after(TICK):
+                    await self.gossip.view_changed.wait()
+                await self._reconcile(nursery)
+
+    async def close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.backend.close()
+        log.info("mesh down", interface=self.interface)
+
+    def _cidrs(self) -> list[str]:
+        return [f"{self.addr4}/{self.network.prefixlen}", f"{self.addr6}/64"]
+
+    # --- reconciling --------------------------------------------------------------------
+
+    def _view(self) -> list[tuple[str, MeshInfo]]:
+        core = self.gossip.core
+        if core is None:
+            return []
+        return [(m.peer, m.record.wg) for m in core.members.values()
+                if m.state in (State.ALIVE, State.SUSPECT) and m.record.wg is not None]
+
+    def _claims(self) -> dict[bytes, ipaddress.IPv4Address]:
+        return {wg.public: ipaddress.IPv4Address(wg.addr4) for _, wg in self._view()}
+
+    async def _reconcile(self, nursery: trio.Nursery) -> None:
+        swarm = self.gossip.swarm.swarm
+        wanted = address.choose(swarm, self.keys.public, self._claims(), self.network)
+        if wanted != self.addr4:
+            log.warning("overlay address taken by a member with precedence; moving", old=str(self.addr4),
+                        new=str(wanted))
+            self.addr4 = wanted
+            self.readdressed += 1
+            await self.backend.set_addresses(self._cidrs())
+            self.gossip.readvertise()
+        members = [Member(peer=peer, public=wg.public, addr4=wg.addr4, addr6=wg.addr6, port=wg.port,
+                          endpoints=wg.endpoints) for peer, wg in self._view() if wg.public != self.keys.public]
+        self._members = {m.peer: m for m in members}
+        await self._perform(self.reconciler.update_view(time.monotonic(), members), nursery)
+
+    async def _perform(self, actions: Iterable[Any], nursery: trio.Nursery) -> None:
+        configs = []
+        for action in actions:
+            match action:
+                case SetPeer(spec):
+                    configs.append(PeerConfig(public=spec.public, endpoint=spec.endpoint,
+                                              allowed_ips=spec.allowed_ips, keepalive=spec.keepalive))
+                case RemovePeer(public):
+                    configs.append(PeerConfig(public=public, remove=True))
+                case ProbeEndpoints(peer, endpoints):
+                    nursery.start_soon(self._probe_endpoints, peer, endpoints, nursery)
+        if configs:
+            await self.backend.set_peers(configs)
+
+    async def _probe_endpoints(self, peer: str, endpoints: tuple[str, ...], nursery: trio.Nursery) -> None:
+        """RTT to each candidate endpoint: a TCP connect to the member's libp2p port on that IP
+        (WireGuard itself answers nothing to a stranger, by design)."""
+        m = self.gossip.core.members.get(peer) if self.gossip.core else None
+        ports = {}
+        for addr in (m.record.addrs if m else ()):
+            try:
+                ma = Multiaddr(addr)
+                ip = ma.value_for_protocol("ip4") if "/ip4/" in addr else ma.value_for_protocol("ip6")
+                ports[ip] = int(ma.value_for_protocol("tcp"))
+            except Exception:
+                continue
+        for ip in endpoints:
+            rtt = None
+            if ip in ports:
+                with trio.move_on_after(PROBE_TIMEOUT):
+                    t0 = time.monotonic()
+                    try:
+                        stream = await trio.open_tcp_stream(ip, ports[ip])
+                        rtt = time.monotonic() - t0
+                        await stream.aclose()
+                    except OSError:
+                        pass
+            endpoint = f"[{ip}]:{self._members[peer].port}" if ":" in ip and peer in self._members else \
+                f"{ip}:{self._members[peer].port}" if peer in self._members else None
+            if endpoint is not None:
+                await self._perform(self.reconciler.endpoint_rtt(time.monotonic(), peer, endpoint, rtt), nursery)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await trio.sleep(RESYNC)
+            await self._resync()
+
+    async def _resync(self) -> None:
+        from .reconciler import PeerSpec
+
+        try:
+            state = await self.backend.state()
+        except Exception as exc:
+            log.warning("cannot read the WireGuard device", error=f"{exc.__class__.__name__}: {exc}")
+            return
+        device = {pub: PeerSpec(public=pub, endpoint=p.endpoint, allowed_ips=tuple(p.allowed_ips),
+                                keepalive=p.keepalive or 0) for pub, p in state.peers.items()}
+        actions = self.reconciler.resync(device)
+        if actions:
+            log.info("repairing the WireGuard device", changes=len(actions))
+            async with trio.open_nursery() as nursery:
+                await self._perform(actions, nursery)
+
+    async def _backend_restarted(self) -> None:
+        await self._resync()
+
+    # --- key rotation and status --------------------------------------------------------
+
+    async def rotate_key(self) -> dict[str, str]:
+        old, new = keys.rotate(self.state_dir)
+        await self.backend.set_private_key(new.private)
+        self.keys = new
+        self.reconciler = _rekeyed(self.reconciler, new.public)
+        self.gossip.readvertise()
+        log.info("WireGuard key rotated", old=old.public_b64, new=new.public_b64)
+        return {"old": old.public_b64, "new": new.public_b64}
+
+    async def peer_rows(self) -> list[dict[str, Any]]:
+        state = await self.backend.state()
+        now = time.time()
+        by_key = {m.public: m for m in self._members.values()}
+        rows = []
+        for pub, p in state.peers.items():
+            m = by_key.get(pub)
+            host = None if p.endpoint is None else p.endpoint.rsplit(":", 1)[0].strip("[]")
+            rows.append({
+                "peer": m.peer if m else None, "public_key": keys.b64(pub),
+                "overlay": m.addr4 if m else None, "overlay6": m.addr6 if m else None,
+                "endpoint": p.endpoint, "direct": bool(m and host in m.endpoints),
+                "handshake_age_s": None if not p.last_handshake else round(now - p.last_handshake, 1),
+                "rx_bytes": p.rx_bytes, "tx_bytes": p.tx_bytes,
+            })
+        return sorted(rows, key=lambda r: r["overlay"] or "")
+
+    def status(self) -> dict[str, Any]:
+        return {"interface": self.interface, "backend": self.backend.name, "address": str(self.addr4),
+                "address6": str(self.addr6), "public_key": self.keys.public_b64, "port": self.port,
+                "up": self.started}
+
+
+def _rekeyed(old: Reconciler, public: bytes) -> Reconciler:
+    """The reconciler keeps the device's peers; only our own key (never a peer of ours) changes."""
+    old.me_public = public
+    return old
