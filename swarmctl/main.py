@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("peers", parents=[common], help="every member: state, RTT, GPUs, CPU, memory, labels")
 
+    ms = sub.add_parser("mesh", parents=[common],
+                        help="the WireGuard mesh: per peer overlay address, endpoint, handshake, traffic")
+    mssub = ms.add_subparsers(dest="mesh_command", metavar="ACTION")
+    mssub.add_parser("rotate-key", parents=[common],
+                     help="a new WireGuard key for this node (peers pick it up from its record)")
+
     lb = sub.add_parser("labels", parents=[common], help="change this node's labels (re-advertised at once)")
     lbsub = lb.add_subparsers(dest="labels_command", metavar="ACTION", required=True)
     ls = lbsub.add_parser("set", parents=[common], help="set labels: K=V ...")
@@ -159,6 +165,16 @@ def cmd_peers(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_mesh(client: Client, args: argparse.Namespace) -> int:
+    if args.mesh_command == "rotate-key":
+        result = client.call("mesh.rotate-key")
+        render.as_json(result) if args.json else print(f"WireGuard key rotated: {result['old']} -> {result['new']}")
+        return EXIT_OK
+    result = client.call("mesh")
+    render.as_json(result) if args.json else render.mesh(result)
+    return EXIT_OK
+
+
 def cmd_labels(client: Client, args: argparse.Namespace) -> int:
     if args.labels_command == "set":
         result = client.call("labels.set", labels=dict(args.pairs))
@@ -173,7 +189,7 @@ def cmd_labels(client: Client, args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "version": cmd_version, "log-level": cmd_log_level,
-    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels,
+    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh,
 }
 
 

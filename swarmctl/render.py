@@ -56,7 +56,21 @@ def status(s: Mapping[str, Any]) -> None:
         ("metrics", s.get("metrics_addr")),
         ("log level", s.get("log_level")),
         *swarm_rows(s),
+        *mesh_rows(s.get("mesh")),
     ])
+
+
+def mesh_rows(m: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    if not m:
+        return []
+    if "interface" not in m:
+        return [("mesh", f"off: {m.get('off')}")]
+    state = "up" if m["up"] else f"down: {m['error']}" if m.get("error") else "waiting to join a swarm"
+    return [
+        ("mesh", f"{m['interface']} ({m['backend']}), {state}"),
+        ("overlay address", [a for a in (m.get("address"), m.get("address6")) if a]),
+        ("wireguard key", m["public_key"]),
+    ]
 
 
 def swarm_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -114,3 +128,32 @@ def gpus(items: list[Mapping[str, Any]]) -> str:
         by_model.setdefault(g["name"], []).append(g)
     return "\n".join(f"{len(gs)}× {name} ({sum(g['memory_free_mb'] for g in gs) / 1024:.0f} GiB free)"
                      for name, gs in by_model.items())
+
+
+def mesh(result: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{result['interface']} ({result['backend']}) {result['address']} "
+                        f"key {result['public_key']}", title_justify="left")
+    for column in ("peer", "overlay", "endpoint", "direct", "handshake", "rx", "tx"):
+        table.add_column(column, no_wrap=True)
+    for p in result["peers"]:
+        age = p["handshake_age_s"]
+        table.add_row(
+            (p["peer"] or "?")[-8:], p["overlay"] or "-", p["endpoint"] or "-", "yes" if p["direct"] else "no",
+            "never" if age is None else f"{duration(age)} ago" if age >= 1 else "just now",
+            size(p["rx_bytes"]), size(p["tx_bytes"]),
+        )
+    console.print(table)
+    if not result["peers"]:
+        console.print("no peers yet: the mesh follows the swarm's alive members")
+
+
+def size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

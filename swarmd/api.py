@@ -130,6 +130,24 @@ def methods(node: Node) -> list[Method]:
         node.log.info("labels changed", labels=labels, by_uid=caller.uid)
         return {"labels": labels}
 
+    def mesh_or_error(method: str):
+        if node.mesh is None:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: the WireGuard mesh is off on this node "
+                                                       f"({node.mesh_off})")
+        if not node.mesh.started:
+            why = f": {node.mesh.error}" if node.mesh.error else " (waiting to join a swarm)"
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: the WireGuard mesh is not up yet{why}")
+        return node.mesh
+
+    async def mesh(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        m = mesh_or_error("mesh")
+        return {**m.status(), "peers": await m.peer_rows()}
+
+    async def mesh_rotate_key(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        result = await mesh_or_error("mesh.rotate-key").rotate_key()
+        node.log.info("mesh key rotated", by_uid=caller.uid)
+        return result
+
     return [
         Method(name="status", handler=status, doc="this node: identity, addresses, uptime"),
         Method(name="version", handler=version, doc="daemon and library versions"),
@@ -153,6 +171,9 @@ def methods(node: Node) -> list[Method]:
                params={"labels": Param(type=dict, required=True, doc="{key: value}")}),
         Method(name="labels.rm", handler=labels_rm, mutates=True, doc="remove labels from this node's record",
                params={"keys": Param(type=list, required=True, doc="[key, ...]")}),
+        Method(name="mesh", handler=mesh, doc="this node's WireGuard interface and its peers"),
+        Method(name="mesh.rotate-key", handler=mesh_rotate_key, mutates=True,
+               doc="a new WireGuard key for this node, re-advertised at once"),
     ]
 
 

@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("identity " + ("created" if created else "loaded"), key=str(identity.path))
 
     from .gossip.swarmstate import SwarmStateError
+    from .wg.backend import BackendError
+    from .wg.keys import WgKeyError
 
     async def serve() -> None:
         node = Node(config, identity, started=started)
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         trio.run(serve)
+    except (BackendError, WgKeyError) as exc:
+        logger.error("cannot set up the WireGuard mesh", error=str(exc))
+        print(f"swarmd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except SwarmStateError as exc:
         logger.error("cannot load the swarm state", error=str(exc))
         print(f"swarmd: {exc}", file=sys.stderr)

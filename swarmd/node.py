@@ -29,8 +29,11 @@ from .metrics import Metrics
 from .rpc.protocol import Dispatcher
 from .rpc.server import AccessPolicy, RpcServer, bind_unix
 from .sdnotify import Notifier
+from .wg import mesh as wg_mesh
+from .wg.backend import BackendError
 
 SHUTDOWN_GRACE = 3.0  # seconds libp2p gets to close; systemd's stop timeout is longer
+MESH_RETRY_MAX = 60.0  # seconds between attempts to bring a failed WireGuard backend back
 
 
 def group_id(name: str) -> int | None:
@@ -61,6 +64,8 @@ class Node:
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
                              addrs=lambda: announce_addrs(self.host, config.announce))
+        # BackendUnavailable here (a backend forced in config that cannot run): exit 2
+        self.mesh, self.mesh_off = wg_mesh.from_config(config, self.gossip)
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()
@@ -77,6 +82,7 @@ class Node:
             "metrics_addr": "off" if self.metrics_bound is None else "%s:%d" % self.metrics_bound,
             "log_level": self.log_level,
             **api.swarm_status(self),
+            "mesh": self.mesh.status() if self.mesh else {"up": False, "off": self.mesh_off},
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -92,6 +98,8 @@ class Node:
             async with self.host.run([Multiaddr(a) for a in config.listen]), trio.open_nursery() as nursery:
                 await nursery.start(server.serve, listener)
                 await nursery.start(self.gossip.run)
+                if self.mesh is not None:
+                    nursery.start_soon(self._run_mesh)
                 if config.join and self.gossip.swarm is None:
                     nursery.start_soon(self._join, config.join)
                 if config.mdns:
@@ -109,12 +117,29 @@ class Node:
                 await trio.sleep_forever()
         finally:
             self.notifier.notify("STOPPING=1")
+            if self.mesh is not None:
+                await self.mesh.close()
             config.socket_path.unlink(missing_ok=True)
             self.metrics.close()
 
     async def leave(self) -> None:
         """A graceful stop: tell the swarm this node is leaving, then let the caller cancel."""
         await self.gossip.leave()
+
+    async def _run_mesh(self) -> None:
+        """The mesh, brought back with backoff if its backend fails; the daemon keeps serving."""
+        assert self.mesh is not None
+        delay = 1.0
+        while True:
+            try:
+                await self.mesh.run()
+                return
+            except BackendError as exc:
+                self.mesh.error = str(exc)
+                self.log.error("WireGuard mesh failed", error=str(exc), retry_in=delay)
+                await self.mesh.close()
+            await trio.sleep(delay)
+            delay = min(MESH_RETRY_MAX, delay * 2)
 
     async def _join(self, text: str) -> None:
         token = parse_token(text)  # checked when the config was loaded

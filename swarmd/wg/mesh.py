@@ -10,6 +10,7 @@ claims ours, we move to the next candidate and re-advertise.
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,15 +23,54 @@ from multiaddr import Multiaddr
 from ..gossip.membership import State
 from ..gossip.wire import MeshInfo
 from . import address, keys
-from .backend import Backend
+from .backend import Backend, BackendUnavailable, choose
 from .reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
 from .uapi import PeerConfig
 
 log = structlog.get_logger("swarmd.wg")
 
+CAP_NET_ADMIN = 12  # linux/capability.h
 TICK = 1.0  # the view is also re-read this often: records can change without a state change
 RESYNC = 10.0  # the device is read back and repaired this often
 PROBE_TIMEOUT = 2.0
+# Two peers that add each other at the same moment both send a handshake initiation; each
+# consumes the other's, neither can complete its own, and WireGuard retries only after
+# REKEY_TIMEOUT (5 s; measured: half the new pairs in a lab took 5 s to connect). So for a
+# new peer only the side with the lower public key starts at once; the other turns its
+# keepalive (which is what sends the first initiation) on this much later.
+KEEPALIVE_DEFER = 1.0
+
+
+def from_config(config: Any, gossip: Any) -> tuple[Mesh | None, str | None]:
+    """The mesh the config asks for, or (None, why not).
+
+    ``auto`` gives way quietly where interfaces cannot be made (no root or CAP_NET_ADMIN: a
+    developer's laptop, a test); a backend asked for by name, or a privileged ``auto`` with no
+    backend at all, is an error at start (BackendUnavailable), never a failure later.
+    """
+    if config.mesh == "off":
+        return None, "off in the configuration"
+    if not can_admin_network():
+        why = "needs root or CAP_NET_ADMIN to create the WireGuard interface"
+        if config.mesh == "auto":
+            return None, why
+        raise BackendUnavailable(f"mesh = {config.mesh!r} {why}; run swarmd as root (the systemd unit does) "
+                                 "or set mesh = \"off\"")
+    backend = choose(config.mesh, config.mesh_interface)
+    return Mesh(backend=backend, gossip=gossip, state_dir=config.state_dir, interface=config.mesh_interface,
+                network=config.mesh_network, port=config.mesh_port, mtu=config.mesh_mtu), None
+
+
+def can_admin_network() -> bool:
+    if os.geteuid() == 0:
+        return True
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_NET_ADMIN & 1)
+    except OSError:
+        pass
+    return False
 
 
 class Mesh:
@@ -48,8 +88,10 @@ class Mesh:
         self.addr6: ipaddress.IPv6Address | None = None
         self.reconciler = Reconciler(self.keys.public)
         self.started = False
+        self.error: str | None = None  # the last failure of the backend, shown in status
         self.readdressed = 0
         self._members: dict[str, Member] = {}
+        self._configured: set[bytes] = set()  # peers set on the device since it started
 
     # --- what the record says -----------------------------------------------------------
 
@@ -78,9 +120,11 @@ class Mesh:
         swarm = self.gossip.swarm.swarm
         self.addr6 = address.ula(swarm, self.keys.public)
         self.addr4 = address.choose(swarm, self.keys.public, self._claims(), self.network)
+        self.reconciler = Reconciler(self.keys.public)  # a new device has no peers yet
+        self._configured: set[bytes] = set()
         await self.backend.start(private_key=self.keys.private, listen_port=self.port,
                                  addresses=self._cidrs(), mtu=self.mtu)
-        self.started = True
+        self.started, self.error = True, None
         self.gossip.mesh_info = self.info
         self.gossip.readvertise()
         log.info("mesh up", interface=self.interface, backend=self.backend.name, address=str(self.addr4),
@@ -94,9 +138,13 @@ class Mesh:
                 await self._reconcile(nursery)
 
     async def close(self) -> None:
+        """Remove the interface (and, for wireguard-go, its process and UAPI socket)."""
+        self.gossip.mesh_info = lambda: None
+        was_up, self.started = self.started, False
         with trio.CancelScope(shield=True):
             await self.backend.close()
-        log.info("mesh down", interface=self.interface)
+        if was_up:
+            log.info("mesh down", interface=self.interface)
 
     def _cidrs(self) -> list[str]:
         return [f"{self.addr4}/{self.network.prefixlen}", f"{self.addr6}/64"]
@@ -133,14 +181,26 @@ class Mesh:
         for action in actions:
             match action:
                 case SetPeer(spec):
-                    configs.append(PeerConfig(public=spec.public, endpoint=spec.endpoint,
-                                              allowed_ips=spec.allowed_ips, keepalive=spec.keepalive))
+                    first_time = spec.public not in self._configured
+                    self._configured.add(spec.public)
+                    if first_time and spec.keepalive and spec.public < self.keys.public:
+                        configs.append(_config(spec, keepalive=0))
+                        nursery.start_soon(self._keepalive_later, spec)
+                    else:
+                        configs.append(_config(spec))
                 case RemovePeer(public):
+                    self._configured.discard(public)
                     configs.append(PeerConfig(public=public, remove=True))
                 case ProbeEndpoints(peer, endpoints):
                     nursery.start_soon(self._probe_endpoints, peer, endpoints, nursery)
         if configs:
             await self.backend.set_peers(configs)
+
+    async def _keepalive_later(self, spec: Any) -> None:
+        await trio.sleep(KEEPALIVE_DEFER)
+        current = self.reconciler.current.get(spec.public)
+        if current is not None and self.started:
+            await self.backend.set_peers([_config(current)])
 
     async def _probe_endpoints(self, peer: str, endpoints: tuple[str, ...], nursery: trio.Nursery) -> None:
         """RTT to each candidate endpoint: a TCP connect to the member's libp2p port on that IP
@@ -165,10 +225,7 @@ class Mesh:
                         await stream.aclose()
                     except OSError:
                         pass
-            endpoint = f"[{ip}]:{self._members[peer].port}" if ":" in ip and peer in self._members else \
-                f"{ip}:{self._members[peer].port}" if peer in self._members else None
-            if endpoint is not None:
-                await self._perform(self.reconciler.endpoint_rtt(time.monotonic(), peer, endpoint, rtt), nursery)
+            await self._perform(self.reconciler.endpoint_rtt(time.monotonic(), peer, ip, rtt), nursery)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -223,9 +280,17 @@ class Mesh:
         return sorted(rows, key=lambda r: r["overlay"] or "")
 
     def status(self) -> dict[str, Any]:
-        return {"interface": self.interface, "backend": self.backend.name, "address": str(self.addr4),
-                "address6": str(self.addr6), "public_key": self.keys.public_b64, "port": self.port,
-                "up": self.started}
+        return {"interface": self.interface, "backend": self.backend.name,
+                "address": None if self.addr4 is None else str(self.addr4),
+                "address6": None if self.addr6 is None else str(self.addr6),
+                "network": str(self.network), "public_key": self.keys.public_b64, "port": self.port,
+                "mtu": self.mtu, "up": self.started, "peers": len(self.reconciler.current),
+                "readdressed": self.readdressed, "error": self.error}
+
+
+def _config(spec: Any, *, keepalive: int | None = None) -> PeerConfig:
+    return PeerConfig(public=spec.public, endpoint=spec.endpoint, allowed_ips=spec.allowed_ips,
+                      keepalive=spec.keepalive if keepalive is None else keepalive)
 
 
 def _rekeyed(old: Reconciler, public: bytes) -> Reconciler:
