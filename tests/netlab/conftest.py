@@ -23,7 +23,10 @@ def pytest_collection_modifyitems(items):
 def lab():
     made: list[str] = []
 
-    def make(hosts: int, rtt=20.0, *, countries=None, loss: float = 0.0, daemons: bool = True) -> labmod.Lab:
+    def make(hosts: int, rtt=20.0, *, countries=None, loss: float = 0.0, daemons: bool = True,
+             mesh: bool = False) -> labmod.Lab:
+        """A lab; its daemons build the WireGuard mesh only when asked (it is the mesh tests' subject,
+        and five wireguard-go processes are load the membership timings need not carry)."""
         name = f"t{uuid.uuid4().hex[:6]}"
         made.append(name)
         if countries:
@@ -34,7 +37,7 @@ def lab():
         else:
             fn = topology.uniform(rtt)
         hosts_, links = topology.plan(hosts, fn, loss_pct=loss, countries=countries)
-        return labmod.Lab.up(name, hosts_, links, daemons=daemons)
+        return labmod.Lab.up(name, hosts_, links, daemons=daemons, mesh=mesh)
 
     yield make
     for name in made:

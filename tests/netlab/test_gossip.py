@@ -11,16 +11,12 @@ import time
 import pytest
 
 from sim.netlab.lab import SWARMD_PORT
-from swarmd.rpc.client import Client
+
+from .support import call, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 COUNTRIES = ["DE", "US", "JP", "BR", "IN"]
 SOAK_SECONDS = float(os.environ.get("SWARMD_SOAK_SECONDS", "600"))
-
-
-def call(lab, host: str, method: str, **params):
-    with Client(lab.state.host(host).socket, timeout=10) as c:
-        return c.call(method, **params)
 
 
 def view(lab, host: str) -> dict[str, dict]:
@@ -31,16 +27,6 @@ def view(lab, host: str) -> dict[str, dict]:
 
 def states(lab, host: str) -> dict[str, str]:
     return {name: row["state"] for name, row in view(lab, host).items()}
-
-
-def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=None) -> float:
-    """Seconds until ``predicate()`` holds; fails naming ``what`` (and ``detail()``, if given)."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}" + (f"; {detail()}" if detail else ""))
-        time.sleep(interval)
-    return time.monotonic() - start
 
 
 def everyone_sees(lab, about: str, state: str, among: list[str] | None = None) -> bool:
