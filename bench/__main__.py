@@ -105,12 +105,14 @@ def main() -> None:
             stop(proc)
 
     if os.geteuid() == 0:
-        from . import gossip, netlab
+        from . import gossip, mesh, netlab
 
         print("netlab: 5- and 10-host labs...", file=sys.stderr)
         results |= netlab.measure()
         print(f"gossip: 5-host country lab, then a {gossip.SOAK_SECONDS:g} s lossy soak...", file=sys.stderr)
         results |= gossip.measure()
+        print("mesh: underlay vs overlay, then labs of 3, 5 and 8 hosts to a full mesh...", file=sys.stderr)
+        results |= mesh.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
 

@@ -19,7 +19,7 @@ def _up(name: str, n: int) -> tuple[labmod.Lab, float]:
     table = topology.country_table()
     hosts, links = topology.plan(n, topology.from_countries(table), countries=COUNTRIES[:n])
     t0 = time.monotonic()
-    lab = labmod.Lab.up(name, hosts, links)
+    lab = labmod.Lab.up(name, hosts, links, mesh=False)  # the mesh has its own figures (bench/mesh.py)
     return lab, time.monotonic() - t0
 
 
