@@ -33,7 +33,7 @@ demo: setup
 	BIN=$(BIN) bash examples/demo.sh
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: setup
 	$(BIN)/python -m bench

@@ -137,6 +137,7 @@ def test_bad_peers_are_rejected_and_counted(lab, tmp_path):
 
 
 @pytest.mark.skipif(SOAK_SECONDS <= 0, reason="SWARMD_SOAK_SECONDS=0")
+@pytest.mark.timeout(SOAK_SECONDS + 120)
 def test_soak_with_loss_makes_no_false_dead(lab):
     l = lab(5, rtt=30.0, loss=5.0)
     names = [h.name for h in l.state.hosts]
