@@ -1,9 +1,11 @@
 # The README's commands. `make setup` is idempotent and is run by demo, test and bench.
 SHELL := /bin/bash
-PYTHON ?= python3
+# Debian's Python, where there is one: job ranks run as an unprivileged user, who must be
+# able to run the venv's interpreter (a pyenv build under /root is out of its reach).
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := build-essential libgmp-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps
+APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt venv demo test test-fast bench clean

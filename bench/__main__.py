@@ -18,6 +18,9 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
+PARTS = ("foundation", "netlab", "gossip", "mesh", "jobs")
+# SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
+ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
 IDLE_WINDOW = 10.0
 
@@ -51,7 +54,7 @@ def pct(samples: list[float], q: float) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
 
 
-def main() -> None:
+def foundation() -> dict[str, float]:
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -103,16 +106,28 @@ def main() -> None:
             results["idle_cpu_pct"] = 100 * (cpu1 - cpu0) / (t1 - t0)
         finally:
             stop(proc)
+    return results
 
+
+def main() -> None:
+    results: dict[str, float] = {}
+    if "foundation" in ONLY:
+        results |= foundation()
     if os.geteuid() == 0:
-        from . import gossip, mesh, netlab
+        from . import gossip, jobs, mesh, netlab
 
-        print("netlab: 5- and 10-host labs...", file=sys.stderr)
-        results |= netlab.measure()
-        print(f"gossip: 5-host country lab, then a {gossip.SOAK_SECONDS:g} s lossy soak...", file=sys.stderr)
-        results |= gossip.measure()
-        print("mesh: underlay vs overlay, then labs of 3, 5 and 8 hosts to a full mesh...", file=sys.stderr)
-        results |= mesh.measure()
+        if "netlab" in ONLY:
+            print("netlab: 5- and 10-host labs...", file=sys.stderr)
+            results |= netlab.measure()
+        if "gossip" in ONLY:
+            print(f"gossip: 5-host country lab, then a {gossip.SOAK_SECONDS:g} s lossy soak...", file=sys.stderr)
+            results |= gossip.measure()
+        if "mesh" in ONLY:
+            print("mesh: underlay vs overlay, then labs of 3, 5 and 8 hosts to a full mesh...", file=sys.stderr)
+            results |= mesh.measure()
+        if "jobs" in ONLY:
+            print("jobs: a 3-host lab, trivial jobs cold and cached, the demo on 1 and 3 hosts...", file=sys.stderr)
+            results |= jobs.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
 
@@ -123,6 +138,8 @@ def main() -> None:
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets}
     OUT.mkdir(exist_ok=True)
+    if len(ONLY) < len(PARTS) and (OUT / "bench.json").exists():
+        report["results"] = json.loads((OUT / "bench.json").read_text())["results"] | results
     (OUT / "bench.json").write_text(json.dumps(report, indent=2))
 
     from rich.console import Console

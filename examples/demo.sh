@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# `make demo` until jobs land: start a swarmd, ask it for its status, stop it.
+# `make demo`: a 3-host lab on an emulated WAN (real daemons, real WireGuard mesh), then a
+# DistributedDataParallel training job across the three through `swarmctl jobs run`.
 set -euo pipefail
 bin=${BIN:-.venv/bin}
-dir=$(mktemp -d /tmp/swarmd-demo.XXXXXX)
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
-touch "$dir/swarmd.toml"
-"$bin/swarmd" --config "$dir/swarmd.toml" --state-dir "$dir/state" --socket "$dir/swarmd.sock" \
-  --listen /ip4/127.0.0.1/tcp/0 --metrics-addr 127.0.0.1:0 --log-format console 2>"$dir/swarmd.log" &
-pid=$!
-export SWARMD_SOCKET="$dir/swarmd.sock"
-for _ in $(seq 150); do
-  "$bin/swarmctl" --timeout 1 status --json >/dev/null 2>&1 && break
-  kill -0 "$pid" 2>/dev/null || { cat "$dir/swarmd.log"; exit 1; }
-  sleep 0.1
-done
-echo "$ swarmctl status"
-"$bin/swarmctl" status
+lab=demo
+if [ "$(id -u)" != 0 ]; then
+  echo "make demo builds network namespaces and WireGuard interfaces: run it as root" >&2
+  exit 1
+fi
+trap '"$bin/swarm-sim" lab down --name $lab >/dev/null 2>&1 || true' EXIT
+"$bin/swarm-sim" lab down --name $lab >/dev/null 2>&1 || true
+
+echo "$ swarm-sim lab up --name $lab --hosts 3 --countries DE,FR,PL"
+"$bin/swarm-sim" lab up --name $lab --hosts 3 --countries DE,FR,PL
+export SWARMD_SOCKET
+SWARMD_SOCKET=$("$bin/python" -c "from sim.netlab.state import LabState; print(LabState.load('$lab').host('h1').socket)")
+
 echo
-echo "$ swarmctl version"
-"$bin/swarmctl" version
-kill -TERM "$pid"
-wait "$pid"
+echo "$ swarmctl peers        # as seen from h1"
+"$bin/swarmctl" peers
 echo
-echo "swarmd stopped cleanly; its log:"
-cat "$dir/swarmd.log"
+echo "$ swarmctl jobs run --nodes 3 --workdir examples -- python ddp_digits.py"
+"$bin/swarmctl" jobs run --nodes 3 --name digits --workdir examples -- python ddp_digits.py
+echo
+echo "$ swarmctl jobs ls"
+"$bin/swarmctl" jobs ls

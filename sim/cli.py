@@ -26,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--loss", type=float, default=0.0, metavar="PCT")
     up.add_argument("--bandwidth", type=float, default=None, metavar="MBIT")
     up.add_argument("--no-daemons", action="store_true", help="the network only")
+    up.add_argument("--no-mesh", action="store_true", help="daemons without the WireGuard mesh")
 
     ex = sub.add_parser("exec", parents=[name], help="run a command inside a host's namespace")
     ex.add_argument("host")
@@ -85,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
                 rtt = topology.uniform(20.0 if args.rtt_ms is None else args.rtt_ms)
             hosts, links = topology.plan(args.hosts, rtt, loss_pct=args.loss, bandwidth_mbit=args.bandwidth,
                                          countries=countries)
-            lab = labmod.Lab.up(args.name, hosts, links, daemons=not args.no_daemons)
+            lab = labmod.Lab.up(args.name, hosts, links, daemons=not args.no_daemons, mesh=not args.no_mesh)
+            if not args.no_daemons:
+                took = lab.wait_formed()
+                print(f"swarm formed {took:.1f} s after the daemons answered"
+                      + (": every host meshed with every other" if not args.no_mesh else ""))
             _render_hosts(lab.status())
             return 0
         if args.command == "down":

@@ -17,7 +17,7 @@ from swarmd.paths import client_socket
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 from swarmd.rpc.protocol import ErrorCode
 
-from . import render
+from . import jobs, render
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -70,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     mssub = ms.add_subparsers(dest="mesh_command", metavar="ACTION")
     mssub.add_parser("rotate-key", parents=[common],
                      help="a new WireGuard key for this node (peers pick it up from its record)")
+
+    jobs.add_parser(sub, common)
 
     lb = sub.add_parser("labels", parents=[common], help="change this node's labels (re-advertised at once)")
     lbsub = lb.add_subparsers(dest="labels_command", metavar="ACTION", required=True)
@@ -189,7 +191,7 @@ def cmd_labels(client: Client, args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "version": cmd_version, "log-level": cmd_log_level,
-    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh,
+    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh, "jobs": jobs.command,
 }
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import __version__, log
+from .compute import api as compute_api
 from .config import LOG_LEVELS
 from .gossip import swarmstate
 from .gossip.cert import DEFAULT_CERT_TTL, make_token, parse_token
@@ -148,7 +149,7 @@ def methods(node: Node) -> list[Method]:
         node.log.info("mesh key rotated", by_uid=caller.uid)
         return result
 
-    return [
+    return [*compute_api.methods(lambda: node.jobs if node.gossip.swarm is not None else None),
         Method(name="status", handler=status, doc="this node: identity, addresses, uptime"),
         Method(name="version", handler=version, doc="daemon and library versions"),
         Method(name="status.watch", handler=watch, streams=True,

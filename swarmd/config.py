@@ -58,6 +58,14 @@ class Config:
     mesh_mtu: int = field(default=1420, metadata={"doc": "MTU of the WireGuard interface"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
+    job_user: str | None = field(default="nobody", metadata={
+        "doc": "user that job ranks run as when swarmd is root; '' runs them as root (not advised)"})
+    job_slots: int = field(default=0, metadata={
+        "doc": "jobs this host runs at once; 0: one per GPU, or 2 without GPUs"})
+    job_submitters: tuple[str, ...] = field(default=(), metadata={
+        "doc": "peer ids allowed to place jobs here (empty: every member of the swarm)"})
+    jobs_dir: Path | None = field(default=None, metadata={
+        "doc": "where ranks run (a copy of the workdir, checkpoints); default STATE_DIR-jobs beside the state"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
     log_format: str = field(default="auto", metadata={
         "doc": "json (journald), console, or auto: console on a TTY, json otherwise"})
@@ -65,6 +73,10 @@ class Config:
     @property
     def socket_path(self) -> Path:
         return self.socket or paths.default_socket(self.state_dir)
+
+    @property
+    def jobs_path(self) -> Path:
+        return self.jobs_dir or self.state_dir.with_name(self.state_dir.name + "-jobs")
 
     @property
     def metrics_hostport(self) -> tuple[str, int] | None:
@@ -204,6 +216,29 @@ def _hostport_or_off(v: Any) -> str | None:
     raise _Bad("HOST:PORT with a port 0-65535, or 'off'")
 
 
+def _user(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str) or not all(c.isalnum() or c in "-_." for c in v):
+        raise _Bad("a user name, or '' for the daemon's own user")
+    return v
+
+
+def _peer_ids(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [x for x in (p.strip() for p in v.split(",")) if x]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise _Bad("a list of peer ids")
+    from libp2p.peer.id import ID
+
+    for peer in v:
+        try:
+            ID.from_base58(peer)
+        except Exception:
+            raise _Bad(f"peer ids such as 12D3KooW...; {peer!r} is not one") from None
+    return tuple(v)
+
+
 _CHECKS: dict[str, Check] = {
     "state_dir": _path,
     "socket": _path,
@@ -221,6 +256,10 @@ _CHECKS: dict[str, Check] = {
     "mesh_port": _int_range(1, 65535),
     "mesh_mtu": _int_range(1280, 9000),
     "metrics_addr": _hostport_or_off,
+    "job_user": _user,
+    "job_slots": _int_range(0, 1024),
+    "job_submitters": _peer_ids,
+    "jobs_dir": _path,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-port", metavar="PORT", help="WireGuard UDP port (default 51820)")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="Prometheus endpoint (port 0: any free port; 'off' to disable)")
+    p.add_argument("--job-user", metavar="USER", help="user job ranks run as when root (default nobody)")
+    p.add_argument("--job-slots", metavar="N", help="jobs run at once (default: one per GPU, 2 without)")
+    p.add_argument("--jobs-dir", metavar="DIR", help="where ranks run (default STATE_DIR-jobs)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
     p.add_argument("--log-format", metavar="FORMAT", help="json, console or auto (console on a TTY)")
     return p

@@ -18,6 +18,7 @@ import trio
 from multiaddr import Multiaddr
 
 from . import __version__, api
+from .compute import setup as jobs_setup
 from .config import Config
 from .gossip import swarmstate
 from .gossip.cert import parse_token
@@ -63,9 +64,10 @@ class Node:
         timing = {"wan": Timing.wan, "lan": Timing.lan, "local": Timing.local}[config.gossip_timing]()
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
-                             addrs=lambda: announce_addrs(self.host, config.announce))
+                             addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network))
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = wg_mesh.from_config(config, self.gossip)
+        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh)
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()
@@ -83,6 +85,7 @@ class Node:
             "log_level": self.log_level,
             **api.swarm_status(self),
             "mesh": self.mesh.status() if self.mesh else {"up": False, "off": self.mesh_off},
+            "jobs": self.jobs.status(),
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -98,12 +101,14 @@ class Node:
             async with self.host.run([Multiaddr(a) for a in config.listen]), trio.open_nursery() as nursery:
                 await nursery.start(server.serve, listener)
                 await nursery.start(self.gossip.run)
+                await nursery.start(self.jobs.run)
                 if self.mesh is not None:
                     nursery.start_soon(self._run_mesh)
                 if config.join and self.gossip.swarm is None:
                     nursery.start_soon(self._join, config.join)
                 if config.mdns:
-                    nursery.start_soon(mdns_connector, self.host, announce_addrs(self.host, config.announce))
+                    nursery.start_soon(mdns_connector, self.host,
+                                       announce_addrs(self.host, config.announce, config.mesh_network))
                 for addr in config.bootstrap:
                     nursery.start_soon(keep_connected, self.host, addr, self.rng)
                 if self.notifier.watchdog_interval:

@@ -9,6 +9,7 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   replay    gossip the records saved by `capture` again, verbatim
   oversize  sync a 10 MB record to the target as a member
   garbage   open each swarmd stream protocol and send junk: bytes, a huge length, half a frame
+  job       ask the target to reserve a job slot with a foreign certificate
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -29,6 +30,7 @@ import trio
 from multiaddr import Multiaddr
 from nacl.signing import SigningKey
 
+from swarmd.compute.service import JOB_PROTOCOL
 from swarmd.gossip import pubsub as ps
 from swarmd.gossip import swarmstate
 from swarmd.gossip.capacity import Resources
@@ -41,7 +43,7 @@ from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
 OVERSIZE = 10 * 1024 * 1024
-ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage")
+ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +125,7 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                     junk = [os.urandom(64), (1 << 31).to_bytes(4, "big"), encode_frame({"cert": 1})[:-1],
                             encode_frame({"cert": member_cert.blob, "target": b"x", "timeout": "soon"}),
                             encode_frame(["not", "a", "map"])]
-                    for protocol in (PROBE_PROTOCOL, SYNC_PROTOCOL, JOIN_PROTOCOL):
+                    for protocol in (PROBE_PROTOCOL, SYNC_PROTOCOL, JOIN_PROTOCOL, JOB_PROTOCOL):
                         for data in junk:
                             stream = await host.new_stream(target.peer_id, [protocol])
                             await stream.write(data)
@@ -133,7 +135,13 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                                 except Exception:
                                     pass
                             await stream.reset()
-                    return f"sent {3 * len(junk)} junk requests"
+                    return f"sent {4 * len(junk)} junk requests"
+                case "job":
+                    with trio.fail_after(30):
+                        reply = await request(host, target.peer_id, JOB_PROTOCOL,
+                                              {"op": "reserve", "job": "intruder", "gpus": 0, "lease": 60.0,
+                                               "cert": foreign_cert.blob}, MAX_SYNC_FRAME)
+                    return f"asked for a job slot with a foreign certificate; reply: {reply}"
                 case "oversize":
                     await sync({"cert": member_cert.blob, "records": [os.urandom(OVERSIZE)], "claims": []})
                     return f"sent a {OVERSIZE}-byte record"

@@ -10,6 +10,7 @@ directory in a process's command line, so a crashed `up` is cleaned too.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -23,13 +24,15 @@ from swarmd.gossip import swarmstate
 from swarmd.gossip.cert import issue_cert
 from swarmd.gossip.signed import peer_bytes
 from swarmd.identity import load_or_create
-from swarmd.rpc.client import Client, DaemonUnreachable
+from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 
 from .state import ROOT, HostState, LabState
 from .topology import Host, Link
 
 READY_TIMEOUT = 90.0  # N daemons importing libp2p on 2 cores
+FORM_TIMEOUT = 60.0  # from every daemon answering to every one seeing (and meshed with) the others
 SWARMD_PORT = 4001
+JOB_USER = "nobody"  # who runs job ranks in the lab, as the daemon default
 TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2"}
 
 
@@ -176,11 +179,37 @@ class Lab:
                "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off",
                "--log-level", os.environ.get("SWARMD_LAB_LOG_LEVEL", "info"),
                "--mesh", "userspace" if self.state.mesh else "off",
-               "--mesh-interface", mesh_interface(self.state.name, h.name), *bootstrap]
+               "--mesh-interface", mesh_interface(self.state.name, h.name), "--job-user", job_user(),
+               "--job-slots", "2", *bootstrap]
         with open(h.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
         h.pid = proc.pid  # `ip netns exec` execs: this is swarmd's pid
+
+    def formed(self) -> bool:
+        """Every daemon sees every other alive and, with the mesh, has a handshake with each."""
+        n = len(self.state.hosts)
+        for h in self.state.hosts:
+            try:
+                with Client(h.socket, timeout=5) as c:
+                    alive = [p for p in c.call("peers")["peers"] if p["state"] == "alive"]
+                    if len(alive) != n - 1:
+                        return False
+                    if self.state.mesh:
+                        peers = c.call("mesh")["peers"]
+                        if len(peers) != n - 1 or any(p["handshake_age_s"] is None for p in peers):
+                            return False
+            except (DaemonUnreachable, RemoteError):
+                return False
+        return True
+
+    def wait_formed(self, timeout: float = FORM_TIMEOUT) -> float:
+        started = time.monotonic()
+        while not self.formed():
+            if time.monotonic() - started > timeout:
+                raise LabError(f"the swarm did not form within {timeout:g} s (see the hosts' logs)")
+            time.sleep(0.1)
+        return time.monotonic() - started
 
     def wait_ready(self, hosts: list[HostState], timeout: float = READY_TIMEOUT) -> None:
         pending = list(hosts)
@@ -291,6 +320,20 @@ def down(name: str) -> bool:
     for sock in Path("/var/run/wireguard").glob(f"{mesh_prefix(name)}*.sock"):
         sock.unlink(missing_ok=True)
     return found
+
+
+@functools.cache
+def job_user() -> str:
+    """`nobody` runs the lab's job ranks, as on a real host, when it can run this Python;
+    a checkout under a private home (/root/…) is out of its reach, and ranks then run as
+    root, with a warning."""
+    probe = subprocess.run(["runuser", "-u", JOB_USER, "--", sys.executable, "-c", "import torch"],
+                           capture_output=True, text=True, cwd="/")
+    if probe.returncode == 0:
+        return JOB_USER
+    print(f"swarm-sim: job ranks run as root: {JOB_USER} cannot run {sys.executable} "
+          f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode})", file=sys.stderr)
+    return ""
 
 
 def mesh_prefix(lab: str) -> str:

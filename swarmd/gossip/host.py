@@ -63,9 +63,11 @@ def _unspecified(addr: Multiaddr) -> bool:
     return text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))
 
 
-def announce_addrs(host: IHost, announce: Sequence[str]) -> list[str]:
+def announce_addrs(host: IHost, announce: Sequence[str], overlay: str | None = None) -> list[str]:
     """What peers should dial: the configured addresses, else the listen addresses with
-    0.0.0.0 expanded to this host's non-loopback IPv4 addresses (a peer cannot dial 0.0.0.0)."""
+    0.0.0.0 expanded to this host's non-loopback IPv4 addresses (a peer cannot dial 0.0.0.0),
+    leaving out the WireGuard overlay's (`overlay`, a network): those ride on the mesh, which
+    itself needs these addresses to form."""
     if announce:
         return list(announce)
     out: list[str] = []
@@ -73,19 +75,22 @@ def announce_addrs(host: IHost, announce: Sequence[str]) -> list[str]:
         text = str(addr).split("/p2p/")[0]
         if text.startswith("/ip4/0.0.0.0/"):
             rest = text[len("/ip4/0.0.0.0"):]
-            out += [f"/ip4/{ip}{rest}" for ip in _local_ipv4()]
+            out += [f"/ip4/{ip}{rest}" for ip in _local_ipv4(overlay)]
         else:
             out.append(text)
     return out[:16]
 
 
-def _local_ipv4() -> list[str]:
+def _local_ipv4(overlay: str | None) -> list[str]:
+    import ipaddress
     import socket
 
     import psutil
 
+    skip = ipaddress.IPv4Network(overlay) if overlay else None
     ips = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-           if a.family == socket.AF_INET and not a.address.startswith(("127.", "169.254."))]
+           if a.family == socket.AF_INET and not a.address.startswith(("127.", "169.254."))
+           and not (skip and ipaddress.IPv4Address(a.address) in skip)]
     return sorted(set(ips)) or ["127.0.0.1"]
 
 

@@ -33,7 +33,7 @@ from .signed import Invalid, Signer, peer_bytes, peer_str
 from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger,
                       read_frame, request, write_frame)
 from .swarmstate import SwarmMembership, owner_signer, save_joined
-from .wire import MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
+from .wire import JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -96,6 +96,7 @@ class Gossip:
         if swarm is not None:
             self.joined.set()
         self.mesh_info: Callable[[], MeshInfo | None] = lambda: None  # set by the mesh when it runs
+        self.job_slots: Callable[[], JobSlots | None] = lambda: None  # set by the job service
         self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
         self._wake = trio.Event()
         self._publish_send, self._publish_recv = trio.open_memory_channel[bytes](math.inf)
@@ -115,7 +116,7 @@ class Gossip:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         for protocol, handler in ((PROBE_PROTOCOL, self._handle_probe), (SYNC_PROTOCOL, self._handle_sync),
                                   (JOIN_PROTOCOL, self._handle_join)):
-            self.host.set_stream_handler(protocol, self._guarded(handler))
+            self.host.set_stream_handler(protocol, self.guarded(handler))
         self.host.get_network().register_notifee(_Notifee(self._events_send))
         ps.count_drops(self._dropped)
         async with trio.open_nursery() as nursery:
@@ -125,7 +126,7 @@ class Gossip:
             await self.joined.wait()
             await self._run_swarm()
 
-    def _guarded(self, handler: Callable[[INetStream], Any]) -> Callable[[INetStream], Any]:
+    def guarded(self, handler: Callable[[INetStream], Any]) -> Callable[[INetStream], Any]:
         """py-libp2p lets an exception from a stream handler take the whole host down: no
         request a peer can send may do that. The handlers catch what they expect; this is
         the backstop for what they did not."""
@@ -134,7 +135,7 @@ class Gossip:
                 await handler(stream)
             except Exception as exc:
                 peer = str(stream.muxed_conn.peer_id)
-                self._rejected("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
+                self.rejected("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
                 log.exception("stream handler failed", peer=peer, handler=handler.__name__)
                 await _close(stream)
         return guarded
@@ -219,7 +220,7 @@ class Gossip:
                     roles, ttl = check_ticket(req.get("ticket") if isinstance(req, dict) else None,
                                               owner_public=self.swarm.owner_public, now=time.time())
                 except Invalid as exc:
-                    self._rejected(exc.reason, str(peer), exc.detail)
+                    self.rejected(exc.reason, str(peer), exc.detail)
                     await write_frame(stream, {"error": exc.detail})
                     return
                 cert = issue_cert(owner_signer(self.swarm), self.swarm.swarm, peer.to_bytes(), now=time.time(),
@@ -227,7 +228,7 @@ class Gossip:
                 await write_frame(stream, {"cert": cert.blob})
                 log.info("admitted", peer=str(peer), expires=round(cert.expires))
         except Exception as exc:
-            self._rejected("join", str(peer), f"{exc.__class__.__name__}: {exc}")
+            self.rejected("join", str(peer), f"{exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 
@@ -276,7 +277,8 @@ class Gossip:
         self.advertised = self.resources
         blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=time.time(),
                            ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
-                           labels=self.labels, wg=self.mesh_info(), cert=self.swarm.cert)
+                           labels=self.labels, wg=self.mesh_info(), jobs=self.job_slots(),
+                           cert=self.swarm.cert)
         self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
         return blob
 
@@ -298,7 +300,7 @@ class Gossip:
             self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
             return True
         except Invalid as exc:
-            self._rejected(exc.reason, str(forwarder), exc.detail)
+            self.rejected(exc.reason, str(forwarder), exc.detail)
             return False
 
     async def _read(self, subscription) -> None:
@@ -333,7 +335,7 @@ class Gossip:
         self.traffic["dropped"] += 1
         self.metrics.gossip_dropped.inc()
 
-    def _rejected(self, reason: str, peer: str, detail: str) -> None:
+    def rejected(self, reason: str, peer: str, detail: str) -> None:
         self.rejected[reason] += 1
         self.metrics.gossip_rejected.labels(reason).inc()
         if (reason, peer) not in self._logged and len(self._logged) < 10_000:
@@ -384,7 +386,7 @@ class Gossip:
             self.core.via_result(trio.current_time(), probe_id, via, ack)
             self._input()
 
-    async def _check_member(self, req: Any, peer: ID, stream: INetStream) -> bool:
+    async def check_member(self, req: Any, peer: ID, stream: INetStream) -> bool:
         """Whether the requester holds a certificate of this swarm; if not, it is told why."""
         if self.swarm is None or self.core is None:
             await write_frame(stream, {"error": "this node is in no swarm"})
@@ -394,7 +396,7 @@ class Gossip:
                        swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
             return True
         except Invalid as exc:
-            self._rejected("not_member", str(peer), exc.detail)
+            self.rejected("not_member", str(peer), exc.detail)
             await write_frame(stream, {"error": f"not a member of swarm {self.swarm.swarm}: {exc.detail}"})
             return False
 
@@ -403,16 +405,16 @@ class Gossip:
         try:
             with trio.fail_after(10):
                 req = await read_frame(stream, 4096)
-                if not await self._check_member(req, peer, stream):
+                if not await self.check_member(req, peer, stream):
                     return
                 target = peer_str(req["target"])
                 timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
                 rtt = await self._ping(target, timeout)
                 await write_frame(stream, {"ack": rtt is not None})
         except FrameTooLarge as exc:
-            self._rejected("too_large", str(peer), f"probe request: {exc}")
+            self.rejected("too_large", str(peer), f"probe request: {exc}")
         except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlowError) as exc:
-            self._rejected("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
+            self.rejected("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 
@@ -428,7 +430,7 @@ class Gossip:
         """Merge a sync payload; True when it made us refute (the peer holds us suspect or dead,
         so it should get our new record at once rather than by gossip it may not be part of yet)."""
         if not isinstance(payload, dict):
-            self._rejected("malformed", str(peer), "sync payload is not a map")
+            self.rejected("malformed", str(peer), "sync payload is not a map")
             return False
         if "error" in payload:  # it does not take us for a member (an expired certificate?)
             if ("refused", str(peer)) not in self._logged:
@@ -440,7 +442,7 @@ class Gossip:
             try:
                 msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
             except Invalid as exc:
-                self._rejected(exc.reason, str(peer), exc.detail)
+                self.rejected(exc.reason, str(peer), exc.detail)
                 continue
             self._accept(msg)
         claims = payload.get("claims", [])
@@ -467,7 +469,7 @@ class Gossip:
             outcome = str(exc)
         except Exception as exc:  # a frame too large, a bad answer
             outcome = "rejected"
-            self._rejected("sync", peer, f"{exc.__class__.__name__}: {exc}")
+            self.rejected("sync", peer, f"{exc.__class__.__name__}: {exc}")
         finally:
             self._syncing.discard(peer)
             log.debug("sync", peer=peer, outcome=outcome, s=round(trio.current_time() - started, 3))
@@ -489,15 +491,15 @@ class Gossip:
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
                 req = await read_frame(stream, MAX_SYNC_FRAME)
-                if not await self._check_member(req, peer, stream):
+                if not await self.check_member(req, peer, stream):
                     return
                 await write_frame(stream, self._sync_payload())
                 if self._apply_sync(req, peer) and str(peer) not in self._syncing and self._nursery:
                     self._nursery.start_soon(self._sync, str(peer))  # our answer carried the record it refuted
         except FrameTooLarge as exc:
-            self._rejected("too_large", str(peer), f"sync request: {exc}")
+            self.rejected("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
-            self._rejected("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
+            self.rejected("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 

@@ -76,6 +76,33 @@ class MeshInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class JobSlots:
+    """What a member offers to jobs: slots in all and free, GPUs not given to a job, and
+    the ranks it runs now (its load, for placement)."""
+    slots: int
+    free: int
+    gpus_free: int
+    ranks: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"slots": self.slots, "free": self.free, "gpus_free": self.gpus_free, "ranks": self.ranks}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> JobSlots:
+        if not isinstance(data, dict):
+            raise Invalid("malformed", "record.jobs: expected a map")
+        values = {}
+        for name in ("slots", "free", "gpus_free", "ranks"):
+            v = data.get(name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**16:
+                raise Invalid("malformed", f"record.jobs.{name}: expected 0-65535, got {v!r}")
+            values[name] = v
+        if values["free"] > values["slots"]:
+            raise Invalid("malformed", "record.jobs: more slots free than there are")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Record:
     swarm: str
     peer: str
@@ -86,6 +113,7 @@ class Record:
     resources: Resources
     labels: dict[str, str]
     wg: MeshInfo | None
+    jobs: JobSlots | None = None
     cert: Cert
     blob: bytes
 
@@ -119,10 +147,11 @@ def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
 
 def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float, ttl: float,
                 addrs: list[str], resources: Resources, labels: dict[str, str],
-                wg: MeshInfo | None, cert: Cert) -> bytes:
+                wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None) -> bytes:
     return seal({"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
                  "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
-                 "labels": labels, "wg": None if wg is None else wg.to_wire(), "cert": cert.blob}, sign)
+                 "labels": labels, "wg": None if wg is None else wg.to_wire(),
+                 "jobs": None if jobs is None else jobs.to_wire(), "cert": cert.blob}, sign)
 
 
 def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, incarnation: int,
@@ -182,9 +211,11 @@ class Verifier:
         except ValueError as exc:
             raise Invalid("malformed", f"record.{exc}") from None
         wg = None if body.get("wg") is None else MeshInfo.from_wire(body["wg"])
+        jobs = None if body.get("jobs") is None else JobSlots.from_wire(body["jobs"])
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
-                      labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, cert=cert, blob=blob)
+                      labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, jobs=jobs,
+                      cert=cert, blob=blob)
 
 
 def _uint(body: dict[str, Any], name: str, where: str) -> int:

@@ -1,0 +1,219 @@
+"""`swarmctl jobs …`: run a job across the swarm and follow it; list, show, logs, cancel.
+
+`jobs run` packs the workdir here (the daemon may not be able to read it), uploads it in
+chunks unless the daemon already has that digest, then streams progress to stderr and the
+ranks' output, prefixed `[rank K]`, to stdout. It exits with the job's exit code. Ctrl-C
+asks whether to cancel the job or leave it running (detach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmd.rpc.client import Client
+
+from . import render, render_jobs
+
+UPLOAD_CHUNK = 4 * 1024 * 1024
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    jb = sub.add_parser("jobs", parents=[common], help="run multi-node torch.distributed jobs; list, logs, cancel")
+    jsub = jb.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+    run = jsub.add_parser("run", parents=[common], help="run CMD on the swarm: swarmctl jobs run [opts] -- CMD ARGS…")
+    run.add_argument("--nodes", type=int, metavar="N", help="hosts (default 1)")
+    run.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs on each host (default 0)")
+    run.add_argument("--procs-per-node", type=int, metavar="P", help="ranks on each host (default G, or 1)")
+    run.add_argument("--cpus", type=float, metavar="C", help="free cores each host must have")
+    run.add_argument("--mem", metavar="SIZE", help="free memory each host must have, e.g. 8G")
+    run.add_argument("--label", action="append", dest="labels", metavar="K=V", help="hosts must carry this label")
+    run.add_argument("--env", action="append", metavar="K=V", help="environment for every rank")
+    run.add_argument("--workdir", metavar="DIR", help="directory shipped to every host (default: none)")
+    run.add_argument("--name", metavar="NAME", help="a name to find the job by")
+    run.add_argument("--wait", metavar="DURATION", help="wait this long for capacity (e.g. 10m) instead of failing")
+    run.add_argument("--python", metavar="PATH", help="interpreter for a leading `python` in CMD")
+    run.add_argument("--spec", type=Path, metavar="FILE", help="a YAML job spec; flags override it")
+    run.add_argument("--detach", action="store_true", help="print the job id and return")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command each rank runs")
+    lsp = jsub.add_parser("ls", parents=[common], help="jobs coordinated by this node")
+    lsp.add_argument("--limit", type=int, default=50)
+    show = jsub.add_parser("show", parents=[common], help="one job: nodes, ranks, exit codes, why")
+    show.add_argument("id")
+    logs = jsub.add_parser("logs", parents=[common], help="a job's output")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
+    logs.add_argument("--rank", type=int, metavar="K", help="only rank K")
+    logs.add_argument("id")
+    cancel = jsub.add_parser("cancel", parents=[common], help="stop a job (SIGTERM, then SIGKILL)")
+    cancel.add_argument("id")
+
+
+def command(client: Client, args: argparse.Namespace) -> int:
+    match args.jobs_command:
+        case "run":
+            return _run(client, args)
+        case "ls":
+            result = client.call("jobs.ls", limit=args.limit)
+            render.as_json(result) if args.json else render_jobs.jobs(result["jobs"])
+        case "show":
+            result = client.call("jobs.show", id=args.id)
+            render.as_json(result) if args.json else render_jobs.job(result)
+        case "logs":
+            return _logs(client, args)
+        case "cancel":
+            result = client.call("jobs.cancel", id=args.id)
+            render.as_json(result) if args.json else print(f"job {result['id']}: {result['state']}, cancelling")
+    return EXIT_OK
+
+
+class UsageError(Exception):
+    pass
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    from swarmd.compute.spec import SpecError, build, load_yaml
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    file_fields: dict[str, Any] = {}
+    try:
+        if args.spec is not None:
+            try:
+                text = args.spec.read_text()
+            except OSError as exc:
+                raise UsageError(f"--spec {args.spec}: {exc.strerror}") from None
+            file_fields = load_yaml(text, str(args.spec))
+        flags = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
+                 "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
+                 "workdir": args.workdir, "cmd": cmd or None,
+                 "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env")}
+        return build(file_fields, flags).to_wire()
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag}: expected K=V, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _upload(client: Client, workdir: str, err: Any) -> str:
+    from swarmd.compute.workdir import WorkdirError, pack
+
+    try:
+        packed = pack(Path(workdir))
+    except WorkdirError as exc:
+        raise UsageError(str(exc)) from None
+    err.print(f"workdir {workdir}: {packed.files} files, {render.size(packed.size)} "
+              f"({render.size(len(packed.data))} packed), sha256 {packed.digest[:12]}")
+    data = packed.data
+    for offset in range(0, len(data), UPLOAD_CHUNK):
+        reply = client.call("jobs.upload", digest=packed.digest, offset=offset, size=len(data),
+                            data=data[offset:offset + UPLOAD_CHUNK])
+        if reply.get("have"):
+            break
+    return packed.digest
+
+
+def _run(client: Client, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False)
+    try:
+        spec = _spec(args)
+        digest = _upload(client, spec["workdir"], err) if spec.get("workdir") else None
+    except UsageError as exc:
+        print(f"swarmctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    client.set_timeout(max(args.timeout, 30.0))  # progress comes at least every second
+    stream = client.stream("jobs.run", spec=spec, workdir=digest, detach=args.detach)
+    job = None
+    started = time.monotonic()
+    status = err.status("placing…") if not args.json and err.is_terminal else None
+    if status is not None:
+        status.start()
+    try:
+        for event in stream:
+            if args.json:
+                render.as_json(event)
+            if "submitted" in event:
+                job = event["submitted"]
+                if args.detach and not args.json:
+                    print(job)
+            elif "job" in event and not args.json:
+                line = render_jobs.job_progress(event["job"])
+                if status is not None:
+                    status.update(line)
+                    if event["job"]["state"] == "running":
+                        status.stop()
+                        status = None
+                        err.print(line)
+            elif "out" in event and not args.json:
+                if status is not None:
+                    status.stop()
+                    status = None
+                for rank, text in event["out"]:
+                    sys.stdout.write(f"[rank {rank}] {text}\n")
+                sys.stdout.flush()
+            elif "end" in event:
+                if status is not None:
+                    status.stop()
+                    status = None
+                end = event["end"]
+                if not args.json:
+                    err.print(render_jobs.job_summary(end, time.monotonic() - started))
+                code = end.get("exit_code")
+                return EXIT_FAILED if code is None else min(int(code), 255)
+    except KeyboardInterrupt:
+        if status is not None:
+            status.stop()
+        return _interrupted(job, args, err)
+    return EXIT_OK
+
+
+def _interrupted(job: str | None, args: argparse.Namespace, err: Any) -> int:
+    if job is None:
+        return 130
+    answer = "d"
+    if sys.stdin.isatty():
+        try:
+            answer = input(f"\njob {job} is still running: [c]ancel it or [d]etach? ").strip().lower()[:1] or "d"
+        except (EOFError, KeyboardInterrupt):
+            answer = "d"
+    if answer == "c":
+        import os
+
+        from swarmd.paths import client_socket
+
+        with Client(str(getattr(args, "socket", None) or client_socket(os.environ)), timeout=args.timeout) as c:
+            c.call("jobs.cancel", id=job)
+        err.print(f"job {job} cancelled")
+    else:
+        err.print(f"detached; job {job} goes on. Follow it with: swarmctl jobs logs -f {job}")
+    return 130
+
+
+def _logs(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        client.set_timeout(max(args.timeout, 30.0))
+    params: dict[str, Any] = {"id": args.id, "follow": args.follow}
+    if args.rank is not None:
+        params["rank"] = args.rank
+    for event in client.stream("jobs.logs", **params):
+        if args.json:
+            render.as_json(event)
+        elif "out" in event:
+            for rank, text in event["out"]:
+                sys.stdout.write(text + "\n" if args.rank is not None else f"[rank {rank}] {text}\n")
+            sys.stdout.flush()
+    return EXIT_OK

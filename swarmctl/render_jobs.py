@@ -1,0 +1,68 @@
+"""How jobs look to a person: progress lines, the end-of-job summary, `jobs ls` and `jobs show`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .render import duration, key_values, size
+
+
+def _peer(p: str) -> str:
+    return p[-8:]
+
+
+def job_progress(job: Mapping[str, Any]) -> str:
+    state = job["state"]
+    if state == "shipping" and job.get("shipped"):
+        done, total = job["shipped"]
+        return f"job {job['id']}: shipping workdir {size(done)} / {size(total)}"
+    nodes = job.get("node_state") or {}
+    if state in ("starting", "running") and nodes:
+        per = ", ".join(f"{_peer(p)} {s}" for p, s in nodes.items())
+        return f"job {job['id']}: {state} on {len(nodes)} node(s): {per}"
+    if state == "reserving":
+        return f"job {job['id']}: reserving {', '.join(map(_peer, job['nodes']))}"
+    return f"job {job['id']}: {state}…"
+
+
+def job_summary(job: Mapping[str, Any], waited: float) -> str:
+    wall = job.get("wall_s")
+    head = f"job {job['id']} {job['state']}"
+    if job.get("exit_code") is not None:
+        head += f" (exit {job['exit_code']})"
+    parts = [head, f"{len(job['nodes'])} node(s): {', '.join(map(_peer, job['nodes'])) or '-'}",
+             f"wall {wall:.1f} s" if wall is not None else f"after {waited:.1f} s"]
+    if job.get("reason"):
+        parts.append(f"why: {job['reason']}")
+    return "; ".join(parts)
+
+
+def jobs(rows: list[Mapping[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not rows:
+        console.print("no jobs yet: swarmctl jobs run -- python train.py")
+        return
+    table = Table(title_justify="left")
+    for column in ("id", "name", "state", "nodes", "exit", "wall", "command"):
+        table.add_column(column, no_wrap=column != "command")
+    for j in rows:
+        style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}.get(j["state"], "")
+        table.add_row(j["id"], j["name"] or "-", f"[{style}]{j['state']}[/]" if style else j["state"],
+                      str(len(j["nodes"])), "-" if j["exit_code"] is None else str(j["exit_code"]),
+                      "-" if j["wall_s"] is None else duration(j["wall_s"]) if j["wall_s"] >= 60
+                      else f"{j['wall_s']:.1f} s", " ".join(j["cmd"] or []))
+    console.print(table)
+
+
+def job(j: Mapping[str, Any]) -> None:
+    ranks = [f"rank {r['rank']} on {_peer(r['node'])}: {r['state']}"
+             + ("" if r["exit_code"] is None else f" (exit {r['exit_code']})") for r in j["ranks"]]
+    key_values(f"job {j['id']}", [
+        ("name", j["name"]), ("state", j["state"]), ("command", " ".join(j["cmd"] or [])),
+        ("nodes", [_peer(p) for p in j["nodes"]]), ("exit code", j["exit_code"]), ("why", j["reason"]),
+        ("wall", None if j["wall_s"] is None else f"{j['wall_s']:.1f} s"), ("ranks", ranks),
+    ])

@@ -1,0 +1,1 @@
+"""Jobs: specs, placement, gang reservation, executing ranks, and their records."""

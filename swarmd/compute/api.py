@@ -1,0 +1,136 @@
+"""The control socket's job methods: upload a workdir, run, list, show, follow logs, cancel.
+
+A workdir travels from swarmctl in chunks (`jobs.upload`), is checked against its sha256,
+kept as an archive here (the coordinator ships it on) and unpacked into the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..rpc.protocol import Caller, ErrorCode, Method, Param, RpcError
+from .spec import JobSpec, SpecError
+from .workdir import DEFAULT_LIMIT
+
+if TYPE_CHECKING:
+    from .coordinator import Jobs
+
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+MAX_CHUNK = 8 * 1024 * 1024
+
+
+def methods(get_jobs: Any) -> list[Method]:
+    def jobs_or_error(method: str) -> Jobs:
+        jobs = get_jobs()
+        if jobs is None:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: this node is in no swarm (swarmctl swarm init or join)")
+        return jobs
+
+    def digest_of(params: dict[str, Any], method: str) -> str:
+        digest = params["digest"]
+        if not DIGEST.match(digest):
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"{method}: 'digest' must be a sha256 hex digest")
+        return digest
+
+    async def upload(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        jobs = jobs_or_error("jobs.upload")
+        digest, offset, size, data = digest_of(params, "jobs.upload"), params["offset"], params["size"], params["data"]
+        archive = jobs.archives / f"{digest}.tar.gz"
+        if archive.exists():
+            return {"have": True}
+        if not 0 < size <= DEFAULT_LIMIT:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: 'size' must be 1-{DEFAULT_LIMIT} bytes")
+        if len(data) > MAX_CHUNK:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: chunks of at most {MAX_CHUNK} bytes")
+        part = jobs.archives / f"{digest}.part"
+        have = part.stat().st_size if part.exists() else 0
+        if offset != have or offset + len(data) > size:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: offset {offset} does not follow the "
+                                                     f"{have} bytes received")
+        with open(part, "ab") as f:
+            f.write(data)
+        if offset + len(data) < size:
+            return {"have": False, "received": offset + len(data)}
+        blob = part.read_bytes()
+        if hashlib.sha256(blob).hexdigest() != digest:
+            part.unlink()
+            raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.upload: the workdir does not match its digest")
+        await trio.to_thread.run_sync(jobs.worker.cache.put, digest, blob)
+        part.rename(archive)
+        return {"have": True}
+
+    async def run(params: dict[str, Any], caller: Caller) -> AsyncIterator[dict[str, Any]]:
+        jobs = jobs_or_error("jobs.run")
+        try:
+            spec = JobSpec.from_wire(params["spec"])
+        except SpecError as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.run: {exc}") from None
+        workdir = params.get("workdir")
+        if workdir is not None:
+            workdir = digest_of(params | {"digest": workdir}, "jobs.run")
+            if not (jobs.archives / f"{workdir}.tar.gz").exists():
+                raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.run: the workdir was not uploaded (jobs.upload)")
+        job = jobs.submit(spec, workdir, caller.uid)
+        yield {"submitted": job}
+        if not params.get("detach"):
+            async for event in jobs.watch(job, progress=True, output=True):
+                yield event
+
+    def job_id(params: dict[str, Any], method: str, jobs: Jobs) -> str:
+        try:
+            row = jobs.store.get(params["id"])
+        except ValueError as exc:  # an ambiguous prefix
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"{method}: {exc}") from None
+        if row is None:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: no job {params['id']!r}")
+        return row.id
+
+    async def ls(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        jobs = jobs_or_error("jobs.ls")
+        return {"jobs": [jobs.describe(row) for row in jobs.store.list(params.get("limit", 50))]}
+
+    async def show(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        jobs = jobs_or_error("jobs.show")
+        row = jobs.store.get(job_id(params, "jobs.show", jobs))
+        assert row is not None
+        return jobs.describe(row)
+
+    async def logs(params: dict[str, Any], caller: Caller) -> AsyncIterator[dict[str, Any]]:
+        jobs = jobs_or_error("jobs.logs")
+        job = job_id(params, "jobs.logs", jobs)
+        async for event in jobs.watch(job, progress=False, output=True, rank=params.get("rank"),
+                                      follow=bool(params.get("follow"))):
+            yield event
+
+    async def cancel(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        jobs = jobs_or_error("jobs.cancel")
+        job = job_id(params, "jobs.cancel", jobs)
+        return {"id": job, "state": jobs.cancel(job)}
+
+    return [
+        Method(name="jobs.upload", handler=upload, mutates=True, doc="send a packed workdir, in chunks",
+               params={"digest": Param(type=str, required=True, doc="sha256 of the whole archive"),
+                       "offset": Param(type=int, required=True, doc="where this chunk starts"),
+                       "size": Param(type=int, required=True, doc="bytes of the whole archive"),
+                       "data": Param(type=bytes, required=True, doc="the chunk")}),
+        Method(name="jobs.run", handler=run, mutates=True, streams=True,
+               doc="run a job: its id, then progress and output until it ends (unless detached)",
+               params={"spec": Param(type=dict, required=True, doc="the job spec"),
+                       "workdir": Param(type=str, doc="digest of an uploaded workdir"),
+                       "detach": Param(type=bool, doc="return once submitted")}),
+        Method(name="jobs.ls", handler=ls, doc="jobs coordinated by this node, newest first",
+               params={"limit": Param(type=int, doc="at most this many (default 50)")}),
+        Method(name="jobs.show", handler=show, doc="one job: state, nodes, ranks, exit code, why",
+               params={"id": Param(type=str, required=True, doc="job id or a unique prefix")}),
+        Method(name="jobs.logs", handler=logs, streams=True, doc="a job's output, merged or of one rank",
+               params={"id": Param(type=str, required=True, doc="job id or a unique prefix"),
+                       "rank": Param(type=int, doc="only this rank"),
+                       "follow": Param(type=bool, doc="keep streaming until the job ends")}),
+        Method(name="jobs.cancel", handler=cancel, mutates=True, doc="stop a job: SIGTERM, then SIGKILL",
+               params={"id": Param(type=str, required=True, doc="job id or a unique prefix")}),
+    ]

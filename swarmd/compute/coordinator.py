@@ -1,0 +1,389 @@
+"""Jobs on this daemon (trio): the coordinator of jobs submitted here, and their records.
+
+`swarmctl jobs run` → `submit` → one task per job, which lives on in the daemon whether
+or not the client stays: placement (sans-IO, placement.py) → gang reservation (gang.py)
+over the job protocol, retried with other hosts → commit (rank 0's host picks MASTER_PORT)
+→ the workdir shipped to hosts that lack it → every host starts its ranks, and their
+output and exit codes stream back here. The job's states (run.py) and output are written
+to the store as they happen; `watch` lets any number of clients follow a job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from ..gossip.service import Gossip
+from ..gossip.wire import Record
+from . import gang as gangmod
+from .placement import Candidate, NoFit, place
+from .run import TERMINAL, Run
+from .service import HostError, LocalHost, RemoteHost, short
+from .spec import JobSpec, describe
+from .store import JobRow, JobStore, RankRow
+from .torchenv import NodeRole
+from .worker import StartRequest, Worker, stop_orphans
+
+log = structlog.get_logger("swarmd.jobs")
+
+KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goes on
+WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
+LOST_REASON = "the coordinating daemon restarted while the job was running"
+
+
+@dataclasses.dataclass(slots=True)
+class _Live:
+    run: Run
+    spec: JobSpec
+    changed: trio.Event = dataclasses.field(default_factory=trio.Event)
+    shipped: int = 0
+    ship_total: int = 0
+    hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
+
+    def touch(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class Jobs:
+    def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path) -> None:
+        self.store = store
+        self.worker = worker
+        self.gossip = gossip
+        self.archives = archives
+        self.live: dict[str, _Live] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        lost = self.store.recover(LOST_REASON)
+        if lost:
+            log.warning("jobs lost in a restart marked failed", jobs=lost)
+        if orphans := await trio.to_thread.run_sync(stop_orphans, self.worker.jobs_dir):
+            log.warning("ranks left by the previous run killed", pids=orphans)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.worker.sweep)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def status(self) -> dict[str, Any]:
+        ledger = self.worker.ledger
+        return {"slots": ledger.slots, "slots_free": ledger.slots_free, "gpus_free": list(ledger.gpus_free),
+                "ranks_here": self.worker.ranks, "user": self.worker.user,
+                "coordinating": sorted(self.live)}
+
+    # --- the RPC side -------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, workdir: str | None, uid: int) -> str:
+        assert self._nursery is not None
+        me = self.gossip.me
+        job = self.store.new_id()
+        self.store.add(JobRow(id=job, name=spec.name, spec={**spec.to_wire(), "workdir_digest": workdir},
+                              state="placing", coordinator=me, submitted_by=uid, created=time.time(),
+                              started=None, ended=None, exit_code=None, reason=None, nodes=[]))
+        live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node), spec=spec)
+        self.live[job] = live
+        self._nursery.start_soon(self._coordinate, job, live, workdir)
+        log.info("job submitted", job=job, cmd=list(spec.cmd), nodes=spec.nodes, by_uid=uid)
+        return job
+
+    def cancel(self, job: str) -> str:
+        live = self.live.get(job)
+        if live is None:
+            row = self.store.get(job)
+            if row is None:
+                raise KeyError(job)
+            return row.state
+        live.run.cancel()
+        live.touch()
+        if self._nursery is not None:
+            for host in live.hosts.values():
+                self._nursery.start_soon(_quietly, host.cancel, job)
+        return live.run.state
+
+    async def watch(self, job: str, *, progress: bool, output: bool, rank: int | None = None,
+                    follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """A job's progress (``{"job": …}`` when it changes) and output (``{"out": [[rank,
+        line]…]}``) until it ends with ``{"end": …}``; without follow, what there is now."""
+        cursor = 0
+        last: dict[str, Any] | None = None
+        quiet_since = trio.current_time()
+        while True:
+            live = self.live.get(job)
+            changed = live.changed if live is not None else None
+            row = self.store.get(job)
+            if row is None:
+                raise KeyError(job)
+            over = row.state in TERMINAL and live is None
+            if progress and (snapshot := self.describe(row)) != last:
+                last = snapshot
+                if not over:
+                    yield {"job": snapshot}
+            if output:
+                lines, cursor = self.store.read_log(row.id, rank=rank, offset=cursor)
+                if lines:
+                    quiet_since = trio.current_time()
+                    yield {"out": [[r, line] for r, line in lines]}
+                elif follow and trio.current_time() - quiet_since > KEEPALIVE:
+                    quiet_since = trio.current_time()
+                    yield {"state": row.state}  # a silent job: tell the client we are still here
+            if over:
+                yield {"end": self.describe(row)}
+                return
+            if not follow:
+                return
+            with trio.move_on_after(1.0):
+                if changed is not None:
+                    await changed.wait()
+                else:
+                    await trio.sleep_forever()
+
+    def describe(self, row: JobRow) -> dict[str, Any]:
+        live = self.live.get(row.id)
+        ended = row.ended or (time.time() if row.started else None)
+        return {
+            "id": row.id, "name": row.name, "state": row.state, "cmd": row.spec.get("cmd"),
+            "nodes": row.nodes, "node_state": dict(live.run.node_state) if live else {},
+            "coordinator": row.coordinator, "created": row.created, "started": row.started,
+            "ended": row.ended, "exit_code": row.exit_code, "reason": row.reason,
+            "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
+            "shipped": [live.shipped, live.ship_total] if live else None,
+            "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
+        }
+
+    # --- the coordinator ----------------------------------------------------------------
+
+    async def _coordinate(self, job: str, live: _Live, workdir: str | None) -> None:
+        run, spec = live.run, live.spec
+        try:
+            chosen = await self._place_and_hold(job, live)
+            if chosen is None:
+                return
+            peers, gpus, port = chosen
+            run.to("shipping")
+            self._save(job, live)
+            if workdir is not None:
+                await self._ship(job, live, workdir)
+            run.to("starting")
+            self.store.update(job, started=time.time())
+            self._save(job, live)
+            await self._start_all(job, live, peers, port, workdir)
+        except Exception as exc:  # a bug must not leave a job running forever in the store
+            log.exception("job coordinator failed", job=job)
+            run.fail(f"coordinator error: {exc.__class__.__name__}: {exc}")
+        finally:
+            with trio.CancelScope(shield=True):
+                for host in live.hosts.values():
+                    await _quietly(host.release, job)
+                if not run.over:
+                    run.fail("the coordinating daemon stopped")
+                self._save(job, live)
+                self.live.pop(job, None)
+                live.touch()
+                log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason)
+
+    async def _place_and_hold(self, job: str, live: _Live) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
+        run, spec = live.run, live.spec
+        give_up = trio.current_time() + spec.wait_s
+        refused: dict[str, str] = {}
+        attempts = 0
+        while True:
+            if run.cancelled:
+                run.to("cancelled")
+                return None
+            placement = place(spec, self._candidates(), self._rtt_ms, exclude=refused)
+            if isinstance(placement, NoFit):
+                if trio.current_time() < give_up:
+                    await trio.sleep(WAIT_POLL)
+                    continue
+                run.fail(placement.reason)
+                return None
+            run.to("reserving")
+            run.placed(placement.peers)
+            self._save(job, live)
+            hosts = {p: self._host(p) for p in placement.peers}
+            live.hosts = hosts
+            outcome = await self._reserve(job, spec, hosts)
+            if isinstance(outcome, gangmod.Commit):
+                try:
+                    return await self._commit(job, hosts, placement.peers, outcome)
+                except HostError as exc:  # a lease lapsed between reserve and commit
+                    run.fail(f"commit failed: {exc}")
+                    return None
+            for peer in outcome.peers:
+                await _quietly(hosts[peer].release, job)
+            live.hosts = {}
+            refused |= outcome.refused
+            attempts += 1
+            log.info("reservation refused", job=job, refused=outcome.refused, attempt=attempts)
+            if attempts >= gangmod.MAX_ATTEMPTS:
+                why = "; ".join(outcome.refused.values())
+                run.fail(f"could not reserve {describe(spec)} after {attempts} attempts: {why}")
+                return None
+
+    async def _reserve(self, job: str, spec: JobSpec, hosts: dict[str, LocalHost | RemoteHost]) -> gangmod.Commit | gangmod.Release:
+        g = gangmod.Gang(peers=tuple(hosts), deadline=trio.current_time() + gangmod.RESERVE_TIMEOUT)
+
+        async def one(peer: str) -> None:
+            try:
+                g.grant(peer, await hosts[peer].reserve(job, spec.gpus_per_node, gangmod.LEASE))
+            except HostError as exc:
+                g.refuse(peer, str(exc))
+
+        with trio.move_on_after(gangmod.RESERVE_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for peer in hosts:
+                    nursery.start_soon(one, peer)
+        decision = g.decide(trio.current_time() + gangmod.RESERVE_TIMEOUT)
+        assert decision is not None
+        return decision
+
+    async def _commit(self, job: str, hosts: dict[str, LocalHost | RemoteHost], order: tuple[str, ...],
+                      held: gangmod.Commit) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int]:
+        port = 0
+        gpus: dict[str, tuple[int, ...]] = {}
+        for i, peer in enumerate(order):
+            gpus[peer], got = await hosts[peer].commit(job, port=(i == 0))
+            if i == 0:
+                assert got is not None
+                port = got
+        return order, gpus, port
+
+    async def _ship(self, job: str, live: _Live, digest: str) -> None:
+        archive = self.archives / f"{digest}.tar.gz"
+        live.ship_total = archive.stat().st_size * len(live.hosts)
+        done: dict[str, int] = {}
+
+        def progress(peer: str, n: int) -> None:
+            done[peer] = n
+            live.shipped = sum(done.values())
+            live.touch()
+
+        async with trio.open_nursery() as nursery:
+            for peer, host in live.hosts.items():
+                nursery.start_soon(host.ship, digest, archive, lambda n, p=peer: progress(p, n))
+        live.shipped = live.ship_total
+        live.touch()
+
+    async def _start_all(self, job: str, live: _Live, peers: tuple[str, ...], port: int, workdir: str | None) -> None:
+        run, spec = live.run, live.spec
+        addrs = [self._address(p) for p in peers]
+        for peer in peers:
+            for i in range(spec.procs_per_node):
+                self.store.set_rank(RankRow(job_id=job, rank=peers.index(peer) * spec.procs_per_node + i,
+                                            node=peer, state="starting", exit_code=None))
+
+        async def node(i: int, peer: str) -> None:
+            role = NodeRole(job_id=job, node_rank=i, nnodes=len(peers), procs_per_node=spec.procs_per_node,
+                            master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
+                            node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count)
+            req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
+                               python=spec.python, workdir=workdir)
+
+            async def emit(event: dict[str, Any]) -> None:
+                self._event(job, live, peer, event)
+
+            try:
+                await live.hosts[peer].start(req, emit)
+                if live.run.node_state.get(peer) not in ("exited", "lost"):
+                    run.node_lost(peer, "its ranks ended without an exit report")
+            except HostError as exc:
+                run.node_lost(peer, str(exc))
+            finally:
+                self._save(job, live)
+                if run.stop_others:
+                    for other, host in live.hosts.items():
+                        if other != peer and run.node_state.get(other) in ("starting", "running"):
+                            nursery.start_soon(_quietly, host.cancel, job)
+
+        async with trio.open_nursery() as nursery:
+            for i, peer in enumerate(peers):
+                nursery.start_soon(node, i, peer)
+
+    def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
+        run = live.run
+        if "started" in event:
+            run.node_started(peer)
+            for rank in event["started"]:
+                self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="running", exit_code=None))
+        if "out" in event:
+            for rank, line in event["out"]:
+                self.store.append_log(job, int(rank), line.encode())
+        if "exit" in event:
+            codes = {int(r): int(c) for r, c in event["exit"].items()}
+            for rank, code in codes.items():
+                self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
+            run.node_exited(peer, codes)
+        self._save(job, live)
+
+    def _save(self, job: str, live: _Live) -> None:
+        run = live.run
+        fields: dict[str, Any] = {"state": run.state, "nodes": list(run.nodes), "reason": run.reason}
+        if run.over:
+            fields |= {"ended": time.time(), "exit_code": run.exit_code}
+        self.store.update(job, **fields)
+        live.touch()
+
+    # --- the view -----------------------------------------------------------------------
+
+    def _host(self, peer: str) -> LocalHost | RemoteHost:
+        if peer == self.gossip.me:
+            return LocalHost(peer, self.worker)
+        assert self.gossip.swarm is not None
+        return RemoteHost(peer, self.gossip.host, self.gossip.swarm.cert.blob)
+
+    def _records(self) -> dict[str, tuple[str, Record]]:
+        core = self.gossip.core
+        records: dict[str, tuple[str, Record]] = {}
+        if core is not None:
+            for m in core.members.values():
+                records[m.peer] = (m.state.value, m.record)
+        own = self.gossip.own_record
+        if own is not None:
+            records[own.peer] = ("alive", own)
+        return records
+
+    def _candidates(self) -> list[Candidate]:
+        out = []
+        for peer, (state, r) in self._records().items():
+            if r.jobs is None:
+                continue
+            gpu = r.resources.gpus[0].name if r.resources.gpus else None
+            out.append(Candidate(peer=peer, state=state, gpus_free=r.jobs.gpus_free, gpu_model=gpu,
+                                 slots_free=r.jobs.free, cpu_free=r.resources.cpu_free,
+                                 memory_free_mb=r.resources.memory_free_mb, labels=r.labels,
+                                 load=float(r.jobs.ranks)))
+        return out
+
+    def _rtt_ms(self, a: str, b: str) -> float | None:
+        me, core = self.gossip.me, self.gossip.core
+        other = b if a == me else a if b == me else None
+        if other is None or core is None:
+            return None
+        m = core.members.get(other)
+        return None if m is None or m.rtt_min is None else m.rtt_min * 1000
+
+    def _address(self, peer: str) -> str:
+        """Where the other ranks reach this host: its overlay address, else its first IPv4."""
+        _, record = self._records()[peer]
+        if record.wg is not None:
+            return record.wg.addr4
+        for addr in record.addrs:
+            parts = addr.split("/")
+            if len(parts) > 2 and parts[1] == "ip4":
+                return parts[2]
+        raise HostError(f"{short(peer)} advertises no IPv4 address")
+
+
+async def _quietly(fn: Any, *args: Any) -> None:
+    try:
+        with trio.move_on_after(5):
+            await fn(*args)
+    except HostError as exc:
+        log.info("job request to a host failed", error=str(exc))
