@@ -136,7 +136,10 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         print(f"swarmctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     client.set_timeout(max(args.timeout, 30.0))  # progress comes at least every second
-    stream = client.stream("jobs.run", spec=spec, workdir=digest, detach=args.detach)
+    params: dict[str, Any] = {"spec": spec, "detach": args.detach}
+    if digest is not None:
+        params["workdir"] = digest
+    stream = client.stream("jobs.run", **params)
     job = None
     started = time.monotonic()
     status = err.status("placing…") if not args.json and err.is_terminal else None

@@ -316,7 +316,7 @@ class Jobs:
             for rank, line in event["out"]:
                 self.store.append_log(job, int(rank), line.encode())
         if "exit" in event:
-            codes = {int(r): int(c) for r, c in event["exit"].items()}
+            codes = {int(r): int(c) for r, c in event["exit"]}
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
             run.node_exited(peer, codes)

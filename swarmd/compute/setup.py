@@ -42,6 +42,6 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
                                         gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
-                         rejected=gossip.rejected)
+                         rejected=gossip.reject)
     gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives")

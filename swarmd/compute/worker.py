@@ -5,7 +5,7 @@ job protocol (service.py), so a job placed on the coordinator's own host takes t
 path as one placed elsewhere. Rules:
 - Reservations and commits go through the sans-IO `Ledger`; lapsed leases are swept.
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
-  and last ``{"exit": {rank: code}}``. Whoever drives it going away cancels the ranks.
+  and last ``{"exit": [[rank, code]…]}``. Whoever drives it going away cancels the ranks.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
   workdir dropped.
 """
@@ -145,7 +145,7 @@ class Worker:
                             batch.append(item := pending.pop(0))
                             size += len(item[1])
                         await emit({"out": batch})
-            await emit({"exit": codes})
+            await emit({"exit": sorted(codes.items())})
             return codes
         finally:
             if executor is not None:

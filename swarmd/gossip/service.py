@@ -135,7 +135,7 @@ class Gossip:
                 await handler(stream)
             except Exception as exc:
                 peer = str(stream.muxed_conn.peer_id)
-                self.rejected("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
+                self.reject("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
                 log.exception("stream handler failed", peer=peer, handler=handler.__name__)
                 await _close(stream)
         return guarded
@@ -220,7 +220,7 @@ class Gossip:
                     roles, ttl = check_ticket(req.get("ticket") if isinstance(req, dict) else None,
                                               owner_public=self.swarm.owner_public, now=time.time())
                 except Invalid as exc:
-                    self.rejected(exc.reason, str(peer), exc.detail)
+                    self.reject(exc.reason, str(peer), exc.detail)
                     await write_frame(stream, {"error": exc.detail})
                     return
                 cert = issue_cert(owner_signer(self.swarm), self.swarm.swarm, peer.to_bytes(), now=time.time(),
@@ -228,7 +228,7 @@ class Gossip:
                 await write_frame(stream, {"cert": cert.blob})
                 log.info("admitted", peer=str(peer), expires=round(cert.expires))
         except Exception as exc:
-            self.rejected("join", str(peer), f"{exc.__class__.__name__}: {exc}")
+            self.reject("join", str(peer), f"{exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 
@@ -300,7 +300,7 @@ class Gossip:
             self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
             return True
         except Invalid as exc:
-            self.rejected(exc.reason, str(forwarder), exc.detail)
+            self.reject(exc.reason, str(forwarder), exc.detail)
             return False
 
     async def _read(self, subscription) -> None:
@@ -335,7 +335,7 @@ class Gossip:
         self.traffic["dropped"] += 1
         self.metrics.gossip_dropped.inc()
 
-    def rejected(self, reason: str, peer: str, detail: str) -> None:
+    def reject(self, reason: str, peer: str, detail: str) -> None:
         self.rejected[reason] += 1
         self.metrics.gossip_rejected.labels(reason).inc()
         if (reason, peer) not in self._logged and len(self._logged) < 10_000:
@@ -396,7 +396,7 @@ class Gossip:
                        swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
             return True
         except Invalid as exc:
-            self.rejected("not_member", str(peer), exc.detail)
+            self.reject("not_member", str(peer), exc.detail)
             await write_frame(stream, {"error": f"not a member of swarm {self.swarm.swarm}: {exc.detail}"})
             return False
 
@@ -412,9 +412,9 @@ class Gossip:
                 rtt = await self._ping(target, timeout)
                 await write_frame(stream, {"ack": rtt is not None})
         except FrameTooLarge as exc:
-            self.rejected("too_large", str(peer), f"probe request: {exc}")
+            self.reject("too_large", str(peer), f"probe request: {exc}")
         except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlowError) as exc:
-            self.rejected("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
+            self.reject("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 
@@ -430,7 +430,7 @@ class Gossip:
         """Merge a sync payload; True when it made us refute (the peer holds us suspect or dead,
         so it should get our new record at once rather than by gossip it may not be part of yet)."""
         if not isinstance(payload, dict):
-            self.rejected("malformed", str(peer), "sync payload is not a map")
+            self.reject("malformed", str(peer), "sync payload is not a map")
             return False
         if "error" in payload:  # it does not take us for a member (an expired certificate?)
             if ("refused", str(peer)) not in self._logged:
@@ -442,7 +442,7 @@ class Gossip:
             try:
                 msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
             except Invalid as exc:
-                self.rejected(exc.reason, str(peer), exc.detail)
+                self.reject(exc.reason, str(peer), exc.detail)
                 continue
             self._accept(msg)
         claims = payload.get("claims", [])
@@ -469,7 +469,7 @@ class Gossip:
             outcome = str(exc)
         except Exception as exc:  # a frame too large, a bad answer
             outcome = "rejected"
-            self.rejected("sync", peer, f"{exc.__class__.__name__}: {exc}")
+            self.reject("sync", peer, f"{exc.__class__.__name__}: {exc}")
         finally:
             self._syncing.discard(peer)
             log.debug("sync", peer=peer, outcome=outcome, s=round(trio.current_time() - started, 3))
@@ -497,9 +497,9 @@ class Gossip:
                 if self._apply_sync(req, peer) and str(peer) not in self._syncing and self._nursery:
                     self._nursery.start_soon(self._sync, str(peer))  # our answer carried the record it refuted
         except FrameTooLarge as exc:
-            self.rejected("too_large", str(peer), f"sync request: {exc}")
+            self.reject("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
-            self.rejected("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
+            self.reject("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
         finally:
             await _close(stream)
 
