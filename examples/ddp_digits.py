@@ -35,9 +35,9 @@ def data(seed: int) -> tuple[TensorDataset, TensorDataset]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--global-batch", type=int, default=96)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 

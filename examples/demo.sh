@@ -20,8 +20,9 @@ echo
 echo "$ swarmctl peers        # as seen from h1"
 "$bin/swarmctl" peers
 echo
-echo "$ swarmctl jobs run --nodes 3 --workdir examples -- python ddp_digits.py"
-"$bin/swarmctl" jobs run --nodes 3 --name digits --workdir examples -- python ddp_digits.py
+# TORCH_CPP_LOG_LEVEL: quiets c10d's warning that overlay addresses have no reverse DNS name
+echo "$ swarmctl jobs run --nodes 3 --name digits --workdir examples --env TORCH_CPP_LOG_LEVEL=ERROR -- python ddp_digits.py"
+"$bin/swarmctl" jobs run --nodes 3 --name digits --workdir examples --env TORCH_CPP_LOG_LEVEL=ERROR -- python ddp_digits.py
 echo
 echo "$ swarmctl jobs ls"
 "$bin/swarmctl" jobs ls
