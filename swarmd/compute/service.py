@@ -26,7 +26,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..gossip.streams import MAX_SYNC_FRAME, PeerError, read_frame, write_frame
+from ..gossip.streams import MAX_SYNC_FRAME, PeerError, close_quietly, read_frame, write_frame
 from .executor import free_port
 from .ledger import Grant, Refusal
 from .torchenv import NodeRole
@@ -78,11 +78,7 @@ class JobHandler:
         except PeerError as exc:
             log.info("job request ended", peer=str(peer), error=str(exc))
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                try:
-                    await stream.close()
-                except Exception:
-                    pass
+            await close_quietly(stream)
 
     async def _op(self, op: Any, job: str, coordinator: str, req: dict[str, Any], stream: INetStream) -> dict[str, Any]:
         w = self.worker
@@ -224,7 +220,7 @@ class RemoteHost:
         try:
             await write_frame(stream, {"op": op, "job": job, "cert": self.cert, **fields})
         except PeerError as exc:
-            await _close(stream)
+            await close_quietly(stream)
             raise HostError(f"{short(self.peer)}: {exc}") from None
         return stream
 
@@ -236,7 +232,7 @@ class RemoteHost:
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             finally:
-                await _close(stream)
+                await close_quietly(stream)
         if scope.cancelled_caught:
             raise HostError(f"{short(self.peer)}: no answer to {op} within {REQUEST_TIMEOUT:g} s")
         return _reply(self.peer, reply)
@@ -269,7 +265,7 @@ class RemoteHost:
         except PeerError as exc:
             raise HostError(f"{short(self.peer)}: shipping the workdir failed: {exc}") from None
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
         stream = await self._open("start", req.job, role=role_to_wire(req.role), cmd=list(req.cmd),
@@ -284,7 +280,7 @@ class RemoteHost:
                     return
                 await emit(event)
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
 
 def _granted(peer: str, answer: Grant | Refusal) -> tuple[int, ...]:
@@ -303,11 +299,3 @@ def _reply(peer: str, reply: Any) -> dict[str, Any]:
 
 def short(peer: str) -> str:
     return f"{peer[:6]}…{peer[-4:]}" if len(peer) > 12 else peer
-
-
-async def _close(stream: INetStream) -> None:
-    with trio.CancelScope(shield=True), trio.move_on_after(1):
-        try:
-            await stream.close()
-        except Exception:
-            pass

@@ -30,7 +30,7 @@ from .cert import Token, check_cert, check_ticket, issue_cert
 from .membership import (Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
                          Sync, Timing)
 from .signed import Invalid, Signer, peer_bytes, peer_str
-from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger,
+from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger, close_quietly,
                       read_frame, request, write_frame)
 from .swarmstate import SwarmMembership, owner_signer, save_joined
 from .wire import JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
@@ -137,7 +137,7 @@ class Gossip:
                 peer = str(stream.muxed_conn.peer_id)
                 self.reject("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
                 log.exception("stream handler failed", peer=peer, handler=handler.__name__)
-                await _close(stream)
+                await close_quietly(stream)
         return guarded
 
     async def _run_swarm(self) -> None:
@@ -230,7 +230,7 @@ class Gossip:
         except Exception as exc:
             self.reject("join", str(peer), f"{exc.__class__.__name__}: {exc}")
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
     # --- the core's clock and actions ---------------------------------------------------
 
@@ -416,7 +416,7 @@ class Gossip:
         except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlowError) as exc:
             self.reject("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
     # --- push-pull sync -----------------------------------------------------------------
 
@@ -501,7 +501,7 @@ class Gossip:
         except Exception as exc:
             self.reject("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
     # --- connections, bootstrap, capacity -----------------------------------------------
 
@@ -560,14 +560,6 @@ def _parses(addr: str) -> bool:
         return True
     except Exception:
         return False
-
-
-async def _close(stream: INetStream) -> None:
-    with trio.CancelScope(shield=True), trio.move_on_after(1):
-        try:
-            await stream.close()
-        except Exception:
-            pass
 
 
 def _cause(exc: BaseException) -> str:

@@ -72,11 +72,16 @@ async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = M
         await write_frame(stream, obj)
         return await read_frame(stream, limit)
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            try:
-                await stream.close()
-            except Exception:
-                pass
+        await close_quietly(stream)
+
+
+async def close_quietly(stream: INetStream) -> None:
+    """Close a stream, even from a cancelled task, giving it a second at most."""
+    with trio.CancelScope(shield=True), trio.move_on_after(1):
+        try:
+            await stream.close()
+        except Exception:
+            pass
 
 
 class Pinger:
