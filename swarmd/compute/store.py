@@ -7,7 +7,7 @@ Rules:
 - A job in a terminal state never leaves it.
 - `recover` at start marks every job that was still going as failed, with the reason: the
   process that drove it is gone.
-- Ids are 10 lowercase characters, time-ordered, and can be given by a unique prefix.
+- Ids are 12 lowercase characters, time-ordered, and can be given by a unique prefix.
 """
 
 from __future__ import annotations
@@ -76,14 +76,16 @@ class JobStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        self._last = 0  # ids only grow: two jobs in one millisecond still differ
 
     def close(self) -> None:
         self.db.close()
 
     def new_id(self) -> str:
-        n = (int(time.time() * 1000) << 10) | secrets.randbits(10)
+        n = max((int(time.time() * 1000) << 19) | secrets.randbits(19), self._last + 1)
+        self._last = n
         out = ""
-        for _ in range(10):
+        for _ in range(12):
             n, digit = divmod(n, 32)
             out = _ALPHABET[digit] + out
         return out

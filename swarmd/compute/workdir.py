@@ -57,30 +57,32 @@ def _files(root: Path) -> list[Path]:
     import pathspec
 
     out: list[Path] = []
-    rules: list[tuple[Path, pathspec.PathSpec]] = []
 
-    def ignored(path: Path, is_dir: bool) -> bool:
+    def ignored(rules: list[tuple[Path, pathspec.PathSpec]], path: Path, is_dir: bool) -> bool:
+        """git's order: the deepest .gitignore that has a say decides."""
+        verdict = False
         for base, spec in rules:
-            rel = path.relative_to(base).as_posix() + ("/" if is_dir else "")
-            if spec.match_file(rel):
-                return True
-        return False
+            result = spec.check_file(path.relative_to(base).as_posix() + ("/" if is_dir else ""))
+            if result.include is not None:
+                verdict = result.include
+        return verdict
 
-    def walk(d: Path) -> None:
+    def walk(d: Path, rules: list[tuple[Path, pathspec.PathSpec]]) -> None:
         gi = d / ".gitignore"
         if gi.is_file():
-            rules.append((d, pathspec.PathSpec.from_lines("gitwildmatch", gi.read_text(errors="replace").splitlines())))
+            lines = gi.read_text(errors="replace").splitlines()
+            rules = [*rules, (d, pathspec.PathSpec.from_lines("gitwildmatch", lines))]
         for entry in sorted(d.iterdir(), key=lambda p: p.name):
             if entry.is_symlink() or entry.name == ".git":
                 continue
             if entry.is_dir():
-                if not ignored(entry, True):
+                if not ignored(rules, entry, True):
                     out.append(entry)
-                    walk(entry)
-            elif entry.is_file() and not ignored(entry, False):
+                    walk(entry, rules)
+            elif entry.is_file() and not ignored(rules, entry, False):
                 out.append(entry)
 
-    walk(root)
+    walk(root, [])
     return out
 
 
