@@ -2,14 +2,21 @@
 
 Rules:
 - Each rank is its own session and process group, so a signal reaches all it started
-  (dataloader workers, shells) and none of the daemon.
+  (dataloader workers, shells) and none of the daemon. A rank is over when its own process
+  exits: what it leaves behind in its group is killed then. Only a process that left the
+  group (setsid) can escape; output it still writes is read for `grace` seconds at most.
+- A group is signalled only while its leader is unreaped (running, or a zombie holding its
+  pid), so a signal never reaches a stranger that reused the pid.
 - When the daemon is root, ranks run as `user` with that user's group and no others;
-  otherwise as the daemon's own user. They inherit no descriptor of the daemon.
-- stdout and stderr come back as whole lines, a long line cut at 64 KiB, a last line
-  without a newline flushed at exit.
+  otherwise as the daemon's own user, and `user` is None or that user. They inherit no
+  descriptor of the daemon, and stdin is /dev/null.
+- stdout and stderr share one pipe (their order kept, as on a terminal) and come back as
+  whole lines without the newline, a long line cut at 64 KiB, a last line without a newline
+  flushed at exit.
 - A rank that exits non-zero stops the others (SIGTERM to their groups, SIGKILL after
-  `grace`); so does `cancel`. A rank killed by a signal reports 128 + its number, as a
-  shell does.
+  `grace`); so does `cancel`, and so does cancelling `run`. A rank killed by a signal
+  reports 128 + its number, as a shell does. `first_failure` is the first rank to exit
+  non-zero before anything was stopped.
 """
 
 from __future__ import annotations
@@ -42,22 +49,26 @@ class RankProc:
 
 
 def free_port(host: str = "0.0.0.0") -> int:
+    """A TCP port free on `host` now, for a job's MASTER_PORT."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def _credentials(user: str | None) -> dict[str, object]:
+    """Popen's keywords to run a rank as `user`; raises ExecutorError when it may not."""
+    entry = None
+    if user is not None:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ExecutorError(f"job user {user!r} does not exist on this host") from None
     if os.geteuid() != 0:
-        if user not in (None, pwd.getpwuid(os.geteuid()).pw_name):
-            raise ExecutorError(f"ranks can run as {user!r} only when swarmd is root")
+        if entry is not None and entry.pw_uid != os.geteuid():
+            raise ExecutorError(f"ranks can run as job user {user!r} only when swarmd is root")
         return {}
-    if user is None:
+    if entry is None:
         raise ExecutorError("swarmd is root and no job user is set: refusing to run ranks as root")
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise ExecutorError(f"job user {user!r} does not exist on this host") from None
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
@@ -70,79 +81,120 @@ class Executor:
         self.on_output = on_output
         self.grace = grace
         self.first_failure: tuple[int, int] | None = None
-        self._procs: dict[int, trio.Process] = {}
+        self._live: dict[int, trio.Process] = {}  # rank -> process whose leader is not reaped
         self._stopping = trio.Event()
-        self._done = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> dict[int, int]:
+        """Start every rank, then wait for all; returns rank -> exit code."""
         creds = _credentials(self.user)
         codes: dict[int, int] = {}
         try:
-            async with trio.open_nursery() as nursery:
-                for r in self.ranks:
-                    try:
-                        proc = await trio.lowlevel.open_process(
-                            r.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            cwd=r.cwd, env=r.env, start_new_session=True, **creds)
-                    except OSError as exc:
-                        self.cancel()
-                        raise ExecutorError(f"rank {r.rank}: cannot start {r.argv[0]}: {exc.strerror}") from None
-                    self._procs[r.rank] = proc
-                    nursery.start_soon(self._watch, r.rank, proc, codes)
-                nursery.start_soon(self._stopper)
+            for r in self.ranks:
+                self._live[r.rank] = await self._spawn(r, creds)
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._stopper)
                 task_status.started()
-                await self._done.wait()
-                nursery.cancel_scope.cancel()
+                async with trio.open_nursery() as nursery:
+                    for rank, proc in self._live.items():
+                        nursery.start_soon(self._rank, rank, proc, codes)
+                outer.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                await self._kill_all()
+                await self._stop_all()
         return codes
 
     def cancel(self) -> None:
         self._stopping.set()
 
-    async def _watch(self, rank: int, proc: trio.Process, codes: dict[int, int]) -> None:
+    async def _spawn(self, r: RankProc, creds: dict[str, object]) -> trio.Process:
+        try:
+            return await trio.lowlevel.open_process(
+                r.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=r.cwd, env=r.env, start_new_session=True, close_fds=True, **creds)
+        except OSError as exc:
+            raise ExecutorError(f"rank {r.rank} cannot start: {exc.strerror}: {exc.filename or r.argv[0]!r}") from None
+
+    async def _rank(self, rank: int, proc: trio.Process, codes: dict[int, int]) -> None:
         assert proc.stdout is not None
+        async with trio.open_nursery() as nursery:
+            read_all = trio.Event()
+            nursery.start_soon(self._read, rank, proc.stdout, read_all)
+            await _exited(proc.pid)
+            _signal_group(proc, signal.SIGKILL)  # what the rank left behind
+            code = await proc.wait()
+            del self._live[rank]
+            code = 128 - code if code < 0 else code
+            codes[rank] = code
+            if code != 0 and self.first_failure is None and not self._stopping.is_set():
+                self.first_failure = (rank, code)
+                self.cancel()
+            with trio.move_on_after(self.grace):
+                await read_all.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _read(self, rank: int, stream: trio.abc.ReceiveStream, read_all: trio.Event) -> None:
         pending = b""
-        async with proc.stdout:
-            while chunk := await proc.stdout.receive_some(MAX_LINE):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._emit(rank, line)
-                while len(pending) >= MAX_LINE:
-                    self._emit(rank, pending[:MAX_LINE])
-                    pending = pending[MAX_LINE:]
-        if pending:
-            self._emit(rank, pending)
-        code = await proc.wait()
-        code = 128 - code if code < 0 else code
-        if code != 0 and self.first_failure is None and not self._stopping.is_set():
-            self.first_failure = (rank, code)
-            self.cancel()
-        codes[rank] = code
-        if len(codes) == len(self.ranks):
-            self._done.set()
+        try:
+            async with stream:
+                while chunk := await stream.receive_some(MAX_LINE):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        self._emit(rank, line)
+                    while len(pending) >= MAX_LINE:
+                        self._emit(rank, pending[:MAX_LINE])
+                        pending = pending[MAX_LINE:]
+            read_all.set()
+        finally:
+            if pending:
+                self._emit(rank, pending)
 
     def _emit(self, rank: int, line: bytes) -> None:
-        self.on_output(rank, line[:-1] if line.endswith(b"\r") else line)
+        line = line.removesuffix(b"\r")
+        for start in range(0, max(len(line), 1), MAX_LINE):
+            self.on_output(rank, line[start:start + MAX_LINE])
 
     async def _stopper(self) -> None:
         await self._stopping.wait()
-        self._signal(signal.SIGTERM)
+        for proc in self._live.values():
+            _signal_group(proc, signal.SIGTERM)
         await trio.sleep(self.grace)
-        self._signal(signal.SIGKILL)
+        for proc in self._live.values():
+            _signal_group(proc, signal.SIGKILL)
 
-    def _signal(self, sig: signal.Signals) -> None:
-        for proc in self._procs.values():
-            try:
-                os.killpg(proc.pid, sig)  # the rank's session: its whole tree
-            except (ProcessLookupError, PermissionError):
-                pass
+    async def _stop_all(self) -> None:
+        """Nothing outlives `run`: ranks still there get SIGTERM, SIGKILL after `grace`, and
+        are reaped (a no-op when every rank has ended by itself)."""
+        for proc in self._live.values():
+            _signal_group(proc, signal.SIGTERM)
+        with trio.move_on_after(self.grace):
+            for proc in self._live.values():
+                await _exited(proc.pid)
+        for proc in self._live.values():
+            _signal_group(proc, signal.SIGKILL)
+            await proc.wait()
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+        self._live.clear()
 
-    async def _kill_all(self) -> None:
-        """Nothing outlives the executor: the group of every rank is killed and reaped."""
-        self._signal(signal.SIGKILL)
-        for proc in self._procs.values():
-            with trio.move_on_after(5):
-                await proc.wait()
+
+def _signal_group(proc: trio.Process, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the rank's session: its whole tree
+    except ProcessLookupError:
+        pass
+
+
+async def _exited(pid: int) -> None:
+    """Wait until `pid` has exited without reaping it: its zombie keeps the pid, and so its
+    group, from being reused while we may still signal it."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # a kernel before 5.3: a thread blocks in waitid instead
+        await trio.to_thread.run_sync(os.waitid, os.P_PID, pid, os.WEXITED | os.WNOWAIT,
+                                      abandon_on_cancel=True, limiter=trio.CapacityLimiter(1))
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)

@@ -1,11 +1,20 @@
 """The environment a rank starts with: torchrun's contract, so a script that works under
-`torchrun` works unchanged (names and values as torch/distributed/elastic sets them).
+`torchrun` works unchanged. Names and values are those torch 2.x's elastic agent gives its
+workers (torch/distributed/elastic/agent/server/local_elastic_agent.py, `_start_workers`,
+and torch/distributed/run.py), plus NODE_RANK and SWARM_* for swarm-aware scripts.
 
 Rules:
-- The contract wins over the user's `env`: a job that sets RANK would break its own gang.
-- Ranks start from a small clean environment (PATH, LANG, HOME), not the daemon's.
-- GPUs given to a node are split evenly among its ranks (CUDA_VISIBLE_DEVICES); a node
-  with none sets it empty, so a CPU job never grabs a GPU that belongs to another job.
+- The contract wins over the user's `env`, which wins over `base_env`: a job that set RANK
+  would break its own gang, so its value is overridden, not trusted. The knobs torchrun
+  itself takes from its caller's environment (OMP_NUM_THREADS,
+  TORCH_NCCL_ASYNC_ERROR_HANDLING) are the user's to set.
+- `base_env` is a small clean environment (PATH, LANG, HOME of the job user), never the
+  daemon's: the caller builds it.
+- Every rank of a node sees all the GPUs given to that node (CUDA_VISIBLE_DEVICES), as under
+  torchrun, so `torch.cuda.set_device(LOCAL_RANK)` picks its own; a node with none sets it
+  empty, so a CPU job never grabs a GPU that belongs to another job.
+- TORCHELASTIC_USE_AGENT_STORE is "False": no agent hosts a store, rank 0 creates the
+  TCPStore at MASTER_ADDR:MASTER_PORT (torch/distributed/rendezvous.py, env://).
 """
 
 from __future__ import annotations
@@ -34,7 +43,10 @@ def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
              base_env: Mapping[str, str]) -> dict[str, str]:
     world = role.nnodes * role.procs_per_node
     rank = role.node_rank * role.procs_per_node + local_rank
-    env = {**base_env, "OMP_NUM_THREADS": "1", **user_env}
+    defaults = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if role.procs_per_node > 1:
+        defaults["OMP_NUM_THREADS"] = "1"  # torchrun's guard against oversubscribed cores
+    env = {**base_env, **defaults, **user_env}
     env |= {
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(role.procs_per_node), "GROUP_RANK": str(role.node_rank),
@@ -43,8 +55,7 @@ def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
         "MASTER_ADDR": role.master_addr, "MASTER_PORT": str(role.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(role.restart_count), "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": role.job_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "PYTHONUNBUFFERED": "1",
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_share(role.gpus, role.procs_per_node, local_rank))),
+        "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, role.gpus)),
         "SWARM_JOB_ID": role.job_id, "SWARM_NODE_IPS": ",".join(role.node_ips),
         "SWARM_CHECKPOINT_DIR": role.checkpoint_dir,
     }
@@ -53,20 +64,9 @@ def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
     return env
 
 
-def gpu_share(gpus: Sequence[int], procs: int, local_rank: int) -> tuple[int, ...]:
-    """This rank's GPUs: an even split, or every rank sees all when there are fewer GPUs
-    than ranks (they share, as under torchrun with one device)."""
-    if not gpus:
-        return ()
-    if len(gpus) < procs:
-        return tuple(gpus)
-    per = len(gpus) // procs
-    return tuple(gpus[local_rank * per:(local_rank + 1) * per])
-
-
 def resolve_argv(cmd: Sequence[str], python: str | None) -> list[str]:
-    """A leading `python`/`python3` is the interpreter swarmd runs in (it has torch), or the
-    one the job spec names."""
+    """A leading `python`/`python3` is the interpreter the job spec names, else the one
+    swarmd runs in (it has torch)."""
     argv = list(cmd)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = python or sys.executable
