@@ -128,7 +128,7 @@ def _upload(client: Client, workdir: str, err: Any) -> str:
 def _run(client: Client, args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         spec = _spec(args)
         digest = _upload(client, spec["workdir"], err) if spec.get("workdir") else None

@@ -3,7 +3,8 @@
 1. Filter: alive, not excluded, every label matches, enough free GPUs, a free job slot,
    enough free cores and memory.
 2. Too few fit: `NoFit` saying what was asked, which members fit, and for each other member
-   its first reason ("need 3 nodes; 2 alive members fit: …; others: … (no free job slot)").
+   its first reason ("need 3 nodes; 2 alive members fit: …; others: … (no free job slot)");
+   `exclude` may map a host to why it refused a reservation, which is then its reason.
 3. Among those that fit, the set whose largest pairwise RTT is smallest, then the lowest
    total load, then the smallest peer ids. An unknown RTT counts as worse than any known.
    Exact search while the number of sets is at most EXACT_LIMIT; beyond it a greedy: from
@@ -60,7 +61,8 @@ def why_not(spec: JobSpec, c: Candidate, exclude: Collection[str]) -> str | None
     if c.state != "alive":
         return c.state
     if c.peer in exclude:
-        return "refused the last reservation"
+        why = exclude[c.peer] if isinstance(exclude, Mapping) else None
+        return f"refused: {why.removeprefix(short(c.peer) + ': ')}" if why else "refused the last reservation"
     for key, value in sorted(spec.labels.items()):
         if c.labels.get(key) != value:
             have = c.labels.get(key)
@@ -126,7 +128,7 @@ def _explain(spec: JobSpec, ordered: Sequence[Candidate], fit: Sequence[Candidat
     text = f"need {describe(spec)}; "
     if fit:
         names = ", ".join(short(c.peer) for c in fit[:MAX_LISTED])
-        text += f"{len(fit)} alive member{'s' if len(fit) != 1 else ''} fit: {names}"
+        text += f"{len(fit)} alive member{'s fit' if len(fit) != 1 else ' fits'}: {names}"
     else:
         text += "no member fits"
     if others:

@@ -197,3 +197,29 @@ def test_logs_and_states_survive_a_daemon_restart(jl, tmp_path):
     until(lambda: subprocess.run(["pgrep", "-f", "job.py"], capture_output=True).stdout == b"", 20,
           "ranks of the lost job stopped on the other hosts")
     jl.wait_formed()
+
+
+def test_a_host_takes_jobs_only_from_its_allowed_submitters(jl):
+    h2, h3 = jl.state.host("h2"), jl.state.host("h3")
+    config = Path(h2.state_dir).parent / "swarmd.toml"
+
+    def restart_h2(text: str) -> None:
+        config.write_text(text)
+        jl.kill("h2", __import__("signal").SIGTERM)
+        jl.start("h2")
+        jl.wait_formed()
+
+    restart_h2(f'job_submitters = ["{h3.peer_id}"]\n')
+    try:
+        r = swarmctl(jl, "h1", "jobs", "run", "--nodes", "3", "--", "python", "-c", "pass")
+        assert r.returncode == 1 and "refused: this host takes jobs only from its allowed submitters" in r.stderr, \
+            r.stderr
+        assert call(jl, "h2", "status")["gossip"]["rejected"].get("submitter", 0) >= 1
+        for _ in range(3):  # whichever two it tries first, it ends on h1 and h3
+            r = swarmctl(jl, "h1", "jobs", "run", "--nodes", "2", "--", "python", "-c", "pass")
+            assert r.returncode == 0, r.stderr
+            assert h2.peer_id not in call(jl, "h1", "jobs.ls")["jobs"][0]["nodes"]
+        r = swarmctl(jl, "h3", "jobs", "run", "--nodes", "3", "--", "python", "-c", "pass")
+        assert r.returncode == 0, "h3 is allowed: " + r.stderr
+    finally:
+        restart_h2("")

@@ -1,0 +1,70 @@
+"""Jobs on one daemon on loopback (no root needed): the whole path from swarmctl to ranks and
+back, for machines where the netlab tests skip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_until
+from sim.netlab.lab import job_user
+
+ALLREDUCE = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "sum", int(t.item()))
+"""
+
+
+@pytest.fixture
+def node(make_daemon):
+    jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))
+    jobs_dir.chmod(0o711)  # ranks of another user reach their own directory inside
+    args = ["--jobs-dir", str(jobs_dir)] + (["--job-user", job_user()] if os.geteuid() == 0 else [])
+    d = make_daemon(args=args)
+    d.call("swarm.init")
+    wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
+    yield d
+    subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
+
+
+def swarmctl(d, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_two_rank_job_runs_and_its_failures_come_back(node, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(ALLREDUCE)
+    r = swarmctl(node, "jobs", "run", "--procs-per-node", "2", "--workdir", str(work), "--", "python", "job.py")
+    assert r.returncode == 0, r.stderr
+    assert sorted(line for line in r.stdout.splitlines()) == ["[rank 0] rank 0 of 2 sum 3", "[rank 1] rank 1 of 2 sum 3"]
+
+    r = swarmctl(node, "jobs", "run", "--name", "fails", "--", "python", "-c", "import sys; print('bye'); sys.exit(7)")
+    assert r.returncode == 7 and r.stdout == "[rank 0] bye\n" and "rank 0" in r.stderr and "exited with 7" in r.stderr
+
+    listed = node.call("jobs.ls")["jobs"]
+    assert [(j["name"], j["state"], j["exit_code"]) for j in listed] == [("fails", "failed", 7), (None, "succeeded", 0)]
+    r = swarmctl(node, "jobs", "logs", "--rank", "0", listed[0]["id"][:6])
+    assert r.returncode == 0 and r.stdout == "bye\n"
+
+
+def test_waiting_for_capacity_gives_up_with_the_reason(node):
+    r = swarmctl(node, "jobs", "run", "--nodes", "2", "--wait", "2s", "--", "python", "-c", "pass")
+    assert r.returncode == 1 and "need 2 nodes; 1 alive member fits" in r.stderr, r.stderr
+
+
+def test_unknown_jobs_and_bad_flags_are_clear(node):
+    r = swarmctl(node, "jobs", "show", "nosuchjob")
+    assert r.returncode == 1 and "no job 'nosuchjob'" in r.stderr
+    r = swarmctl(node, "jobs", "run", "--env", "NOEQUALS", "--", "true")
+    assert r.returncode == 2 and "--env: expected K=V" in r.stderr
+    r = swarmctl(node, "jobs", "run", "--nodes", "2")
+    assert r.returncode == 2 and "'cmd' is missing" in r.stderr
