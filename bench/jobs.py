@@ -3,7 +3,8 @@
 - A trivial job on 3 hosts: time from `jobs.run` to every rank started (the job `running`)
   and to the job's end, with a workdir new to every host (cold: packed, uploaded, shipped)
   and with the same workdir again (cached: nothing shipped). Median of RUNS each.
-- The demo's training throughput (rank 0's samples/s) on 1 host and on 3 hosts over the mesh.
+- The demo's test accuracy and training throughput (samples/s) on 1 host and on 3 hosts over
+  the mesh: the accuracy should not depend on the number of hosts.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def _run(c: Client, spec: dict, workdir: str | None) -> tuple[float, float, list
     raise RuntimeError("the job stream ended without an end")
 
 
-def _throughput(lines: list[str]) -> float:
-    for line in lines:
+def _accuracy_and_throughput(lines: list[str]) -> tuple[float, float]:
+    for line in lines:  # "test accuracy 0.9600 (432/450); 67607 samples/s over 1 rank(s)"
         if line.startswith("test accuracy"):
-            return float(line.split("; ")[1].split()[0])
-    raise RuntimeError(f"no throughput line in {lines}")
+            return float(line.split()[2]), float(line.split("; ")[1].split()[0])
+    raise RuntimeError(f"no accuracy line in {lines}")
 
 
 def measure() -> dict[str, float]:
@@ -85,7 +86,8 @@ def measure() -> dict[str, float]:
             for nodes in (1, 3):
                 spec = {"cmd": ["python", "ddp_digits.py", "--epochs", "10"], "nodes": nodes}
                 _, _, lines = _run(c, spec, demo)
-                results[f"demo_samples_per_s_{nodes}_hosts"] = _throughput(lines)
+                accuracy, speed = _accuracy_and_throughput(lines)
+                results |= {f"demo_accuracy_{nodes}_hosts": accuracy, f"demo_samples_per_s_{nodes}_hosts": speed}
     finally:
         labmod.down(name)
     return results
