@@ -17,6 +17,7 @@ import os
 import pwd
 import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ class Worker:
         top = self.jobs_dir / req.job
         role = dataclasses.replace(req.role, ifname=self.ifname(), gpus=self.ledger.gpus_of(req.job),
                                    checkpoint_dir=str(top / "checkpoints"))
-        base = _base_env(self.user)
+        base = _base_env(top)
         argv = resolve_argv(req.cmd, req.python)
         pending: list[list[Any]] = []
         wake = trio.Event()
@@ -207,6 +208,9 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
-def _base_env(user: str | None) -> dict[str, str]:
-    home = pwd.getpwnam(user).pw_dir if user and os.geteuid() == 0 else os.environ.get("HOME", "/")
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": home}
+def _base_env(home: Path) -> dict[str, str]:
+    """A clean start: the interpreter's own bin first on PATH (a rank that runs `python` in a
+    subprocess gets swarmd's, with torch), and HOME in the job's own directory (the job user's
+    may not exist, `nobody`'s is /nonexistent, and torch keeps caches there)."""
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    return {"PATH": path, "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(home)}
