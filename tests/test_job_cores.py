@@ -113,6 +113,12 @@ def test_the_first_failing_rank_decides_and_the_others_are_stopped():
     assert run.reason == "rank 2 on c exited with 3"
 
 
+def test_the_rank_a_node_saw_fail_first_is_the_cause_not_the_lowest():
+    run = running(("a",))
+    run.node_exited("a", {0: 143, 1: 3}, first=(1, 3))  # rank 0 was stopped because rank 1 failed
+    assert (run.state, run.exit_code, run.reason) == ("failed", 3, "rank 1 on a exited with 3")
+
+
 def test_a_lost_node_fails_the_job_with_the_reason():
     run = running()
     run.node_lost("b", "stream closed")

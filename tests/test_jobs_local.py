@@ -19,6 +19,7 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
 print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "sum", int(t.item()))
+dist.destroy_process_group()  # without it, gloo may abort the process at exit (SIGABRT, 134)
 """
 
 
@@ -68,3 +69,9 @@ def test_unknown_jobs_and_bad_flags_are_clear(node):
     assert r.returncode == 2 and "--env: expected K=V" in r.stderr
     r = swarmctl(node, "jobs", "run", "--nodes", "2")
     assert r.returncode == 2 and "'cmd' is missing" in r.stderr
+
+
+def test_a_rank_that_cannot_start_fails_the_job_saying_why(node):
+    r = swarmctl(node, "jobs", "run", "--python", "/nonexistent/python", "--", "python", "-c", "pass")
+    assert r.returncode == 1 and "cannot start" in r.stderr and "/nonexistent/python" in r.stderr, r.stderr
+    assert node.call("status")["jobs"]["slots_free"] == node.call("status")["jobs"]["slots"], "the slot came back"

@@ -319,7 +319,8 @@ class Jobs:
             codes = {int(r): int(c) for r, c in event["exit"]}
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
-            run.node_exited(peer, codes)
+            first = event.get("first")
+            run.node_exited(peer, codes, first=(int(first[0]), int(first[1])) if first else None)
         self._save(job, live)
 
     def _save(self, job: str, live: _Live) -> None:

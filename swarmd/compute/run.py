@@ -53,12 +53,13 @@ class Run:
         if self.state == "starting" and all(s == "running" for s in self.node_state.values()):
             self.state = "running"
 
-    def node_exited(self, node: str, codes: dict[int, int]) -> None:
+    def node_exited(self, node: str, codes: dict[int, int], first: tuple[int, int] | None = None) -> None:
+        """`first`: the rank the node saw fail first (its other ranks were stopped because of it)."""
         if self.node_state.get(node) in ("exited", "lost"):
             return
         self.node_state[node] = "exited"
         self.exit_codes.update(codes)
-        failed = sorted((r, c) for r, c in codes.items() if c != 0)
+        failed = [first] if first else sorted((r, c) for r, c in codes.items() if c != 0)
         if failed and not self.stop_others:  # the first cause only: later exits are its echo
             self.failure = failed[0]
             rank, code = failed[0]

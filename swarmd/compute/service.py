@@ -27,17 +27,19 @@ from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 from ..gossip.streams import MAX_SYNC_FRAME, PeerError, close_quietly, read_frame, write_frame
-from .executor import free_port
+from ..rpc.framing import FrameTooLarge
+from .executor import ExecutorError, free_port
 from .ledger import Grant, Refusal
 from .torchenv import NodeRole
 from .worker import StartRequest, Worker, WorkerError
-from .workdir import DEFAULT_LIMIT
+from .workdir import DEFAULT_LIMIT, WorkdirError
 
 log = structlog.get_logger("swarmd.jobs")
 
 JOB_PROTOCOL = "/swarmd/job/1.0.0"
 CHUNK = 1024 * 1024
 REQUEST_TIMEOUT = 10.0
+MAX_LEASE = 300.0
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -68,15 +70,19 @@ class JobHandler:
                 await write_frame(stream, {"error": "this host takes jobs only from its allowed submitters"})
                 return
             op, job = req.get("op"), req.get("job")
-            if not isinstance(job, str) or not 1 <= len(job) <= 64:
-                await write_frame(stream, {"error": "'job' must be a job id"})
-                return
             try:
+                if not isinstance(job, str) or not 1 <= len(job) <= 64:
+                    raise ValueError("'job' must be a job id")
                 await write_frame(stream, await self._op(op, job, coordinator, req, stream))
-            except (WorkerError, ValueError, TypeError, KeyError) as exc:
+            except (ValueError, TypeError, KeyError) as exc:  # a malformed request
+                self.rejected("malformed", coordinator, f"job request {op!r}: {exc}")
                 await write_frame(stream, {"error": f"{op}: {exc}"})
+            except (WorkerError, WorkdirError, ExecutorError) as exc:  # well-formed, and this host cannot
+                await write_frame(stream, {"error": f"{op}: {exc}"})
+        except FrameTooLarge as exc:
+            self.rejected("too_large", str(peer), f"job request: {exc}")
         except PeerError as exc:
-            log.info("job request ended", peer=str(peer), error=str(exc))
+            self.rejected("malformed", str(peer), f"job request: {exc}")
         finally:
             await close_quietly(stream)
 
@@ -84,7 +90,7 @@ class JobHandler:
         w = self.worker
         match op:
             case "reserve":
-                return _answer(w.reserve(job, coordinator, _uint(req, "gpus"), float(req.get("lease", 30.0))))
+                return _answer(w.reserve(job, coordinator, _uint(req, "gpus"), _lease(req.get("lease"))))
             case "commit":
                 return _answer(w.commit(job, coordinator), port=bool(req.get("port")))
             case "release":
@@ -134,6 +140,12 @@ def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
     if port:
         reply["port"] = free_port()
     return reply
+
+
+def _lease(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= MAX_LEASE:
+        raise ValueError(f"'lease' must be 1-{MAX_LEASE:g} seconds")
+    return float(v)
 
 
 def _uint(req: dict[str, Any], name: str) -> int:
@@ -197,7 +209,7 @@ class LocalHost:
     async def start(self, req: StartRequest, emit: Emit) -> None:
         try:
             await self.worker.start(req, emit)
-        except WorkerError as exc:
+        except (WorkerError, WorkdirError, ExecutorError) as exc:
             raise HostError(f"{short(self.peer)}: {exc}") from None
 
     async def cancel(self, job: str) -> None:

@@ -5,20 +5,22 @@ job protocol (service.py), so a job placed on the coordinator's own host takes t
 path as one placed elsewhere. Rules:
 - Reservations and commits go through the sans-IO `Ledger`; lapsed leases are swept.
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
-  and last ``{"exit": [[rank, code]…]}``. Whoever drives it going away cancels the ranks.
+  and last ``{"exit": [[rank, code]…], "first": [rank, code] | None}`` (the rank that failed
+  first: the others' codes may be the stop it caused). Whoever drives it going away cancels the ranks.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
   workdir dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pwd
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,7 @@ class Worker:
             executor = Executor(req.job, ranks, user=self.user, on_output=on_output)
             self.running[req.job] = executor
             self.changed()
-            async with trio.open_nursery() as nursery:
+            async with _unwrapped(), trio.open_nursery() as nursery:
                 async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     codes.update(await executor.run(task_status=task_status))
                     wake.set()
@@ -146,7 +148,8 @@ class Worker:
                             batch.append(item := pending.pop(0))
                             size += len(item[1])
                         await emit({"out": batch})
-            await emit({"exit": sorted(codes.items())})
+            first = executor.first_failure
+            await emit({"exit": sorted(codes.items()), "first": list(first) if first else None})
             return codes
         finally:
             if executor is not None:
@@ -178,6 +181,24 @@ class Worker:
             entry = pwd.getpwnam(self.user)
             _chown_tree(top, entry.pw_uid, entry.pw_gid)
         return work
+
+
+@contextlib.asynccontextmanager
+async def _unwrapped() -> AsyncIterator[None]:
+    """A nursery's lone error as itself (an ExecutorError, the coordinator's stream breaking),
+    so callers handle it by its type rather than as an ExceptionGroup."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        yield from _leaves(exc) if isinstance(exc, BaseExceptionGroup) else (exc,)
 
 
 def stop_orphans(jobs_dir: Path) -> list[int]:
