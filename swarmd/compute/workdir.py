@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_LIMIT = 64 * 1024 * 1024
+# tarfile's own guard as well as ours, where this Python has it (3.11.4+; Debian's 3.11.2 not)
+SAFE = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
 class WorkdirError(Exception):
@@ -139,7 +141,7 @@ class Cache:
                         raise WorkdirError(f"the workdir holds {m.name!r}: only plain files and "
                                            "directories inside the tree are accepted")
                     m.mode = 0o755 if m.isdir() or m.mode & 0o100 else 0o644
-                tar.extractall(tmp, members=members, filter="data")
+                tar.extractall(tmp, members=members, **SAFE)
             for d, _, _ in os.walk(tmp):
                 os.chmod(d, 0o755)
             try:
