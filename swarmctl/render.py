@@ -57,7 +57,17 @@ def status(s: Mapping[str, Any]) -> None:
         ("log level", s.get("log_level")),
         *swarm_rows(s),
         *mesh_rows(s.get("mesh")),
+        *job_rows(s.get("jobs")),
     ])
+
+
+def job_rows(j: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    if not j:
+        return []
+    gpus = f", GPUs free {','.join(map(str, j['gpus_free']))}" if j["gpus_free"] else ""
+    return [("jobs here", f"{j['slots'] - j['slots_free']} of {j['slots']} slots used, {j['ranks_here']} ranks"
+                          f"{gpus}; ranks run as {j['user'] or 'this user'}"),
+            ("coordinating", j["coordinating"] or "-")]
 
 
 def mesh_rows(m: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
