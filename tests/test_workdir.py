@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
 import stat
 import tarfile
+import threading
 
 import pytest
 
@@ -26,11 +28,25 @@ def names(packed):
         return sorted(m.name for m in tar.getmembers() if m.isfile())
 
 
-def test_the_same_tree_packs_to_the_same_digest_whatever_the_times(tmp_path):
-    a = tree(tmp_path / "a", {"train.py": "print(1)\n", "lib/util.py": "x = 1\n"})
-    first = pack(a)
-    os.utime(a / "train.py", (1, 1))
-    assert pack(a).digest == first.digest and first.files == 2
+def mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def put_tree(cache, root, files):
+    packed = pack(tree(root, files))
+    return packed.digest, cache.put(packed.digest, packed.data)
+
+
+def test_the_same_tree_packs_to_the_same_digest_whatever_the_times_and_place(tmp_path):
+    files = {"train.py": "print(1)\n", "lib/util.py": "x = 1\n"}
+    first = pack(tree(tmp_path / "a", files))
+    os.utime(tmp_path / "a" / "train.py", (1, 1))
+    os.utime(tmp_path / "a" / "lib", (2, 2))
+    assert pack(tmp_path / "a").digest == first.digest
+    assert pack(tree(tmp_path / "elsewhere", dict(reversed(files.items())))).digest == first.digest
+    assert (first.files, first.size) == (2, len("print(1)\n") + len("x = 1\n"))
+    (tmp_path / "a" / "train.py").chmod(0o755)
+    assert pack(tmp_path / "a").digest != first.digest, "the executable bit is part of the tree"
 
 
 def test_gitignore_rules_root_nested_and_negated(tmp_path):
@@ -39,67 +55,199 @@ def test_gitignore_rules_root_nested_and_negated(tmp_path):
         "data/big.bin": "", "sub/.gitignore": "local.txt\n", "sub/local.txt": "", "sub/code.py": "",
         ".git/HEAD": "ref"})
     (root / "link.py").symlink_to(root / "train.py")
+    (root / "linkdir").symlink_to(root / "sub")
     assert names(pack(root)) == [".gitignore", "keep.ckpt", "sub/.gitignore", "sub/code.py", "train.py"]
+
+
+def test_a_nested_gitignore_rules_its_own_subtree_only_and_overrides_the_root(tmp_path):
+    root = tree(tmp_path / "w", {
+        ".gitignore": "*.log\n", "a/.gitignore": "out.txt\n!keep.log\n/top.txt\n", "a/out.txt": "", "a/keep.log": "",
+        "a/top.txt": "", "a/deeper/top.txt": "", "a/deeper/x.log": "", "b/out.txt": "", "b/keep.log": ""})
+    assert names(pack(root)) == [".gitignore", "a/.gitignore", "a/deeper/top.txt", "a/keep.log", "b/out.txt"]
 
 
 def test_too_large_a_workdir_is_refused_saying_what_to_do(tmp_path):
     root = tmp_path / "w"
     root.mkdir()
     (root / "blob").write_bytes(os.urandom(2 * 1024 * 1024))
-    with pytest.raises(WorkdirError, match=r"larger than 1 MiB packed; add what the job does not need to .gitignore"):
+    with pytest.raises(WorkdirError, match=rf"workdir {root} is larger than 1 MiB packed; "
+                                           r"add what the job does not need to .gitignore"):
         pack(root, limit=1024 * 1024)
-    with pytest.raises(WorkdirError, match="no such directory"):
+    (root / ".gitignore").write_text("blob\n")
+    assert pack(root, limit=1024 * 1024).files == 1
+
+
+def test_a_missing_or_plain_file_root_is_named(tmp_path):
+    with pytest.raises(WorkdirError, match=f"workdir {tmp_path / 'missing'}: no such directory"):
         pack(tmp_path / "missing")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(WorkdirError, match=f"workdir {tmp_path / 'f'}: not a directory"):
+        pack(tmp_path / "f")
 
 
 def test_the_cache_unpacks_once_read_only_for_others(tmp_path):
-    packed = pack(tree(tmp_path / "w", {"run.sh": "echo hi\n", "d/x.txt": "x"}))
-    (tmp_path / "w" / "run.sh").chmod(0o755)
+    tree(tmp_path / "w", {"run.sh": "echo hi\n", "d/x.txt": "x"})
+    (tmp_path / "w" / "run.sh").chmod(0o700)
+    (tmp_path / "w" / "d" / "x.txt").chmod(0o600)
     packed = pack(tmp_path / "w")
     cache = Cache(tmp_path / "cache")
+    assert not cache.has(packed.digest)
     path = cache.put(packed.digest, packed.data)
-    assert cache.has(packed.digest) and (path / "d" / "x.txt").read_text() == "x"
-    assert stat.S_IMODE((path / "run.sh").stat().st_mode) == 0o755
-    assert stat.S_IMODE((path / "d" / "x.txt").stat().st_mode) == 0o644
-    assert stat.S_IMODE((path / "d").stat().st_mode) == 0o755
+    assert cache.has(packed.digest) and cache.path(packed.digest) == path
+    assert (path / "d" / "x.txt").read_text() == "x" and (path / "run.sh").read_text() == "echo hi\n"
+    assert [mode(path / "run.sh"), mode(path / "d" / "x.txt"), mode(path / "d"), mode(path)] == [0o755, 0o644,
+                                                                                               0o755, 0o755]
+    assert mode(tmp_path / "cache") == 0o700, "the cache itself is the daemon's"
     assert cache.put(packed.digest, packed.data) == path, "a second put is harmless"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [packed.digest]
 
 
-def evil(members):
+def archive(members):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for info, data in members:
+            info.size = len(data or b"")
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("name, kind", [("../escape.txt", tarfile.REGTYPE), ("/etc/passwd", tarfile.REGTYPE),
-                                        ("link", tarfile.SYMTYPE), ("dev", tarfile.CHRTYPE)])
-def test_the_cache_refuses_archives_that_reach_outside(tmp_path, name, kind):
+def member(name, kind=tarfile.REGTYPE, **attrs):
     info = tarfile.TarInfo(name)
     info.type = kind
-    info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else ""
-    data = evil([(info, b"" if kind == tarfile.REGTYPE else None)])
-    with pytest.raises(WorkdirError, match="only plain files and directories"):
-        Cache(tmp_path / "cache").put(hashlib.sha256(data).hexdigest(), data)
+    for k, v in attrs.items():
+        setattr(info, k, v)
+    return info
+
+
+def put(cache, data):
+    return cache.put(hashlib.sha256(data).hexdigest(), data)
+
+
+@pytest.mark.parametrize("info", [
+    member("../escape.txt"), member("/etc/passwd"), member("a/../../escape.txt"),
+    member("link", tarfile.SYMTYPE, linkname="/etc/passwd"), member("hard", tarfile.LNKTYPE, linkname="x"),
+    member("dev", tarfile.CHRTYPE), member("fifo", tarfile.FIFOTYPE)], ids=lambda m: m.name)
+def test_the_cache_refuses_archives_that_reach_outside(tmp_path, info):
+    cache = Cache(tmp_path / "cache")
+    data = archive([(member("fine.txt"), b"ok"), (info, b"" if info.isfile() else None)])
+    with pytest.raises(WorkdirError, match=f"the workdir holds '{info.name}': only plain files and directories"):
+        put(cache, data)
     assert not (tmp_path / "escape.txt").exists()
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [], "nothing half-unpacked is left"
+    assert list((tmp_path / "cache").iterdir()) == [], "nothing half-unpacked is left"
 
 
-def test_the_cache_refuses_a_digest_mismatch(tmp_path):
+def test_the_cache_refuses_a_digest_mismatch_and_a_broken_archive(tmp_path):
+    cache = Cache(tmp_path / "cache")
     packed = pack(tree(tmp_path / "w", {"a": "1"}))
     with pytest.raises(WorkdirError, match="does not match its digest"):
-        Cache(tmp_path / "cache").put("0" * 64, packed.data)
+        cache.put("0" * 64, packed.data)
+    tampered = bytearray(packed.data)
+    tampered[len(tampered) // 2] ^= 0xFF
+    with pytest.raises(WorkdirError, match="does not match its digest"):
+        cache.put(packed.digest, bytes(tampered))
+    for junk in (bytes(tampered), packed.data[:len(packed.data) // 2], b"not an archive"):
+        with pytest.raises(WorkdirError, match="the workdir archive is unreadable"):
+            put(cache, junk)
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
-def test_least_recently_used_trees_are_evicted(tmp_path):
+def test_the_cache_refuses_a_gzip_bomb(tmp_path):
+    cache = Cache(tmp_path / "cache", unpacked_limit=1024 * 1024)
+    data = archive([(member("zeros"), bytes(2 * 1024 * 1024))])
+    assert len(data) < 10_000
+    with pytest.raises(WorkdirError, match="unpacks to more than 1 MiB"):
+        put(cache, data)
+    many = archive([(member(f"f{i}"), b"") for i in range(3000)])
+    with pytest.raises(WorkdirError, match="unpacks to more than 1 MiB"):
+        put(cache, many)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_the_cache_takes_neither_modes_nor_owners_from_a_peer(tmp_path):
+    cache = Cache(tmp_path / "cache")
+    data = archive([(member("d", tarfile.DIRTYPE, mode=0o777), None),
+                    (member("d/setuid", mode=0o4777, uid=4242, gid=4242, uname="evil", gname="evil"), b"x"),
+                    (member("d/writable", mode=0o666, uid=4242), b"y")])
+    path = put(cache, data)
+    assert [mode(path / "d"), mode(path / "d" / "setuid"), mode(path / "d" / "writable")] == [0o755, 0o755, 0o644]
+    assert {(path / "d" / n).stat().st_uid for n in ("setuid", "writable")} == {os.geteuid()}
+
+
+@pytest.mark.parametrize("digest", ["..", "/etc", ".", "", "A" * 64, "../" + "0" * 61, "0" * 63])
+def test_only_a_sha256_digest_names_a_tree(tmp_path, digest):
+    cache = Cache(tmp_path / "workdirs")
+    assert not cache.has(digest), "a peer cannot point the cache at the state directory or /etc"
+    with pytest.raises(WorkdirError, match="is not a workdir digest"):
+        cache.path(digest)
+    with pytest.raises(WorkdirError, match="is not a workdir digest"):
+        with cache.hold(digest):
+            pass
+    with pytest.raises(WorkdirError, match="is not a workdir digest"):
+        cache.put(digest, b"")
+
+
+def test_concurrent_puts_of_one_digest_leave_one_whole_tree(tmp_path):
+    packed = pack(tree(tmp_path / "w", {f"f{i}": str(i) * 1000 for i in range(50)}))
+    cache = Cache(tmp_path / "cache")
+    paths, errors, go = [], [], threading.Barrier(4)
+
+    def one():
+        go.wait()
+        try:
+            paths.append(cache.put(packed.digest, packed.data))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(set(paths)) == 1
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [packed.digest]
+    assert len(list(paths[0].iterdir())) == 50
+
+
+def test_least_recently_used_trees_are_evicted_unless_held(tmp_path):
     cache = Cache(tmp_path / "cache", keep=2)
     digests = []
     for i in range(3):
-        packed = pack(tree(tmp_path / f"w{i}", {"f": str(i)}))
-        cache.put(packed.digest, packed.data)
-        os.utime(cache.path(packed.digest), (i + 1, i + 1))
-        digests.append(packed.digest)
-    packed = pack(tree(tmp_path / "w3", {"f": "3"}))
-    cache.put(packed.digest, packed.data)
-    assert [cache.has(d) for d in digests] == [False, False, True] and cache.has(packed.digest)
+        digest, path = put_tree(cache, tmp_path / f"w{i}", {"f": str(i)})
+        os.utime(path, (i + 1, i + 1))
+        digests.append(digest)
+    newest, _ = put_tree(cache, tmp_path / "w3", {"f": "3"})
+    assert [cache.has(d) for d in digests] == [False, False, True] and cache.has(newest)
+
+    kept = digests[2]
+    os.utime(cache.path(kept), (1, 1))
+    os.utime(cache.path(newest), (2, 2))
+    assert cache.has(kept), "asking counts as use"
+    put_tree(cache, tmp_path / "w4", {"f": "4"})
+    assert cache.has(kept) and not cache.has(newest)
+
+    with cache.hold(kept) as path:
+        os.utime(path, (1, 1))
+        for i in (5, 6):
+            put_tree(cache, tmp_path / f"w{i}", {"f": str(i)})
+        assert (path / "f").read_text() == "2", "a held tree stays while a job copies it"
+    put_tree(cache, tmp_path / "w7", {"f": "7"})
+    assert not cache.has(kept), "and goes once let go"
+
+
+def test_holding_a_tree_that_is_not_there_says_so(tmp_path):
+    with pytest.raises(WorkdirError, match=f"workdir {'a' * 12} is not in the cache"):
+        with Cache(tmp_path / "cache").hold("a" * 64):
+            pass
+
+
+def test_half_unpacked_leftovers_of_a_killed_daemon_are_cleared(tmp_path):
+    cache = Cache(tmp_path / "cache")
+    digest, _ = put_tree(cache, tmp_path / "w", {"f": "1"})
+    (tmp_path / "cache" / ".unpack-abc" / "d").mkdir(parents=True)
+    again = Cache(tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [digest] and again.has(digest)
+
+
+def test_an_archive_that_is_gzip_but_not_tar_is_unreadable(tmp_path):
+    with pytest.raises(WorkdirError, match="the workdir archive is unreadable"):
+        put(Cache(tmp_path / "cache"), gzip.compress(b"x" * 1000, mtime=0))

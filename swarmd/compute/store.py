@@ -3,11 +3,18 @@
 Rules:
 - STATE_DIR/jobs.sqlite3 (WAL; every change committed at once) holds jobs and ranks;
   STATE_DIR/jobs/<id>/output.log holds the ranks' output in arrival order, one
-  ``rank<TAB>line`` per line, so a reader follows it with a byte offset as its cursor.
-- A job in a terminal state never leaves it.
+  ``rank<TAB>line`` record per line (a line longer than 64 KiB is cut into records of that
+  size), so a reader follows it with a byte offset as its cursor and sees only whole
+  records. Each append is one write, so a killed daemon loses nothing it had appended, and
+  the database stays consistent; a torn record after a power loss is skipped by readers.
+- Files are 0600 and directories 0700: they are the daemon's.
+- A job in a terminal state never leaves it; after that only fields still unset may be
+  filled in. States are those of `run.STATES`; any other is a ValueError.
 - `recover` at start marks every job that was still going as failed, with the reason: the
   process that drove it is gone.
-- Ids are 12 lowercase characters, time-ordered, and can be given by a unique prefix.
+- Ids are 12 lowercase characters (Crockford base32 of 42 bits of milliseconds, good until
+  2109, and 18 random bits), time-ordered, strictly increasing within a store, and can be
+  given by a unique prefix of at least 4 characters.
 """
 
 from __future__ import annotations
@@ -21,8 +28,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+from .run import STATES, TERMINAL
+
 MIN_PREFIX = 4
+MAX_RECORD = 64 * 1024
+_READ = 4 * 1024 * 1024  # at most this much output per read_log: a follower comes back for more
+_RANDOM_BITS = 18
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford's base32: no i, l, o, u
 
 _SCHEMA = """
@@ -71,10 +82,11 @@ class JobStore:
         self.dir = state_dir / "jobs"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = state_dir / "jobs.sqlite3"
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # SQLite gives its -wal and -shm the same mode
         os.chmod(path, 0o600)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: consistent after any crash, durable past a killed process
         self.db.executescript(_SCHEMA)
         self._last = 0  # ids only grow: two jobs in one millisecond still differ
 
@@ -82,7 +94,7 @@ class JobStore:
         self.db.close()
 
     def new_id(self) -> str:
-        n = max((int(time.time() * 1000) << 19) | secrets.randbits(19), self._last + 1)
+        n = max((int(time.time() * 1000) << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS), self._last + 1)
         self._last = n
         out = ""
         for _ in range(12):
@@ -91,22 +103,25 @@ class JobStore:
         return out
 
     def add(self, job: JobRow) -> None:
-        values = [json.dumps(v) if k in ("spec", "nodes") else v for k, v in zip(_COLUMNS, _values(job))]
+        _check_state(job.state)
+        values = [_encode(k, getattr(job, k)) for k in _COLUMNS]
         self.db.execute(f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values)
 
     def update(self, job_id: str, **changes: Any) -> JobRow:
-        unknown = set(changes) - set(_COLUMNS) - {"id"}
-        if unknown or "id" in changes:
-            raise TypeError(f"cannot update {sorted(unknown | ({'id'} & set(changes)))}")
+        unknown = set(changes) - (set(_COLUMNS) - {"id"})
+        if unknown:
+            raise TypeError(f"JobStore.update: cannot set {', '.join(sorted(unknown))}")
+        if "state" in changes:
+            _check_state(changes["state"])
         row = self.get(job_id)
         if row is None:
             raise KeyError(job_id)
         if row.state in TERMINAL:
-            changes.pop("state", None)
-            changes = {k: v for k, v in changes.items() if getattr(row, k) is None} if changes else {}
+            changes = {k: v for k, v in changes.items() if getattr(row, k) is None}
+        changes = {k: v for k, v in changes.items() if getattr(row, k) != v}
         if changes:
             sets = ", ".join(f"{k} = ?" for k in changes)
-            values = [json.dumps(v) if k in ("spec", "nodes") else v for k, v in changes.items()]
+            values = [_encode(k, v) for k, v in changes.items()]
             self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*values, row.id])
             for k, v in changes.items():
                 setattr(row, k, v)
@@ -115,7 +130,7 @@ class JobStore:
     def get(self, job_id: str) -> JobRow | None:
         """By id or by a unique prefix of at least 4 characters; ValueError if ambiguous."""
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None and len(job_id) >= MIN_PREFIX and job_id.isalnum():
+        if row is None and len(job_id) >= MIN_PREFIX and job_id.isascii() and job_id.isalnum():
             rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id LIKE ? LIMIT 2",
                                    (job_id.lower() + "%",)).fetchall()
             if len(rows) > 1:
@@ -138,13 +153,19 @@ class JobStore:
         return [RankRow(job_id=r[0], rank=r[1], node=r[2], state=r[3], exit_code=r[4]) for r in rows]
 
     def recover(self, reason: str) -> list[str]:
-        placeholders = ", ".join("?" * len(TERMINAL))
-        lost = [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE state NOT IN ({placeholders})",
-                                              tuple(TERMINAL))]
-        for job_id in lost:
-            self.db.execute("UPDATE jobs SET state = 'failed', reason = ?, ended = ? WHERE id = ?",
-                            (reason, time.time(), job_id))
-            self.db.execute("UPDATE ranks SET state = 'lost' WHERE job_id = ? AND exit_code IS NULL", (job_id,))
+        going = f"state NOT IN ({', '.join('?' * len(TERMINAL))})"
+        terminal = tuple(TERMINAL)
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            lost = [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE {going} ORDER BY id", terminal)]
+            self.db.execute(f"UPDATE ranks SET state = 'lost' WHERE exit_code IS NULL "
+                            f"AND job_id IN (SELECT id FROM jobs WHERE {going})", terminal)
+            self.db.execute(f"UPDATE jobs SET state = 'failed', reason = ?, ended = COALESCE(ended, ?) WHERE {going}",
+                            (reason, time.time(), *terminal))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
         return lost
 
     # --- output -------------------------------------------------------------------------
@@ -153,32 +174,44 @@ class JobStore:
         return self.dir / job_id / "output.log"
 
     def append_log(self, job_id: str, rank: int, data: bytes) -> None:
+        """`data` is a line (or several, split at newlines) of one rank's output."""
         path = self._log(job_id)
-        if not path.parent.exists():
-            path.parent.mkdir(mode=0o700)
-        with open(path, "ab") as f:
-            f.write(b"%d\t%s\n" % (rank, data.replace(b"\n", b" ")))
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        records = b"".join(b"%d\t%s\n" % (rank, line[i:i + MAX_RECORD])
+                           for line in data.split(b"\n") for i in range(0, max(len(line), 1), MAX_RECORD))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, records)
+        finally:
+            os.close(fd)
 
     def read_log(self, job_id: str, rank: int | None = None, offset: int = 0) -> tuple[list[tuple[int, str]], int]:
-        """Whole lines from byte `offset` on, of one rank or all, and the offset to go on from."""
+        """Whole records from byte `offset` on, of one rank or all, as (rank, line) in arrival
+        order, and the offset to go on from (the same when there is nothing new)."""
         try:
             with open(self._log(job_id), "rb") as f:
                 f.seek(offset)
-                data = f.read(4 * 1024 * 1024)
+                data = f.read(_READ)
         except FileNotFoundError:
             return [], offset
         end = data.rfind(b"\n") + 1
         out = []
-        for line in data[:end].splitlines():
-            head, _, text = line.partition(b"\t")
-            r = int(head)
-            if rank is None or r == rank:
-                out.append((r, text.decode("utf-8", "replace")))
+        for record in data[:end].splitlines():
+            head, tab, text = record.partition(b"\t")
+            if not (tab and head.isdigit()):
+                continue  # torn by a power loss
+            if rank is None or int(head) == rank:
+                out.append((int(head), text.decode("utf-8", "replace")))
         return out, offset + end
 
 
-def _values(job: JobRow) -> list[Any]:
-    return [getattr(job, k) for k in _COLUMNS]
+def _check_state(state: Any) -> None:
+    if state not in STATES:
+        raise ValueError(f"unknown job state {state!r}; expected one of {', '.join(STATES)}")
+
+
+def _encode(column: str, value: Any) -> Any:
+    return json.dumps(value) if column in ("spec", "nodes") else value
 
 
 def _row(r: tuple[Any, ...]) -> JobRow:

@@ -4,14 +4,24 @@ Rules:
 - `pack` is deterministic (sorted names, mtime 0, owner 0, gzip without a timestamp), so
   the same tree gives the same sha256 digest and a host that has it is sent nothing.
 - It honours `.gitignore` files (the root's and nested ones, git's wildmatch rules), always
-  leaves out `.git/`, keeps regular files and directories (symlinks are left out: they
-  would point outside the tree on another host), and stops as soon as the archive passes
+  leaves out `.git/`, keeps regular files and directories (symlinks, inside the tree or
+  not, are left out: one that points outside would not exist on another host, and one that
+  points inside duplicates what is packed anyway), and stops as soon as the archive passes
   the limit, saying so.
-- `Cache.put` trusts nothing: the archive must match its digest, and names that are
-  absolute, climb out with `..`, or are links or devices are refused. It unpacks beside the
-  cache and renames into place, so a tree is whole or absent. Trees are readable, not
-  writable, by everyone (ranks run as another user and copy them). The least recently used
-  trees beyond `keep` are removed.
+- `Cache.put` trusts nothing: the archive must match its digest, its names must stay inside
+  the tree as plain files and directories (no absolute names, `..`, links or devices), and
+  it may not unpack to more than `unpacked_limit` bytes. It unpacks beside the cache and
+  renames into place, so a tree is whole or absent, and a second put of the same digest,
+  even a concurrent one, changes nothing.
+- Digests given to `has`, `path` and `hold` come from peers too: only 64 lowercase hex
+  digits name a tree.
+- Trees are the daemon's own (the cache directory is 0700, owned by whoever unpacked them)
+  and are copied out for each job; their modes (directories 0755, files 0644 or 0755 for
+  the executable ones) are readable, not writable, by the unprivileged user a copy is
+  handed to.
+- The least recently used trees beyond `keep` are removed after each put; `has`, `hold` and
+  `put` count as use, and a tree inside a `hold` block is never removed.
+- One Cache per directory: it clears half-unpacked leftovers of a killed daemon at start.
 """
 
 from __future__ import annotations
@@ -20,15 +30,26 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import shutil
 import tarfile
 import tempfile
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_LIMIT = 64 * 1024 * 1024
+# Source and configs compress 4-10x: 16x the packed limit leaves room for honest trees and
+# none for a gzip bomb (zeros compress about 1000x).
+UNPACKED_LIMIT = 16 * DEFAULT_LIMIT
 # tarfile's own guard as well as ours, where this Python has it (3.11.4+; Debian's 3.11.2 not)
 SAFE = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_UNPACKING = ".unpack-"
 
 
 class WorkdirError(Exception):
@@ -43,6 +64,10 @@ class Packed:
     size: int
 
 
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
+
+
 class _Capped(io.BytesIO):
     def __init__(self, limit: int, root: Path) -> None:
         super().__init__()
@@ -50,7 +75,7 @@ class _Capped(io.BytesIO):
 
     def write(self, b) -> int:  # type: ignore[override]
         if self.tell() + len(b) > self.limit:
-            raise WorkdirError(f"workdir {self.root} is larger than {self.limit // 2**20} MiB packed; "
+            raise WorkdirError(f"workdir {self.root} is larger than {_size(self.limit)} packed; "
                                "add what the job does not need to .gitignore")
         return super().write(b)
 
@@ -94,72 +119,122 @@ def pack(root: Path, limit: int = DEFAULT_LIMIT) -> Packed:
         raise WorkdirError(f"workdir {root}: {'not a directory' if root.exists() else 'no such directory'}")
     buf = _Capped(limit, root)
     files = size = 0
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w",
-                                                                            format=tarfile.PAX_FORMAT) as tar:
-        for path in _files(root):
-            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            info.mode = 0o755 if path.is_dir() or info.mode & 0o100 else 0o644
-            if path.is_dir():
-                tar.addfile(info)
-            else:
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-                files += 1
-                size += info.size
+    try:
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in _files(root):
+                info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                info.mode = 0o755 if path.is_dir() or info.mode & 0o100 else 0o644
+                if path.is_dir():
+                    tar.addfile(info)
+                else:
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                    files += 1
+                    size += info.size
+    except OSError as exc:
+        raise WorkdirError(f"workdir {root}: cannot read it: {exc}") from None
     data = buf.getvalue()
     return Packed(digest=hashlib.sha256(data).hexdigest(), data=data, files=files, size=size)
 
 
 class Cache:
-    def __init__(self, root: Path, *, keep: int = 16) -> None:
+    def __init__(self, root: Path, *, keep: int = 16, unpacked_limit: int = UNPACKED_LIMIT) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
         self.root = root
         self.keep = keep
-        root.mkdir(parents=True, exist_ok=True)
-        root.chmod(0o711)
+        self.unpacked_limit = unpacked_limit
+        self._held: Counter[str] = Counter()
+        self._lock = threading.Lock()  # put, hold and eviction run in worker threads
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)
+        for junk in root.glob(_UNPACKING + "*"):
+            shutil.rmtree(junk, ignore_errors=True)
 
     def path(self, digest: str) -> Path:
+        if not _DIGEST.fullmatch(digest):
+            raise WorkdirError(f"{digest[:80]!r} is not a workdir digest (64 lowercase hex digits)")
         return self.root / digest
 
     def has(self, digest: str) -> bool:
-        return self.path(digest).is_dir()
+        """Whether the tree is here; asking counts as use."""
+        if not _DIGEST.fullmatch(digest):
+            return False
+        return self._touch(self.root / digest)
+
+    @contextmanager
+    def hold(self, digest: str) -> Iterator[Path]:
+        """The tree, kept from eviction until the block ends (while a job copies it out)."""
+        path = self.path(digest)
+        with self._lock:
+            if not self._touch(path):
+                raise WorkdirError(f"workdir {digest[:12]} is not in the cache")
+            self._held[digest] += 1
+        try:
+            yield path
+        finally:
+            with self._lock:
+                self._held[digest] -= 1
+                if not self._held[digest]:
+                    del self._held[digest]
 
     def put(self, digest: str, data: bytes) -> Path:
+        final = self.path(digest)
         if hashlib.sha256(data).hexdigest() != digest:
             raise WorkdirError("the workdir does not match its digest")
-        final = self.path(digest)
-        if final.is_dir():
-            os.utime(final)
+        if self._touch(final):
             return final
-        tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=self.root))
+        tmp = Path(tempfile.mkdtemp(prefix=_UNPACKING, dir=self.root))
+        try:
+            self._unpack(data, tmp)
+            try:
+                tmp.rename(final)
+            except OSError:
+                if not final.is_dir():  # else another put of the same digest won
+                    raise
+        except OSError as exc:
+            raise WorkdirError(f"cannot unpack a workdir into {self.root}: {exc}") from None
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._touch(final)
+        self._evict()
+        return final
+
+    def _unpack(self, data: bytes, into: Path) -> None:
+        members, total = [], 0
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                members = tar.getmembers()
-                for m in members:
+                for m in tar:
                     name = Path(m.name)
                     if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):
                         raise WorkdirError(f"the workdir holds {m.name!r}: only plain files and "
                                            "directories inside the tree are accepted")
+                    total += m.size + tarfile.BLOCKSIZE  # a header's block too: no million empty files
+                    if total > self.unpacked_limit:
+                        raise WorkdirError(f"the workdir unpacks to more than {_size(self.unpacked_limit)}")
                     m.mode = 0o755 if m.isdir() or m.mode & 0o100 else 0o644
-                tar.extractall(tmp, members=members, **SAFE)
-            for d, _, _ in os.walk(tmp):
-                os.chmod(d, 0o755)
-            try:
-                tmp.rename(final)
-            except OSError:  # another put of the same digest won
-                shutil.rmtree(tmp, ignore_errors=True)
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+                    m.uid, m.gid, m.uname, m.gname = os.geteuid(), os.getegid(), "", ""
+                    members.append(m)
+                tar.extractall(into, members=members, **SAFE)
+        except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise WorkdirError(f"the workdir archive is unreadable: {exc}") from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        self._evict(keep=final)
-        return final
+        for d, _, _ in os.walk(into):
+            os.chmod(d, 0o755)
 
-    def _evict(self, keep: Path) -> None:
-        trees = sorted((p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                       key=lambda p: p.stat().st_mtime)
-        for old in trees[:max(0, len(trees) - self.keep)]:
-            if old != keep:
+    def _touch(self, tree: Path) -> bool:
+        try:
+            os.utime(tree)
+        except FileNotFoundError:
+            return False
+        return tree.is_dir()
+
+    def _evict(self) -> None:
+        with self._lock:
+            trees = sorted((p for p in self.root.iterdir() if _DIGEST.fullmatch(p.name)),
+                           key=lambda p: p.stat().st_mtime_ns)
+            spare = [p for p in trees if p.name not in self._held]
+            for old in spare[:max(0, len(trees) - self.keep)]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -173,7 +173,8 @@ class Worker:
             shutil.rmtree(work)
         top.mkdir(parents=True, exist_ok=True)
         if workdir is not None:
-            shutil.copytree(self.cache.path(workdir), work, symlinks=False)
+            with self.cache.hold(workdir) as tree:  # not evicted while it is copied
+                shutil.copytree(tree, work, symlinks=False)
         else:
             work.mkdir()
         checkpoints.mkdir(exist_ok=True)
