@@ -8,7 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signed.py", "swarmd/gossip/cert.py",
          "swarmd/gossip/wire.py", "swarmd/gossip/suspicion.py", "swarmd/gossip/membership.py",
-         "swarmd/wg/address.py", "swarmd/wg/reconciler.py"]
+         "swarmd/wg/address.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
+         "swarmd/compute/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/gang.py", "swarmd/compute/run.py"]
 FORBIDDEN = {"trio", "socket", "time", "asyncio", "select", "selectors", "libp2p"}
 
 

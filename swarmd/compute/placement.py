@@ -1,51 +1,62 @@
-"""Choosing the hosts of a job (sans-IO, deterministic for a given view).
+"""Choosing the hosts of a job (sans-IO, deterministic for a given view in any order).
 
 1. Filter: alive, not excluded, every label matches, enough free GPUs, a free job slot,
    enough free cores and memory.
-2. Too few fit: `NoFit` saying what was asked, which members fit, and for each other member
-   its first reason ("need 3 nodes; 2 alive members fit: …; others: … (no free job slot)");
-   `exclude` may map a host to why it refused a reservation, which is then its reason.
-3. Among those that fit, the set whose largest pairwise RTT is smallest, then the lowest
-   total load, then the smallest peer ids. An unknown RTT counts as worse than any known.
-   Exact search while the number of sets is at most EXACT_LIMIT; beyond it a greedy: from
-   each member, grow the set by the member that keeps its worst RTT lowest; keep the best.
-4. Inside the set, the member with the lowest worst RTT to the others comes first: it
-   hosts rank 0 and the rendezvous.
+2. Too few fit: `NoFit` saying what was asked, which members fit, and each other member
+   with its first reason ("need 3 nodes with ≥1 free GPU; 2 alive members fit: …; 1 other:
+   12D3Ko…9999 (no free GPU, 1 needed)"), at most MAX_LISTED of each. `exclude` may map a
+   host to why it refused a reservation, which is then its reason.
+3. One node: the least-loaded member that fits, ties by peer id.
+4. Several: the set whose worst pairwise RTT is smallest, then the lowest total load, then
+   the smallest peer ids. An RTT that is unknown (None, NaN, negative) is worse than any
+   known one: sets compare as if it were infinite, worst pair first, so by how many of
+   their pairs are unknown, then by their worst known RTT. A set whose pairs are all
+   unknown is still a valid choice.
+   Exact search while there are at most EXACT_LIMIT sets. Beyond that a greedy: from a
+   seed, add the member that keeps the set's worst RTT lowest (ties: the member nearest
+   the set, then the least loaded, then the peer id) until the set is full; the best set
+   grown from any seed wins. Each seed costs O(nodes × fitting members); every member is a
+   seed while the total stays within GREEDY_WORK, else the members whose nodes-1 nearest
+   neighbours are nearest. Placement runs on the daemon's event loop: the bound keeps it
+   from starving the failure detector's timers.
+5. Inside the set, the member with the smallest worst RTT to the others comes first (it
+   hosts rank 0 and the rendezvous), then the rest by peer id.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .spec import JobSpec, describe
 
-EXACT_LIMIT = 20_000
-UNKNOWN_RTT = 1e9  # ms: worse than any measured path, still comparable
+EXACT_LIMIT = 20_000  # sets scored exactly: about 50 ms at 8 nodes
+GREEDY_WORK = 2_000_000  # seeds × nodes × fitting members: about 0.6 s here with 1,000 fitting
 MAX_LISTED = 8
 
 Rtt = Callable[[str, str], float | None]
+Matrix = list[list[float]]  # milliseconds between fitting members by index; inf: unknown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
-    peer: str
-    state: str
-    gpus_free: int
+    peer: str  # libp2p peer id
+    state: str  # alive | suspect | dead | left
+    gpus_free: int  # GPUs not given to a job
     gpu_model: str | None
-    slots_free: int
+    slots_free: int  # job slots left (a host refuses work beyond them)
     cpu_free: float
     memory_free_mb: int
-    labels: Mapping[str, str] = field(default_factory=dict)
-    load: float = 0.0
+    labels: Mapping[str, str]
+    load: float = 0.0  # running ranks or similar; lower is better
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    peers: tuple[str, ...]
-    worst_rtt_ms: float | None
+    peers: tuple[str, ...]  # node_rank order: peers[0] hosts rank 0 (MASTER_ADDR)
+    worst_rtt_ms: float | None  # largest pairwise RTT in the set; None: some pair unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +68,42 @@ def short(peer: str) -> str:
     return f"{peer[:6]}…{peer[-4:]}" if len(peer) > 12 else peer
 
 
-def why_not(spec: JobSpec, c: Candidate, exclude: Collection[str]) -> str | None:
+def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
+          exclude: Collection[str] = ()) -> Placement | NoFit:
+    ordered = sorted(candidates, key=lambda c: c.peer)
+    verdicts = [(c, _why_not(spec, c, exclude)) for c in ordered]
+    fit = [c for c, why in verdicts if why is None]
+    if len(fit) < spec.nodes:
+        return NoFit(_explain(spec, fit, [(c, why) for c, why in verdicts if why is not None]))
+    if spec.nodes == 1:
+        return Placement((min(fit, key=lambda c: (c.load, c.peer)).peer,), 0.0)
+    d = _matrix([c.peer for c in fit], rtt_ms)
+    load = [c.load for c in fit]
+    groups: Iterable[tuple[int, ...]]
+    if math.comb(len(fit), spec.nodes) <= EXACT_LIMIT:
+        groups = itertools.combinations(range(len(fit)), spec.nodes)
+    else:
+        groups = (_grow(seed, spec.nodes, d, load) for seed in _seeds(spec.nodes, d))
+    chosen = min(groups, key=lambda g: (_pairs(g, d), math.fsum(load[i] for i in g), g))
+    first = min(chosen, key=lambda i: (_rank([d[i][j] for j in chosen if j != i]), i))
+    order = (first, *(i for i in chosen if i != first))
+    unknown, worst = _pairs(chosen, d)
+    return Placement(tuple(fit[i].peer for i in order), None if unknown else worst)
+
+
+def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str]) -> str | None:
     if c.state != "alive":
         return c.state
     if c.peer in exclude:
         why = exclude[c.peer] if isinstance(exclude, Mapping) else None
         return f"refused: {why.removeprefix(short(c.peer) + ': ')}" if why else "refused the last reservation"
     for key, value in sorted(spec.labels.items()):
-        if c.labels.get(key) != value:
-            have = c.labels.get(key)
-            return f"label {key}={have} not {value}" if have is not None else f"no label {key}"
+        have = c.labels.get(key)
+        if have != value:
+            return f"no label {key}" if have is None else f"label {key}={have} not {value}"
     if c.gpus_free < spec.gpus_per_node:
-        return f"{c.gpus_free} free GPU{'s' if c.gpus_free != 1 else ''} of {spec.gpus_per_node} needed"
+        free = "no free GPU" if c.gpus_free <= 0 else f"{c.gpus_free} free GPU{'s' if c.gpus_free != 1 else ''}"
+        return f"{free}, {spec.gpus_per_node} needed"
     if c.slots_free < 1:
         return "no free job slot"
     if c.cpu_free < spec.cpus:
@@ -78,61 +113,66 @@ def why_not(spec: JobSpec, c: Candidate, exclude: Collection[str]) -> str | None
     return None
 
 
-def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
-          exclude: Collection[str] = ()) -> Placement | NoFit:
-    ordered = sorted(candidates, key=lambda c: c.peer)
-    fit = [c for c in ordered if why_not(spec, c, exclude) is None]
-    if len(fit) < spec.nodes:
-        return NoFit(_explain(spec, ordered, fit, exclude))
-    load = {c.peer: c.load for c in fit}
-    if spec.nodes == 1:
-        best = min(fit, key=lambda c: (c.load, c.peer))
-        return Placement((best.peer,), 0.0)
-
-    def rtt(a: str, b: str) -> float:
-        value = rtt_ms(a, b)
+def _matrix(peers: Sequence[str], rtt_ms: Rtt) -> Matrix:
+    d = [[0.0] * len(peers) for _ in peers]
+    for i, j in itertools.combinations(range(len(peers)), 2):
+        value = rtt_ms(peers[i], peers[j])
         if value is None:
-            value = rtt_ms(b, a)
-        return UNKNOWN_RTT if value is None or not math.isfinite(value) else value
-
-    def worst(group: Sequence[str]) -> float:
-        return max((rtt(a, b) for a, b in itertools.combinations(group, 2)), default=0.0)
-
-    def score(group: Sequence[str]) -> tuple[float, float, tuple[str, ...]]:
-        return worst(group), sum(load[p] for p in group), tuple(sorted(group))
-
-    peers = [c.peer for c in fit]
-    if math.comb(len(peers), spec.nodes) <= EXACT_LIMIT:
-        chosen = min(itertools.combinations(peers, spec.nodes), key=score)
-    else:
-        chosen = min((_grow(seed, peers, spec.nodes, rtt, load) for seed in peers), key=score)
-    first = min(chosen, key=lambda p: (max(rtt(p, q) for q in chosen if q != p), p))
-    order = (first, *sorted(p for p in chosen if p != first))
-    w = worst(order)
-    return Placement(order, None if w >= UNKNOWN_RTT else w)
+            value = rtt_ms(peers[j], peers[i])
+        d[i][j] = d[j][i] = value if value is not None and 0 <= value < math.inf else math.inf
+    return d
 
 
-def _grow(seed: str, peers: Sequence[str], n: int, rtt: Callable[[str, str], float],
-          load: Mapping[str, float]) -> tuple[str, ...]:
-    group = [seed]
-    rest = [p for p in peers if p != seed]
-    while len(group) < n:
-        nxt = min(rest, key=lambda p: (max(rtt(p, q) for q in group), load[p], p))
+def _rank(rtts: list[float]) -> tuple[int, float]:
+    """How a set of RTTs compares: unknown ones (inf) first, then the worst known one."""
+    known = [x for x in rtts if x != math.inf]
+    return len(rtts) - len(known), max(known, default=0.0)
+
+
+def _pairs(group: Sequence[int], d: Matrix) -> tuple[int, float]:
+    return _rank([d[a][b] for a, b in itertools.combinations(group, 2)])
+
+
+def _seeds(n: int, d: Matrix) -> Sequence[int]:
+    count = max(1, GREEDY_WORK // (n * len(d)))
+    if count >= len(d):
+        return range(len(d))
+    radius = [sorted(row)[n - 1] for row in d]  # row[i] is 0.0: the n-1 nearest others
+    return sorted(range(len(d)), key=lambda i: (radius[i], i))[:count]
+
+
+def _grow(seed: int, n: int, d: Matrix, load: Sequence[float]) -> tuple[int, ...]:
+    unknown = [0] * len(d)  # per member: its pairs with the set whose RTT is unknown
+    far = [0.0] * len(d)  # per member: its worst known RTT to the set
+    group, rest, worst = [seed], set(range(len(d))) - {seed}, 0.0
+    while True:
+        for j, rtt in enumerate(d[group[-1]]):
+            if rtt == math.inf:
+                unknown[j] += 1
+            elif rtt > far[j]:
+                far[j] = rtt
+        if len(group) == n:
+            return tuple(sorted(group))
+        nxt = min(rest, key=lambda j: (unknown[j], max(worst, far[j]), far[j], load[j], j))
+        worst = max(worst, far[nxt])
         group.append(nxt)
         rest.remove(nxt)
-    return tuple(group)
 
 
-def _explain(spec: JobSpec, ordered: Sequence[Candidate], fit: Sequence[Candidate], exclude: Collection[str]) -> str:
-    others = [(c, why_not(spec, c, exclude)) for c in ordered if c not in fit]
+def _listed(items: Sequence[str], sep: str) -> str:
+    more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return sep.join(items[:MAX_LISTED]) + more
+
+
+def _explain(spec: JobSpec, fit: Sequence[Candidate], others: Sequence[tuple[Candidate, str]]) -> str:
     text = f"need {describe(spec)}; "
     if fit:
-        names = ", ".join(short(c.peer) for c in fit[:MAX_LISTED])
-        text += f"{len(fit)} alive member{'s fit' if len(fit) != 1 else ' fits'}: {names}"
+        verb = "members fit" if len(fit) != 1 else "member fits"
+        text += f"{len(fit)} alive {verb}: " + _listed([short(c.peer) for c in fit], ", ")
     else:
         text += "no member fits"
     if others:
-        listed = "; ".join(f"{short(c.peer)} ({why})" for c, why in others[:MAX_LISTED])
-        more = f" and {len(others) - MAX_LISTED} more" if len(others) > MAX_LISTED else ""
-        text += f"; {len(others)} other{'s' if len(others) != 1 else ''}: {listed}{more}"
+        closest = sorted(others, key=lambda o: (o[0].state != "alive", o[0].peer))
+        text += f"; {len(others)} other{'s' if len(others) != 1 else ''}: "
+        text += _listed([f"{short(c.peer)} ({why})" for c, why in closest], "; ")
     return text

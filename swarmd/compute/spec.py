@@ -1,14 +1,26 @@
 """What a user asks for: a job spec, from flags, a YAML file, or the wire (sans-IO).
 
-Every value is checked where it enters and a bad one raises `SpecError` naming the field
-(`spec: 'nodes' must be …, got 'three'`); unknown fields are errors with a suggestion.
-The same checks guard specs arriving over the control socket, which are untrusted.
+Rules:
+- A spec has the fields of `FIELDS`; an unknown one is an error with the nearest known
+  name ("unknown field 'node'; did you mean 'nodes'?").
+- Flags win over the file; a flag of None is not given. For the maps (labels, env) a flag
+  wins per key, so `--env SEED=1` adds to the file's env instead of replacing it.
+- Every value is checked where it enters, and a bad one raises `SpecError` naming the
+  field, what it must be and what it was (`spec: 'nodes' must be an integer from 1 to
+  1024, got 'three'`). Strings stay strings: a YAML number or boolean where a string is
+  expected (an env value, a cmd argument) is refused with a hint to quote it, because YAML
+  reads `1.10` as 1.1 and `yes` as True.
+- Sizes are binary megabytes (8G = 8192); waits are at most 30 days; procs_per_node
+  defaults to gpus_per_node when GPUs are asked for, else 1.
+- Specs from the control socket or a peer take the same path (`from_wire`): they are
+  untrusted, and anything wrong in them is a `SpecError`, never another exception.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,19 +29,27 @@ from typing import Any
 from ..gossip.signed import Invalid
 from ..gossip.wire import check_labels
 
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_ENV = 128
-MAX_CMD = 256
-_SIZES = {"": 1, "m": 1, "mb": 1, "mi": 1, "mib": 1, "g": 1024, "gb": 1024, "gi": 1024, "gib": 1024,
-          "t": 1024 ** 2, "tb": 1024 ** 2, "ti": 1024 ** 2, "tib": 1024 ** 2}
-_DURATIONS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 FIELDS = ("name", "nodes", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "env", "workdir",
           "wait", "python", "cmd")
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+MAX_ENV = 128
+MAX_CMD = 256  # arguments
+MAX_TEXT = 4096  # characters in one argument, env value or path
+MAX_CPUS = 4096
+MAX_MEM_MB = 1 << 30  # 1 PiB
+MAX_WAIT_S = 30 * 86400
+_INT = re.compile(r"\s*[0-9]{1,9}\s*")  # Python refuses int() on more than 4300 digits
+_SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,3})\s*")
+_DURATION = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([smhd]?)\s*")
+_MB_PER = {"": 1, "m": 1, "mb": 1, "mi": 1, "mib": 1, "g": 1024, "gb": 1024, "gi": 1024, "gib": 1024,
+           "t": 1024 ** 2, "tb": 1024 ** 2, "ti": 1024 ** 2, "tib": 1024 ** 2}
+_S_PER = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_MAPS = ("labels", "env")
 
 
 class SpecError(ValueError):
-    pass
+    """A spec that cannot be run; the message names the field and what was wrong."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,15 +59,16 @@ class JobSpec:
     nodes: int = 1
     gpus_per_node: int = 0
     procs_per_node: int = 1
-    cpus: float = 0.0
-    mem_mb: int = 0
+    cpus: float = 0.0  # free cores each host must have
+    mem_mb: int = 0  # free memory each host must have
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    workdir: str | None = None
-    wait_s: float = 0.0
-    python: str | None = None
+    workdir: str | None = None  # a path on the client
+    wait_s: float = 0.0  # how long to wait for capacity; 0: fail at once
+    python: str | None = None  # interpreter replacing a leading python/python3 in cmd
 
     def to_wire(self) -> dict[str, Any]:
+        """A msgpack-able map in the file's terms (mem, wait), so `from_wire` is `build`."""
         return {"cmd": list(self.cmd), "name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
@@ -61,11 +82,11 @@ class JobSpec:
 
 
 def _fail(name: str, expected: str, value: Any) -> SpecError:
-    return SpecError(f"spec: '{name}' must be {expected}, got {value!r}")
+    return SpecError(f"spec: '{name}' must be {expected}, got {reprlib.repr(value)}")
 
 
 def _int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _INT.fullmatch(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise _fail(name, f"an integer from {low} to {high}", value)
@@ -73,45 +94,69 @@ def _int(name: str, value: Any, low: int, high: int) -> int:
 
 
 def _number(name: str, value: Any, high: float) -> float:
-    try:
-        number = float(value) if not isinstance(value, bool) else float("nan")
-    except (TypeError, ValueError):
-        raise _fail(name, f"a number from 0 to {high:g}", value) from None
+    number = float("nan")
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):
+            pass
     if not 0 <= number <= high:
         raise _fail(name, f"a number from 0 to {high:g}", value)
     return number
 
 
-def _text(name: str, value: Any, limit: int = 4096) -> str:
-    if not isinstance(value, str) or not value or len(value) > limit or "\0" in value:
-        raise _fail(name, f"a non-empty string of at most {limit} characters", value)
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT or "\0" in value:
+        raise _fail(name, f"a non-empty string of at most {MAX_TEXT} characters", value)
     return value
 
 
-def parse_size_mb(value: Any, name: str = "mem") -> int:
-    """8G, 512M, 1.5GiB, or a plain number of megabytes."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _int(name, value, 0, 2**40)
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
-    if m is None or m.group(2).lower() not in _SIZES:
-        raise _fail(name, "a size such as 8G, 512M or a number of MB", value)
-    return int(float(m.group(1)) * _SIZES[m.group(2).lower()])
+def _string(name: str, value: Any) -> str:
+    """A string that may be empty: an argument or an env value."""
+    if isinstance(value, str) and len(value) <= MAX_TEXT and "\0" not in value:
+        return value
+    hint = " (quote it in YAML)" if isinstance(value, (bool, int, float)) else ""
+    raise _fail(name, f"a string of at most {MAX_TEXT} characters{hint}", value)
 
 
-def parse_duration_s(value: Any, name: str = "wait") -> float:
-    """10m, 30s, 2h, 1d, or a number of seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _number(name, value, 30 * 86400)
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]?)\s*", value) if isinstance(value, str) else None
-    if m is None or m.group(2) not in _DURATIONS:
-        raise _fail(name, "a duration such as 30s, 10m or 2h", value)
-    return _number(name, float(m.group(1)) * _DURATIONS[m.group(2)], 30 * 86400)
+def parse_size_mb(text: str | int, field: str) -> int:
+    """Megabytes (binary units) from 8G, 512M, 1.5GiB, 1T, or a plain number of megabytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return _int(field, text, 0, MAX_MEM_MB)
+    m = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if m is None or m.group(2).lower() not in _MB_PER:
+        raise _fail(field, "a size such as 8G, 512M or a number of MB", text)
+    mb = float(m.group(1)) * _MB_PER[m.group(2).lower()]
+    if mb > MAX_MEM_MB:
+        raise _fail(field, f"at most {MAX_MEM_MB} MB", text)
+    return int(mb)
 
 
-def _map(name: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        raise _fail(name, "a map of strings", value)
-    return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
+def parse_duration_s(text: str | int | float, field: str) -> float:
+    """Seconds from 30s, 10m, 2h, 1d, or a plain number of seconds; at most 30 days."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _number(field, text, MAX_WAIT_S)
+    m = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise _fail(field, "a duration such as 30s, 10m or 2h", text)
+    return _number(field, float(m.group(1)) * _S_PER[m.group(2)], MAX_WAIT_S)
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping) or len(value) > MAX_ENV:
+        raise _fail("env", f"a map of at most {MAX_ENV} variables", value)
+    for key, text in value.items():
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+            raise _fail("env", "a map from variable names (letters, digits and _, not starting with a digit)", key)
+        _string(f"env.{key}", text)
+    return dict(value)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    try:
+        return check_labels(value, "labels")
+    except Invalid as exc:
+        raise SpecError(f"spec: {exc.detail}") from None
 
 
 def _cmd(value: Any) -> tuple[str, ...]:
@@ -122,54 +167,55 @@ def _cmd(value: Any) -> tuple[str, ...]:
             raise SpecError(f"spec: 'cmd' does not parse as a shell command: {exc}") from None
     if not isinstance(value, (list, tuple)) or not value or len(value) > MAX_CMD:
         raise _fail("cmd", f"a command: a non-empty list of at most {MAX_CMD} strings", value)
-    return tuple(_text(f"cmd[{i}]", v) for i, v in enumerate(value))
+    return (_text("cmd[0]", value[0]), *(_string(f"cmd[{i}]", v) for i, v in enumerate(value) if i))
 
 
-def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
-    """A spec from a file's fields with the flags on top (a flag of None is not given)."""
+def _merge(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
     for source in (file_fields, flags):
         for key in source:
             if key not in FIELDS:
                 near = difflib.get_close_matches(str(key), FIELDS, n=1)
-                raise SpecError(f"spec: unknown field {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
-    given = {k: v for k, v in file_fields.items() if v is not None} | {k: v for k, v in flags.items() if v is not None}
+                raise SpecError(f"spec: unknown field {reprlib.repr(key)}"
+                                + (f"; did you mean {near[0]!r}?" if near else ""))
+    given = {k: v for k, v in file_fields.items() if v is not None}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        below = given.get(key)
+        both_maps = key in _MAPS and isinstance(below, Mapping) and isinstance(value, Mapping)
+        given[key] = {**below, **value} if both_maps else value
+    return given
+
+
+def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
+    """A spec from a file's fields with the flags on top (a flag of None is not given)."""
+    given = _merge(file_fields, flags)
     if "cmd" not in given:
         raise SpecError("spec: 'cmd' is missing: the command every rank runs (swarmctl jobs run … -- CMD ARGS)")
-    gpus = _int("gpus_per_node", given.get("gpus_per_node", 0), 0, 64)
-    env = _map("env", given.get("env", {}))
-    if len(env) > MAX_ENV:
-        raise _fail("env", f"at most {MAX_ENV} variables", f"{len(env)} variables")
-    for key, value in env.items():
-        if not ENV_NAME.match(key):
-            raise _fail(f"env.{key}", "a variable name of letters, digits and _", key)
-        if len(value) > 4096 or "\0" in value:
-            raise _fail(f"env.{key}", "a string of at most 4096 characters", value)
-    try:
-        labels = check_labels(_map("labels", given.get("labels", {})), "labels")
-    except Invalid as exc:
-        raise SpecError(f"spec: {exc.detail}") from None
     name = given.get("name")
-    if name is not None and (not isinstance(name, str) or not NAME.match(name)):
+    if name is not None and (not isinstance(name, str) or not NAME.fullmatch(name)):
         raise _fail("name", "1-64 characters of letters, digits, . _ -", name)
+    gpus = _int("gpus_per_node", given.get("gpus_per_node", 0), 0, 64)
     return JobSpec(
         cmd=_cmd(given["cmd"]), name=name, nodes=_int("nodes", given.get("nodes", 1), 1, 1024),
         gpus_per_node=gpus, procs_per_node=_int("procs_per_node", given.get("procs_per_node", gpus or 1), 1, 256),
-        cpus=_number("cpus", given.get("cpus", 0), 4096), mem_mb=parse_size_mb(given.get("mem", 0)),
-        labels=labels, env=env,
+        cpus=_number("cpus", given.get("cpus", 0), MAX_CPUS), mem_mb=parse_size_mb(given.get("mem", 0), "mem"),
+        labels=_labels(given.get("labels", {})), env=_env(given.get("env", {})),
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
-        wait_s=parse_duration_s(given.get("wait", 0)),
+        wait_s=parse_duration_s(given.get("wait", 0), "wait"),
         python=None if given.get("python") is None else _text("python", given["python"]))
 
 
 def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:
-    import yaml
+    """A spec file's fields (yaml.safe_load); `source` names the file in errors."""
+    import yaml  # only swarmctl reads spec files: the daemon never pays for the import
 
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"{source}:{where} not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise SpecError(f"{source}: {_yaml_problem(exc, text)}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: not valid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -177,9 +223,23 @@ def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:
     return data
 
 
+def _yaml_problem(exc: Exception, text: str) -> str:
+    """PyYAML's error in one line: where it was found, and where the construct began."""
+    import yaml
+
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow; no mark, a position
+        return f"line {text.count(chr(10), 0, exc.position) + 1}: not valid YAML: {exc.reason} (#x{exc.character:04x})"
+    mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context", None)
+    problem = (f"line {mark.line + 1}: " if mark is not None else "") + "not valid YAML: "
+    problem += getattr(exc, "problem", None) or str(exc)
+    start = getattr(exc, "context_mark", None)
+    if context and start is not None and (mark is None or start.line != mark.line):
+        problem += f" ({context} from line {start.line + 1})"
+    return problem
+
+
 def describe(spec: JobSpec) -> str:
-    """The request in words, for errors: "3 nodes with ≥1 GPU, region=eu"."""
-    parts = [f"{spec.nodes} node{'s' if spec.nodes != 1 else ''}"]
+    """The request in words, for errors: "3 nodes with ≥1 free GPU, ≥2 free cores, region=eu"."""
     needs = []
     if spec.gpus_per_node:
         needs.append(f"≥{spec.gpus_per_node} free GPU{'s' if spec.gpus_per_node != 1 else ''}")
@@ -188,4 +248,5 @@ def describe(spec: JobSpec) -> str:
     if spec.mem_mb:
         needs.append(f"≥{spec.mem_mb} MB free")
     needs += [f"{k}={v}" for k, v in sorted(spec.labels.items())]
-    return parts[0] + (" with " + ", ".join(needs) if needs else "")
+    nodes = f"{spec.nodes} node{'s' if spec.nodes != 1 else ''}"
+    return nodes + (" with " + ", ".join(needs) if needs else "")
