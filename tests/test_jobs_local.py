@@ -53,7 +53,7 @@ def test_a_two_rank_job_runs_and_its_failures_come_back(node, tmp_path):
 
     listed = node.call("jobs.ls")["jobs"]
     assert [(j["name"], j["state"], j["exit_code"]) for j in listed] == [("fails", "failed", 7), (None, "succeeded", 0)]
-    r = swarmctl(node, "jobs", "logs", "--rank", "0", listed[0]["id"][:6])
+    r = swarmctl(node, "jobs", "logs", "--rank", "0", listed[0]["id"])
     assert r.returncode == 0 and r.stdout == "bye\n"
 
 
