@@ -75,3 +75,16 @@ def test_a_rank_that_cannot_start_fails_the_job_saying_why(node):
     r = swarmctl(node, "jobs", "run", "--python", "/nonexistent/python", "--", "python", "-c", "pass")
     assert r.returncode == 1 and "cannot start" in r.stderr and "/nonexistent/python" in r.stderr, r.stderr
     assert node.call("status")["jobs"]["slots_free"] == node.call("status")["jobs"]["slots"], "the slot came back"
+
+
+def test_logs_follow_streams_until_the_job_ends(node):
+    script = "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    r = swarmctl(node, "jobs", "run", "--detach", "--procs-per-node", "2", "--", "python", "-c", script)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    r = swarmctl(node, "jobs", "logs", "-f", job)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert [line for line in r.stdout.splitlines() if line.startswith(f"[rank {rank}]")] == \
+            [f"[rank {rank}] tick {i}" for i in range(4)], r.stdout
+    assert node.call("jobs.show", id=job)["state"] == "succeeded", "-f returned because the job ended"
