@@ -88,3 +88,54 @@ def test_logs_follow_streams_until_the_job_ends(node):
         assert [line for line in r.stdout.splitlines() if line.startswith(f"[rank {rank}]")] == \
             [f"[rank {rank}] tick {i}" for i in range(4)], r.stdout
     assert node.call("jobs.show", id=job)["state"] == "succeeded", "-f returned because the job ended"
+
+
+def _run_on_a_tty(d, answer: bytes) -> tuple[int, bytes]:
+    """`swarmctl jobs run` on a terminal, Ctrl-C once the job prints, then `answer` to its question."""
+    import pty
+    import select
+    import signal
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), "jobs", "run",
+                                  "--", "python", "-c", "import time; print('ready', flush=True); time.sleep(600)"])
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 60) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen:
+            assert time.monotonic() < deadline, f"no {marker!r} in {seen[-2000:]!r}"
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the child is gone and its terminal with it
+                    chunk = b""
+                if not chunk:
+                    seen += b"<eof>"
+                seen += chunk
+
+    read_until(b"[rank 0] ready")
+    os.kill(pid, signal.SIGINT)
+    read_until(b"[c]ancel it or [d]etach?")
+    os.write(fd, answer + b"\n")
+    asked = len(seen)
+    read_until(b"<eof>", timeout=30)  # everything the command says until it exits
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), seen[asked:]
+
+
+def test_ctrl_c_asks_whether_to_cancel_or_detach(node):
+    code, seen = _run_on_a_tty(node, b"c")
+    assert code == 130 and b"cancelled" in seen
+    wait_until(lambda: node.call("jobs.ls")["jobs"][0]["state"] == "cancelled", 20, "the job cancelled")
+
+    code, seen = _run_on_a_tty(node, b"d")
+    assert code == 130 and b"detached" in seen and b"swarmctl jobs logs -f" in seen
+    job = node.call("jobs.ls")["jobs"][0]
+    assert job["state"] == "running", "a detached job goes on"
+    node.call("jobs.cancel", id=job["id"])
+    wait_until(lambda: node.call("jobs.show", id=job["id"])["state"] == "cancelled", 20, "the job cancelled")
