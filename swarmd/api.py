@@ -192,6 +192,7 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
             "rtt_min_ms": None if m.rtt_min is None else round(m.rtt_min * 1000, 2),
             "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
             "addrs": list(r.addrs), "seq": r.seq, "record_age_s": round(now - r.issued, 3),
+            "rtts_ms": r.rtts, "jobs": None if r.jobs is None else r.jobs.to_wire(),
         })
     return rows
 

@@ -43,6 +43,11 @@ def test_members_see_each_other_with_their_capacity(swarm):
         assert 0 < p["rtt_min_ms"] <= p["rtt_ms"] < 1000
     status = swarm[1].call("status")
     assert status["swarm"]["id"] == swarm[0].call("status")["swarm"]["id"]
+
+    def relayed():  # b's record reports its RTT to c: a coordinator at a can rank the pair b-c
+        rows = {p["peer"]: p for p in swarm[0].call("peers")["peers"]}
+        return ids[2] in rows[ids[1]]["rtts_ms"] and rows[ids[1]]["jobs"]["slots"] >= 1
+    wait_until(relayed, 15, "b's record carrying its RTT to c and its job slots")
     assert status["swarm"]["members"] == {"alive": 2, "suspect": 0, "dead": 0, "left": 0}
 
 

@@ -323,3 +323,28 @@ def test_a_verifier_for_another_swarm_rejects_ours():
     with pytest.raises(Invalid) as err:
         theirs.decode(record(), NOW)
     assert err.value.reason == "swarm"
+
+
+def test_job_slots_and_rtts_travel_in_the_record():
+    from swarmd.gossip.wire import JobSlots
+
+    slots = JobSlots(slots=4, free=3, gpus_free=2, ranks=1)
+    rec = decode(record(jobs=slots, rtts={peer_str(OTHER_PEER): 12.5}))
+    assert rec.jobs == slots and rec.rtts == {peer_str(OTHER_PEER): 12.5}
+    old = decode(sealed(record_body()))  # a node from before jobs: neither field
+    assert old.jobs is None and old.rtts == {}
+
+
+@pytest.mark.parametrize("field, value, detail", [
+    ("jobs", {"slots": 2, "free": 3, "gpus_free": 0, "ranks": 0}, "more slots free than there are"),
+    ("jobs", {"slots": 2, "free": True, "gpus_free": 0, "ranks": 0}, "record.jobs.free"),
+    ("jobs", [], "record.jobs: expected a map"),
+    ("rtts", [[OTHER_PEER, -1]], "0-60000 ms"),
+    ("rtts", [[OTHER_PEER, True]], "0-60000 ms"),
+    ("rtts", [[b"not a peer id", 5.0]], "not an Ed25519 libp2p id"),
+    ("rtts", [[OTHER_PEER, 1.0]] * 17, "at most 16"),
+    ("rtts", {"x": 1}, "a list of at most 16"),
+])
+def test_bad_job_slots_and_rtts_are_refused_naming_the_field(field, value, detail):
+    with pytest.raises(Invalid, match=detail):
+        decode(sealed(record_body(**{field: value})))

@@ -363,12 +363,19 @@ class Jobs:
         return out
 
     def _rtt_ms(self, a: str, b: str) -> float | None:
+        """This node's own probes for pairs it is in; else what either end's record reports
+        (each lists its nearest members); None when neither knows."""
         me, core = self.gossip.me, self.gossip.core
-        other = b if a == me else a if b == me else None
-        if other is None or core is None:
+        if core is None:
             return None
-        m = core.members.get(other)
-        return None if m is None or m.rtt_min is None else m.rtt_min * 1000
+        if me in (a, b):
+            m = core.members.get(b if a == me else a)
+            return None if m is None or m.rtt_min is None else m.rtt_min * 1000
+        for x, y in ((a, b), (b, a)):
+            m = core.members.get(x)
+            if m is not None and y in m.record.rtts:
+                return m.record.rtts[y]
+        return None
 
     def _address(self, peer: str) -> str:
         """Where the other ranks reach this host: its overlay address, else its first IPv4."""

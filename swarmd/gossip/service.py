@@ -33,7 +33,7 @@ from .signed import Invalid, Signer, peer_bytes, peer_str
 from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger, close_quietly,
                       read_frame, request, write_frame)
 from .swarmstate import SwarmMembership, owner_signer, save_joined
-from .wire import JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
+from .wire import MAX_RTTS, JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -278,9 +278,17 @@ class Gossip:
         blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=time.time(),
                            ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
                            labels=self.labels, wg=self.mesh_info(), jobs=self.job_slots(),
-                           cert=self.swarm.cert)
+                           rtts=self._nearest_rtts(), cert=self.swarm.cert)
         self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
         return blob
+
+    def _nearest_rtts(self) -> dict[str, float]:
+        """This node's lowest RTTs to alive members, in ms: others' placement reads them."""
+        if self.core is None:
+            return {}
+        measured = sorted((m.rtt_min, m.peer) for m in self.core.members.values()
+                          if m.rtt_min is not None and m.state is State.ALIVE)
+        return {peer: round(rtt * 1000, 2) for rtt, peer in measured[:MAX_RTTS]}
 
     async def _publisher(self, pubsub) -> None:
         async for blob in self._publish_recv:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ MAX_MESSAGE = 64 * 1024  # a record with 64 GPUs is about 8 KiB
 RUMOR_TTL = 60.0  # a rumor older than this is a replay, not news
 MAX_LABELS = 32
 MAX_ADDRS = 16
+MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairwise view)
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
 RUMOR_KINDS = ("suspect", "dead", "left")
@@ -114,6 +116,7 @@ class Record:
     labels: dict[str, str]
     wg: MeshInfo | None
     jobs: JobSlots | None = None
+    rtts: dict[str, float] = dataclasses.field(default_factory=dict)  # peer -> ms, measured by this node
     cert: Cert
     blob: bytes
 
@@ -147,11 +150,13 @@ def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
 
 def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float, ttl: float,
                 addrs: list[str], resources: Resources, labels: dict[str, str],
-                wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None) -> bytes:
+                wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None,
+                rtts: dict[str, float] | None = None) -> bytes:
     return seal({"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
                  "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
                  "labels": labels, "wg": None if wg is None else wg.to_wire(),
-                 "jobs": None if jobs is None else jobs.to_wire(), "cert": cert.blob}, sign)
+                 "jobs": None if jobs is None else jobs.to_wire(),
+                 "rtts": [[peer_bytes(p), ms] for p, ms in (rtts or {}).items()], "cert": cert.blob}, sign)
 
 
 def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, incarnation: int,
@@ -215,7 +220,21 @@ class Verifier:
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
                       labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, jobs=jobs,
-                      cert=cert, blob=blob)
+                      rtts=_rtts(body.get("rtts", [])), cert=cert, blob=blob)
+
+
+def _rtts(data: Any) -> dict[str, float]:
+    if not isinstance(data, list) or len(data) > MAX_RTTS:
+        raise Invalid("malformed", f"record.rtts: expected a list of at most {MAX_RTTS} [peer, ms] pairs")
+    out = {}
+    for item in data:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], bytes)
+                and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)
+                and 0 <= item[1] < 60_000):
+            raise Invalid("malformed", "record.rtts: each entry is [peer id bytes, 0-60000 ms]")
+        peer_key(item[0])
+        out[peer_str(item[0])] = float(item[1])
+    return out
 
 
 def _uint(body: dict[str, Any], name: str, where: str) -> int:
