@@ -49,7 +49,8 @@ def test_members_on_a_lan_find_each_other_by_mdns(lan, tmp_path):
                 ["ip", "netns", "exec", netns, sys.executable, "-m", "swarmd.main", "--config",
                  str(tmp_path / "empty.toml"), "--state-dir", str(d), "--socket", str(d / "sock"),
                  "--listen", "/ip4/0.0.0.0/tcp/4001", "--metrics-addr", "off", "--mdns", "on",
-                 "--gossip-timing", "lan"], stdout=log, stderr=log))
+                 "--gossip-timing", "lan", "--mesh", "off"],  # both would claim interface swarm0
+                stdout=log, stderr=log))
 
         def sees(d: Path, other: str):
             try:
