@@ -174,6 +174,8 @@ class Jobs:
             self.store.update(job, started=time.time())
             self._save(job, live)
             await self._start_all(job, live, peers, port, workdir)
+        except HostError as exc:
+            run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
             log.exception("job coordinator failed", job=job)
             run.fail(f"coordinator error: {exc.__class__.__name__}: {exc}")
@@ -265,9 +267,19 @@ class Jobs:
             live.shipped = sum(done.values())
             live.touch()
 
+        failed: list[str] = []
+
+        async def one(peer: str, host: LocalHost | RemoteHost) -> None:
+            try:
+                await host.ship(digest, archive, lambda n: progress(peer, n))
+            except HostError as exc:
+                failed.append(str(exc))
+
         async with trio.open_nursery() as nursery:
             for peer, host in live.hosts.items():
-                nursery.start_soon(host.ship, digest, archive, lambda n, p=peer: progress(p, n))
+                nursery.start_soon(one, peer, host)
+        if failed:
+            raise HostError(f"shipping the workdir failed: {'; '.join(failed)}")
         live.shipped = live.ship_total
         live.touch()
 

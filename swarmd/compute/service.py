@@ -17,6 +17,7 @@ a peer's.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ JOB_PROTOCOL = "/swarmd/job/1.0.0"
 CHUNK = 1024 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_LEASE = 300.0
+MAX_NODES = 1024  # as a job spec allows
+MAX_PROCS_PER_NODE = 256
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -168,14 +171,36 @@ def _env(v: Any) -> dict[str, str]:
 
 
 def _role(v: Any) -> NodeRole:
+    """A node's part in a job, from a peer: every number in range (a member's request must
+    not make this host start a thousand ranks), every address an IP."""
     if not isinstance(v, dict):
         raise ValueError("'role' must be a map")
-    names = {f.name for f in dataclasses.fields(NodeRole)}
-    try:
-        fields = {k: (tuple(x) if isinstance(x, list) else x) for k, x in v.items() if k in names}
-        return NodeRole(**fields)
-    except TypeError as exc:
-        raise ValueError(f"'role': {exc}") from None
+
+    def integer(name: str, low: int, high: int) -> int:
+        x = v.get(name)
+        if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high:
+            raise ValueError(f"'role.{name}' must be an integer from {low} to {high}")
+        return x
+
+    def ip(x: Any, name: str) -> str:
+        try:
+            return str(ipaddress.ip_address(x))
+        except ValueError:
+            raise ValueError(f"'role.{name}' must be an IP address") from None
+
+    nnodes = integer("nnodes", 1, MAX_NODES)
+    ips = v.get("node_ips")
+    if not isinstance(ips, list) or len(ips) != nnodes:
+        raise ValueError("'role.node_ips' must list one address per node")
+    job = v.get("job_id")
+    if not isinstance(job, str) or not 1 <= len(job) <= 64:
+        raise ValueError("'role.job_id' must be a job id")
+    return NodeRole(job_id=job, node_rank=integer("node_rank", 0, nnodes - 1), nnodes=nnodes,
+                    procs_per_node=integer("procs_per_node", 1, MAX_PROCS_PER_NODE),
+                    master_addr=ip(v.get("master_addr"), "master_addr"),
+                    master_port=integer("master_port", 1, 65535), ifname=None, gpus=(),
+                    node_ips=tuple(ip(x, "node_ips") for x in ips), checkpoint_dir="",
+                    restart_count=integer("restart_count", 0, 1_000_000))
 
 
 def role_to_wire(role: NodeRole) -> dict[str, Any]:
@@ -204,7 +229,10 @@ class LocalHost:
     async def ship(self, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         if not self.worker.cache.has(digest):
             data = await trio.Path(archive).read_bytes()
-            await trio.to_thread.run_sync(self.worker.cache.put, digest, data)
+            try:
+                await trio.to_thread.run_sync(self.worker.cache.put, digest, data)
+            except WorkdirError as exc:
+                raise HostError(f"{short(self.peer)}: {exc}") from None
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
         try:
