@@ -18,7 +18,7 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
-PARTS = ("foundation", "netlab", "gossip", "mesh", "jobs")
+PARTS = ("foundation", "placement", "netlab", "gossip", "mesh", "jobs")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -113,6 +113,10 @@ def main() -> None:
     results: dict[str, float] = {}
     if "foundation" in ONLY:
         results |= foundation()
+    if "placement" in ONLY:
+        from . import placement
+
+        results |= placement.measure()
     if os.geteuid() == 0:
         from . import gossip, jobs, mesh, netlab
 
