@@ -139,3 +139,26 @@ def test_ctrl_c_asks_whether_to_cancel_or_detach(node):
     assert job["state"] == "running", "a detached job goes on"
     node.call("jobs.cancel", id=job["id"])
     wait_until(lambda: node.call("jobs.show", id=job["id"])["state"] == "cancelled", 20, "the job cancelled")
+
+
+def test_a_hostile_workdir_upload_is_refused_and_the_daemon_keeps_serving(node):
+    import hashlib
+    import io
+    import tarfile
+
+    from swarmd.rpc.client import RemoteError
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    with pytest.raises(RemoteError, match="only plain files and directories"):
+        node.call("jobs.upload", digest=digest, offset=0, size=len(data), data=data)
+    with pytest.raises(RemoteError, match="does not match its digest"):
+        node.call("jobs.upload", digest="0" * 64, offset=0, size=len(data), data=data)
+    with pytest.raises(RemoteError, match="was not uploaded"):
+        list(node.client().stream("jobs.run", spec={"cmd": ["true"]}, workdir=digest))
+    assert node.call("status")["peer_id"]

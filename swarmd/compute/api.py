@@ -15,7 +15,7 @@ import trio
 
 from ..rpc.protocol import Caller, ErrorCode, Method, Param, RpcError
 from .spec import JobSpec, SpecError
-from .workdir import DEFAULT_LIMIT
+from .workdir import DEFAULT_LIMIT, WorkdirError
 
 if TYPE_CHECKING:
     from .coordinator import Jobs
@@ -56,11 +56,15 @@ def methods(get_jobs: Any) -> list[Method]:
             f.write(data)
         if offset + len(data) < size:
             return {"have": False, "received": offset + len(data)}
-        blob = part.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != digest:
+        blob = await trio.Path(part).read_bytes()
+        if await trio.to_thread.run_sync(lambda: hashlib.sha256(blob).hexdigest()) != digest:
             part.unlink()
             raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.upload: the workdir does not match its digest")
-        await trio.to_thread.run_sync(jobs.worker.cache.put, digest, blob)
+        try:
+            await trio.to_thread.run_sync(jobs.worker.cache.put, digest, blob)
+        except WorkdirError as exc:  # a hostile or broken archive: refused, the upload dropped
+            part.unlink()
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: {exc}") from None
         part.rename(archive)
         return {"have": True}
 
