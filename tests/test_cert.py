@@ -44,7 +44,7 @@ def test_issue_and_check():
     checked = check(issued.blob)
     assert checked == issued
     assert checked.to_dict() == {"swarm": SWARM, "peer": peer_str(PEER), "roles": ["member"],
-                                 "issued": NOW, "expires": NOW + 3600.0}
+                                 "issued": NOW, "expires": NOW + 3600.0, "addr4": None}
 
 
 def test_default_ttl_and_roles():

@@ -5,7 +5,8 @@ from swarmd.gossip.capacity import Gpu, Resources
 from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
 from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
-                                make_record, make_rumor)
+                                make_record, make_rumor, wg_proof_message)
+from swarmd.wg.keys import KeyPair, prove
 
 OWNER = SigningKey(b"\x0a" * 32)
 OWNER_PUBLIC = bytes(OWNER.verify_key)
@@ -31,8 +32,10 @@ def cert_for(peer=PEER, *, owner=OWNER, swarm=SWARM, issued=NOW - 86400, ttl=365
 
 
 CERT = cert_for()
-MESH = MeshInfo(public=bytes(range(32)), addr4="10.211.3.4", addr6="fd12:3456:789a::1", port=51820,
-                endpoints=("192.0.2.1", "2001:db8::1"))
+WG_KEY = KeyPair.from_private(bytes(range(32)))
+MESH = MeshInfo(public=WG_KEY.public, addr4="10.211.3.4", addr6="fd12:3456:789a::1", port=51820,
+                endpoints=("192.0.2.1", "2001:db8::1"),
+                proof=prove(WG_KEY.private, wg_proof_message(SWARM, peer_str(PEER), WG_KEY.public)))
 VERIFIER = Verifier(SWARM, OWNER_PUBLIC)
 
 

@@ -3,6 +3,10 @@
 Files in the state directory, each written atomically:
 - ``swarm.json``: swarm id, owner public key, this node's certificate, bootstrap addresses.
 - ``owner.key`` (0600): the owner's Ed25519 seed, only on the node that ran `swarm init`.
+- ``revoked.json``: the owner's revocations this node holds (every member keeps them), loaded
+  at start and re-checked against the owner key.
+- ``invites.json``, ``members.json`` (owner only): invites issued and uses left, members
+  certified and their overlay addresses (see ``owner.py``).
 - ``labels.json``: labels set or removed at run time (`swarmctl labels`), applied over the
   configured ones at every start, so a change survives a restart.
 - ``seq``: the record epoch. Each start takes the next epoch, and seqs are
@@ -22,12 +26,17 @@ from nacl.signing import SigningKey
 
 from ..atomic import write_atomically
 from .cert import Cert, check_cert, issue_cert, swarm_id
+from .owner import Invites, Members, RegistryError
+from .revocation import Revocation, check_revocation
 from .signed import Invalid, Signer
 
 SWARM_FILE = "swarm.json"
 OWNER_KEY = "owner.key"
 SEQ_FILE = "seq"
 LABELS_FILE = "labels.json"
+REVOKED_FILE = "revoked.json"
+INVITES_FILE = "invites.json"
+MEMBERS_FILE = "members.json"
 OWNER_ROLES = ("owner", "member")
 
 
@@ -108,6 +117,73 @@ def save_joined(state_dir: Path, owner_public: bytes, cert: Cert, bootstrap: tup
         raise SwarmStateError("this node is already in a swarm (see `swarmctl status`)")
     _save(state_dir, owner_public, cert, bootstrap)
     return SwarmMembership(swarm=swarm_id(owner_public), owner_public=owner_public, cert=cert, bootstrap=bootstrap)
+
+
+def save_cert(state_dir: Path, m: SwarmMembership, cert: Cert) -> SwarmMembership:
+    """A renewed certificate replaces the old one in ``swarm.json``."""
+    _save(state_dir, m.owner_public, cert, m.bootstrap)
+    return SwarmMembership(swarm=m.swarm, owner_public=m.owner_public, cert=cert, bootstrap=m.bootstrap,
+                           owner_key=m.owner_key)
+
+
+def load_revocations(state_dir: Path, m: SwarmMembership, now: float) -> list[Revocation]:
+    """The revocations kept in ``revoked.json``; each is checked again (the file is not trusted
+    more than the network)."""
+    path = state_dir / REVOKED_FILE
+    try:
+        blobs = [base64.b64decode(b) for b in json.loads(path.read_text())["revocations"]]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SwarmStateError(f"{path} is damaged ({exc}): move it away (members will send the "
+                              "revocations again)") from None
+    out = []
+    for blob in blobs:
+        try:
+            out.append(check_revocation(blob, owner_public=m.owner_public, swarm=m.swarm, now=now))
+        except Invalid:
+            continue
+    return out
+
+
+def save_revocations(state_dir: Path, revocations: list[Revocation]) -> None:
+    data = {"revocations": [_b64(r.blob) for r in revocations],
+            "peers": {r.peer: r.reason for r in revocations}}  # for a person reading the file
+    write_atomically(state_dir / REVOKED_FILE, json.dumps(data, indent=2).encode(), mode=0o600)
+
+
+def load_invites(state_dir: Path) -> Invites:
+    try:
+        return Invites.from_json(_registry(state_dir / INVITES_FILE))
+    except RegistryError as exc:
+        raise SwarmStateError(f"{state_dir / INVITES_FILE} is damaged ({exc}): restore it from a backup") from None
+
+
+def save_invites(state_dir: Path, invites: Invites) -> None:
+    write_atomically(state_dir / INVITES_FILE, json.dumps(invites.to_json(), indent=2).encode(), mode=0o600)
+
+
+def load_members(state_dir: Path) -> Members:
+    try:
+        return Members.from_json(_registry(state_dir / MEMBERS_FILE))
+    except RegistryError as exc:
+        raise SwarmStateError(f"{state_dir / MEMBERS_FILE} is damaged ({exc}): restore it from a backup") from None
+
+
+def save_members(state_dir: Path, members: Members) -> None:
+    write_atomically(state_dir / MEMBERS_FILE, json.dumps(members.to_json(), indent=2).encode(), mode=0o600)
+
+
+def _registry(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise SwarmStateError(f"{path} is damaged ({exc}): restore it from a backup") from None
 
 
 def _signer(key: SigningKey) -> Signer:

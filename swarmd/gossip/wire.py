@@ -9,6 +9,11 @@ Every message is a signed blob (see signed.py) whose body has ``v`` (schema vers
 - ``suspect`` / ``dead``: ``{about, inc, issued}`` — the signer suspects ``about`` (or
   declares it dead) at incarnation ``inc``.
 - ``left``: ``{inc, issued}`` — the signer is leaving on purpose.
+- ``revoke``: signed by the owner, not a member (revocation.py); decoded on its own path.
+
+A record's ``wg`` carries ``proof``: the WireGuard key's own signature (XEdDSA, wg/keys.py)
+over (swarm, peer, key), so nobody can advertise a key it does not hold; and when the
+signer's certificate names an overlay address, the record must advertise exactly it.
 
 ``Verifier.decode`` checks, in this order, before anything is believed: size, shape,
 version, swarm id, the signature against the key inside the signer's peer id, the
@@ -25,8 +30,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..wg.keys import verify_proof
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
+from .revocation import Revocation, check_revocation, is_revocation
 from .signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
 VERSION = 1
@@ -38,6 +45,12 @@ MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairw
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
 RUMOR_KINDS = ("suspect", "dead", "left")
+WG_PROOF_DOMAIN = b"swarmd wg key proof\0"
+
+
+def wg_proof_message(swarm: str, peer: str, public: bytes) -> bytes:
+    """What a member's WireGuard key signs: this swarm, this identity, this key."""
+    return WG_PROOF_DOMAIN + swarm.encode() + b"\0" + peer_bytes(peer) + public
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,10 +63,14 @@ class MeshInfo:
     addr6: str | None
     port: int
     endpoints: tuple[str, ...]
+    proof: bytes | None = None  # wg_proof_message signed by the WireGuard key (keys.prove)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"pub": self.public, "addr4": self.addr4, "addr6": self.addr6, "port": self.port,
-                "endpoints": list(self.endpoints)}
+        out = {"pub": self.public, "addr4": self.addr4, "addr6": self.addr6, "port": self.port,
+               "endpoints": list(self.endpoints)}
+        if self.proof is not None:
+            out["proof"] = self.proof
+        return out
 
     @classmethod
     def from_wire(cls, data: Any) -> MeshInfo:
@@ -62,6 +79,9 @@ class MeshInfo:
         public = data.get("pub")
         if not isinstance(public, bytes) or len(public) != 32:
             raise Invalid("malformed", "record.wg.pub: expected a 32-byte key")
+        proof = data.get("proof")
+        if proof is not None and not (isinstance(proof, bytes) and len(proof) == 64):
+            raise Invalid("malformed", "record.wg.proof: expected a 64-byte signature")
         port = data.get("port")
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise Invalid("malformed", f"record.wg.port: expected 1-65535, got {port!r}")
@@ -74,7 +94,7 @@ class MeshInfo:
             endpoints = [str(ipaddress.ip_address(e)) for e in endpoints]
         except (ValueError, TypeError) as exc:
             raise Invalid("malformed", f"record.wg: {exc}") from None
-        return cls(public=public, addr4=addr4, addr6=addr6, port=port, endpoints=tuple(endpoints))
+        return cls(public=public, addr4=addr4, addr6=addr6, port=port, endpoints=tuple(endpoints), proof=proof)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,13 +192,16 @@ class Verifier:
     def __init__(self, swarm: str, owner_public: bytes) -> None:
         self.swarm = swarm
         self.owner_public = owner_public
+        self.revoked: set[str] = set()  # peer ids whose messages are refused (reason "revoked")
 
-    def decode(self, blob: bytes, now: float) -> Record | Rumor:
+    def decode(self, blob: bytes, now: float) -> Record | Rumor | Revocation:
         if len(blob) > MAX_MESSAGE:
             raise Invalid("too_large", f"{len(blob)} bytes, the limit is {MAX_MESSAGE}")
         body, raw, sig = unseal(blob)
         if body.get("v") != VERSION:
             raise Invalid("version", f"schema version {body.get('v')!r}, this node reads {VERSION}")
+        if is_revocation(body):  # the owner's, not a member's: no certificate, no peer signature
+            return check_revocation(blob, owner_public=self.owner_public, swarm=self.swarm, now=now)
         kind = body.get("k")
         if kind != "record" and kind not in RUMOR_KINDS:
             raise Invalid("malformed", f"unknown kind {kind!r}")
@@ -188,6 +211,8 @@ class Verifier:
         verify(peer_key(signer), raw, sig)
         cert = check_cert(body.get("cert"), owner_public=self.owner_public, swarm=self.swarm,
                           peer=signer, now=now)
+        if cert.peer in self.revoked:
+            raise Invalid("revoked", f"{cert.peer} is revoked by the swarm's owner")
         issued = float(field(body, "issued", (int, float), kind))
         if not math.isfinite(issued):  # NaN compares false: it would pass every freshness check below
             raise Invalid("malformed", f"{kind}.issued: {issued} is not a time")
@@ -216,6 +241,12 @@ class Verifier:
         except ValueError as exc:
             raise Invalid("malformed", f"record.{exc}") from None
         wg = None if body.get("wg") is None else MeshInfo.from_wire(body["wg"])
+        if wg is not None:
+            if cert.addr4 is not None and wg.addr4 != cert.addr4:
+                raise Invalid("addr_mismatch", f"record.wg.addr4 {wg.addr4} is not the certificate's {cert.addr4}")
+            if wg.proof is None or not verify_proof(wg.public, wg_proof_message(self.swarm, cert.peer, wg.public),
+                                                    wg.proof):
+                raise Invalid("wg_proof", "record.wg.proof: the WireGuard key's holder did not sign it")
         jobs = None if body.get("jobs") is None else JobSlots.from_wire(body["jobs"])
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
