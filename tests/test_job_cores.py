@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarmd.compute.gang import Commit, Gang, Release
-from swarmd.compute.ledger import Grant, Ledger, Refusal
+from swarmd.compute.ledger import Cancel, Grant, Ledger, Refusal
 from swarmd.compute.run import Run
 
 # --- a host's ledger ---------------------------------------------------------------------
@@ -13,32 +13,58 @@ from swarmd.compute.run import Run
 
 def test_a_host_refuses_work_beyond_its_slots_and_gpus():
     ledger = Ledger(2, gpus=(0, 1, 2))
-    assert ledger.reserve(0, "a", "c", gpus=2, lease=30) == Grant("a", (0, 1))
-    assert ledger.reserve(0, "b", "c", gpus=2, lease=30) == Refusal("1 free GPU(s), 2 asked")
-    assert ledger.reserve(0, "b", "c", gpus=1, lease=30) == Grant("b", (2,))
-    assert ledger.reserve(0, "x", "c", gpus=0, lease=30) == Refusal("no free job slot (all 2 in use)")
+    assert ledger.reserve(0, "a", "c", gpus=2, ranks=1, lease=30) == Grant("a", (0, 1))
+    assert ledger.reserve(0, "b", "c", gpus=2, ranks=1, lease=30) == Refusal("1 free GPU(s), 2 asked")
+    assert ledger.reserve(0, "b", "c", gpus=1, ranks=1, lease=30) == Grant("b", (2,))
+    assert ledger.reserve(0, "x", "c", gpus=0, ranks=1, lease=30) == Refusal("no free job slot (all 2 in use)")
     assert ledger.slots_free == 0 and ledger.gpus_free == ()
 
 
 def test_an_uncommitted_lease_lapses_and_a_committed_one_holds():
     ledger = Ledger(1)
-    ledger.reserve(0, "a", "c", gpus=0, lease=30)
+    ledger.reserve(0, "a", "c", gpus=0, ranks=1, lease=30)
     assert ledger.next_deadline() == 30
     assert ledger.expire(29.9) == [] and ledger.expire(30) == ["a"]
     assert isinstance(ledger.commit(31, "a", "c"), Refusal), "a lapsed lease cannot be committed"
-    ledger.reserve(40, "b", "c", gpus=0, lease=30)
+    ledger.reserve(40, "b", "c", gpus=0, ranks=1, lease=30)
     assert ledger.commit(41, "b", "c") == Grant("b", ())
     assert ledger.expire(10_000) == [] and ledger.holds("b"), "committed work has no deadline"
-    assert ledger.release("b") and ledger.slots_free == 1
+    assert ledger.release("b", "c") is True and ledger.slots_free == 1
 
 
 def test_a_retried_reservation_is_the_same_grant_and_others_cannot_take_it():
     ledger = Ledger(2, gpus=(0, 1))
-    first = ledger.reserve(0, "a", "coord", gpus=1, lease=10)
-    assert ledger.reserve(5, "a", "coord", gpus=1, lease=10) == first
+    first = ledger.reserve(0, "a", "coord", gpus=1, ranks=1, lease=10)
+    assert ledger.reserve(5, "a", "coord", gpus=1, ranks=1, lease=10) == first
     assert ledger.next_deadline() == 15, "a retry renews the lease"
-    assert isinstance(ledger.reserve(5, "a", "intruder", gpus=1, lease=10), Refusal)
+    assert isinstance(ledger.reserve(5, "a", "intruder", gpus=1, ranks=1, lease=10), Refusal)
     assert isinstance(ledger.commit(5, "a", "intruder"), Refusal)
+
+
+def test_start_needs_the_same_coordinators_commit_and_at_most_the_ranks_reserved():
+    ledger = Ledger(2)
+    ledger.reserve(0, "a", "coord", gpus=0, ranks=2, lease=10)
+    assert ledger.start("a", "coord", 2).code == "not_committed"
+    assert ledger.start("zz", "coord", 1).code == "no_reservation"
+    ledger.commit(1, "a", "coord")
+    assert ledger.start("a", "intruder", 1).code == "not_holder"
+    assert ledger.start("a", "coord", 3) == Refusal("job a reserved 2 rank(s) here, 3 asked", "ranks")
+    assert ledger.start("a", "coord", 2) == Grant("a", ())
+    assert ledger.start("a", "coord", 2).code == "state", "one start per hold"
+
+
+def test_only_the_holder_releases_and_a_running_hold_is_cancelled_not_freed():
+    ledger = Ledger(1)
+    ledger.reserve(0, "a", "coord", gpus=0, ranks=1, lease=10)
+    assert ledger.release("a", "intruder").code == "not_holder" and ledger.holds("a")
+    assert ledger.check_holder("a", "intruder").code == "not_holder"
+    assert ledger.check_holder("a", "coord") is None and ledger.check_holder("zz", "intruder") is None
+    ledger.commit(1, "a", "coord")
+    ledger.start("a", "coord", 1)
+    assert ledger.expire(1e9) == [] and ledger.state_of("a") == "running", "no lease lapses under running ranks"
+    assert ledger.release("a", "coord") == Cancel("a") and ledger.slots_free == 0, "its ranks still use the slot"
+    assert ledger.finish("a") and ledger.slots_free == 1 and not ledger.finish("a")
+    assert ledger.release("a", "coord") is False
 
 
 def test_a_ledger_needs_a_slot():

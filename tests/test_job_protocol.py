@@ -8,7 +8,7 @@ import pytest
 from swarmd.compute.service import _role, role_to_wire
 from swarmd.compute.torchenv import NodeRole
 
-ROLE = NodeRole(job_id="j1", node_rank=1, nnodes=2, procs_per_node=2, master_addr="10.211.0.1",
+ROLE = NodeRole(job_id="0123456789ab", node_rank=1, nnodes=2, procs_per_node=2, master_addr="10.211.0.1",
                 master_port=29500, ifname=None, gpus=(), node_ips=("10.211.0.1", "10.211.0.2"), checkpoint_dir="")
 
 
@@ -26,6 +26,7 @@ def test_the_coordinators_role_round_trips():
     ({"node_ips": ["10.211.0.1"]}, "role.node_ips"),
     ({"node_ips": ["10.211.0.1", "nope"]}, "role.node_ips"),
     ({"job_id": ""}, "role.job_id"),
+    ({"job_id": "../x"}, "role.job_id"),
 ])
 def test_a_peers_role_out_of_range_is_refused(change, field):
     with pytest.raises(ValueError, match=field):

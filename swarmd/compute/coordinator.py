@@ -238,7 +238,7 @@ class Jobs:
 
         async def one(peer: str) -> None:
             try:
-                g.grant(peer, await hosts[peer].reserve(job, spec.gpus_per_node, gangmod.LEASE))
+                g.grant(peer, await hosts[peer].reserve(job, spec.gpus_per_node, spec.procs_per_node, gangmod.LEASE))
             except HostError as exc:
                 g.refuse(peer, str(exc))
 
@@ -275,7 +275,7 @@ class Jobs:
 
         async def one(peer: str, host: LocalHost | RemoteHost) -> None:
             try:
-                await host.ship(digest, archive, lambda n: progress(peer, n))
+                await host.ship(job, digest, archive, lambda n: progress(peer, n))
             except HostError as exc:
                 failed.append(str(exc))
 
@@ -331,6 +331,11 @@ class Jobs:
         if "out" in event:
             for rank, line in event["out"]:
                 self.store.append_log(job, int(rank), line.encode())
+        if "dropped" in event:  # the host kept them in its own log; this one says what is missing
+            for rank, n in event["dropped"]:
+                self.store.append_log(job, int(rank), f"[swarmd] {int(n)} line(s) of this rank were not streamed "
+                                                      f"here (this daemon fell behind); {short(peer)} keeps "
+                                                      "them in its copy of the job's log".encode())
         if "exit" in event:
             codes = {int(r): int(c) for r, c in event["exit"]}
             for rank, code in codes.items():

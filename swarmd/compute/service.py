@@ -1,14 +1,23 @@
 """The job protocol over libp2p (trio): a host's handler, and the coordinator's proxies.
 
-`/swarmd/job/1.0.0`: one stream per request. The first frame is ``{op, cert, job, …}``;
-the requester's certificate is checked against the peer id Noise authenticated before
-anything else, then the host's submitter allowlist. Ops:
-- ``reserve {gpus, lease}`` → ``{gpus}`` | ``{error}``; ``commit {port}`` → ``{gpus, port?}``;
-  ``release`` → ``{}``; ``cancel`` → ``{found}``;
+`/swarmd/job/2.0.0`: one stream per request. The first frame is ``{op, cert, job, …}`` and
+at most `MAX_SMALL_FRAME`: the requester's certificate is checked against the peer id
+Noise authenticated before anything else, then the host's submitter allowlist, then the
+job id (ids.py's format, nothing else), and only then is anything larger read. Ops:
+- ``reserve {gpus, ranks, lease}`` → ``{gpus}`` | ``{error}``; ``commit {port}`` →
+  ``{gpus, port?}``; ``release`` → ``{}``; ``cancel`` → ``{found}``: the ledger keeps each
+  hold for the coordinator that reserved it, and any other is refused;
 - ``workdir {digest, size}`` → ``{have}``; when not had, the requester sends ``{data}``
-  chunks and ``{end}``, and the host answers ``{}`` once the tree is unpacked and verified;
-- ``start {role, cmd, env, python, workdir}`` → the worker's events, one frame each, until
-  ``{exit}``. The stream breaking either way ends the job on that host.
+  chunks (each within `CHUNK_TIMEOUT`, all within `WORKDIR_TIMEOUT`) and ``{end}``, and the
+  host answers ``{}`` once the tree is unpacked and verified; one upload of a digest at a
+  time, a second waits for the first;
+- ``start`` → a second frame ``{role, cmd, env, python, workdir}`` (up to
+  `MAX_START_FRAME`), then the worker's events, one frame each, until ``{exit}``; ``start``
+  needs the same coordinator's committed reservation and at most the ranks reserved. The
+  stream breaking either way ends the job on that host.
+A peer holds at most `MAX_STREAMS_PER_PEER` streams beyond this host's job slots, and all
+peers together `MAX_STREAMS`; past either, a stream is refused before anything is read.
+Every refusal of a peer's request is counted by reason and answered with the reason.
 
 `LocalHost` and `RemoteHost` give the coordinator one interface to its own worker and to
 a peer's.
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -27,22 +37,31 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..gossip.streams import MAX_SYNC_FRAME, PeerError, close_quietly, read_frame, write_frame
+from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
 from ..rpc.framing import FrameTooLarge
 from .executor import ExecutorError, free_port
+from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
+from .spec import MAX_CMD, MAX_ENV, MAX_TEXT
 from .torchenv import NodeRole
-from .worker import StartRequest, Worker, WorkerError
-from .workdir import DEFAULT_LIMIT, WorkdirError
+from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
+from .workdir import DEFAULT_LIMIT, WorkdirError, is_digest
 
 log = structlog.get_logger("swarmd.jobs")
 
-JOB_PROTOCOL = "/swarmd/job/1.0.0"
+JOB_PROTOCOL = "/swarmd/job/2.0.0"
 CHUNK = 1024 * 1024
+MAX_CHUNK_FRAME = CHUNK + 1024  # a chunk and its framing
+MAX_START_FRAME = 4 * 1024 * 1024  # a job spec's largest cmd and env (spec.py) with room to spare
 REQUEST_TIMEOUT = 10.0
+CHUNK_TIMEOUT = 30.0  # seconds a workdir upload may pause between chunks
+WORKDIR_TIMEOUT = 600.0  # seconds a whole workdir upload may take (64 MiB at about 110 kB/s)
 MAX_LEASE = 300.0
 MAX_NODES = 1024  # as a job spec allows
 MAX_PROCS_PER_NODE = 256
+MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
+MAX_STREAMS = 256
+MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -50,7 +69,38 @@ class HostError(Exception):
     """A host refused or could not be reached; the message says which and why."""
 
 
+class _Rejected(Exception):
+    """A peer's request broke the protocol: counted under `code`, answered with the message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 # --- the host's side ----------------------------------------------------------------------
+
+class Streams:
+    """Concurrent streams, per peer and in all; a count never goes below zero."""
+
+    def __init__(self, per_peer: int, total: int) -> None:
+        self.per_peer = per_peer
+        self.total = total
+        self.open: Counter[str] = Counter()
+
+    def acquire(self, peer: str) -> str | None:
+        """None when the stream may go on, else why not."""
+        if self.open[peer] >= self.per_peer:
+            return f"{self.per_peer} job streams from this peer are already open"
+        if sum(self.open.values()) >= self.total:
+            return f"this host already serves {self.total} job streams"
+        self.open[peer] += 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self.open[peer] -= 1
+        if self.open[peer] <= 0:
+            del self.open[peer]
+
 
 class JobHandler:
     def __init__(self, worker: Worker, *, check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
@@ -59,80 +109,147 @@ class JobHandler:
         self.check_member = check_member
         self.submitters = frozenset(submitters)
         self.rejected = rejected
+        self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)
+        self._uploading: dict[str, trio.Event] = {}  # digest -> set when its upload ends
 
     async def handle(self, stream: INetStream) -> None:
-        peer = stream.muxed_conn.peer_id
+        peer = str(stream.muxed_conn.peer_id)
+        if (busy := self.streams.acquire(peer)) is not None:
+            self.rejected("too_many_streams", peer, busy)
+            with trio.move_on_after(1):
+                try:
+                    await write_frame(stream, {"error": busy})
+                except PeerError:
+                    pass
+            await close_quietly(stream)
+            return
+        try:
+            await self._serve(stream, peer)
+        finally:
+            self.streams.release(peer)
+            await close_quietly(stream)
+
+    async def _serve(self, stream: INetStream, peer: str) -> None:
         try:
             with trio.move_on_after(REQUEST_TIMEOUT) as scope:
-                req = await read_frame(stream, MAX_SYNC_FRAME)
-            if scope.cancelled_caught or not await self.check_member(req, peer, stream):
+                req = await read_frame(stream, MAX_SMALL_FRAME)
+            if scope.cancelled_caught:
+                self.rejected("timeout", peer, f"no job request within {REQUEST_TIMEOUT:g} s")
                 return
-            coordinator = str(peer)
-            if self.submitters and coordinator not in self.submitters:
-                self.rejected("submitter", coordinator, "not in this host's job_submitters")
+            if not await self.check_member(req, stream.muxed_conn.peer_id, stream):
+                return
+            if self.submitters and peer not in self.submitters:
+                self.rejected("submitter", peer, "not in this host's job_submitters")
                 await write_frame(stream, {"error": "this host takes jobs only from its allowed submitters"})
                 return
-            op, job = req.get("op"), req.get("job")
+            op = req.get("op")
+            shown = op if isinstance(op, str) and len(op) <= 16 else "request"
             try:
-                if not isinstance(job, str) or not 1 <= len(job) <= 64:
-                    raise ValueError("'job' must be a job id")
-                await write_frame(stream, await self._op(op, job, coordinator, req, stream))
+                if not is_job_id(req.get("job")):
+                    check_job_id(req.get("job"))  # raises, naming the format
+                reply = await self._op(op, req["job"], peer, req, stream)
+                await write_frame(stream, reply)
+            except _Rejected as exc:
+                self.rejected(exc.code, peer, f"job {shown}: {exc}")
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
+            except Refused as exc:  # the ledger: not this coordinator's, not committed, too many ranks
+                self.rejected(exc.code, peer, f"job {shown}: {exc}")
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
             except (ValueError, TypeError, KeyError) as exc:  # a malformed request
-                self.rejected("malformed", coordinator, f"job request {op!r}: {exc}")
-                await write_frame(stream, {"error": f"{op}: {exc}"})
+                code = "job_id" if not is_job_id(req.get("job")) else "malformed"
+                self.rejected(code, peer, f"job {shown}: {exc}")
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
             except (WorkerError, WorkdirError, ExecutorError) as exc:  # well-formed, and this host cannot
-                await write_frame(stream, {"error": f"{op}: {exc}"})
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
+            except CoordinatorGone as exc:
+                log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
         except FrameTooLarge as exc:
-            self.rejected("too_large", str(peer), f"job request: {exc}")
+            self.rejected("too_large", peer, f"job request: {exc}")
         except PeerError as exc:
-            self.rejected("malformed", str(peer), f"job request: {exc}")
-        finally:
-            await close_quietly(stream)
+            self.rejected("malformed", peer, f"job request: {exc}")
 
     async def _op(self, op: Any, job: str, coordinator: str, req: dict[str, Any], stream: INetStream) -> dict[str, Any]:
         w = self.worker
         match op:
             case "reserve":
-                return _answer(w.reserve(job, coordinator, _uint(req, "gpus"), _lease(req.get("lease"))))
+                ranks = _uint(req, "ranks")
+                if not 1 <= ranks <= MAX_PROCS_PER_NODE:
+                    raise ValueError(f"'ranks' must be 1-{MAX_PROCS_PER_NODE}")
+                return _answer(w.reserve(job, coordinator, _uint(req, "gpus"), ranks, _lease(req.get("lease"))))
             case "commit":
                 return _answer(w.commit(job, coordinator), port=bool(req.get("port")))
             case "release":
-                w.release(job)
+                if isinstance(refusal := w.release(job, coordinator), Refusal):
+                    raise Refused(refusal)
                 return {}
             case "cancel":
-                return {"found": w.cancel(job)}
+                if isinstance(found := w.cancel(job, coordinator), Refusal):
+                    raise Refused(found)
+                return {"found": found}
             case "workdir":
                 return await self._receive_workdir(req, stream)
             case "start":
-                start = StartRequest(job=job, coordinator=coordinator, role=_role(req.get("role")),
-                                     cmd=tuple(_strings(req.get("cmd"), "cmd")), env=_env(req.get("env")),
-                                     python=req.get("python") if isinstance(req.get("python"), str) else None,
-                                     workdir=req.get("workdir") if isinstance(req.get("workdir"), str) else None)
-                await w.start(start, lambda event: write_frame(stream, event))
+                with trio.move_on_after(REQUEST_TIMEOUT) as scope:
+                    body = await read_frame(stream, MAX_START_FRAME)
+                if scope.cancelled_caught:
+                    raise _Rejected("timeout", f"no start request within {REQUEST_TIMEOUT:g} s")
+                if not isinstance(body, dict):
+                    raise ValueError("the start request must be a map")
+                python, workdir = body.get("python"), body.get("workdir")
+                start = StartRequest(job=job, coordinator=coordinator, role=_role(body.get("role")),
+                                     cmd=tuple(_strings(body.get("cmd"), "cmd")), env=_env(body.get("env")),
+                                     python=_text(python, "python") if python is not None else None,
+                                     workdir=workdir if isinstance(workdir, str) else None)
+
+                async def emit(event: dict[str, Any]) -> None:
+                    try:
+                        await write_frame(stream, event)
+                    except PeerError as exc:
+                        raise CoordinatorGone(str(exc)) from None
+
+                await w.start(start, emit)
                 return {"done": True}
             case _:
-                raise ValueError(f"unknown op {op!r}")
+                raise ValueError(f"unknown op {str(op)[:40]!r}")
 
     async def _receive_workdir(self, req: dict[str, Any], stream: INetStream) -> dict[str, Any]:
         digest, size = req.get("digest"), _uint(req, "size")
-        if not isinstance(digest, str) or len(digest) != 64:
+        if not is_digest(digest):
             raise ValueError("'digest' must be a sha256 hex digest")
         cache = self.worker.cache
+        while (other := self._uploading.get(digest)) is not None:  # one upload of a tree at a time
+            with trio.move_on_after(WORKDIR_TIMEOUT):
+                await other.wait()
+            if not other.is_set():
+                raise WorkerError(f"workdir {digest[:12]} is being uploaded by another request")
         if cache.has(digest):
             return {"have": True}
-        if size > DEFAULT_LIMIT:
-            raise ValueError(f"a workdir of {size} bytes is over the {DEFAULT_LIMIT} limit")
-        await write_frame(stream, {"have": False})
-        data = bytearray()
-        while True:
-            frame = await read_frame(stream, MAX_SYNC_FRAME)
-            if not isinstance(frame, dict) or frame.get("end"):
-                break
-            chunk = frame.get("data")
-            if not isinstance(chunk, bytes) or len(data) + len(chunk) > size:
-                raise ValueError("workdir chunks do not add up to the announced size")
-            data += chunk
-        await trio.to_thread.run_sync(cache.put, digest, bytes(data))
+        if not 0 < size <= DEFAULT_LIMIT:
+            raise ValueError(f"'size' must be 1-{DEFAULT_LIMIT} bytes")
+        done = self._uploading[digest] = trio.Event()
+        try:
+            await write_frame(stream, {"have": False})
+            data = bytearray()
+            with trio.move_on_after(WORKDIR_TIMEOUT) as whole:
+                while True:
+                    with trio.move_on_after(CHUNK_TIMEOUT) as pause:
+                        frame = await read_frame(stream, MAX_CHUNK_FRAME)
+                    if pause.cancelled_caught:
+                        raise _Rejected("timeout", f"no workdir chunk for {CHUNK_TIMEOUT:g} s")
+                    if not isinstance(frame, dict) or frame.get("end"):
+                        break
+                    chunk = frame.get("data")
+                    if not isinstance(chunk, bytes) or len(data) + len(chunk) > size:
+                        raise ValueError("workdir chunks do not add up to the announced size")
+                    data += chunk
+            if whole.cancelled_caught:
+                raise _Rejected("timeout", f"the workdir took more than {WORKDIR_TIMEOUT:g} s to arrive")
+            if len(data) != size:
+                raise ValueError(f"the workdir ended after {len(data)} of its {size} bytes")
+            await trio.to_thread.run_sync(cache.put, digest, bytes(data))
+        finally:
+            del self._uploading[digest]
+            done.set()
         return {}
 
 
@@ -158,15 +275,25 @@ def _uint(req: dict[str, Any], name: str) -> int:
     return v
 
 
-def _strings(v: Any, name: str) -> list[str]:
-    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
-        raise ValueError(f"'{name}' must be a non-empty list of strings")
+def _text(v: Any, name: str) -> str:
+    if not isinstance(v, str) or len(v) > MAX_TEXT or "\0" in v:
+        raise ValueError(f"'{name}' must be a string of at most {MAX_TEXT} characters")
     return v
 
 
+def _strings(v: Any, name: str) -> list[str]:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_CMD:
+        raise ValueError(f"'{name}' must be a list of 1-{MAX_CMD} strings")
+    return [_text(x, name) for x in v]
+
+
 def _env(v: Any) -> dict[str, str]:
-    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
-        raise ValueError("'env' must map names to strings")
+    if not isinstance(v, dict) or len(v) > MAX_ENV:
+        raise ValueError(f"'env' must map at most {MAX_ENV} names to strings")
+    for k, x in v.items():
+        if not isinstance(k, str) or not k or "=" in k or len(k) > 256 or "\0" in k:
+            raise ValueError("'env' names must be non-empty strings without '=' or NUL")
+        _text(x, f"env.{k}")
     return v
 
 
@@ -192,9 +319,7 @@ def _role(v: Any) -> NodeRole:
     ips = v.get("node_ips")
     if not isinstance(ips, list) or len(ips) != nnodes:
         raise ValueError("'role.node_ips' must list one address per node")
-    job = v.get("job_id")
-    if not isinstance(job, str) or not 1 <= len(job) <= 64:
-        raise ValueError("'role.job_id' must be a job id")
+    job = check_job_id(v.get("job_id"), "role.job_id")
     return NodeRole(job_id=job, node_rank=integer("node_rank", 0, nnodes - 1), nnodes=nnodes,
                     procs_per_node=integer("procs_per_node", 1, MAX_PROCS_PER_NODE),
                     master_addr=ip(v.get("master_addr"), "master_addr"),
@@ -216,17 +341,18 @@ class LocalHost:
         self.peer = peer
         self.worker = worker
 
-    async def reserve(self, job: str, gpus: int, lease: float) -> tuple[int, ...]:
-        return _granted(self.peer, self.worker.reserve(job, self.peer, gpus, lease))
+    async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
+        return _granted(self.peer, self.worker.reserve(job, self.peer, gpus, ranks, lease))
 
     async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
         gpus = _granted(self.peer, self.worker.commit(job, self.peer))
         return gpus, free_port() if port else None
 
     async def release(self, job: str) -> None:
-        self.worker.release(job)
+        if isinstance(refusal := self.worker.release(job, self.peer), Refusal):
+            raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
-    async def ship(self, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
+    async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         if not self.worker.cache.has(digest):
             data = await trio.Path(archive).read_bytes()
             try:
@@ -241,7 +367,8 @@ class LocalHost:
             raise HostError(f"{short(self.peer)}: {exc}") from None
 
     async def cancel(self, job: str) -> None:
-        self.worker.cancel(job)
+        if isinstance(refusal := self.worker.cancel(job, self.peer), Refusal):
+            raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
 
 class RemoteHost:
@@ -268,7 +395,7 @@ class RemoteHost:
         with trio.move_on_after(REQUEST_TIMEOUT) as scope:
             stream = await self._open(op, job, **fields)
             try:
-                reply = await read_frame(stream, MAX_SYNC_FRAME)
+                reply = await read_frame(stream, MAX_SMALL_FRAME)
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             finally:
@@ -277,8 +404,8 @@ class RemoteHost:
             raise HostError(f"{short(self.peer)}: no answer to {op} within {REQUEST_TIMEOUT:g} s")
         return _reply(self.peer, reply)
 
-    async def reserve(self, job: str, gpus: int, lease: float) -> tuple[int, ...]:
-        return tuple((await self._call("reserve", job, gpus=gpus, lease=lease))["gpus"])
+    async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
+        return tuple((await self._call("reserve", job, gpus=gpus, ranks=ranks, lease=lease))["gpus"])
 
     async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
         reply = await self._call("commit", job, port=port)
@@ -290,30 +417,34 @@ class RemoteHost:
     async def cancel(self, job: str) -> None:
         await self._call("cancel", job)
 
-    async def ship(self, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
+    async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         data = await trio.Path(archive).read_bytes()
-        stream = await self._open("workdir", "-", digest=digest, size=len(data))
+        stream = await self._open("workdir", job, digest=digest, size=len(data))
         try:
-            first = _reply(self.peer, await read_frame(stream, MAX_SYNC_FRAME))
+            first = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
             if first.get("have"):
                 return
             for offset in range(0, len(data), CHUNK):
                 await write_frame(stream, {"data": data[offset:offset + CHUNK]})
                 progress(min(len(data), offset + CHUNK))
             await write_frame(stream, {"end": True})
-            _reply(self.peer, await read_frame(stream, MAX_SYNC_FRAME))
+            _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
         except PeerError as exc:
             raise HostError(f"{short(self.peer)}: shipping the workdir failed: {exc}") from None
         finally:
             await close_quietly(stream)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
-        stream = await self._open("start", req.job, role=role_to_wire(req.role), cmd=list(req.cmd),
-                                  env=req.env, python=req.python, workdir=req.workdir)
+        stream = await self._open("start", req.job)
         try:
+            try:
+                await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
+                                           "python": req.python, "workdir": req.workdir})
+            except PeerError as exc:
+                raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:
                 try:
-                    event = _reply(self.peer, await read_frame(stream, MAX_SYNC_FRAME))
+                    event = _reply(self.peer, await read_frame(stream, MAX_EVENT_FRAME))
                 except PeerError as exc:
                     raise HostError(f"{short(self.peer)}: {exc}") from None
                 if event.get("done"):

@@ -12,9 +12,8 @@ Rules:
   filled in. States are those of `run.STATES`; any other is a ValueError.
 - `recover` at start marks every job that was still going as failed, with the reason: the
   process that drove it is gone.
-- Ids are 12 lowercase characters (Crockford base32 of 42 bits of milliseconds, good until
-  2109, and 18 random bits), time-ordered, strictly increasing within a store, and can be
-  given by a unique prefix of at least 4 characters.
+- Ids are ids.py's (12 lowercase characters, time-ordered), strictly increasing within a
+  store, and can be given by a unique prefix of at least 4 characters.
 """
 
 from __future__ import annotations
@@ -28,13 +27,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from . import ids
 from .run import STATES, TERMINAL
 
 MIN_PREFIX = 4
 MAX_RECORD = 64 * 1024
 _READ = 4 * 1024 * 1024  # at most this much output per read_log: a follower comes back for more
-_RANDOM_BITS = 18
-_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford's base32: no i, l, o, u
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -94,13 +92,9 @@ class JobStore:
         self.db.close()
 
     def new_id(self) -> str:
-        n = max((int(time.time() * 1000) << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS), self._last + 1)
+        n = max((int(time.time() * 1000) << ids.RANDOM_BITS) | secrets.randbits(ids.RANDOM_BITS), self._last + 1)
         self._last = n
-        out = ""
-        for _ in range(12):
-            n, digit = divmod(n, 32)
-            out = _ALPHABET[digit] + out
-        return out
+        return ids.encode(n)
 
     def add(self, job: JobRow) -> None:
         _check_state(job.state)
@@ -138,9 +132,11 @@ class JobStore:
             row = rows[0] if rows else None
         return None if row is None else _row(row)
 
-    def list(self, limit: int = 50) -> list[JobRow]:
-        rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY created DESC, id DESC LIMIT ?",
-                               (max(1, min(limit, 1000)),)).fetchall()
+    def list(self, limit: int = 50, *, submitted_by: int | None = None) -> list[JobRow]:
+        """Newest first; only the jobs of uid `submitted_by` when given."""
+        where, args = ("WHERE submitted_by = ? ", [submitted_by]) if submitted_by is not None else ("", [])
+        rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {where}ORDER BY created DESC, id DESC LIMIT ?",
+                               (*args, max(1, min(limit, 1000)))).fetchall()
         return [_row(r) for r in rows]
 
     def set_rank(self, row: RankRow) -> None:

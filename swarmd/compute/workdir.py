@@ -56,6 +56,11 @@ class WorkdirError(Exception):
     pass
 
 
+def is_digest(value: object) -> bool:
+    """Whether `value` names a tree: 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Packed:
     digest: str

@@ -3,12 +3,23 @@
 The same `Worker` answers its own coordinator directly and remote coordinators through the
 job protocol (service.py), so a job placed on the coordinator's own host takes the same
 path as one placed elsewhere. Rules:
-- Reservations and commits go through the sans-IO `Ledger`; lapsed leases are swept.
+- Reservations, commits, starts and releases go through the sans-IO `Ledger`, which keeps
+  each hold for the coordinator that reserved it; lapsed leases are swept.
+- A job's directory is `jobs_dir/<job id>` for an id of ids.py's format only, checked to
+  resolve inside `jobs_dir`. It is made afresh for each start (a leftover is removed
+  without following links), owned by the daemon (0711), with `home/`, `work/` (a copy of
+  the cached workdir) and `checkpoints/` inside handed to the job user: only what the
+  daemon just created is chowned, links never followed, and the job user reaches nothing
+  until it is all in place. `output.log` beside them stays the daemon's.
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
-  and last ``{"exit": [[rank, code]…], "first": [rank, code] | None}`` (the rank that failed
-  first: the others' codes may be the stop it caused). Whoever drives it going away cancels the ranks.
+  ``{"dropped": [[rank, n]…]}`` when lines were left off the stream, and last ``{"exit":
+  [[rank, code]…], "first": [rank, code] | None}`` (the rank that failed first: the others'
+  codes may be the stop it caused). Every line goes to the job's log on this host first;
+  the stream gets what a bounded queue holds (output.py), so a coordinator that does not
+  read costs lines on its stream, never this host's memory. A coordinator that takes no
+  event for `EMIT_TIMEOUT`, or whose stream breaks, is gone: the ranks are stopped.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
-  workdir dropped.
+  workdir dropped; the directory stays until garbage collection (gc.py).
 """
 
 from __future__ import annotations
@@ -29,19 +40,34 @@ import structlog
 import trio
 
 from .executor import Executor, RankProc
-from .ledger import Grant, Ledger, Refusal
+from .ids import check_job_id
+from .ledger import Cancel, Grant, Ledger, Refusal
+from .output import RankOutput
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
 
 log = structlog.get_logger("swarmd.jobs")
 
 HEARTBEAT = 2.0  # seconds of silent ranks after which the coordinator is still asked to listen
-OUTPUT_BATCH = 0.05  # seconds output is gathered before it is sent on
+OUTPUT_BATCH = 0.05  # seconds output is gathered before it is sent on (and flushed to the log)
 OUTPUT_BATCH_BYTES = 256 * 1024
+EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before it counts as gone
 
 
 class WorkerError(Exception):
     """A request this host cannot carry out; the message says why."""
+
+
+class Refused(WorkerError):
+    """The ledger refused a move that broke the protocol; `code` is the metric label."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.code = refusal.code or "refused"
+
+
+class CoordinatorGone(Exception):
+    """The coordinator's stream broke or stopped taking events: its ranks were stopped."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,20 +92,29 @@ class Worker:
         self.ifname = ifname  # the mesh interface, when the mesh is up
         self.changed = changed  # this host's offer changed: re-advertise
         self.running: dict[str, Executor] = {}
+        self.dropped_lines = 0  # lines left off coordinators' streams (all are in the logs)
 
     # --- reservations --------------------------------------------------------------------
 
-    def reserve(self, job: str, coordinator: str, gpus: int, lease: float) -> Grant | Refusal:
-        answer = self.ledger.reserve(trio.current_time(), job, coordinator, gpus, lease)
+    def reserve(self, job: str, coordinator: str, gpus: int, ranks: int, lease: float) -> Grant | Refusal:
+        answer = self.ledger.reserve(trio.current_time(), job, coordinator, gpus, ranks, lease)
         self.changed()
         return answer
 
     def commit(self, job: str, coordinator: str) -> Grant | Refusal:
         return self.ledger.commit(trio.current_time(), job, coordinator)
 
-    def release(self, job: str) -> None:
-        if job not in self.running and self.ledger.release(job):
+    def release(self, job: str, coordinator: str) -> Refusal | None:
+        """Free the job's hold; a running job's ranks are stopped and the hold goes with them."""
+        answer = self.ledger.release(job, coordinator)
+        if isinstance(answer, Refusal):
+            return answer
+        if isinstance(answer, Cancel):
+            if (executor := self.running.get(job)) is not None:
+                executor.cancel()
+        elif answer:
             self.changed()
+        return None
 
     async def sweep(self) -> None:
         """Give back reservations whose coordinator never committed."""
@@ -93,33 +128,49 @@ class Worker:
     def ranks(self) -> int:
         return sum(len(e.ranks) for e in self.running.values())
 
+    def job_dir(self, job: str) -> Path:
+        """`jobs_dir/<job>`, for a job id only, and only if it resolves inside `jobs_dir`."""
+        check_job_id(job)
+        root = self.jobs_dir.resolve()
+        top = (root / job).resolve()
+        if top.parent != root:
+            raise WorkerError(f"job {job}: its directory would be {top}, outside {root}")
+        return top
+
     # --- running ------------------------------------------------------------------------
 
     async def start(self, req: StartRequest, emit: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[int, int]:
         """Run this host's ranks of a job to the end, telling `emit` as things happen; an
         exception out of `emit` (the coordinator went away) stops the ranks."""
-        if not self.ledger.holds(req.job):
-            raise WorkerError(f"job {req.job} holds no reservation on this host")
-        if req.job in self.running:
-            raise WorkerError(f"job {req.job} is already running here")
+        top = self.job_dir(req.job)  # ValueError: not a job id
+        if req.role.job_id != req.job:
+            raise ValueError(f"'role.job_id' is {req.role.job_id[:40]!r}, not the job's id")
         if req.workdir is not None and not self.cache.has(req.workdir):
             raise WorkerError(f"workdir {req.workdir[:12]} is not on this host")
-        top = self.jobs_dir / req.job
-        role = dataclasses.replace(req.role, ifname=self.ifname(), gpus=self.ledger.gpus_of(req.job),
-                                   checkpoint_dir=str(top / "checkpoints"))
-        base = _base_env(top)
-        argv = resolve_argv(req.cmd, req.python)
-        pending: list[list[Any]] = []
-        wake = trio.Event()
-
-        def on_output(rank: int, line: bytes) -> None:
-            pending.append([rank, line.decode("utf-8", "replace")])
-            wake.set()
-
+        started = self.ledger.start(req.job, req.coordinator, req.role.procs_per_node)
+        if isinstance(started, Refusal):
+            raise Refused(started)
         codes: dict[int, int] = {}
         executor: Executor | None = None
+        out = RankOutput(top / "output.log")
         try:
-            cwd = await trio.to_thread.run_sync(self._prepare, req.job, req.workdir)
+            role = dataclasses.replace(req.role, ifname=self.ifname(), gpus=started.gpus,
+                                       checkpoint_dir=str(top / "checkpoints"))
+            base = _base_env(top / "home")
+            argv = resolve_argv(req.cmd, req.python)
+            wake = trio.Event()
+
+            def on_output(rank: int, line: bytes) -> None:
+                out.add(rank, line)
+                wake.set()
+
+            async def send(event: dict[str, Any]) -> None:
+                with trio.move_on_after(EMIT_TIMEOUT) as slow:
+                    await emit(event)
+                if slow.cancelled_caught:
+                    raise CoordinatorGone(f"the coordinator took no event for {EMIT_TIMEOUT:g} s")
+
+            cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir)
             ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                               env=rank_env(role, i, req.env, base), cwd=cwd)
                      for i in range(role.procs_per_node)]
@@ -132,56 +183,77 @@ class Worker:
                     wake.set()
 
                 await nursery.start(run)
-                await emit({"started": [r.rank for r in ranks]})
-                while not codes or pending:
+                nursery.start_soon(_flusher, out)
+                await send({"started": [r.rank for r in ranks]})
+                while not codes or out.pending:
                     with trio.move_on_after(HEARTBEAT) as idle:
                         await wake.wait()
                     if idle.cancelled_caught:
-                        await emit({"hb": True})  # fails once the coordinator is gone: the ranks stop
+                        await send({"hb": True})  # fails once the coordinator is gone: the ranks stop
                         continue
                     wake = trio.Event()
                     if not codes:
                         await trio.sleep(OUTPUT_BATCH)
-                    while pending:
-                        batch, size = [], 0
-                        while pending and size < OUTPUT_BATCH_BYTES:
-                            batch.append(item := pending.pop(0))
-                            size += len(item[1])
-                        await emit({"out": batch})
+                    while out.pending:
+                        batch, dropped = out.take(OUTPUT_BATCH_BYTES)
+                        if dropped:
+                            await send({"dropped": dropped})
+                        if batch:
+                            await send({"out": batch})
+                nursery.cancel_scope.cancel()  # the flusher
+            out.flush()
             first = executor.first_failure
-            await emit({"exit": sorted(codes.items()), "first": list(first) if first else None})
+            await send({"exit": sorted(codes.items()), "first": list(first) if first else None})
             return codes
         finally:
             if executor is not None:
                 executor.cancel()
+            out.flush()
+            self.dropped_lines += out.dropped_total
+            if out.dropped_total:
+                log.info("rank output left off a slow coordinator's stream", job=req.job,
+                         lines=out.dropped_total, log=str(out.log))
             self.running.pop(req.job, None)
-            self.ledger.release(req.job)
+            self.ledger.finish(req.job)
+            with contextlib.suppress(OSError):
+                os.utime(top)  # finished now: garbage collection counts from here
             self.changed()
 
-    def cancel(self, job: str) -> bool:
+    def cancel(self, job: str, coordinator: str) -> bool | Refusal:
+        """Stop a running job's ranks; only its own coordinator may."""
+        if (refusal := self.ledger.check_holder(job, coordinator)) is not None:
+            return refusal
         executor = self.running.get(job)
         if executor is None:
             return False
         executor.cancel()
         return True
 
-    def _prepare(self, job: str, workdir: str | None) -> Path:
-        """The job's own writable copy of its workdir, and its checkpoint directory."""
-        top = self.jobs_dir / job
-        work, checkpoints = top / "work", top / "checkpoints"
-        if work.exists():
-            shutil.rmtree(work)
-        top.mkdir(parents=True, exist_ok=True)
+    def _prepare(self, top: Path, workdir: str | None) -> Path:
+        """The job's directory, made afresh: `home/`, a writable copy of its workdir in
+        `work/`, and `checkpoints/`, handed to the job user once complete."""
+        _remove(top)
+        os.mkdir(top, 0o700)  # nobody else reaches in while it is built
+        work, checkpoints, home = top / "work", top / "checkpoints", top / "home"
         if workdir is not None:
             with self.cache.hold(workdir) as tree:  # not evicted while it is copied
                 shutil.copytree(tree, work, symlinks=False)
         else:
-            work.mkdir()
-        checkpoints.mkdir(exist_ok=True)
+            os.mkdir(work, 0o755)
+        os.mkdir(checkpoints, 0o700)
+        os.mkdir(home, 0o700)
         if os.geteuid() == 0 and self.user:
             entry = pwd.getpwnam(self.user)
-            _chown_tree(top, entry.pw_uid, entry.pw_gid)
+            for d in (work, checkpoints, home):
+                _chown_fresh(d, entry.pw_uid, entry.pw_gid)
+        os.chmod(top, 0o711)  # the job user passes through to its own directories, reads nothing else
         return work
+
+
+async def _flusher(out: RankOutput) -> None:
+    while True:
+        await trio.sleep(OUTPUT_BATCH)
+        out.flush()
 
 
 @contextlib.asynccontextmanager
@@ -223,11 +295,21 @@ def stop_orphans(jobs_dir: Path) -> list[int]:
     return killed
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.chown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
+def _remove(path: Path) -> None:
+    """Remove what is at `path`, never following a link (rmtree works by file descriptor)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _chown_fresh(root: Path, uid: int, gid: int) -> None:
+    """Hand a tree the daemon has just created (inside a directory only it can reach) to the
+    job user: deepest first, the root last, links never followed."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+    os.chown(root, uid, gid, follow_symlinks=False)
 
 
 def _base_env(home: Path) -> dict[str, str]:

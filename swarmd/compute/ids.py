@@ -1,0 +1,40 @@
+"""Job ids: the one format, minted by a coordinator and checked wherever one arrives.
+
+An id is 12 lowercase characters of Crockford's base32 (no i, l, o, u): 42 bits of Unix
+milliseconds (good until 2109) then 18 random bits, so ids sort by submission time. Every
+id that crosses a boundary (a peer's job request, a role, a path under the jobs directory)
+goes through `check_job_id`: nothing else can name a job, so no id is a path, a dot, a
+slash, an empty string or a look-alike character.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+LENGTH = 12
+RANDOM_BITS = 18
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford's base32, lowercase
+_FORMAT = re.compile(f"[{ALPHABET}]{{{LENGTH}}}", re.ASCII)
+
+
+def encode(n: int) -> str:
+    """`n` (ms << RANDOM_BITS | random bits) as an id."""
+    out = ""
+    for _ in range(LENGTH):
+        n, digit = divmod(n, 32)
+        out = ALPHABET[digit] + out
+    return out
+
+
+def is_job_id(value: Any) -> bool:
+    return isinstance(value, str) and _FORMAT.fullmatch(value) is not None
+
+
+def check_job_id(value: Any, name: str = "job") -> str:
+    """`value` if it is a job id; else ValueError naming `name` and the format."""
+    if not is_job_id(value):
+        shown = repr(value[:40]) + ("…" if len(value) > 40 else "") if isinstance(value, str) else type(value).__name__
+        raise ValueError(f"'{name}' must be a job id ({LENGTH} characters of 0-9 and a-z without i, l, o, u); "
+                         f"got {shown}")
+    return value

@@ -1,0 +1,116 @@
+"""Rank output, bounded: a log on disk that keeps its tail, and a bounded queue to a stream.
+
+Rules:
+- A log is ``rank<TAB>line`` records, one per line (`records`). `append` writes them with
+  one O_APPEND write, never following a symlink; once the file passes `cap` it is rewritten
+  to its newest `cap // 2` bytes, cut at a record boundary, and `append` returns how many
+  bytes went from its head (readers that keep offsets move theirs on by that much).
+- `RankOutput` is a host's side of one job: every line goes to the job's log first (through
+  a buffer of at most `FLUSH_BYTES`, flushed by the driver every few milliseconds) and then
+  into a queue of at most `queue_bytes` for the coordinator's stream. A full queue drops the
+  line from the stream only, and counts it per rank; `take` hands the counts on once, so
+  the coordinator can say how many lines it missed. Memory per job is bounded by
+  `queue_bytes + FLUSH_BYTES` whether or not the coordinator reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+MAX_RECORD = 64 * 1024
+LOG_CAP = 64 * 1024 * 1024  # per job, on the host and at the coordinator
+QUEUE_BYTES = 1024 * 1024  # per job, lines waiting for the coordinator's stream
+FLUSH_BYTES = 64 * 1024
+
+
+def records(rank: int, data: bytes) -> bytes:
+    """`data` (a line, or several split at newlines) as log records, long lines cut."""
+    return b"".join(b"%d\t%s\n" % (rank, line[i:i + MAX_RECORD])
+                    for line in data.split(b"\n") for i in range(0, max(len(line), 1), MAX_RECORD))
+
+
+def append(path: Path, data: bytes, cap: int = LOG_CAP) -> int:
+    """Append `data` to the log at `path` (0600, created if absent); returns how many bytes
+    were dropped from its head to keep it under `cap`."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return _trim(path, size, cap) if size > cap else 0
+
+
+def _trim(path: Path, size: int, cap: int) -> int:
+    keep = cap // 2
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.lseek(fd, size - keep, os.SEEK_SET)
+        tail = b""
+        while len(tail) < keep and (chunk := os.read(fd, keep - len(tail))):
+            tail += chunk
+    finally:
+        os.close(fd)
+    cut = tail.find(b"\n") + 1  # the first whole record
+    tail = tail[cut:]
+    tmp = path.with_name(path.name + ".trim")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, tail)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return size - len(tail)
+
+
+class RankOutput:
+    def __init__(self, log: Path, *, cap: int = LOG_CAP, queue_bytes: int = QUEUE_BYTES) -> None:
+        self.log = log
+        self.cap = cap
+        self.queue_bytes = queue_bytes
+        self._disk = bytearray()
+        self._queue: deque[tuple[int, str, int]] = deque()  # rank, line, its bytes
+        self._queued = 0
+        self._dropped: Counter[int] = Counter()
+        self.dropped_total = 0
+        self.log_error: str | None = None
+
+    def add(self, rank: int, line: bytes) -> None:
+        self._disk += records(rank, line)
+        if len(self._disk) >= FLUSH_BYTES:
+            self.flush()
+        if self._queued + len(line) > self.queue_bytes:
+            self._dropped[rank] += 1
+            self.dropped_total += 1
+            return
+        self._queue.append((rank, line.decode("utf-8", "replace"), len(line)))
+        self._queued += len(line)
+
+    def flush(self) -> None:
+        if not self._disk:
+            return
+        data, self._disk = bytes(self._disk), bytearray()
+        try:
+            append(self.log, data, self.cap)
+        except OSError as exc:  # a full disk costs the host's copy, never the job
+            self.log_error = f"{exc.strerror}: {self.log}"
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._queue or self._dropped)
+
+    def take(self, max_bytes: int) -> tuple[list[list[Any]], list[list[int]]]:
+        """Queued lines up to about `max_bytes`, and [rank, lines dropped] since last asked."""
+        batch: list[list[Any]] = []
+        size = 0
+        while self._queue and (not batch or size < max_bytes):
+            rank, text, n = self._queue.popleft()
+            batch.append([rank, text])
+            size += n
+        self._queued -= size
+        dropped = [[r, n] for r, n in sorted(self._dropped.items())]
+        self._dropped.clear()
+        return batch, dropped
