@@ -58,14 +58,47 @@ def _check_range(value: float | None, low: float, high: float, flag: str) -> Non
         raise SystemExit(f"swarm-sim: {flag} must be between {low:g} and {high:g}, got {value:g}")
 
 
+def split_exec(words: list[str]) -> tuple[list[str], list[str]]:
+    """The words after `lab exec`: (lab exec's own, options first and the host last; the
+    command verbatim).
+
+    Lab exec's words are its options (before or after the host) and the host; the command
+    starts after the first `--`, or at the first other word after the host. Everything from
+    there on is the command's, its own `--` and options included: argparse is never shown
+    them (its REMAINDER handling of `--` differs between Python versions).
+    """
+    own: list[str] = []
+    host: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return own + host, words[i + 1:]
+        if word == "--name":
+            own += words[i:i + 2]
+            i += 2
+        elif word.startswith("-"):  # --name=X, --help, or a mistake argparse will name
+            own.append(word)
+            i += 1
+        elif host:
+            return own + host, words[i:]
+        else:
+            host = [word]
+            i += 1
+    return own + host, []
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    if argv[:2] == ["lab", "exec"]:
+        own, command = split_exec(argv[2:])
+        args = parser().parse_args(["lab", "exec", *own])
+        args.argv = command
+        return args
+    return parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.command == "exec" and "--" in args.argv:
-        # `lab exec h2 --name x -- cmd`: options may stand between the host and the --
-        cut = args.argv.index("--")
-        head, args.argv = args.argv[:cut], args.argv[cut + 1:]
-        if head:
-            args.name = parser().parse_args(["lab", "exec", *head, args.host]).name
+    args = parse(sys.argv[1:] if argv is None else argv)
     from .netlab import lab as labmod
     from .netlab import topology
     from .netlab.state import LabState
