@@ -64,6 +64,8 @@ class Config:
         "doc": "jobs this host runs at once; 0: one per GPU, or 2 without GPUs"})
     job_submitters: tuple[str, ...] = field(default=(), metadata={
         "doc": "peer ids allowed to place jobs here (empty: every member of the swarm)"})
+    job_retention: float = field(default=7 * 86400.0, metadata={
+        "doc": "how long a finished job's directory, record and log are kept: seconds, or e.g. 12h, 7d"})
     jobs_dir: Path | None = field(default=None, metadata={
         "doc": "where ranks run (a copy of the workdir, checkpoints); default STATE_DIR-jobs beside the state"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
@@ -206,6 +208,20 @@ def _int_range(low: int, high: int) -> Check:
     return check
 
 
+def _duration(low: float, high: float) -> Check:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def check(v: Any) -> float:
+        if isinstance(v, str) and v and v[-1] in units and v[:-1].replace(".", "", 1).isdigit():
+            v = float(v[:-1]) * units[v[-1]]
+        elif isinstance(v, str) and v.replace(".", "", 1).isdigit():
+            v = float(v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
+            raise _Bad(f"a duration of {low:g} s to {high / 86400:g} days (seconds, or e.g. 12h, 7d)")
+        return float(v)
+    return check
+
+
 def _hostport_or_off(v: Any) -> str | None:
     if v is False or (isinstance(v, str) and v.lower() in ("off", "none", "")):
         return None
@@ -259,6 +275,7 @@ _CHECKS: dict[str, Check] = {
     "job_user": _user,
     "job_slots": _int_range(0, 1024),
     "job_submitters": _peer_ids,
+    "job_retention": _duration(60, 10 * 365 * 86400),
     "jobs_dir": _path,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
