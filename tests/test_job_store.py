@@ -169,3 +169,31 @@ def test_ids_are_unique_time_ordered_and_found_by_prefix(tmp_path):
     assert store.get(first.id) == first
     assert [j.id for j in store.list()][-2:] == [second.id, first.id], "newest first"
     assert len(store.list(limit=3)) == 3
+
+
+def test_a_jobs_log_keeps_its_tail_under_the_cap_and_readers_skip_the_trimmed_head(tmp_path):
+    store = JobStore(tmp_path, log_cap=4096)
+    job = row(store)
+    for i in range(1000):
+        store.append_log(job.id, 0, b"line %04d" % i)
+    size = (tmp_path / "jobs" / job.id / "output.log").stat().st_size
+    assert size <= 4096, "the log never grows past its cap"
+    lines, end = store.read_log(job.id)
+    assert lines[-1] == (0, "line 0999") and lines[0][1].startswith("line ") and len(lines) < 1000
+    numbers = [int(text.split()[1]) for _, text in lines]
+    assert numbers == list(range(numbers[0], 1000)), "whole records, the newest, in order"
+    store.append_log(job.id, 0, b"after")
+    assert store.read_log(job.id, offset=end)[0] == [(0, "after")], "a follower's cursor stays good"
+
+
+def test_prune_forgets_jobs_that_ended_before_a_time_and_keeps_the_rest(tmp_path):
+    store = JobStore(tmp_path)
+    old, recent, going = row(store, "succeeded"), row(store, "failed"), row(store, "running")
+    store.update(old.id, ended=1000.0)
+    store.update(recent.id, ended=time.time())
+    for job in (old, recent, going):
+        store.append_log(job.id, 0, b"x")
+        store.set_rank(RankRow(job_id=job.id, rank=0, node="a", state="exited", exit_code=0))
+    assert store.prune(time.time() - 60) == [old.id]
+    assert store.get(old.id) is None and store.ranks(old.id) == [] and not (tmp_path / "jobs" / old.id).exists()
+    assert store.get(recent.id) is not None and store.get(going.id) is not None

@@ -10,7 +10,10 @@ to the store as they happen; `watch` lets any number of clients follow a job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +25,7 @@ import trio
 from ..gossip.service import Gossip
 from ..gossip.wire import Record
 from . import gang as gangmod
+from . import gc
 from .placement import Candidate, NoFit, place
 from .run import TERMINAL, Run
 from .service import HostError, LocalHost, RemoteHost, short
@@ -42,6 +46,7 @@ class _Live:
     run: Run
     spec: JobSpec
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
+    workdir: str | None = None
     shipped: int = 0
     ship_total: int = 0
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
@@ -52,11 +57,13 @@ class _Live:
 
 
 class Jobs:
-    def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path) -> None:
+    def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path,
+                 retention: float = 7 * 86400.0) -> None:
         self.store = store
         self.worker = worker
         self.gossip = gossip
         self.archives = archives
+        self.retention = retention  # finished jobs' directories, records and logs (gc.py)
         self.live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -66,9 +73,16 @@ class Jobs:
             log.warning("jobs lost in a restart marked failed", jobs=lost)
         if orphans := await trio.to_thread.run_sync(stop_orphans, self.worker.jobs_dir):
             log.warning("ranks left by the previous run killed", pids=orphans)
+        if stale := await trio.to_thread.run_sync(lambda: gc.parts(self.archives)):
+            log.info("unfinished uploads of the previous run removed", files=stale)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.worker.sweep)
+            nursery.start_soon(functools.partial(
+                gc.collect, jobs_dir=self.worker.jobs_dir, archive_dir=self.archives, retention=self.retention,
+                held=lambda: [*self.worker.running, *self.worker.ledger.held()],
+                needed=lambda: [live.workdir for live in self.live.values() if live.workdir],
+                prune=self.store.prune))
             task_status.started()
             await trio.sleep_forever()
 
@@ -87,7 +101,10 @@ class Jobs:
         self.store.add(JobRow(id=job, name=spec.name, spec={**spec.to_wire(), "workdir_digest": workdir},
                               state="placing", coordinator=me, submitted_by=uid, created=time.time(),
                               started=None, ended=None, exit_code=None, reason=None, nodes=[]))
-        live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node), spec=spec)
+        live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node), spec=spec, workdir=workdir)
+        if workdir is not None:  # archives are evicted least recently used first (gc.py)
+            with contextlib.suppress(OSError):
+                os.utime(self.archives / f"{workdir}.tar.gz")
         self.live[job] = live
         self._nursery.start_soon(self._coordinate, job, live, workdir)
         log.info("job submitted", job=job, cmd=list(spec.cmd), nodes=spec.nodes, by_uid=uid)

@@ -100,6 +100,9 @@ class Ledger:
     def holds(self, job: str) -> bool:
         return job in self._holds
 
+    def held(self) -> list[str]:
+        return list(self._holds)
+
     def state_of(self, job: str) -> str | None:
         hold = self._holds.get(job)
         return hold.state if hold else None

@@ -44,4 +44,5 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=gossip.reject)
     gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
-    return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives")
+    return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
+                retention=config.job_retention)

@@ -7,6 +7,9 @@ Rules:
   size), so a reader follows it with a byte offset as its cursor and sees only whole
   records. Each append is one write, so a killed daemon loses nothing it had appended, and
   the database stays consistent; a torn record after a power loss is skipped by readers.
+- A job's log keeps its newest `output.LOG_CAP` bytes (output.py trims its head): offsets
+  stay those of the whole output, and a reader behind the trimmed head skips to it.
+- `prune` deletes jobs that ended before a time, their ranks and their logs.
 - Files are 0600 and directories 0700: they are the daemon's.
 - A job in a terminal state never leaves it; after that only fields still unset may be
   filled in. States are those of `run.STATES`; any other is a ValueError.
@@ -21,17 +24,18 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import ids
+from . import ids, output
 from .run import STATES, TERMINAL
 
 MIN_PREFIX = 4
-MAX_RECORD = 64 * 1024
+MAX_RECORD = output.MAX_RECORD
 _READ = 4 * 1024 * 1024  # at most this much output per read_log: a follower comes back for more
 
 _SCHEMA = """
@@ -76,7 +80,8 @@ _COLUMNS = [f.name for f in fields(JobRow)]
 
 
 class JobStore:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, log_cap: int = output.LOG_CAP) -> None:
+        self.log_cap = log_cap
         self.dir = state_dir / "jobs"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = state_dir / "jobs.sqlite3"
@@ -87,6 +92,7 @@ class JobStore:
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: consistent after any crash, durable past a killed process
         self.db.executescript(_SCHEMA)
         self._last = 0  # ids only grow: two jobs in one millisecond still differ
+        self._trimmed: dict[str, int] = {}  # job -> bytes trimmed from its log's head in this run
 
     def close(self) -> None:
         self.db.close()
@@ -121,12 +127,14 @@ class JobStore:
                 setattr(row, k, v)
         return row
 
-    def get(self, job_id: str) -> JobRow | None:
-        """By id or by a unique prefix of at least 4 characters; ValueError if ambiguous."""
+    def get(self, job_id: str, *, submitted_by: int | None = None) -> JobRow | None:
+        """By id or by a unique prefix of at least 4 characters; ValueError if ambiguous. A
+        prefix matches only the jobs of uid `submitted_by` when given (a whole id, any job)."""
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None and len(job_id) >= MIN_PREFIX and job_id.isascii() and job_id.isalnum():
-            rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id LIKE ? LIMIT 2",
-                                   (job_id.lower() + "%",)).fetchall()
+            mine = " AND submitted_by = ?" if submitted_by is not None else ""
+            rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id LIKE ?{mine} LIMIT 2",
+                                   (job_id.lower() + "%", *([] if submitted_by is None else [submitted_by]))).fetchall()
             if len(rows) > 1:
                 raise ValueError(f"{job_id!r} matches more than one job; give more of the id")
             row = rows[0] if rows else None
@@ -147,6 +155,25 @@ class JobStore:
         rows = self.db.execute("SELECT job_id, rank, node, state, exit_code FROM ranks WHERE job_id = ? ORDER BY rank",
                                (job_id,)).fetchall()
         return [RankRow(job_id=r[0], rank=r[1], node=r[2], state=r[3], exit_code=r[4]) for r in rows]
+
+    def prune(self, ended_before: float) -> list[str]:
+        """Forget jobs that ended before `ended_before`: rows, ranks and logs."""
+        terminal = tuple(TERMINAL)
+        old = [r[0] for r in self.db.execute(
+            f"SELECT id FROM jobs WHERE state IN ({', '.join('?' * len(terminal))}) AND ended < ? ORDER BY id",
+            (*terminal, ended_before))]
+        for job in old:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("DELETE FROM ranks WHERE job_id = ?", (job,))
+                self.db.execute("DELETE FROM jobs WHERE id = ?", (job,))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            shutil.rmtree(self.dir / job, ignore_errors=True)
+            self._trimmed.pop(job, None)
+        return old
 
     def recover(self, reason: str) -> list[str]:
         going = f"state NOT IN ({', '.join('?' * len(TERMINAL))})"
@@ -173,20 +200,17 @@ class JobStore:
         """`data` is a line (or several, split at newlines) of one rank's output."""
         path = self._log(job_id)
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        records = b"".join(b"%d\t%s\n" % (rank, line[i:i + MAX_RECORD])
-                           for line in data.split(b"\n") for i in range(0, max(len(line), 1), MAX_RECORD))
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, records)
-        finally:
-            os.close(fd)
+        if trimmed := output.append(path, output.records(rank, data), self.log_cap):
+            self._trimmed[job_id] = self._trimmed.get(job_id, 0) + trimmed
 
     def read_log(self, job_id: str, rank: int | None = None, offset: int = 0) -> tuple[list[tuple[int, str]], int]:
         """Whole records from byte `offset` on, of one rank or all, as (rank, line) in arrival
         order, and the offset to go on from (the same when there is nothing new)."""
+        base = self._trimmed.get(job_id, 0)
+        offset = max(offset, base)
         try:
             with open(self._log(job_id), "rb") as f:
-                f.seek(offset)
+                f.seek(offset - base)
                 data = f.read(_READ)
         except FileNotFoundError:
             return [], offset

@@ -1,0 +1,61 @@
+"""Garbage collection of finished jobs: directories after retention, archives by LRU, .part files."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from swarmd.compute import gc
+
+OLD = time.time() - 30 * 86400
+
+
+def aged(path, when=OLD):
+    os.utime(path, (when, when), follow_symlinks=False)
+    return path
+
+
+def test_finished_job_dirs_go_after_retention_unless_held_and_other_names_stay(tmp_path):
+    for name in ("0123456789ab", "0123456789ac", "0123456789ad", "not-a-job", ".hidden"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "work").mkdir()
+        aged(tmp_path / name)
+    aged((tmp_path / "0123456789ad"), time.time())  # finished a moment ago
+    removed = gc.job_dirs(tmp_path, keep={"0123456789ac"}, before=time.time() - 7 * 86400)
+    assert removed == ["0123456789ab"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "0123456789ac", "0123456789ad", "not-a-job"]
+
+
+def test_a_link_in_a_job_dir_is_removed_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0123456789ab").mkdir()
+    os.symlink(outside, jobs / "0123456789ab" / "link")
+    os.symlink(outside, jobs / "0123456789ac")
+    aged(jobs / "0123456789ab")
+    aged(jobs / "0123456789ac")
+    assert gc.job_dirs(jobs, keep=(), before=time.time()) == ["0123456789ab", "0123456789ac"]
+    assert (outside / "keep").exists()
+
+
+def test_archives_are_evicted_least_recently_used_first_and_never_a_needed_one(tmp_path):
+    for i in range(6):
+        p = tmp_path / f"{i:064x}.tar.gz"
+        p.write_bytes(b"x" * 100)
+        aged(p, OLD + i)
+    removed = gc.archives(tmp_path, keep={f"{0:064x}"}, max_count=3)
+    assert removed == [f"{i:064x}" for i in (1, 2)], "the oldest go, except the one a live job needs"
+    assert gc.archives(tmp_path, keep=(), max_count=10, max_bytes=250) == [f"{0:064x}", f"{3:064x}"]
+
+
+def test_part_files_go_at_start_and_when_stale(tmp_path):
+    (tmp_path / "a.part").write_bytes(b"x")
+    aged(tmp_path / "a.part")
+    (tmp_path / "b.part").write_bytes(b"x")
+    (tmp_path / f"{0:064x}.tar.gz").write_bytes(b"x")
+    assert gc.parts(tmp_path, before=time.time() - 3600) == ["a.part"]
+    assert gc.parts(tmp_path) == ["b.part"]
+    assert [p.name for p in tmp_path.iterdir()] == [f"{0:064x}.tar.gz"]
