@@ -52,16 +52,24 @@ def parser() -> argparse.ArgumentParser:
     lv = sub.add_parser("log-level", parents=[common], help="change the daemon's log level")
     lv.add_argument("level", choices=LOG_LEVELS)
 
-    sw = sub.add_parser("swarm", parents=[common], help="make, invite to, or join a swarm")
+    sw = sub.add_parser("swarm", parents=[common], help="make, invite to, join a swarm; revoke members")
     swsub = sw.add_subparsers(dest="swarm_command", metavar="ACTION", required=True)
     swsub.add_parser("init", parents=[common], help="make a new swarm owned by this node")
-    inv = swsub.add_parser("invite", parents=[common], help="print a token that admits one or more nodes")
-    inv.add_argument("--expires", type=_duration, default=7 * 86400.0, metavar="DURATION",
-                     help="how long the token works, e.g. 30m, 12h, 7d (default 7d)")
+    inv = swsub.add_parser("invite", parents=[common], help="print a token that admits one node (or --uses N)")
+    inv.add_argument("--expires", type=_duration, default=86400.0, metavar="DURATION",
+                     help="how long the token works, e.g. 30m, 12h, 7d (default 24h)")
+    inv.add_argument("--uses", type=_uses, default=1, metavar="N",
+                     help="how many nodes the token admits (default 1)")
     inv.add_argument("--cert-ttl", type=_duration, default=365 * 86400.0, metavar="DURATION",
                      help="how long the members' certificates are valid (default 365d)")
     jn = swsub.add_parser("join", parents=[common], help="join a swarm with a token from `swarm invite`")
     jn.add_argument("token")
+    rv = swsub.add_parser("revoke", parents=[common],
+                          help="remove a member for good (owner only): every member drops it within seconds")
+    rv.add_argument("peer", metavar="PEER", help="its peer id, or enough of it to name one member")
+    rv.add_argument("--reason", default="", help="kept with the revocation and logged by every member")
+    swsub.add_parser("revocations", parents=[common], help="the revoked peers this node knows of")
+    swsub.add_parser("renew", parents=[common], help="renew this node's certificate from the owner now")
 
     sub.add_parser("peers", parents=[common], help="every member: state, RTT, GPUs, CPU, memory, labels")
 
@@ -94,6 +102,16 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a duration like 30m, 12h or 7d, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _uses(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be 1 to 10000, got {text}")
     return value
 
 
@@ -147,13 +165,32 @@ def cmd_swarm(client: Client, args: argparse.Namespace) -> int:
             f"swarm {result['swarm']} created; this node owns it.\n"
             "Invite nodes with: swarmctl swarm invite")
     elif args.swarm_command == "invite":
-        result = client.call("swarm.invite", expires=args.expires, cert_ttl=args.cert_ttl)
+        result = client.call("swarm.invite", expires=args.expires, cert_ttl=args.cert_ttl, uses=args.uses)
         if args.json:
             render.as_json(result)
         else:
             print(result["token"])
-            print(f"# valid for {render.duration(args.expires)}; on the new node run: swarmd --join TOKEN, "
-                  "or swarmctl swarm join TOKEN", file=sys.stderr)
+            nodes = "one node" if args.uses == 1 else f"{args.uses} nodes"
+            print(f"# valid for {render.duration(args.expires)}, admits {nodes}; on the new node run: "
+                  "swarmd --join TOKEN, or swarmctl swarm join TOKEN", file=sys.stderr)
+    elif args.swarm_command == "revoke":
+        result = client.call("swarm.revoke", peer=args.peer, reason=args.reason)
+        render.as_json(result) if args.json else print(
+            f"revoked {result['peer']}; the swarm drops it as the revocation spreads (seconds)")
+    elif args.swarm_command == "revocations":
+        result = client.call("swarm.revocations")
+        if args.json:
+            render.as_json(result)
+        else:
+            for r in result["revocations"]:
+                print(f"{r['peer']}  {render.when(r['issued'])}  {r['reason'] or '-'}")
+            if not result["revocations"]:
+                print("no revoked peers")
+    elif args.swarm_command == "renew":
+        client.set_timeout(max(args.timeout, 30.0))
+        result = client.call("swarm.renew")
+        render.as_json(result) if args.json else print(
+            f"certificate renewed; expires {render.when(result['expires'])}")
     else:
         client.set_timeout(max(args.timeout, 30.0))  # the owner may be far away
         result = client.call("swarm.join", token=args.token)

@@ -43,6 +43,30 @@ def duration(seconds: float) -> str:
     return " ".join(parts) or "0s"
 
 
+def when(ts: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+
+def swarm_warnings(s: Mapping[str, Any]) -> list[str]:
+    """Lines a person must not miss: this node revoked, or its certificate about to expire."""
+    swarm = s.get("swarm") or {}
+    out = []
+    if swarm.get("revoked"):
+        reason = swarm["revoked"].get("reason")
+        out.append("REVOKED: the swarm's owner revoked this node's membership" + (f" ({reason})" if reason else "")
+                   + "; members refuse it. Join again with a new invite, under a new identity.")
+    elif swarm.get("cert_expiring"):
+        left = swarm.get("cert_expires_in_s", 0)
+        what = f"expires in {duration(left)}" if left > 0 else "has EXPIRED"
+        line = f"WARNING: this node's certificate {what} ({when(swarm['cert_expires'])})"
+        if swarm.get("renewal_error"):
+            line += f"; renewal from the owner failed: {swarm['renewal_error']}"
+        out.append(line + ". It renews automatically; to try now: swarmctl swarm renew")
+    return out
+
+
 def status(s: Mapping[str, Any]) -> None:
     key_values("swarmd", [
         ("peer id", s.get("peer_id")),
@@ -59,6 +83,8 @@ def status(s: Mapping[str, Any]) -> None:
         *mesh_rows(s.get("mesh")),
         *job_rows(s.get("jobs")),
     ])
+    for line in swarm_warnings(s):
+        print(line)
 
 
 def job_rows(j: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
@@ -92,6 +118,10 @@ def swarm_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
         ("swarm", swarm["id"] + (" (owner)" if swarm.get("owner") else "")),
         ("members", ", ".join(f"{n} {state}" for state, n in members.items() if n) or "no peers yet"),
     ]
+    if swarm.get("cert_expires"):
+        rows.append(("certificate", f"expires {when(swarm['cert_expires'])}"
+                     + (f", overlay {swarm['cert_addr4']}" if swarm.get("cert_addr4") else "")
+                     + (" (revoked)" if swarm.get("revoked") else "")))
     record = s.get("record")
     if record:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(record["labels"].items())) or "-"
@@ -99,7 +129,7 @@ def swarm_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
-STATE_STYLE = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "dim"}
+STATE_STYLE = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "dim", "stale": "yellow"}
 
 
 def peers(result: Mapping[str, Any]) -> None:
@@ -115,9 +145,10 @@ def peers(result: Mapping[str, Any]) -> None:
         table.add_column(column, no_wrap=column not in ("gpus", "labels"))
     for p in result["peers"]:
         res = p["resources"]
-        style = STATE_STYLE.get(p["state"], "")
+        state = "stale" if p.get("stale") and p["state"] == "alive" else p["state"]  # no record within its ttl
+        style = STATE_STYLE.get(state, "")
         table.add_row(
-            p["peer"][-8:], f"[{style}]{p['state']}[/]",
+            p["peer"][-8:], f"[{style}]{state}[/]",
             "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms",
             gpus(res.get("gpus", [])),
             f"{res['cpu_free']:g}/{res['cpu_count']}",

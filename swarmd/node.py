@@ -65,6 +65,7 @@ class Node:
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
                              addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network))
+        self.gossip.admission.configure(config.state_dir, config.mesh_network)  # invites, revocations on disk
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = wg_mesh.from_config(config, self.gossip)
         self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh)

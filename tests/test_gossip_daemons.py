@@ -24,7 +24,7 @@ def peer_id(daemon) -> str:
 def swarm(make_daemon):
     owner = make_daemon("a")
     owner.call("swarm.init")
-    token = owner.call("swarm.invite")["token"]
+    token = owner.call("swarm.invite", uses=2)["token"]  # one token, two nodes
     others = [make_daemon(name, args=["--join", token]) for name in ("b", "c")]
     return [owner, *others]
 

@@ -16,6 +16,9 @@ Theory of operation:
   collision needs two members among a few hundred to draw the same of 65,534 hosts.
 - The rule is stateless: a member that moved returns to an earlier candidate once the member
   with precedence leaves the view.
+- Addresses the owner signed into members' certificates (``bound``) have precedence over
+  every derived claim: ``choose`` never picks one and ``conflicts`` moves us off one. A member
+  with such a certificate does not derive at all.
 - IPv6. ``ula`` is an RFC 4193 unique local address: fd00::/8, a 40-bit global id from
   sha256 of the swarm id (one /48 per swarm), subnet 0, and a 64-bit interface id from sha256
   of the public key. 64 bits make collisions negligible, so there is no rule for them.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 DEFAULT_NETWORK = IPv4Network("10.211.0.0/16")  # 10/8 is RFC 1918; .211 is unlikely to be a LAN's
@@ -56,13 +59,14 @@ def candidates(swarm: str, public: bytes, network: IPv4Network = DEFAULT_NETWORK
 
 
 def choose(swarm: str, me: bytes, claims: Mapping[bytes, IPv4Address],
-           network: IPv4Network = DEFAULT_NETWORK) -> IPv4Address:
+           network: IPv4Network = DEFAULT_NETWORK, bound: Iterable[IPv4Address] = ()) -> IPv4Address:
     """This member's address: its first candidate not claimed by another member with a lower
-    public key. ``claims`` maps each member's public key to its advertised address (ours may
-    be among them; it is ignored)."""
+    public key, nor named in another member's certificate (``bound``). ``claims`` maps each
+    member's public key to its advertised address (ours may be among them; it is ignored)."""
     network = _check_network(network)
     ends = (network.network_address, network.broadcast_address)
     claimed = {ipaddress.IPv4Address(addr) for key, addr in claims.items() if key < me}
+    claimed |= {ipaddress.IPv4Address(addr) for addr in bound}
     blocked = {a for a in claimed if a in network and a not in ends}
     if len(blocked) >= network.num_addresses - 2:
         raise NetworkFull(
@@ -74,9 +78,13 @@ def choose(swarm: str, me: bytes, claims: Mapping[bytes, IPv4Address],
     raise AssertionError("unreachable: candidates() is endless")
 
 
-def conflicts(me: bytes, my_addr: IPv4Address, claims: Mapping[bytes, IPv4Address]) -> bool:
-    """True when this member must move: a member with a lower key claims ``my_addr``."""
+def conflicts(me: bytes, my_addr: IPv4Address, claims: Mapping[bytes, IPv4Address],
+              bound: Iterable[IPv4Address] = ()) -> bool:
+    """True when this member must move: a member with a lower key claims ``my_addr``, or
+    another member's certificate names it."""
     mine = ipaddress.IPv4Address(my_addr)
+    if any(ipaddress.IPv4Address(a) == mine for a in bound):
+        return True
     return any(key < me and ipaddress.IPv4Address(addr) == mine for key, addr in claims.items())
 
 
