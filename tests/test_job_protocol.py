@@ -31,3 +31,224 @@ def test_the_coordinators_role_round_trips():
 def test_a_peers_role_out_of_range_is_refused(change, field):
     with pytest.raises(ValueError, match=field):
         _role(role_to_wire(ROLE) | change)
+
+
+# --- the handler, driven in-process ------------------------------------------------------
+
+import os  # noqa: E402
+import tempfile  # noqa: E402
+from collections import Counter  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import msgpack  # noqa: E402
+import trio  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from swarmd.compute import service  # noqa: E402
+from swarmd.compute.ledger import Ledger  # noqa: E402
+from swarmd.compute.service import JobHandler  # noqa: E402
+from swarmd.compute.worker import Worker  # noqa: E402
+from swarmd.compute.workdir import Cache  # noqa: E402
+from swarmd.rpc.framing import HEADER, encode_frame  # noqa: E402
+
+JOB = "0123456789ab"
+
+
+class FakeStream:
+    """A job stream from `peer` that has `frames` to read, then ends (or hangs, if asked)."""
+
+    def __init__(self, peer: str, frames: list, *, raw: bytes = b"", hang: bool = False) -> None:
+        self.inbound = bytearray(b"".join(encode_frame(f) for f in frames) + raw)
+        self.out = bytearray()
+        self.hang = hang
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+
+    async def read(self, n: int) -> bytes:
+        if not self.inbound:
+            if self.hang:
+                await trio.sleep_forever()
+            raise EOFError("stream closed")
+        chunk = bytes(self.inbound[:n])
+        del self.inbound[:n]
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        self.out += data
+
+    async def close(self) -> None:
+        pass
+
+    def replies(self) -> list:
+        out, data = [], bytes(self.out)
+        while data:
+            (n,) = HEADER.unpack(data[:HEADER.size])
+            out.append(msgpack.unpackb(data[HEADER.size:HEADER.size + n], raw=False))
+            data = data[HEADER.size + n:]
+        return out
+
+
+class Host:
+    """A JobHandler over a real Worker in a temporary directory; every peer is a member."""
+
+    def __init__(self, root: Path, slots: int = 2) -> None:
+        self.jobs_dir = root / "jobs"
+        self.jobs_dir.mkdir()
+        self.worker = Worker(ledger=Ledger(slots), cache=Cache(root / "cache"), jobs_dir=self.jobs_dir, user=None)
+        self.rejected: Counter[str] = Counter()
+        self.member_checks = 0
+
+        async def check_member(req, peer, stream) -> bool:
+            self.member_checks += 1
+            return True
+
+        self.handler = JobHandler(self.worker, check_member=check_member, submitters=(),
+                                  rejected=lambda reason, peer, detail: self.rejected.update([reason]))
+
+    async def ask(self, peer: str, *frames, **kw) -> list:
+        stream = FakeStream(peer, list(frames), **kw)
+        await self.handler.handle(stream)
+        return stream.replies()
+
+
+def req(op: str, job: str = JOB, **fields) -> dict:
+    return {"op": op, "job": job, "cert": b"member", **fields}
+
+
+def start_body(procs: int = 1, job: str = JOB) -> dict:
+    role = role_to_wire(NodeRole(job_id=job, node_rank=0, nnodes=1, procs_per_node=procs,
+                                 master_addr="10.211.0.1", master_port=29500, ifname=None, gpus=(),
+                                 node_ips=("10.211.0.1",), checkpoint_dir=""))
+    return {"role": role, "cmd": ["true"], "env": {}, "python": None, "workdir": None}
+
+
+@pytest.mark.parametrize("job", [
+    "/var/lib/swarmd", "../x", "/tmp/x", ".", "..", "", "0" * 13, "0" * 5000,
+    "０１２３４５６７８９ab", "0123456789aI", "0123456789aß", "0123456789a\u0301", "0123456789ab\n",
+    "0123456789a/", 12, None, b"0123456789ab",
+])
+@pytest.mark.parametrize("op", ["reserve", "commit", "release", "cancel", "start", "workdir"])
+async def test_a_job_id_that_is_not_the_coordinators_format_is_refused_at_the_boundary(tmp_path, op, job):
+    host = Host(tmp_path)
+    replies = await host.ask("peerA", req(op, job, gpus=0, ranks=1, lease=30.0), start_body())
+    assert len(replies) == 1 and "must be a job id" in replies[0]["error"]
+    assert host.rejected == {"job_id": 1}
+    assert list(host.jobs_dir.iterdir()) == [] and host.worker.ledger.slots_free == 2
+
+
+async def test_start_needs_a_commit_by_the_same_coordinator_and_at_most_the_ranks_reserved(tmp_path):
+    host = Host(tmp_path)
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+    assert "never committed" in (await host.ask("coord", req("start"), start_body()))[0]["error"]
+    assert (await host.ask("coord", req("commit"))) == [{"gpus": []}]
+    for peer, body, reason in [("intruder", start_body(), "not_holder"), ("coord", start_body(procs=2), "ranks")]:
+        before = host.rejected[reason]
+        assert "error" in (await host.ask(peer, req("start"), body))[0]
+        assert host.rejected[reason] == before + 1
+    for op in ("cancel", "release"):
+        assert "another coordinator" in (await host.ask("intruder", req(op)))[0]["error"]
+    assert host.rejected["not_holder"] == 3 and host.worker.ledger.state_of(JOB) == "committed"
+    assert (await host.ask("coord", req("release"))) == [{}] and host.worker.ledger.slots_free == 2
+    assert list(host.jobs_dir.iterdir()) == [], "nothing was prepared for a refused start"
+
+
+async def test_a_reservation_must_say_how_many_ranks(tmp_path):
+    host = Host(tmp_path)
+    for ranks in (None, 0, 257, -1, "1"):
+        fields = {"gpus": 0, "lease": 30.0} | ({} if ranks is None else {"ranks": ranks})
+        assert "ranks" in (await host.ask("coord", req("reserve", **fields)))[0]["error"]
+    assert host.rejected == {"malformed": 5} and host.worker.ledger.slots_free == 2
+
+
+async def test_a_large_first_frame_is_refused_before_the_certificate_is_looked_at(tmp_path):
+    host = Host(tmp_path)
+    big = req("reserve", gpus=0, ranks=1, lease=30.0, pad=b"x" * (65 * 1024))
+    assert await host.ask("coord", big) == []
+    assert host.rejected == {"too_large": 1} and host.member_checks == 0
+    # a length header alone announcing 16 MiB: nothing more is read
+    assert await host.ask("coord", raw=HEADER.pack(16 * 1024 * 1024)) == []
+    assert host.rejected == {"too_large": 2} and host.member_checks == 0
+
+
+async def test_streams_beyond_a_peers_cap_are_refused_at_once_and_counted(tmp_path):
+    host = Host(tmp_path)
+    cap = host.handler.streams.per_peer
+    host.handler.streams.open["greedy"] = cap
+    replies = await host.ask("greedy", req("reserve", gpus=0, ranks=1, lease=30.0))
+    assert "already open" in replies[0]["error"] and host.rejected == {"too_many_streams": 1}
+    assert host.member_checks == 0 and host.handler.streams.open["greedy"] == cap
+    assert (await host.ask("other", req("reserve", gpus=0, ranks=1, lease=30.0))) == [{"gpus": []}]
+    assert "other" not in host.handler.streams.open, "a stream that ended is no longer counted"
+
+
+async def test_a_workdir_upload_that_stalls_is_given_up_after_the_chunk_timeout(tmp_path, autojump_clock):
+    host = Host(tmp_path)
+    digest = "a" * 64
+    started = trio.current_time()
+    replies = await host.ask("coord", req("workdir", digest=digest, size=1000), {"data": b"x" * 10}, hang=True)
+    assert replies == [{"have": False}, {"error": f"workdir: no workdir chunk for {service.CHUNK_TIMEOUT:g} s"}]
+    assert host.rejected == {"timeout": 1} and trio.current_time() - started == pytest.approx(service.CHUNK_TIMEOUT)
+    assert host.handler._uploading == {}, "the next upload of that tree may go ahead"
+
+
+async def test_a_second_upload_of_the_same_tree_waits_for_the_first(tmp_path, autojump_clock):
+    host = Host(tmp_path)
+    digest = "b" * 64
+    got: dict[str, list] = {}
+    async with trio.open_nursery() as nursery:
+        async def first() -> None:
+            got["first"] = await host.ask("a", req("workdir", digest=digest, size=1000), hang=True)
+
+        nursery.start_soon(first)
+        await trio.sleep(1)
+        got["second"] = await host.ask("b", req("workdir", digest=digest, size=1000), hang=True)
+    assert got["first"][0] == {"have": False} and "no workdir chunk" in got["first"][1]["error"]
+    assert got["second"][0] == {"have": False}, "the first failed: the second uploads itself"
+
+
+# --- the fuzz: any one message, any field -------------------------------------------------
+
+IDS = ["0123456789ab", "0123456789ac"]
+junk = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
+                 st.text(max_size=20), st.binary(max_size=20), st.lists(st.integers(-9, 9), max_size=3),
+                 st.dictionaries(st.text(max_size=5), st.integers(-9, 9), max_size=3))
+jobs = st.one_of(st.sampled_from(IDS), st.sampled_from(["/var/lib/swarmd", "../x", ".", "０１２３４５６７８９ab"]), junk)
+roles = st.one_of(junk, st.builds(lambda job, procs, rank, nnodes, port, ip: {
+    "job_id": job, "node_rank": rank, "nnodes": nnodes, "procs_per_node": procs, "master_addr": ip,
+    "master_port": port, "node_ips": [ip] * (nnodes if isinstance(nnodes, int) and 0 < nnodes < 4 else 1),
+    "restart_count": 0}, jobs, st.one_of(st.integers(-1, 300), junk), st.integers(-1, 2), st.integers(-1, 3),
+    st.integers(-1, 70000), st.sampled_from(["10.211.0.1", "::1", "nope", ""])))
+bodies = st.fixed_dictionaries({}, optional={
+    "role": roles, "cmd": st.one_of(st.just(["true"]), st.just([]), junk),
+    "env": st.one_of(st.just({}), st.just({"A=B": "x"}), st.just({"A": "\0"}), junk),
+    "python": st.one_of(st.none(), st.just("python3"), junk), "workdir": st.one_of(st.just("c" * 64), junk)})
+requests = st.fixed_dictionaries(
+    {"op": st.one_of(st.sampled_from(["reserve", "commit", "release", "cancel", "workdir", "start"]), junk),
+     "job": jobs, "cert": st.just(b"member")},
+    optional={"gpus": st.one_of(st.integers(-1, 3), junk), "ranks": st.one_of(st.integers(-1, 300), junk),
+              "lease": st.one_of(st.floats(-1, 400), junk), "port": junk, "digest": st.one_of(st.just("d" * 64), junk),
+              "size": st.one_of(st.integers(-1, 2**27), junk)})
+messages = st.tuples(st.sampled_from(["coordA", "coordB"]), requests,
+                     st.lists(st.one_of(bodies, st.fixed_dictionaries({"data": st.binary(max_size=64)}),
+                                        st.just({"end": True}), junk), max_size=3))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, min_size=1, max_size=8))
+def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
+    with tempfile.TemporaryDirectory() as tmp:
+        host = Host(Path(tmp))
+
+        async def main() -> None:
+            for peer, first, more in sequence:
+                with trio.fail_after(60):
+                    await host.ask(peer, first, *more)
+                assert all(n >= 0 for n in host.rejected.values())
+                assert all(n > 0 for n in host.handler.streams.open.values())
+                assert 0 <= host.worker.ledger.slots_free <= host.worker.ledger.slots
+            assert host.handler.streams.open == {} and host.handler._uploading == {}
+            assert host.worker.running == {}
+            assert all(p.name in IDS for p in host.jobs_dir.iterdir()), "only job ids name a directory"
+
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

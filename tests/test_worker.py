@@ -1,0 +1,57 @@
+"""A host's job directories: only job ids name them, they stay under jobs_dir, they are made
+afresh, and only what the daemon just created is handed to the job user."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+import pytest
+
+from swarmd.compute.ledger import Ledger
+from swarmd.compute.worker import Worker, WorkerError
+from swarmd.compute.workdir import Cache
+
+JOB = "0123456789ab"
+
+
+@pytest.fixture
+def worker(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    return Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
+                  user="nobody" if os.geteuid() == 0 else None)
+
+
+@pytest.mark.parametrize("job", ["/var/lib/swarmd", "../x", ".", "", "0123456789ab/..", "0123456789AB"])
+def test_only_a_job_id_names_a_directory(worker, job):
+    with pytest.raises(ValueError, match="must be a job id"):
+        worker.job_dir(job)
+
+
+def test_a_jobs_dir_that_is_a_link_elsewhere_is_refused(worker, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, worker.jobs_dir / JOB)
+    with pytest.raises(WorkerError, match="outside"):
+        worker.job_dir(JOB)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_leftover_tree_is_removed_unfollowed_and_only_fresh_dirs_are_chowned(worker, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "key").write_text("secret")
+    top = worker.jobs_dir / JOB
+    top.mkdir()
+    os.symlink(precious, top / "work")  # a leftover a job user could have planted
+    os.symlink(precious / "key", top / "home")
+    work = worker._prepare(worker.job_dir(JOB), None)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert os.stat(precious).st_uid == 0 and os.stat(precious / "key").st_uid == 0, "never chowned through a link"
+    assert (precious / "key").read_text() == "secret"
+    assert work == top / "work" and not work.is_symlink()
+    assert {p.name: p.lstat().st_uid for p in top.iterdir()} == {"work": nobody, "checkpoints": nobody,
+                                                                  "home": nobody}
+    assert top.stat().st_uid == 0 and stat.S_IMODE(top.stat().st_mode) == 0o711, "the job's top stays the daemon's"
