@@ -1,7 +1,8 @@
 """The daemon's control-socket methods: what swarmctl can ask of a node.
 
 Each handler reads the node's state and returns plain data (msgpack-able); the method table
-says which handlers change something (refused to callers outside the swarm group).
+says who may call each (`rpc.protocol.Access`): anyone who can open the socket reads status,
+peers and the mesh; changing the node or the swarm needs root or the daemon's user.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ from . import __version__, log
 from .compute import api as compute_api
 from .config import LOG_LEVELS
 from .gossip import swarmstate
-from .gossip.cert import DEFAULT_CERT_TTL, make_token, parse_token
+from .gossip.cert import DEFAULT_CERT_TTL, DEFAULT_INVITE_TTL, DEFAULT_INVITE_USES, MAX_INVITE_USES, make_token, parse_token
+from .gossip.revocation import MAX_REASON, resolve_peer
 from .gossip.service import JoinError
 from .gossip.signed import Invalid
 from .gossip.swarmstate import owner_signer
 from .gossip.wire import check_labels
-from .rpc.protocol import Caller, Method, Param, RpcError, ErrorCode
+from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
 
 if TYPE_CHECKING:
     from .node import Node
 
 MIN_WATCH_INTERVAL = 0.1
-DEFAULT_INVITE_TTL = 7 * 86400.0
 
 
 def methods(node: Node) -> list[Method]:
@@ -81,15 +82,53 @@ def methods(node: Node) -> list[Method]:
                                              "key and can invite")
         expires = float(params.get("expires", DEFAULT_INVITE_TTL))
         cert_ttl = float(params.get("cert_ttl", DEFAULT_CERT_TTL))
-        if not 60 <= expires <= 365 * 86400 or not 3600 <= cert_ttl <= 10 * 365 * 86400:
+        uses = params.get("uses", DEFAULT_INVITE_USES)
+        if not 60 <= expires <= 365 * 86400 or not 60 <= cert_ttl <= 10 * 365 * 86400:
             raise RpcError(ErrorCode.INVALID_PARAMS, "swarm invite: 'expires' must be 1 min to 365 d "
-                                                     "and 'cert_ttl' 1 h to 10 years")
+                                                     "and 'cert_ttl' 1 min to 10 years")
+        if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= MAX_INVITE_USES:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm invite: 'uses' must be 1 to {MAX_INVITE_USES}")
         me = str(node.identity.peer_id)
         addrs = [f"{a}/p2p/{me}" for a in node.gossip.addrs()]
         token = make_token(owner_signer(swarm), swarm.owner_public, addrs, now=time.time(),
-                           expires_in=expires, cert_ttl=cert_ttl)
-        node.log.info("invite issued", expires=round(token.expires), by_uid=caller.uid)
-        return {"token": token.encode(), "swarm": swarm.swarm, "expires": token.expires, "addrs": addrs}
+                           expires_in=expires, cert_ttl=cert_ttl, uses=uses)
+        try:
+            node.gossip.admission.record_invite(token.ticket, uses)
+        except (swarmstate.SwarmStateError, ValueError) as exc:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm invite: {exc}") from None
+        node.log.info("invite issued", expires=round(token.expires), uses=uses, by_uid=caller.uid)
+        return {"token": token.encode(), "swarm": swarm.swarm, "expires": token.expires, "uses": uses,
+                "addrs": addrs}
+
+    async def swarm_revoke(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        swarm = node.gossip.swarm
+        if swarm is None or not swarm.is_owner:
+            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm revoke: only the node that ran `swarm init` holds the "
+                                                       "owner key and can revoke")
+        reason = params.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm revoke: 'reason' must be at most {MAX_REASON} characters")
+        try:
+            peer = resolve_peer(params["peer"], [m.peer for m in node.gossip.view()])
+        except ValueError as exc:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm revoke: {exc}") from None
+        if peer == node.gossip.me:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "swarm revoke: this is the owner's own node")
+        r = node.gossip.admission.revoke(peer, reason)
+        node.log.warning("member revoked", peer=peer, reason=reason, by_uid=caller.uid)
+        return {"peer": r.peer, "issued": r.issued, "reason": r.reason, "swarm": swarm.swarm}
+
+    async def swarm_revocations(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        return {"revocations": [r.to_dict() for r in node.gossip.admission.revocations.all()]}
+
+    async def swarm_renew(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        if node.gossip.swarm is None:
+            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm renew: this node is in no swarm")
+        if not await node.gossip.admission.renew():
+            raise RpcError(ErrorCode.OPERATION_FAILED,
+                           f"swarm renew: {node.gossip.admission.renewal['error']}")
+        cert = node.gossip.swarm.cert
+        return {"expires": cert.expires, "addr4": cert.addr4}
 
     async def swarm_join(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         if node.gossip.swarm is not None:
@@ -150,44 +189,50 @@ def methods(node: Node) -> list[Method]:
         return result
 
     return [*compute_api.methods(lambda: node.jobs if node.gossip.swarm is not None else None),
-        Method(name="status", handler=status, doc="this node: identity, addresses, uptime"),
-        Method(name="version", handler=version, doc="daemon and library versions"),
-        Method(name="status.watch", handler=watch, streams=True,
+        Method(name="status", handler=status, access=Access.READ, doc="this node: identity, addresses, uptime"),
+        Method(name="version", handler=version, access=Access.READ, doc="daemon and library versions"),
+        Method(name="status.watch", handler=watch, access=Access.READ, streams=True,
                doc="status every `interval` seconds, `count` times (forever when absent)",
                params={"interval": Param(type=float, doc="seconds between snapshots"),
                        "count": Param(type=int, doc="snapshots to send")}),
-        Method(name="log.level", handler=set_log_level, mutates=True,
+        Method(name="log.level", handler=set_log_level, access=Access.ADMIN,
                doc="change the daemon's log level at run time",
                params={"level": Param(type=str, required=True, doc=" | ".join(LOG_LEVELS))}),
-        Method(name="swarm.init", handler=swarm_init, mutates=True,
+        Method(name="swarm.init", handler=swarm_init, access=Access.ADMIN,
                doc="make a new swarm, owned by this node"),
-        Method(name="swarm.invite", handler=swarm_invite, mutates=True,
+        Method(name="swarm.invite", handler=swarm_invite, access=Access.ADMIN,
                doc="an invite token for a new member (owner only)",
-               params={"expires": Param(type=(int, float), doc="seconds the token is valid (default 7 days)"),
-                       "cert_ttl": Param(type=(int, float), doc="seconds the member's certificate is valid")}),
-        Method(name="swarm.join", handler=swarm_join, mutates=True, doc="join a swarm with an invite token",
+               params={"expires": Param(type=(int, float), doc="seconds the token is valid (default 1 day)"),
+                       "cert_ttl": Param(type=(int, float), doc="seconds the member's certificate is valid"),
+                       "uses": Param(type=int, doc="how many nodes the token admits (default 1)")}),
+        Method(name="swarm.revoke", handler=swarm_revoke, access=Access.ADMIN,
+               doc="revoke a member for good (owner only); the swarm drops it within seconds",
+               params={"peer": Param(type=str, required=True, doc="peer id, or an unambiguous part of one"),
+                       "reason": Param(type=str, doc="for the record and the logs")}),
+        Method(name="swarm.revocations", handler=swarm_revocations, access=Access.READ,
+               doc="the revoked peers this node knows of"),
+        Method(name="swarm.renew", handler=swarm_renew, access=Access.ADMIN,
+               doc="renew this node's certificate from the owner now"),
+        Method(name="swarm.join", handler=swarm_join, access=Access.ADMIN, doc="join a swarm with an invite token",
                params={"token": Param(type=str, required=True, doc="from `swarmctl swarm invite`")}),
-        Method(name="peers", handler=peers, doc="every member in this node's view"),
-        Method(name="labels.set", handler=labels_set, mutates=True, doc="set labels on this node's record",
+        Method(name="peers", handler=peers, access=Access.READ, doc="every member in this node's view"),
+        Method(name="labels.set", handler=labels_set, access=Access.ADMIN, doc="set labels on this node's record",
                params={"labels": Param(type=dict, required=True, doc="{key: value}")}),
-        Method(name="labels.rm", handler=labels_rm, mutates=True, doc="remove labels from this node's record",
+        Method(name="labels.rm", handler=labels_rm, access=Access.ADMIN, doc="remove labels from this node's record",
                params={"keys": Param(type=list, required=True, doc="[key, ...]")}),
-        Method(name="mesh", handler=mesh, doc="this node's WireGuard interface and its peers"),
-        Method(name="mesh.rotate-key", handler=mesh_rotate_key, mutates=True,
+        Method(name="mesh", handler=mesh, access=Access.READ, doc="this node's WireGuard interface and its peers"),
+        Method(name="mesh.rotate-key", handler=mesh_rotate_key, access=Access.ADMIN,
                doc="a new WireGuard key for this node, re-advertised at once"),
     ]
 
 
 def peer_rows(node: Node) -> list[dict[str, Any]]:
-    core = node.gossip.core
-    if core is None:
-        return []
     now_mono, now = trio.current_time(), time.time()
     rows = []
-    for m in sorted(core.members.values(), key=lambda m: m.peer):
+    for m in sorted(node.gossip.view(), key=lambda m: m.peer):
         r = m.record
         rows.append({
-            "peer": m.peer, "state": m.state.value, "since_s": round(now_mono - m.since, 3),
+            "peer": m.peer, "state": m.state.value, "stale": m.stale, "since_s": round(now_mono - m.since, 3),
             "rtt_ms": None if m.rtt_ewma is None else round(m.rtt_ewma * 1000, 2),
             "rtt_min_ms": None if m.rtt_min is None else round(m.rtt_min * 1000, 2),
             "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
@@ -198,13 +243,13 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
 
 
 def swarm_status(node: Node) -> dict[str, Any]:
-    swarm, core = node.gossip.swarm, node.gossip.core
+    swarm = node.gossip.swarm
     if swarm is None:
         return {"swarm": None}
     own = node.gossip.own_record
     return {
         "swarm": {"id": swarm.swarm, "owner": swarm.is_owner, "cert_expires": swarm.cert.expires,
-                  "members": core.counts() if core else {}},
+                  "members": node.gossip.view().counts(), **node.gossip.admission.status()},
         "gossip": {**{k: node.gossip.traffic[k] for k in ("messages_in", "messages_out", "bytes_in",
                                                            "bytes_out", "dropped")},
                    "rejected": dict(node.gossip.rejected)},

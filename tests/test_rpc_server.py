@@ -160,6 +160,6 @@ def test_mutation_refused_to_a_caller_outside_the_group(daemon, tmp_path):
     outcome = as_nobody(status_then_mutate, str(daemon.socket))
     peer = daemon.call("status")["peer_id"]
     assert outcome.startswith(f"('{peer}', {int(ErrorCode.PERMISSION_DENIED)}, "), outcome  # status was fine
-    assert "log.level changes the daemon: uid 65534 is not root" in outcome
+    assert "log.level: refused: it needs root or the daemon's user; uid 65534 may only read" in outcome
     assert daemon.call("status")["log_level"] == "info"
     assert daemon.call("log.level", level="debug")["previous"] == "info"  # root may

@@ -1,5 +1,9 @@
 """The control socket's job methods: upload a workdir, run, list, show, follow logs, cancel.
 
+A job belongs to the uid that submitted it (its SO_PEERCRED uid, stored as `submitted_by`):
+members of the daemon's group run jobs and list, read and cancel only their own; root and the
+daemon's user see and act on every job (`rpc.protocol.Access`, `check_owner`).
+
 A workdir travels from swarmctl in chunks (`jobs.upload`), is checked against its sha256,
 kept as an archive here (the coordinator ships it on) and unpacked into the cache.
 """
@@ -13,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..rpc.protocol import Caller, ErrorCode, Method, Param, RpcError
+from ..rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError, check_owner
 from .spec import JobSpec, SpecError
 from .workdir import DEFAULT_LIMIT, WorkdirError
 
 if TYPE_CHECKING:
     from .coordinator import Jobs
+    from .store import JobRow
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK = 8 * 1024 * 1024
@@ -85,56 +90,60 @@ def methods(get_jobs: Any) -> list[Method]:
             async for event in jobs.watch(job, progress=True, output=True):
                 yield event
 
-    def job_id(params: dict[str, Any], method: str, jobs: Jobs) -> str:
+    def own_job(params: dict[str, Any], method: str, jobs: Jobs, caller: Caller) -> JobRow:
+        """The job `params["id"]` names, if the caller may act on it. A prefix looks among the
+        caller's own jobs only (another user's can neither match nor make it ambiguous)."""
+        mine = None if caller.access >= Access.ADMIN else caller.uid
         try:
-            row = jobs.store.get(params["id"])
+            row = jobs.store.get(params["id"], submitted_by=mine)
         except ValueError as exc:  # an ambiguous prefix
             raise RpcError(ErrorCode.INVALID_PARAMS, f"{method}: {exc}") from None
         if row is None:
             raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: no job {params['id']!r}")
-        return row.id
+        check_owner(caller, method, f"job {row.id}", row.submitted_by)
+        return row
 
     async def ls(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         jobs = jobs_or_error("jobs.ls")
-        return {"jobs": [jobs.describe(row) for row in jobs.store.list(params.get("limit", 50))]}
+        mine = None if caller.access >= Access.ADMIN else caller.uid
+        return {"jobs": [jobs.describe(row) for row in jobs.store.list(params.get("limit", 50), submitted_by=mine)]}
 
     async def show(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         jobs = jobs_or_error("jobs.show")
-        row = jobs.store.get(job_id(params, "jobs.show", jobs))
-        assert row is not None
-        return jobs.describe(row)
+        return jobs.describe(own_job(params, "jobs.show", jobs, caller))
 
     async def logs(params: dict[str, Any], caller: Caller) -> AsyncIterator[dict[str, Any]]:
         jobs = jobs_or_error("jobs.logs")
-        job = job_id(params, "jobs.logs", jobs)
+        job = own_job(params, "jobs.logs", jobs, caller).id
         async for event in jobs.watch(job, progress=False, output=True, rank=params.get("rank"),
                                       follow=bool(params.get("follow"))):
             yield event
 
     async def cancel(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         jobs = jobs_or_error("jobs.cancel")
-        job = job_id(params, "jobs.cancel", jobs)
+        job = own_job(params, "jobs.cancel", jobs, caller).id
         return {"id": job, "state": jobs.cancel(job)}
 
     return [
-        Method(name="jobs.upload", handler=upload, mutates=True, doc="send a packed workdir, in chunks",
+        Method(name="jobs.upload", handler=upload, access=Access.JOBS, doc="send a packed workdir, in chunks",
                params={"digest": Param(type=str, required=True, doc="sha256 of the whole archive"),
                        "offset": Param(type=int, required=True, doc="where this chunk starts"),
                        "size": Param(type=int, required=True, doc="bytes of the whole archive"),
                        "data": Param(type=bytes, required=True, doc="the chunk")}),
-        Method(name="jobs.run", handler=run, mutates=True, streams=True,
+        Method(name="jobs.run", handler=run, access=Access.JOBS, streams=True,
                doc="run a job: its id, then progress and output until it ends (unless detached)",
                params={"spec": Param(type=dict, required=True, doc="the job spec"),
                        "workdir": Param(type=str, doc="digest of an uploaded workdir"),
                        "detach": Param(type=bool, doc="return once submitted")}),
-        Method(name="jobs.ls", handler=ls, doc="jobs coordinated by this node, newest first",
+        Method(name="jobs.ls", handler=ls, access=Access.JOBS,
+               doc="jobs coordinated by this node, newest first: the caller's own (every job for root and the daemon's user)",
                params={"limit": Param(type=int, doc="at most this many (default 50)")}),
-        Method(name="jobs.show", handler=show, doc="one job: state, nodes, ranks, exit code, why",
+        Method(name="jobs.show", handler=show, access=Access.JOBS, doc="one job: state, nodes, ranks, exit code, why",
                params={"id": Param(type=str, required=True, doc="job id or a unique prefix")}),
-        Method(name="jobs.logs", handler=logs, streams=True, doc="a job's output, merged or of one rank",
+        Method(name="jobs.logs", handler=logs, access=Access.JOBS, streams=True, doc="a job's output, merged or of one rank",
                params={"id": Param(type=str, required=True, doc="job id or a unique prefix"),
                        "rank": Param(type=int, doc="only this rank"),
                        "follow": Param(type=bool, doc="keep streaming until the job ends")}),
-        Method(name="jobs.cancel", handler=cancel, mutates=True, doc="stop a job: SIGTERM, then SIGKILL",
+        Method(name="jobs.cancel", handler=cancel, access=Access.JOBS, doc="stop a job: SIGTERM, then SIGKILL",
                params={"id": Param(type=str, required=True, doc="job id or a unique prefix")}),
     ]

@@ -7,10 +7,10 @@ re-exported so that importing the client never imports trio.
 
 from .client import Client, DaemonUnreachable, RemoteError
 from .framing import MAX_FRAME, FrameDecoder, FramingError, FrameTooLarge, MalformedFrame, encode_frame
-from .protocol import Call, Caller, Dispatcher, ErrorCode, Method, Param, RpcError, failed
+from .protocol import Access, Call, Caller, Dispatcher, ErrorCode, Method, Param, RpcError, check_owner, failed
 
 __all__ = [
-    "MAX_FRAME", "Call", "Caller", "Client", "DaemonUnreachable", "Dispatcher", "ErrorCode",
+    "MAX_FRAME", "Access", "Call", "Caller", "Client", "DaemonUnreachable", "Dispatcher", "ErrorCode",
     "FrameDecoder", "FrameTooLarge", "FramingError", "MalformedFrame", "Method", "Param",
-    "RemoteError", "RpcError", "encode_frame", "failed",
+    "RemoteError", "RpcError", "check_owner", "encode_frame", "failed",
 ]

@@ -5,6 +5,15 @@ together with who is calling. ``prepare`` either returns a ``Call`` (a known met
 parameters, a caller allowed to make it) or raises ``RpcError`` carrying the reply to send.
 Replies are built by ``reply`` and ``error_reply``. Nothing here reads a socket or a clock.
 
+Access: every method names the lowest ``Access`` level that may call it, and every caller
+holds one level, decided from its kernel credentials (``access_of``):
+- ``READ``: anyone who can open the socket: status, peers, the mesh, versions;
+- ``JOBS``: members of the daemon's group: run jobs, and list, read and cancel their own
+  (a job belongs to the uid that submitted it; handlers check with ``check_owner``);
+- ``ADMIN``: root and the daemon's own user: administer the swarm and the node (init, join,
+  invite, revoke, labels, log level, mesh keys), and every user's jobs.
+A method that does not say is ``ADMIN``: a forgotten entry fails closed.
+
 Wire shapes (msgpack maps):
 - request  ``{id: int|str, method: str, params: map}`` (params optional)
 - reply    ``{id, result, final: true}``
@@ -33,6 +42,22 @@ class ErrorCode(enum.IntEnum):
     FRAME_TOO_LARGE = -32001
     PERMISSION_DENIED = -32003
     BUSY = -32004  # too many connections or calls in flight
+
+
+class Access(enum.IntEnum):
+    """Who may call a method, lowest first; a caller may call every method at or below its level."""
+
+    READ = 0
+    JOBS = 1
+    ADMIN = 2
+
+
+# What each level may do, and who holds it: the words of a refusal.
+_MAY = {Access.READ: "only read this node's status", Access.JOBS: "run jobs and manage only its own",
+        Access.ADMIN: "administer the swarm and manage every job"}
+_HELD_BY = {Access.READ: "anyone who can open the socket",
+            Access.JOBS: "root, the daemon's user, or a member of the daemon's group",
+            Access.ADMIN: "root or the daemon's user"}
 
 
 class RpcError(Exception):
@@ -72,7 +97,7 @@ class Method:
     handler: Callable[..., Any]
     doc: str
     params: Mapping[str, Param] = field(default_factory=dict)
-    mutates: bool = False
+    access: Access = Access.ADMIN
     streams: bool = False
 
 
@@ -83,7 +108,11 @@ class Caller:
     pid: int
     uid: int
     gid: int
-    may_mutate: bool
+    access: Access
+
+    def owns(self, owner_uid: int) -> bool:
+        """Whether this caller may act on something that belongs to ``owner_uid`` (a job)."""
+        return self.access >= Access.ADMIN or self.uid == owner_uid
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +123,21 @@ class Call:
     caller: Caller
 
 
-def may_mutate(uid: int, gids: Iterable[int], *, daemon_uid: int, group_gid: int | None) -> bool:
-    """Root, the daemon's own user, and members of the swarm group may change things."""
-    return uid == 0 or uid == daemon_uid or (group_gid is not None and group_gid in set(gids))
+def access_of(uid: int, gids: Iterable[int], *, daemon_uid: int, group_gid: int | None) -> Access:
+    """Root and the daemon's own user administer; members of the daemon's group run jobs."""
+    if uid == 0 or uid == daemon_uid:
+        return Access.ADMIN
+    if group_gid is not None and group_gid in set(gids):
+        return Access.JOBS
+    return Access.READ
+
+
+def check_owner(caller: Caller, method: str, what: str, owner_uid: int) -> None:
+    """Refuse ``caller`` acting on ``what`` (e.g. "job X") unless it owns it or administers."""
+    if not caller.owns(owner_uid):
+        raise RpcError(ErrorCode.PERMISSION_DENIED,
+                       f"{method}: {what} belongs to uid {owner_uid}; uid {caller.uid} may act only on its "
+                       f"own jobs ({_HELD_BY[Access.ADMIN]} may act on any)", method=method)
 
 
 def reply(request_id: Any, result: Any, *, final: bool = True) -> dict[str, Any]:
@@ -156,6 +197,10 @@ class Dispatcher:
             raise RpcError(ErrorCode.METHOD_NOT_FOUND,
                            f"unknown method {name!r} (known: {', '.join(sorted(self._methods))})",
                            request_id=request_id)
+        if caller.access < method.access:  # before its params: a refused caller learns nothing more
+            raise RpcError(ErrorCode.PERMISSION_DENIED,
+                           f"{name}: refused: it needs {_HELD_BY[method.access]}; uid {caller.uid} may "
+                           f"{_MAY[caller.access]}", request_id=request_id, method=name)
         params = message.get("params", {})
         if params is None:
             params = {}
@@ -164,10 +209,6 @@ class Dispatcher:
                            f"{name}: 'params' must be a map, got {type(params).__name__}",
                            request_id=request_id)
         params = self._check_params(method, params, request_id)
-        if method.mutates and not caller.may_mutate:
-            raise RpcError(ErrorCode.PERMISSION_DENIED,
-                           f"{name} changes the daemon: uid {caller.uid} is not root, the "
-                           "daemon's user, or in its group", request_id=request_id)
         return Call(id=request_id, method=method, params=params, caller=caller)
 
     @staticmethod

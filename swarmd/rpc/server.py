@@ -24,8 +24,8 @@ import structlog
 import trio
 
 from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, encode_frame
-from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, end_of_stream,
-                       error_reply, may_mutate, reply)
+from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, access_of, end_of_stream,
+                       error_reply, reply)
 
 log = structlog.get_logger("swarmd.rpc")
 
@@ -43,31 +43,46 @@ class SocketInUse(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AccessPolicy:
+    """Turns a connection's kernel credentials into a `Caller` and its `Access` level."""
+
     daemon_uid: int
     group_gid: int | None
 
-    def caller(self, pid: int, uid: int, gid: int) -> Caller:
-        gids = _groups_of(pid) | {gid}
+    def caller(self, pid: int, uid: int, gid: int, groups: set[int]) -> Caller:
         return Caller(pid=pid, uid=uid, gid=gid,
-                      may_mutate=may_mutate(uid, gids, daemon_uid=self.daemon_uid,
-                                            group_gid=self.group_gid))
+                      access=access_of(uid, groups | {gid}, daemon_uid=self.daemon_uid,
+                                       group_gid=self.group_gid))
 
 
-def _groups_of(pid: int) -> set[int]:
-    """Supplementary groups of a process (the kernel's view, not /etc/group's)."""
+SO_PEERGROUPS = getattr(_socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python names it not
+
+
+def _peer_groups(sock: Any, pid: int, uid: int) -> set[int]:
+    """The peer's supplementary groups as they were when it connected (the kernel's view, not
+    /etc/group's). Read from the socket: /proc/PID is only a fallback for old kernels, and
+    trusted only if that pid still belongs to the same uid (a pid can be reused)."""
+    for size in (256, 65536):  # NGROUPS_MAX is 65536
+        try:
+            raw = sock.getsockopt(_socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:
+                continue
+            break
+        return set(struct.unpack(f"{len(raw) // 4}I", raw))
     try:
         with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return {int(g) for g in line.split()[1:]}
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
     except OSError:
-        pass
-    return set()
+        return set()
+    if int(fields.get("Uid", "-1 ").split()[0]) != uid:
+        return set()
+    return {int(g) for g in fields.get("Groups", "").split()}
 
 
-def _peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
+def _peer_credentials(sock: Any) -> tuple[int, int, int, set[int]]:
     creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)
+    pid, uid, gid = struct.unpack("3i", creds)
+    return pid, uid, gid, _peer_groups(sock, pid, uid)
 
 
 def _refuse_live_socket(path: Path) -> None:
@@ -150,9 +165,9 @@ class _Conn:
                 raise trio.BrokenResourceError("client stopped reading")
 
     async def run(self) -> None:
-        pid, uid, gid = _peer_credentials(self.stream.socket)
-        caller = self.server._policy.caller(pid, uid, gid)
-        log.debug("rpc connection", pid=pid, uid=uid, gid=gid)
+        pid, uid, gid, groups = _peer_credentials(self.stream.socket)
+        caller = self.server._policy.caller(pid, uid, gid, groups)
+        log.debug("rpc connection", pid=pid, uid=uid, gid=gid, access=caller.access.name)
         decoder = FrameDecoder()
         async with trio.open_nursery() as calls:
             try:
