@@ -5,7 +5,8 @@ import msgpack
 import pytest
 from nacl.signing import SigningKey
 
-from swarmd.gossip.cert import (CLOCK_SKEW, DEFAULT_CERT_TTL, MEMBER_ROLES, TOKEN_PREFIX, check_cert, check_ticket,
+from swarmd.gossip.cert import (CLOCK_SKEW, DEFAULT_CERT_TTL, DEFAULT_INVITE_TTL, MEMBER_ROLES, RENEW_WINDOW, TOKEN_PREFIX,
+                                check_cert, check_ticket, read_ticket, renew_due,
                                 issue_cert, make_token, parse_token, swarm_id)
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
 
@@ -243,3 +244,55 @@ def test_any_one_changed_character_gives_a_value_error_or_the_same_owner():
             continue
         assert token.owner_public == OWNER_PUBLIC
         assert check_ticket(token.ticket, owner_public=OWNER_PUBLIC, now=NOW)
+
+
+# --- overlay addresses, renewal, single-use tickets ------------------------------------------
+
+def test_certificate_carries_the_owners_address():
+    cert = check(issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=3600.0, addr4="10.211.4.5").blob)
+    assert cert.addr4 == "10.211.4.5" and cert.to_dict()["addr4"] == "10.211.4.5"
+    assert check(issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=3600.0).blob).addr4 is None
+
+
+@pytest.mark.parametrize("addr4, detail", [
+    (1, "cert.addr4: expected str, got int"),
+    ("10.211.4.300", "cert.addr4: '10.211.4.300' is not an IPv4 address"),
+    ("fd00::1", "cert.addr4: 'fd00::1' is not an IPv4 address"),
+])
+def test_bad_certificate_address(addr4, detail):
+    with pytest.raises(Invalid) as err:
+        check(seal(_body(addr4=addr4), owner_sign))
+    assert err.value.reason == "cert" and err.value.detail == detail
+
+
+@pytest.mark.parametrize("ttl, due_before_expiry", [
+    (365 * 86400.0, RENEW_WINDOW),  # a year: 30 days ahead (less than a third)
+    (30 * 86400.0, 10 * 86400.0),  # a month: a third of it
+    (60.0, 20.0),
+])
+def test_renew_due(ttl, due_before_expiry):
+    cert = issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=ttl)
+    assert renew_due(cert) == pytest.approx(NOW + ttl - due_before_expiry)
+
+
+def test_ticket_names_its_nonce_and_uses():
+    token = make_token(owner_sign, OWNER_PUBLIC, ADDRS, now=NOW, expires_in=DEFAULT_INVITE_TTL, uses=3)
+    t = read_ticket(token.ticket, owner_public=OWNER_PUBLIC, now=NOW)
+    assert (t.uses, t.expires, len(t.nonce)) == (3, NOW + 86400.0, 24)
+    assert read_ticket(make_token(owner_sign, OWNER_PUBLIC, ADDRS, now=NOW, expires_in=60).ticket,
+                       owner_public=OWNER_PUBLIC, now=NOW).uses == 1
+
+
+@pytest.mark.parametrize("ticket, detail", [
+    (_ticket(uses=0), "invite.uses: expected 1-10000"),
+    (_ticket(uses=True), "invite.uses: expected 1-10000"),
+    (_ticket(uses=10**9), "invite.uses: expected 1-10000"),
+    (_ticket(nonce=b""), "invite.nonce: expected 8-32 bytes"),
+    (_ticket(nonce=...), "invite.nonce: expected bytes, got NoneType"),
+    (_ticket(roles=[1]), "invite.roles: expected at most 8 role names"),
+    (_ticket(cert_ttl=float("inf")), "invite: times out of range"),
+])
+def test_bad_ticket_fields(ticket, detail):
+    with pytest.raises(Invalid) as err:
+        read_ticket(ticket, owner_public=OWNER_PUBLIC, now=NOW)
+    assert err.value.reason == "ticket" and err.value.detail == detail

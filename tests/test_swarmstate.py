@@ -222,3 +222,47 @@ def test_damaged_labels_file_names_the_file(tmp_path, content):
             call()
         assert str(tmp_path / LABELS_FILE) in str(err.value)
     assert (tmp_path / LABELS_FILE).read_text() == content
+
+
+def test_revocations_kept_on_disk_and_checked_again(tmp_path):
+    from swarmd.gossip.revocation import make_revocation
+    from swarmd.gossip.signed import peer_str
+    from swarmd.gossip.swarmstate import REVOKED_FILE, load_revocations, save_revocations
+
+    m = create(tmp_path, PEER, now=NOW)
+    assert load_revocations(tmp_path, m, NOW) == []
+    good = make_revocation(owner_signer(m), m.swarm, peer_str(OTHER_PEER), now=NOW, reason="left the company")
+    forged = make_revocation(lambda d: SigningKey(b"\x0c" * 32).sign(d).signature, m.swarm, peer_str(PEER), now=NOW)
+    save_revocations(tmp_path, [good, forged])
+    assert mode(tmp_path / REVOKED_FILE) == 0o600
+    assert load_revocations(tmp_path, m, NOW + 1) == [good]  # the file is not trusted more than the network
+    (tmp_path / REVOKED_FILE).write_text("{")
+    with pytest.raises(SwarmStateError, match="revoked.json is damaged"):
+        load_revocations(tmp_path, m, NOW)
+
+
+def test_renewed_certificate_replaces_the_old(tmp_path):
+    from swarmd.gossip.swarmstate import save_cert
+
+    save_joined(tmp_path, OWNER_PUBLIC, joined_cert(), BOOTSTRAP)
+    m = load(tmp_path, PEER)
+    renewed = issue_cert(lambda d: OWNER.sign(d).signature, m.swarm, PEER, now=NOW + 100, ttl=7200.0,
+                         addr4="10.211.0.7")
+    saved = save_cert(tmp_path, m, renewed)
+    assert saved.cert == renewed and saved.bootstrap == BOOTSTRAP
+    again = load(tmp_path, PEER)
+    assert again.cert.expires == NOW + 7300.0 and again.cert.addr4 == "10.211.0.7"
+
+
+def test_owner_registries_round_trip_and_damage(tmp_path):
+    from swarmd.gossip.swarmstate import INVITES_FILE, load_invites, load_members, save_invites
+
+    inv = load_invites(tmp_path)
+    inv.add("abcd", uses=2, expires=NOW + 60, now=NOW)
+    save_invites(tmp_path, inv)
+    assert mode(tmp_path / INVITES_FILE) == 0o600
+    assert load_invites(tmp_path).items["abcd"].uses == 2
+    (tmp_path / INVITES_FILE).write_text('{"abcd": {"uses": "x"}}')
+    with pytest.raises(SwarmStateError, match="invites.json is damaged"):
+        load_invites(tmp_path)
+    assert load_members(tmp_path).items == {}

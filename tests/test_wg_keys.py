@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import shutil
 import subprocess
 
@@ -162,3 +163,52 @@ def test_public_from_b64_names_what_is_wrong(text, error):
 def test_from_private_checks_length():
     with pytest.raises(ValueError, match="32 bytes, got 31"):
         KeyPair.from_private(bytes(31))
+
+
+# --- proof of holding the key (XEdDSA) -------------------------------------------------------
+
+PROOF_CASES = [(seed, f"message {seed}".encode()) for seed in range(24)]
+
+
+@pytest.mark.parametrize("seed, message", PROOF_CASES)
+def test_proof_verifies_for_random_keys(seed, message):
+    rng = random.Random(seed)
+    pair = keys.KeyPair.from_private(bytes(rng.getrandbits(8) for _ in range(32)))  # clamped or not
+    proof = keys.prove(pair.private, message)
+    assert len(proof) == keys.PROOF_LEN
+    assert keys.verify_proof(pair.public, message, proof)
+    assert keys.prove(pair.private, message, b"\0" * 64) == keys.prove(pair.private, message, b"\0" * 64)
+    assert keys.prove(pair.private, message) != proof  # a fresh nonce each time
+
+
+def _flip(data: bytes, i: int) -> bytes:
+    return data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
+
+
+PAIR = keys.KeyPair.from_private(bytes(range(32)))
+OTHER_PAIR = keys.KeyPair.from_private(bytes(range(1, 33)))
+MESSAGE = b"swarmd wg key proof\0swarm\0peer"
+PROOF = keys.prove(PAIR.private, MESSAGE)
+
+
+@pytest.mark.parametrize("public, message, proof", [
+    (OTHER_PAIR.public, MESSAGE, PROOF),  # the wrong key
+    (PAIR.public, MESSAGE + b"!", PROOF),  # the wrong message
+    (PAIR.public, MESSAGE, _flip(PROOF, 0)),  # R tampered
+    (PAIR.public, MESSAGE, _flip(PROOF, 40)),  # s tampered
+    (PAIR.public, MESSAGE, PROOF[:63]),  # short
+    (PAIR.public, MESSAGE, keys.prove(OTHER_PAIR.private, MESSAGE)),  # someone else's proof
+    (PAIR.public[:31], MESSAGE, PROOF),
+    ((2**255 - 20).to_bytes(32, "little"), MESSAGE, PROOF),  # u = -1: no Edwards point
+    ((2**255 - 1).to_bytes(32, "little"), MESSAGE, PROOF),  # not canonical
+    (bytes(32), MESSAGE, PROOF),  # a low-order point
+])
+def test_proof_refused(public, message, proof):
+    assert not keys.verify_proof(public, message, proof)
+
+
+def test_rotated_key_needs_a_new_proof(tmp_path):
+    old, new = keys.rotate(tmp_path)
+    proof = keys.prove(old.private, MESSAGE)
+    assert keys.verify_proof(old.public, MESSAGE, proof) and not keys.verify_proof(new.public, MESSAGE, proof)
+    assert keys.verify_proof(new.public, MESSAGE, keys.prove(new.private, MESSAGE))
