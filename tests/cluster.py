@@ -133,7 +133,7 @@ class Cluster:
             own = record(x, nx.seq, self.addrs[x])
             for r in [m.record for m in nx.members.values()] + [own]:
                 ny.receive(self.now, r)
-            ny.claims(self.now, nx.down_claims())
+            ny.claims(self.now, nx.down_claims(), by=x)
             self._drain(y)
 
     def _drain(self, name: str) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from types import SimpleNamespace
 
 import pytest
 
-from swarmd.gossip.membership import Membership, PublishRecord, PublishRumor, State, Timing
-from swarmd.gossip.wire import Rumor
+from swarmd.gossip.membership import Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State, Timing
+from swarmd.gossip.wire import MAX_SEQ, Rumor
 
 from cluster import Cluster, record
 
@@ -107,10 +109,11 @@ def test_rumors_about_an_older_incarnation_are_ignored():
 def test_a_dead_rumor_about_ourselves_is_refuted():
     node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
     node.take_actions()
-    rumor = Rumor(kind="dead", swarm="s", sender="y", about="me", incarnation=(5 << 32) + 3, issued=0.0, blob=b"")
+    seq = node.seq
+    rumor = Rumor(kind="dead", swarm="s", sender="y", about="me", incarnation=seq, issued=0.0, blob=b"")
     assert node.receive(1.0, rumor) == "refuted"
     published = [a for a in node.take_actions() if isinstance(a, PublishRecord)]
-    assert published and published[-1].seq > (5 << 32) + 3
+    assert published and published[-1].seq == seq + 1
     assert node.awareness.score == 1  # being suspected makes us doubt our own health
 
 
@@ -151,3 +154,142 @@ def test_leaving_publishes_left_and_stops_probing():
     assert PublishRumor("left", "me", node.seq) in node.take_actions()
     node.handle_timeout(100.0)
     assert not [a for a in node.take_actions() if type(a).__name__ in ("Probe", "PublishRecord")]
+
+
+# --- issue 11: lies from certified members --------------------------------------------
+
+def rumor(kind: str, about: str, inc: int, sender: str = "y") -> Rumor:
+    return Rumor(kind=kind, swarm="s", sender=sender, about=about, incarnation=inc, issued=0.0, blob=b"")
+
+
+def published(node: Membership) -> list[int]:
+    return [a.seq for a in node.take_actions() if isinstance(a, PublishRecord)]
+
+
+@pytest.mark.parametrize("inc", [2**64 - 2, 2**64 - 1, MAX_SEQ - 1])
+def test_a_rumor_about_a_future_incarnation_of_ours_is_refused(inc):
+    """The crash of issue 11: a signed suspect rumor at 2^64 - 2 made the node refute with
+    2^64 - 1, then 2^64 at its next refresh, which msgpack cannot encode."""
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    seq = node.seq
+    node.take_actions()
+    for kind in ("suspect", "dead"):
+        assert node.receive(1.0, rumor(kind, "me", inc)) == "future_incarnation"
+    assert node.claims(1.0, [("me", "dead", inc)], by="y") == ["future_incarnation"]
+    assert node.seq == seq and published(node) == []
+    node.handle_timeout(1000.0)  # refreshes go on from our own seq
+    assert published(node) == [seq + 1]
+
+
+def test_a_claim_at_our_current_incarnation_is_refuted_once():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.take_actions()
+    seq = node.seq
+    assert node.claims(1.0, [("me", "suspect", seq), ("other", "dead", 7)], by="y") == ["refuted"]
+    assert published(node) == [seq + 1]
+    assert node.claims(1.1, [("me", "suspect", seq)], by="y") == ["old"]
+
+
+def test_our_own_record_from_an_older_life_that_got_further_is_jumped_past_within_range():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.take_actions()
+    assert node.receive(1.0, record("me", (5 << 32) + 1000)) == "refuted"
+    assert published(node) == [(5 << 32) + 1001]
+    node.receive(2.0, record("me", MAX_SEQ - 1))  # our own signature at the very top of the range
+    assert published(node) == [] and node.counters.seq_exhausted == 1 and node.seq < MAX_SEQ
+
+
+def test_one_members_dead_rumor_is_an_accusation_that_our_probe_clears():
+    node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.receive(0.0, record("x", 10))
+    node.take_actions()
+    assert node.receive(1.0, rumor("dead", "x", 10, sender="liar")) == "suspect"
+    assert node.members["x"].state is State.SUSPECT  # in the mesh still: SWIM keeps suspects
+    probes = [a for a in node.take_actions() if isinstance(a, Probe) and a.peer == "x"]
+    assert probes, "the accused is probed at once"
+    node.probe_result(1.05, probes[0].id, True, 0.05)
+    assert node.members["x"].state is State.ALIVE
+    assert node.counters.accusations_cleared == 1
+
+
+def test_a_lone_accusation_waits_the_longest_timeout_before_death():
+    t = Timing.wan()
+    node = Membership("me", 1 << 32, t, random.Random(1), 0.0)
+    for p in ("x", "a", "b", "c", "d"):
+        node.receive(0.0, record(p, 10))
+    node.receive(1.0, rumor("dead", "x", 10, sender="liar"))
+    suspicion = node.members["x"].suspicion
+    assert suspicion is not None and suspicion.deadline == pytest.approx(1.0 + suspicion.high)
+    node.handle_timeout(1.0 + suspicion.high - 0.01)
+    assert node.members["x"].state is State.SUSPECT
+    confirmed = node.receive(1.5, rumor("suspect", "x", 10, sender="a"))  # an independent member agrees
+    assert confirmed == "confirmed" and node.members["x"].suspicion.deadline < 1.0 + suspicion.high
+
+
+def test_accusations_are_rate_limited_per_accuser():
+    t = Timing.wan()
+    node = Membership("me", 1 << 32, t, random.Random(1), 0.0)
+    for i in range(100):
+        node.receive(0.0, record(f"p{i}", 10))
+    results = [node.receive(1.0, rumor("dead", f"p{i}", 10, sender="liar")) for i in range(100)]
+    assert results.count("suspect") == t.accusation_burst
+    assert results.count("accusation_rate") == 100 - t.accusation_burst
+    assert node.receive(1.0, rumor("dead", "p99", 10, sender="honest")) == "suspect", "per accuser"
+    assert node.receive(1.0 + 2 / t.accusation_rate, rumor("dead", "p98", 10, sender="liar")) == "suspect"
+
+
+def test_a_burst_of_false_dead_rumors_flaps_nobody():
+    c = Cluster(NAMES)
+    c.run_for(3)
+    for _ in range(50):
+        for o in ("a", "b", "d", "e"):
+            c._deliver(o, rumor("dead", "c", c.nodes["c"].seq, sender="b"), "b")
+        c._deliver("c", rumor("dead", "c", c.nodes["c"].seq, sender="b"), "b")
+        c.run_for(0.05)
+    c.run_for(30)
+    assert not [ch for _, _, ch in c.changes if ch.new is State.DEAD]
+    assert all_see(c, "c", State.ALIVE)
+    assert sum(n.counters.refutations for n in c.nodes.values()) <= Timing.wan().accusation_burst + 5
+
+
+def test_a_record_goes_stale_at_its_ttl_and_fresh_with_a_new_one():
+    node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    r = dataclasses.replace(record("x", 10), issued=1000.0, ttl=120.0)
+    node.receive(0.0, r, wall=1100.0)  # 100 s old when it arrived: 20 s left
+    assert not node.view().get("x").stale
+    node.handle_timeout(19.9)
+    assert not node.view().get("x").stale
+    node.handle_timeout(20.0)
+    x = node.view().get("x")
+    assert x.stale and x.state is State.ALIVE and not x.in_service
+    assert any(isinstance(a, Changed) and a.reason.startswith("stale") for a in node.take_actions())
+    node.receive(21.0, dataclasses.replace(r, seq=11, issued=1121.0), wall=1121.0)
+    assert node.view().get("x").in_service
+
+
+def test_a_member_leaves_the_view_when_its_certificate_expires():
+    node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    cert = SimpleNamespace(expires=1005.0)
+    assert node.receive(0.0, dataclasses.replace(record("x", 10), issued=1000.0, cert=cert), wall=1000.0) == "new"
+    node.handle_timeout(4.9)
+    assert "x" in node.view()
+    node.handle_timeout(5.0)
+    assert "x" not in node.view() and node.counters.certs_expired == 1
+    late = dataclasses.replace(record("x", 11), issued=1006.0, cert=cert)
+    assert node.receive(6.0, late, wall=1006.0) == "cert_expired"
+
+
+def test_an_excluded_member_is_dropped_and_refused_until_readmitted():
+    node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    for p in ("x", "y"):
+        node.receive(0.0, record(p, 10))
+    node.take_actions()
+    node.exclude(1.0, "x", "revoked by the owner")
+    assert "x" not in node.view()
+    assert Changed("x", State.ALIVE, None, "excluded: revoked by the owner") in node.take_actions()
+    assert node.receive(2.0, record("x", 11)) == "excluded"
+    assert node.receive(2.0, rumor("dead", "y", 10, sender="x")) == "excluded"
+    node.handle_timeout(100.0)
+    assert not [a for a in node.take_actions() if isinstance(a, (Probe, ProbeVia)) and "x" in (a.peer if isinstance(a, Probe) else a.target)]
+    node.readmit("x")
+    assert node.receive(101.0, record("x", 12)) == "new"

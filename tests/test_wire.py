@@ -4,7 +4,7 @@ from nacl.signing import SigningKey
 from swarmd.gossip.capacity import Gpu, Resources
 from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
-from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
+from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, MAX_SEQ, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
                                 make_record, make_rumor, wg_proof_message)
 from swarmd.wg.keys import KeyPair, prove
 
@@ -299,8 +299,15 @@ def test_malformed_record(changes):
 
 def test_largest_seq_and_most_addrs():
     addrs = [f"/ip4/192.0.2.{i}/tcp/4001" for i in range(MAX_ADDRS)]
-    rec = decode(sealed(record_body(seq=2**64 - 1, addrs=addrs)))
-    assert rec.seq == 2**64 - 1 and len(rec.addrs) == MAX_ADDRS
+    rec = decode(sealed(record_body(seq=MAX_SEQ - 1, addrs=addrs)))
+    assert rec.seq == MAX_SEQ - 1 and len(rec.addrs) == MAX_ADDRS
+
+
+@pytest.mark.parametrize("value", [MAX_SEQ, 2**64 - 2, 2**64 - 1])
+def test_seqs_and_incarnations_stop_below_2_63(value):
+    """Anything a node adds one to must stay encodable: 2^64 - 1 + 1 crashed msgpack (issue 11)."""
+    assert reason(sealed(record_body(seq=value))) == "malformed"
+    assert reason(sealed(rumor_body(inc=value))) == "malformed"
 
 
 @pytest.mark.parametrize("changes", [

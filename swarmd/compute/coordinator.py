@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 import trio
 
+from ..gossip.membership import View
 from ..gossip.service import Gossip
 from ..gossip.wire import Record
 from . import gang as gangmod
@@ -90,7 +91,7 @@ class Jobs:
         ledger = self.worker.ledger
         return {"slots": ledger.slots, "slots_free": ledger.slots_free, "gpus_free": list(ledger.gpus_free),
                 "ranks_here": self.worker.ranks, "user": self.worker.user,
-                "coordinating": sorted(self.live)}
+                "coordinating": sorted(self.live), "output_dropped": self.worker.dropped_lines}
 
     # --- the RPC side -------------------------------------------------------------------
 
@@ -217,10 +218,11 @@ class Jobs:
                 run.to("cancelled")
                 return None
             # off the event loop (1,000 members take 0.6 s, make bench), so probes do not wait;
-            # the view is copied here, the thread only looks RTTs up
-            candidates = self._candidates()
+            # the thread gets an immutable snapshot of the view, never the live membership
+            view = self.gossip.view()
+            candidates, rtt_ms = self._candidates(view), functools.partial(_rtt_ms, view)
             placement = await trio.to_thread.run_sync(
-                lambda: place(spec, candidates, self._rtt_ms, exclude=dict(refused)))
+                lambda: place(spec, candidates, rtt_ms, exclude=dict(refused)))
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
                     await trio.sleep(WAIT_POLL)
@@ -377,20 +379,20 @@ class Jobs:
         assert self.gossip.swarm is not None
         return RemoteHost(peer, self.gossip.host, self.gossip.swarm.cert.blob)
 
-    def _records(self) -> dict[str, tuple[str, Record]]:
-        core = self.gossip.core
+    def _records(self, view: View | None = None) -> dict[str, tuple[str, Record]]:
+        """peer -> (state, record), this node included; a member whose record is past its ttl
+        is "stale" (placement leaves it out, saying so)."""
         records: dict[str, tuple[str, Record]] = {}
-        if core is not None:
-            for m in core.members.values():
-                records[m.peer] = (m.state.value, m.record)
+        for m in view if view is not None else self.gossip.view():
+            records[m.peer] = ("stale" if m.stale else m.state.value, m.record)
         own = self.gossip.own_record
         if own is not None:
             records[own.peer] = ("alive", own)
         return records
 
-    def _candidates(self) -> list[Candidate]:
+    def _candidates(self, view: View) -> list[Candidate]:
         out = []
-        for peer, (state, r) in self._records().items():
+        for peer, (state, r) in self._records(view).items():
             if r.jobs is None:
                 continue
             gpu = r.resources.gpus[0].name if r.resources.gpus else None
@@ -399,21 +401,6 @@ class Jobs:
                                  memory_free_mb=r.resources.memory_free_mb, labels=r.labels,
                                  load=float(r.jobs.ranks)))
         return out
-
-    def _rtt_ms(self, a: str, b: str) -> float | None:
-        """This node's own probes for pairs it is in; else what either end's record reports
-        (each lists its nearest members); None when neither knows."""
-        me, core = self.gossip.me, self.gossip.core
-        if core is None:
-            return None
-        if me in (a, b):
-            m = core.members.get(b if a == me else a)
-            return None if m is None or m.rtt_min is None else m.rtt_min * 1000
-        for x, y in ((a, b), (b, a)):
-            m = core.members.get(x)
-            if m is not None and y in m.record.rtts:
-                return m.record.rtts[y]
-        return None
 
     def _address(self, peer: str) -> str:
         """Where the other ranks reach this host: its overlay address, else its first IPv4."""
@@ -425,6 +412,20 @@ class Jobs:
             if len(parts) > 2 and parts[1] == "ip4":
                 return parts[2]
         raise HostError(f"{short(peer)} advertises no IPv4 address")
+
+
+def _rtt_ms(view: View, a: str, b: str) -> float | None:
+    """This node's own probes for pairs it is in; else what either end's record reports (each
+    lists its nearest members); None when neither knows. Reads only the immutable ``view``:
+    placement calls it from a worker thread."""
+    if view.me in (a, b):
+        m = view.get(b if a == view.me else a)
+        return None if m is None or m.rtt_min is None else m.rtt_min * 1000
+    for x, y in ((a, b), (b, a)):
+        m = view.get(x)
+        if m is not None and y in m.record.rtts:
+            return m.record.rtts[y]
+    return None
 
 
 async def _quietly(fn: Any, *args: Any) -> None:

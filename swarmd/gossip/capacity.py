@@ -15,8 +15,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 MAX_GPUS = 64  # more than any single machine ships with; bounds a peer's record
 
 # Thresholds of a significant change: below them the difference is load noise.
@@ -131,6 +129,8 @@ class Collector:
     def __init__(self, nvml: Any = None) -> None:
         self._nvml = nvml
         self.gpu_backend = "none"
+        import psutil  # here, not at the top: the value types above are shared with sans-IO cores
+
         psutil.cpu_percent(interval=None)  # primes the counter; the first reading is meaningless
         if nvml is None:
             try:
@@ -145,6 +145,8 @@ class Collector:
         self.gpu_backend = "nvml"
 
     def sample(self) -> Resources:
+        import psutil
+
         vm = psutil.virtual_memory()
         cpus = psutil.cpu_count() or 1
         busy = psutil.cpu_percent(interval=None) / 100.0

@@ -1,6 +1,7 @@
 """Membership and failure detection: SWIM with Lifeguard, as a sans-IO core.
 
-Theory of operation (Das et al., "SWIM", 2002; Dadgar et al., "Lifeguard", 2018):
+Theory of operation (Das et al., "SWIM", 2002; Dadgar et al., "Lifeguard", 2018;
+hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
 
 - The view maps each peer to its newest verified record and a state: alive, suspect,
   dead or left. A record's seq is the peer's incarnation: a record with a higher seq than
@@ -11,20 +12,46 @@ Theory of operation (Das et al., "SWIM", 2002; Dadgar et al., "Lifeguard", 2018)
   to ``indirect_probes`` other members are asked to probe it (``ProbeVia``); they answer
   ack or nack. With no ack at all the member becomes suspect, and a ``suspect`` rumor is
   gossiped. Probes overlap: a slow peer does not delay the probing of others.
-- A suspicion ends in a death at a Lifeguard timeout that shrinks with independent
-  confirmations (suspicion.py). The suspect refutes by issuing a record with a higher seq;
-  this node does the same whenever it hears a suspect or dead rumor, or a sync claim,
-  about itself.
+- Another member's ``suspect`` or ``dead`` rumor is an accusation, never a verdict: a
+  certificate proves membership, not honesty, and one member must not be able to evict
+  another. The accused becomes suspect here and is probed at once; an ack from it (ours,
+  or a helper's) is local evidence and drops the accusation. Death is declared only by
+  this node's own suspicion timeout, which starts at Lifeguard's maximum for a single
+  accuser and shrinks as independent members confirm (suspicion.py; memberlist gives
+  every ``suspect`` from a new sender the same role). A ``left`` rumor is the leaver's
+  own word (the wire checks that it is about its signer) and is believed.
+- Accusations are rate-limited per accuser (a token bucket, ``accusation_burst`` and
+  ``accusation_rate``): beyond it they are dropped and counted, so one member cannot
+  make every node probe, suspect or refute in a loop.
+- The suspect refutes by issuing a record with a higher seq; this node does the same when
+  it hears a suspect or dead rumor, or a sync claim, about its current incarnation. No
+  honest member can hold an incarnation of ours above ``seq`` (each life starts at
+  ``epoch << 32``, above every older one), so a rumor or claim above it is a lie: it is
+  refused and counted (``future_incarnation``), never adopted (a seq jumped to 2^64 - 1
+  could not even be encoded). A record of ours with a higher seq is our own signature
+  (an older life that got further): we jump past it, within ``wire.MAX_SEQ``.
 - A lost connection is a hint, not a verdict: the member is probed at once.
+- Records expire (the README's promise): a member's record is good until ``issued + ttl``
+  (wall clock, converted to this core's monotonic clock when the record arrives, its age
+  taken off). A member whose newest record expired is *stale*: still probed, but out of
+  the mesh and placement until it publishes again. A member whose certificate expires is
+  dropped from the view at that moment; records carrying an expired certificate are
+  refused.
+- ``exclude(peer)`` (a revocation) drops a member and refuses everything from and about it
+  until ``readmit(peer)``.
 - Own record: published on change (at most once per ``publish_interval``), refreshed every
   ``refresh_interval``, each time with the next seq. ``PublishRecord`` asks the driver to
   build and sign it.
 - Anti-entropy: every ``sync_interval`` a push-pull ``Sync`` with a random alive member;
   every ``reconnect_interval`` one with a random dead member, which is how both sides of a
   healed partition find each other again.
+- Readers outside this module (the mesh, placement, the control API, the driver) see the
+  view only through ``view()``: an immutable, versioned snapshot, rebuilt only after a
+  change, safe to hand to another thread. ``members`` is this core's own.
 
-Inputs are method calls with ``now`` (monotonic seconds); outputs are actions collected
-until ``take_actions()``. No clock, no I/O; randomness from the ``random.Random`` given.
+Inputs are method calls with ``now`` (monotonic seconds; ``wall`` where a wall-clock time
+is needed, for records' and certificates' expiry); outputs are actions collected until
+``take_actions()``. No clock, no I/O; randomness from the ``random.Random`` given.
 """
 
 from __future__ import annotations
@@ -32,10 +59,12 @@ from __future__ import annotations
 import enum
 import itertools
 import random
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from .suspicion import Awareness, Suspicion, expected_confirmations, suspicion_bounds
-from .wire import Record, Rumor
+from .wire import MAX_SEQ, Record, Rumor
 
 
 class State(enum.Enum):
@@ -66,6 +95,11 @@ class Timing:
     reconnect_interval: float = 2.0  # try one dead member: heals partitions in seconds
     forget_after: float = 3600.0  # dead and left members leave the view
     rtt_alpha: float = 0.2  # EWMA weight of a new RTT sample
+    # An honest member accuses at most twice per peer it sees fail (a suspect, then a dead
+    # rumor), so 30 covers 15 members failing at once; beyond it our own probes still find
+    # them, one probe interval per member. One accusation per 2 s sustained.
+    accusation_burst: int = 30
+    accusation_rate: float = 0.5  # tokens per second
 
     @classmethod
     def wan(cls) -> Timing:
@@ -119,6 +153,8 @@ class Sync:
 
 @dataclass(frozen=True, slots=True)
 class Changed:
+    """A member's state changed (``old`` or ``new`` None: it joined or left the view), or
+    only its freshness (``old is new``; the reason says which way)."""
     peer: str
     old: State | None
     new: State | None
@@ -126,6 +162,62 @@ class Changed:
 
 
 Action = PublishRecord | PublishRumor | Probe | ProbeVia | Sync | Changed
+
+
+# --- the snapshot ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberView:
+    """One member as the view shows it. Times are the core's monotonic clock."""
+    peer: str
+    state: State
+    stale: bool  # its newest record is past its ttl
+    record: Record
+    since: float  # when it entered ``state``
+    heard: float  # when its newest record arrived
+    expires: float  # when that record goes stale
+    rtt_ewma: float | None
+    rtt_min: float | None
+
+    @property
+    def in_service(self) -> bool:
+        """Whether the mesh and placement should use it: up (a suspect may be a false
+        alarm; SWIM keeps it) and its record current."""
+        return self.state in PROBED and not self.stale
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class View:
+    """An immutable snapshot of the membership: safe to keep, compare by ``version``, and
+    hand to another thread. ``members`` is read-only and never changes after creation."""
+    version: int
+    me: str
+    members: Mapping[str, MemberView]
+
+    @classmethod
+    def empty(cls, me: str) -> View:
+        return cls(version=0, me=me, members=MappingProxyType({}))
+
+    def get(self, peer: str) -> MemberView | None:
+        return self.members.get(peer)
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self.members
+
+    def __iter__(self) -> Iterator[MemberView]:
+        return iter(self.members.values())
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def in_service(self) -> list[MemberView]:
+        return [m for m in self.members.values() if m.in_service]
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in State}
+        for m in self.members.values():
+            out[m.state.value] += 1
+        return out
 
 
 # --- state ----------------------------------------------------------------------------
@@ -136,6 +228,9 @@ class Member:
     state: State
     since: float
     heard: float  # when the newest record arrived
+    expires: float  # monotonic: the newest record's issued + ttl
+    cert_expires: float = float("inf")  # monotonic: when its certificate runs out
+    stale: bool = False
     suspicion: Suspicion | None = None
     rtt_ewma: float | None = None
     rtt_min: float | None = None
@@ -160,24 +255,40 @@ class _Probe:
 
 
 @dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass(slots=True)
 class Counters:
     probes: int = 0
     probes_failed: int = 0
     indirect_probes: int = 0
     suspicions: int = 0
+    accusations_cleared: int = 0  # suspicions dropped because the accused answered us
     refutations: int = 0
     deaths: int = 0
     records_accepted: int = 0
     records_old: int = 0
+    records_expired: int = 0  # members that went stale
+    certs_expired: int = 0
+    seq_exhausted: int = 0  # publishes skipped: the seq would leave the wire's range
+
+
+# receive() results that mean "refused": the driver counts them as rejected input
+REFUSED = ("future_incarnation", "accusation_rate", "excluded", "cert_expired")
 
 
 class Membership:
     def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float) -> None:
+        if not 0 <= seq < MAX_SEQ:
+            raise ValueError(f"seq {seq} is outside 0..2^63")
         self.me = me
         self.seq = seq  # the seq of the newest own record; the next one is seq + 1
         self.timing = timing
         self.rng = rng
-        self.members: dict[str, Member] = {}
+        self.members: dict[str, Member] = {}  # this module's own: others read view()
         self.awareness = Awareness(timing.awareness_limit)
         self.counters = Counters()
         self.leaving = False
@@ -185,6 +296,10 @@ class Membership:
         self._ids = itertools.count(1)
         self._probes: dict[int, _Probe] = {}
         self._order: list[str] = []
+        self._buckets: dict[str, _Bucket] = {}
+        self._excluded: dict[str, str] = {}  # peer -> reason
+        self._view: View | None = None  # None: something changed since the last snapshot
+        self._version = 0
         self._last_publish = float("-inf")
         self._publish_pending = True  # the first record goes out at once
         self._next_probe = now + rng.uniform(0, timing.probe_interval)
@@ -195,27 +310,26 @@ class Membership:
 
     # --- inputs -------------------------------------------------------------------------
 
-    def receive(self, now: float, msg: Record | Rumor) -> str:
-        """Merge a verified message; the result names what it did (for metrics and tests)."""
+    def receive(self, now: float, msg: Record | Rumor, wall: float | None = None) -> str:
+        """Merge a verified message; the result names what it did (for metrics and tests).
+        ``wall``: the wall-clock time now, for a record's age and its certificate's expiry
+        (None: the record is taken as just issued, as in simulations)."""
         if isinstance(msg, Record):
-            return self._receive_record(now, msg)
+            return self._receive_record(now, msg, wall)
+        if msg.sender in self._excluded or msg.about in self._excluded:
+            return "excluded"
+        if msg.kind == "left":
+            return self._left(now, msg)
         if msg.about == self.me:
-            if msg.kind in ("suspect", "dead") and msg.incarnation >= self.seq and not self.leaving:
-                self._refute(now, msg.incarnation)
-                return "refuted"
-            return "old"
+            return self._accused_me(now, msg.incarnation, msg.sender)
         m = self.members.get(msg.about)
         if m is None:
             return "unknown"
-        if msg.incarnation < m.incarnation:
+        if msg.incarnation < m.incarnation or m.state not in PROBED:
             return "old"
-        if msg.kind == "suspect":
-            return self._suspect(now, m, by=msg.sender)
-        if m.state in (State.DEAD, State.LEFT):
-            return "old"
-        self._set_state(now, m, State.DEAD if msg.kind == "dead" else State.LEFT,
-                        "declared dead by " + msg.sender if msg.kind == "dead" else "left")
-        return msg.kind
+        if not self._allow_accusation(now, msg.sender):
+            return "accusation_rate"
+        return self._accuse(now, m, by=msg.sender)
 
     def probe_result(self, now: float, probe_id: int, ok: bool, rtt: float | None = None) -> None:
         """The driver's direct probe finished: an ack (with its RTT) or a failure."""
@@ -225,7 +339,7 @@ class Membership:
         if p is None or p.indirect:
             return
         if ok:
-            self._probe_succeeded(p)
+            self._probe_succeeded(now, p)
         else:
             self._go_indirect(now, p)
 
@@ -235,7 +349,7 @@ class Membership:
         if p is None or not p.indirect or via not in p.helpers:
             return
         if ok:
-            self._probe_succeeded(p)
+            self._probe_succeeded(now, p)
             return
         p.nacks += 1
         if p.nacks == len(p.helpers):
@@ -243,22 +357,26 @@ class Membership:
 
     def rtt_sample(self, peer: str, rtt: float) -> None:
         m = self.members.get(peer)
-        if m is None or rtt < 0:
+        if m is None or not 0 <= rtt < 3600:  # NaN fails both
             return
         a = self.timing.rtt_alpha
         m.rtt_ewma = rtt if m.rtt_ewma is None else (1 - a) * m.rtt_ewma + a * rtt
         m.rtt_min = rtt if m.rtt_min is None else min(m.rtt_min, rtt)
+        self._view = None
 
     def connection_lost(self, now: float, peer: str) -> None:
         m = self.members.get(peer)
         if m is not None and m.state in PROBED and not self._probing(peer) and not self.leaving:
             self._start_probe(now, peer)
 
-    def claims(self, now: float, claims: list[tuple[str, str, int]]) -> None:
-        """A sync peer's view of members it thinks are down; only claims about us matter."""
+    def claims(self, now: float, claims: list[tuple[str, str, int]], by: str) -> list[str]:
+        """A sync peer's view of members it thinks are down; only claims about us matter (about
+        others, our own probes decide). One result per claim about us, as ``receive`` names them."""
+        results = []
         for peer, state, inc in claims:
-            if peer == self.me and state in ("suspect", "dead") and inc >= self.seq and not self.leaving:
-                self._refute(now, inc)
+            if peer == self.me and state in ("suspect", "dead"):
+                results.append(self._accused_me(now, inc, by))
+        return results
 
     def local_change(self, now: float) -> None:
         """Own labels or resources changed: re-advertise (rate-limited)."""
@@ -269,6 +387,24 @@ class Membership:
         self.leaving = True
         self._probes.clear()
         self._actions.append(PublishRumor("left", self.me, self.seq))
+
+    def exclude(self, now: float, peer: str, reason: str) -> None:
+        """Drop ``peer`` from the view (a revocation, an expired certificate) and refuse its
+        records, and rumors from or about it, until ``readmit(peer)``."""
+        if peer == self.me:
+            return
+        self._excluded[peer] = reason
+        self._buckets.pop(peer, None)
+        m = self.members.get(peer)
+        if m is not None:
+            self._drop(m, "excluded: " + reason)
+
+    def readmit(self, peer: str) -> None:
+        """Undo ``exclude``: the peer's next record is taken again."""
+        self._excluded.pop(peer, None)
+
+    def excluded(self) -> dict[str, str]:
+        return dict(self._excluded)
 
     def handle_timeout(self, now: float) -> None:
         t = self.timing
@@ -281,7 +417,15 @@ class Membership:
                 self._probe_failed(now, p)
             else:
                 self._go_indirect(now, p)
-        for m in self.members.values():
+        for m in list(self.members.values()):
+            if m.cert_expires <= now:
+                self.counters.certs_expired += 1
+                self._drop(m, "certificate expired")
+                continue
+            if not m.stale and m.expires <= now:
+                m.stale = True
+                self.counters.records_expired += 1
+                self._changed(m.peer, m.state, m.state, "stale: no record within its ttl")
             if m.state is State.SUSPECT and m.suspicion is not None and m.suspicion.deadline <= now:
                 self.counters.deaths += 1
                 self._set_state(now, m, State.DEAD, "suspicion timed out")
@@ -308,8 +452,12 @@ class Membership:
         if self._publish_pending:
             deadlines.append(self._last_publish + self.timing.publish_interval)
         deadlines += [p.deadline for p in self._probes.values()]
-        deadlines += [m.suspicion.deadline for m in self.members.values()
-                      if m.state is State.SUSPECT and m.suspicion is not None]
+        for m in self.members.values():
+            deadlines.append(m.cert_expires)
+            if not m.stale:
+                deadlines.append(m.expires)
+            if m.state is State.SUSPECT and m.suspicion is not None:
+                deadlines.append(m.suspicion.deadline)
         return min(deadlines)
 
     def take_actions(self) -> list[Action]:
@@ -318,11 +466,18 @@ class Membership:
 
     # --- views --------------------------------------------------------------------------
 
+    def view(self) -> View:
+        """The current snapshot; the same object until something in the view changes."""
+        if self._view is None:
+            self._version += 1
+            self._view = View(version=self._version, me=self.me, members=MappingProxyType({
+                m.peer: MemberView(peer=m.peer, state=m.state, stale=m.stale, record=m.record, since=m.since,
+                                   heard=m.heard, expires=m.expires, rtt_ewma=m.rtt_ewma, rtt_min=m.rtt_min)
+                for m in self.members.values()}))
+        return self._view
+
     def counts(self) -> dict[str, int]:
-        out = {s.value: 0 for s in State}
-        for m in self.members.values():
-            out[m.state.value] += 1
-        return out
+        return self.view().counts()
 
     def down_claims(self) -> list[tuple[str, str, int]]:
         return [(m.peer, m.state.value, m.incarnation) for m in self.members.values()
@@ -330,18 +485,31 @@ class Membership:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _receive_record(self, now: float, r: Record) -> str:
+    def _receive_record(self, now: float, r: Record, wall: float | None) -> str:
         if r.peer == self.me:
-            if r.seq > self.seq:  # an older life of ours got further: jump past it
+            if r.seq > self.seq and not self.leaving:  # an older life of ours got further: jump past it
                 self._refute(now, r.seq)
                 return "refuted"
             return "self"
+        if r.peer in self._excluded:
+            return "excluded"
+        cert_left = float("inf")
+        age = 0.0
+        if wall is not None:
+            age = min(max(0.0, wall - r.issued), r.ttl)  # a clock ahead of ours (skew) counts as fresh
+            cert = r.cert
+            if cert is not None:
+                cert_left = cert.expires - wall
+                if cert_left <= 0:
+                    return "cert_expired"
+        expires = now - age + r.ttl
         m = self.members.get(r.peer)
         if m is None:
-            self.members[r.peer] = Member(record=r, state=State.ALIVE, since=now, heard=now)
+            self.members[r.peer] = Member(record=r, state=State.ALIVE, since=now, heard=now, expires=expires,
+                                          cert_expires=now + cert_left)
             self._order.insert(self.rng.randint(0, len(self._order)), r.peer)
             self.counters.records_accepted += 1
-            self._actions.append(Changed(r.peer, None, State.ALIVE, "joined"))
+            self._changed(r.peer, None, State.ALIVE, "joined")
             return "new"
         if r.seq == m.record.seq:
             return "duplicate"  # the same record by another path (sync and gossip): normal
@@ -349,11 +517,59 @@ class Membership:
             self.counters.records_old += 1
             return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
-        m.record, m.heard = r, now
+        m.record, m.heard, m.expires, m.cert_expires = r, now, expires, now + cert_left
+        self._view = None
+        if m.stale and expires > now:
+            m.stale = False
+            self._changed(m.peer, m.state, m.state, "fresh record")
         if m.state is not State.ALIVE:
             reason = "refuted suspicion" if m.state is State.SUSPECT else "rejoined"
             self._set_state(now, m, State.ALIVE, reason)
         return "updated"
+
+    def _left(self, now: float, msg: Rumor) -> str:
+        m = self.members.get(msg.about)
+        if m is None or msg.about == self.me:
+            return "unknown" if m is None else "old"
+        if msg.incarnation < m.incarnation or m.state is State.LEFT:
+            return "old"
+        self._set_state(now, m, State.LEFT, "left")
+        return "left"
+
+    def _accused_me(self, now: float, inc: int, by: str) -> str:
+        if inc > self.seq:
+            return "future_incarnation"  # no honest member holds a seq of ours we have not issued
+        if inc < self.seq or self.leaving:
+            return "old"
+        if not self._allow_accusation(now, by):
+            return "accusation_rate"
+        self._refute(now)
+        return "refuted"
+
+    def _allow_accusation(self, now: float, by: str) -> bool:
+        """Token bucket per accuser (memberlist has none: every member there is trusted)."""
+        t = self.timing
+        b = self._buckets.get(by)
+        if b is None:
+            if len(self._buckets) > 4 * len(self.members) + 64:  # accusers no longer in the view
+                self._buckets = {p: x for p, x in self._buckets.items() if p in self.members}
+            b = self._buckets[by] = _Bucket(tokens=float(t.accusation_burst), at=now)
+        b.tokens = min(float(t.accusation_burst), b.tokens + max(0.0, now - b.at) * t.accusation_rate)
+        b.at = max(b.at, now)
+        if b.tokens < 1:
+            return False
+        b.tokens -= 1
+        return True
+
+    def _accuse(self, now: float, m: Member, by: str) -> str:
+        result = self._suspect(now, m, by)
+        if not self._probing(m.peer) and not self.leaving:
+            self._start_probe(now, m.peer)  # our own evidence, at once
+        return result
+
+    def _changed(self, peer: str, old: State | None, new: State | None, reason: str) -> None:
+        self._view = None
+        self._actions.append(Changed(peer, old, new, reason))
 
     def _set_state(self, now: float, m: Member, state: State, reason: str) -> None:
         old, m.state, m.since = m.state, state, now
@@ -362,7 +578,13 @@ class Membership:
         if state not in PROBED:
             for p in [p for p in self._probes.values() if p.target == m.peer]:
                 del self._probes[p.id]
-        self._actions.append(Changed(m.peer, old, state, reason))
+        self._changed(m.peer, old, state, reason)
+
+    def _drop(self, m: Member, reason: str) -> None:
+        del self.members[m.peer]
+        for p in [p for p in self._probes.values() if p.target == m.peer]:
+            del self._probes[p.id]
+        self._changed(m.peer, m.state, None, reason)
 
     def _suspect(self, now: float, m: Member, by: str) -> str:
         if m.state is State.ALIVE:
@@ -378,18 +600,21 @@ class Membership:
             return "confirmed"
         return "old"
 
-    def _refute(self, now: float, incarnation: int) -> None:
+    def _refute(self, now: float, incarnation: int = 0) -> None:
         self.seq = max(self.seq, incarnation)
         self.counters.refutations += 1
         self.awareness.apply(+1)  # being suspected is a hint that we are the slow one
         self._publish(now)
 
     def _publish(self, now: float) -> None:
-        self.seq += 1
-        self._actions.append(PublishRecord(self.seq))
         self._last_publish = now
         self._publish_pending = False
         self._next_refresh = now + self.timing.refresh_interval
+        if self.seq + 1 >= MAX_SEQ:  # unreachable in practice (2^31 restarts x 2^32 records)
+            self.counters.seq_exhausted += 1
+            return
+        self.seq += 1
+        self._actions.append(PublishRecord(self.seq))
 
     def _probing(self, peer: str) -> bool:
         return any(p.target == peer for p in self._probes.values())
@@ -428,9 +653,13 @@ class Membership:
         self.counters.indirect_probes += 1
         self._actions += [ProbeVia(p.id, h, p.target, wait * 0.6) for h in helpers]
 
-    def _probe_succeeded(self, p: _Probe) -> None:
+    def _probe_succeeded(self, now: float, p: _Probe) -> None:
         del self._probes[p.id]
         self.awareness.apply(-1)
+        m = self.members.get(p.target)
+        if m is not None and m.state is State.SUSPECT:  # it answered: the accusation was wrong
+            self.counters.accusations_cleared += 1
+            self._set_state(now, m, State.ALIVE, "answered our probe")
 
     def _probe_failed(self, now: float, p: _Probe) -> None:
         del self._probes[p.id]
@@ -448,6 +677,4 @@ class Membership:
     def _forget(self, now: float) -> None:
         for peer, m in list(self.members.items()):
             if m.state in (State.DEAD, State.LEFT) and now - m.since > self.timing.forget_after:
-                del self.members[peer]
-                self._actions.append(Changed(peer, m.state, None, "forgotten"))
-
+                self._drop(m, "forgotten")

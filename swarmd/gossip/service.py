@@ -6,6 +6,22 @@ records and rumors on the swarm topic, pings, indirect probes, push-pull syncs. 
 request on our protocols carries the sender's certificate; anything that fails a check
 is dropped, counted in ``swarmd_gossip_rejected_total{reason}`` and logged once per
 (reason, peer).
+
+Nothing is given to a peer before it proves membership, and nothing large is read from
+it before that: every first frame is read with a small limit and must hold a valid
+certificate for the stream's peer id. A sync (protocol 2) goes:
+
+    requester -> responder  {cert}                  (read with a 64 KiB limit)
+    responder -> requester  {cert}                  (or {error}; 64 KiB limit)
+    responder -> requester  {records, claims}       (16 MiB; sent only after the check)
+    requester -> responder  {records, claims}       (16 MiB; read only after the check)
+
+A peer may hold at most ``STREAMS_PER_PEER`` inbound streams of each protocol at once;
+more are reset at once and counted (``too_many_streams``).
+
+Everyone else (mesh, placement, the control API) reads the membership through
+``view()``, an immutable snapshot (membership.View); ``exclude_peer`` removes a member
+(a revocation, an expired certificate) until ``readmit_peer``.
 """
 
 from __future__ import annotations
@@ -25,14 +41,16 @@ from multiaddr import Multiaddr
 
 from ..rpc.framing import FrameTooLarge
 from . import pubsub as ps
+from .admission import Admission
 from .capacity import Collector, Resources
-from .cert import Token, check_cert, check_ticket, issue_cert
-from .membership import (Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
-                         Sync, Timing)
+from .cert import Token, check_cert
+from .membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
+                         Sync, Timing, View)
 from .signed import Invalid, Signer, peer_bytes, peer_str
-from .streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError, Pinger, close_quietly,
-                      read_frame, request, write_frame)
-from .swarmstate import SwarmMembership, owner_signer, save_joined
+from .streams import (JOIN_PROTOCOL, MAX_SMALL_FRAME, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError,
+                      Pinger, close_quietly, read_frame, request, reset_quietly, write_frame)
+from .swarmstate import SwarmMembership, save_joined
+from .revocation import Revocation
 from .wire import MAX_RTTS, JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
 
 log = structlog.get_logger("swarmd.gossip")
@@ -42,6 +60,9 @@ SYNC_TIMEOUT = 5.0
 JOIN_TIMEOUT = 10.0
 LEAVE_FLUSH = 1.0
 ADDR_TTL = 3600
+STREAMS_PER_PEER = 8  # inbound syncs, probes, joins at once from one peer; honest ones need 1-2
+STREAMS_PER_PEER_OTHER = 64  # a backstop for protocols that do not set their own (jobs stream output)
+MAX_CLAIMS = 100_000
 
 
 class JoinError(Exception):
@@ -102,6 +123,7 @@ class Gossip:
         self._publish_send, self._publish_recv = trio.open_memory_channel[bytes](math.inf)
         self._events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](math.inf)
         self._syncing: set[str] = set()
+        self._excluded: dict[str, str] = {}  # kept here too: applied to the core once it exists
         self._publishing = False  # a publish is between the channel and the peers' queues
         # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
         self.traffic: collections.Counter[str] = collections.Counter()
@@ -110,13 +132,14 @@ class Gossip:
         self._nursery: trio.Nursery | None = None
         self._pubsub = None
         self.topic = ""
+        self.admission = Admission(self)  # joins, renewals, revocations: admission.py
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         for protocol, handler in ((PROBE_PROTOCOL, self._handle_probe), (SYNC_PROTOCOL, self._handle_sync),
                                   (JOIN_PROTOCOL, self._handle_join)):
-            self.host.set_stream_handler(protocol, self.guarded(handler))
+            self.host.set_stream_handler(protocol, self.guarded(handler, per_peer=STREAMS_PER_PEER))
         self.host.get_network().register_notifee(_Notifee(self._events_send))
         ps.count_drops(self._dropped)
         async with trio.open_nursery() as nursery:
@@ -126,18 +149,31 @@ class Gossip:
             await self.joined.wait()
             await self._run_swarm()
 
-    def guarded(self, handler: Callable[[INetStream], Any]) -> Callable[[INetStream], Any]:
+    def guarded(self, handler: Callable[[INetStream], Any],
+                per_peer: int = STREAMS_PER_PEER_OTHER) -> Callable[[INetStream], Any]:
         """py-libp2p lets an exception from a stream handler take the whole host down: no
         request a peer can send may do that. The handlers catch what they expect; this is
-        the backstop for what they did not."""
+        the backstop for what they did not. A peer gets at most ``per_peer`` of these
+        handlers at once: 500 streams from one peer cost 500 resets, not 500 tasks."""
+        active: collections.Counter[str] = collections.Counter()
+
         async def guarded(stream: INetStream) -> None:
+            peer = str(stream.muxed_conn.peer_id)
+            if active[peer] >= per_peer:
+                self.reject("too_many_streams", peer, f"{handler.__name__}: {per_peer} already open")
+                await reset_quietly(stream)
+                return
+            active[peer] += 1
             try:
                 await handler(stream)
             except Exception as exc:
-                peer = str(stream.muxed_conn.peer_id)
                 self.reject("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
                 log.exception("stream handler failed", peer=peer, handler=handler.__name__)
                 await close_quietly(stream)
+            finally:
+                active[peer] -= 1
+                if active[peer] <= 0:
+                    del active[peer]
         return guarded
 
     async def _run_swarm(self) -> None:
@@ -145,7 +181,10 @@ class Gossip:
 
         assert self.swarm is not None and self._nursery is not None
         self.verifier = Verifier(self.swarm.swarm, self.swarm.owner_public)
+        self.admission.start()
         self.core = Membership(self.me, self.seq, self.timing, self.rng, trio.current_time())
+        for peer, reason in self._excluded.items():
+            self.core.exclude(trio.current_time(), peer, reason)
         self.topic = ps.topic(self.swarm.swarm)
         pubsub, router = ps.make_pubsub(self.host)
         pubsub.set_topic_validator(self.topic, self._validate, False)
@@ -158,6 +197,7 @@ class Gossip:
                 nursery.start_soon(self._read, subscription)
                 nursery.start_soon(self._publisher, pubsub)
                 nursery.start_soon(self._connection_events)
+                nursery.start_soon(self.admission.run)
                 for addr in self.swarm.bootstrap:
                     nursery.start_soon(self._dial_bootstrap, addr)
                 log.info("in swarm", swarm=self.swarm.swarm, owner=self.swarm.is_owner,
@@ -209,28 +249,11 @@ class Gossip:
         raise JoinError("no inviting node answered: " + "; ".join(errors))
 
     async def _handle_join(self, stream: INetStream) -> None:
-        peer = stream.muxed_conn.peer_id
-        try:
-            with trio.fail_after(JOIN_TIMEOUT):
-                req = await read_frame(stream, 4096)
-                if self.swarm is None or not self.swarm.is_owner:
-                    await write_frame(stream, {"error": "this node does not hold the swarm's owner key"})
-                    return
-                try:
-                    roles, ttl = check_ticket(req.get("ticket") if isinstance(req, dict) else None,
-                                              owner_public=self.swarm.owner_public, now=time.time())
-                except Invalid as exc:
-                    self.reject(exc.reason, str(peer), exc.detail)
-                    await write_frame(stream, {"error": exc.detail})
-                    return
-                cert = issue_cert(owner_signer(self.swarm), self.swarm.swarm, peer.to_bytes(), now=time.time(),
-                                  ttl=ttl, roles=roles)
-                await write_frame(stream, {"cert": cert.blob})
-                log.info("admitted", peer=str(peer), expires=round(cert.expires))
-        except Exception as exc:
-            self.reject("join", str(peer), f"{exc.__class__.__name__}: {exc}")
-        finally:
-            await close_quietly(stream)
+        await self.admission.handle_join(stream)  # joins and renewals, on the owner's node
+
+    def publish(self, blob: bytes) -> None:
+        """Put a signed blob (a revocation) on the swarm topic."""
+        self._publish_send.send_nowait(blob)
 
     # --- the core's clock and actions ---------------------------------------------------
 
@@ -261,9 +284,10 @@ class Gossip:
                         self._nursery.start_soon(self._sync, peer)
                 case Changed(peer, old, new, reason):
                     self._view_changed()
-                    log.info("member " + (new.value if new else "forgotten"), member=peer,
+                    log.info("member " + (new.value if new else "removed"), member=peer,
                              was=old.value if old else None, reason=reason)
-                    if new in (State.DEAD, State.LEFT) and self._nursery is not None:
+                    gone = new in (State.DEAD, State.LEFT) or (new is None and reason != "forgotten")
+                    if gone and self._nursery is not None:
                         self._nursery.start_soon(self._hang_up, ID.from_base58(peer))
         self.metrics.set_members(self.core.counts())
 
@@ -282,11 +306,33 @@ class Gossip:
         self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
         return blob
 
+    def view(self) -> View:
+        """The membership as an immutable snapshot (the same object until something changes);
+        what the mesh, placement and the control API read, from any thread."""
+        return self.core.view() if self.core is not None else View.empty(self.me)
+
+    def exclude_peer(self, peer: str, reason: str) -> None:
+        """Remove ``peer`` from the view at once (a revocation, an expired certificate), close
+        our connections to it, and refuse its records, rumors and streams until
+        ``readmit_peer``."""
+        if peer == self.me:
+            return
+        self._excluded[peer] = reason
+        if self.core is not None:
+            self.core.exclude(trio.current_time(), peer, reason)
+            self._input()
+        if self._nursery is not None:  # also when it was not in the view: it may be connected
+            self._nursery.start_soon(self._hang_up, ID.from_base58(peer))
+        self._view_changed()
+
+    def readmit_peer(self, peer: str) -> None:
+        self._excluded.pop(peer, None)
+        if self.core is not None:
+            self.core.readmit(peer)
+
     def _nearest_rtts(self) -> dict[str, float]:
         """This node's lowest RTTs to alive members, in ms: others' placement reads them."""
-        if self.core is None:
-            return {}
-        measured = sorted((m.rtt_min, m.peer) for m in self.core.members.values()
+        measured = sorted((m.rtt_min, m.peer) for m in self.view()
                           if m.rtt_min is not None and m.state is State.ALIVE)
         return {peer: round(rtt * 1000, 2) for rtt, peer in measured[:MAX_RTTS]}
 
@@ -321,17 +367,33 @@ class Gossip:
                 continue  # counted by the validator
             self._accept(decoded)
 
-    def _accept(self, msg: Record | Rumor) -> str:
-        result = self.core.receive(trio.current_time(), msg)
+    def _accept(self, msg: Record | Rumor | Revocation) -> str:
+        if isinstance(msg, Revocation):
+            self.admission.received(msg)
+            return "revocation"
+        if isinstance(msg, Record) and (refused := self.admission.refuse_record(msg, self._wg_keys())):
+            self.reject(refused[0], msg.peer, refused[1])
+            return "refused"
+        result = self.core.receive(trio.current_time(), msg, time.time())
         if result == "old" and isinstance(msg, Record):  # a replay, or overtaken in flight
             self.rejected["old_seq"] += 1
             self.metrics.gossip_rejected.labels("old_seq").inc()
+        elif result in REFUSED:
+            sender = msg.peer if isinstance(msg, Record) else msg.sender
+            what = (f"record seq {msg.seq}" if isinstance(msg, Record)
+                    else f"{msg.kind} rumor about {msg.about} at incarnation {msg.incarnation}")
+            self.reject(result, sender, what)
         if isinstance(msg, Record) and result in ("new", "updated"):
             addrs = [Multiaddr(a) for a in msg.addrs if _parses(a)]
             self.host.get_peerstore().add_addrs(ID.from_base58(msg.peer), addrs, ADDR_TTL)
             self._view_changed()
         self._input()
         return result
+
+    def _wg_keys(self) -> list[tuple[str, bytes]]:
+        """(peer, WireGuard key) of the members in the view that advertise one."""
+        return [(m.peer, m.record.wg.public) for m in self.view()
+                if m.record.wg is not None and m.state in (State.ALIVE, State.SUSPECT)]
 
     def _count(self, direction: str, size: int) -> None:
         self.traffic[f"messages_{direction}"] += 1
@@ -355,7 +417,7 @@ class Gossip:
     async def _ensure_connected(self, peer: ID) -> None:
         if peer in self.host.get_connected_peers():
             return
-        m = self.core.members.get(str(peer)) if self.core else None
+        m = self.view().get(str(peer))
         addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if _parses(a)]
         if addrs:  # the signed record is the authority on where a member listens
             self.host.get_peerstore().clear_addrs(peer)
@@ -399,11 +461,21 @@ class Gossip:
         if self.swarm is None or self.core is None:
             await write_frame(stream, {"error": "this node is in no swarm"})
             return False
+        if str(peer) in self._excluded:
+            self.reject("excluded", str(peer), self._excluded[str(peer)])
+            await write_frame(stream, {"error": f"excluded from swarm {self.swarm.swarm}"})
+            return False
         try:
             check_cert(req.get("cert") if isinstance(req, dict) else None, owner_public=self.swarm.owner_public,
                        swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
+            if (why := self.admission.refuses(str(peer))) is not None:
+                raise Invalid("revoked", why)
             return True
         except Invalid as exc:
+            if exc.reason == "revoked":
+                self.reject("revoked", str(peer), exc.detail)
+                await write_frame(stream, {"error": exc.detail})
+                return False
             self.reject("not_member", str(peer), exc.detail)
             await write_frame(stream, {"error": f"not a member of swarm {self.swarm.swarm}: {exc.detail}"})
             return False
@@ -429,23 +501,24 @@ class Gossip:
     # --- push-pull sync -----------------------------------------------------------------
 
     def _sync_payload(self) -> dict[str, Any]:
-        records = [m.record.blob for m in self.core.members.values()]
+        """What a sync sends once the other side proved membership: every record we hold, our
+        claims about members down, and the revocations we know."""
+        view = self.view()
+        records = [m.record.blob for m in view]
         if self.own_record is not None:
             records.append(self.own_record.blob)
-        return {"cert": self.swarm.cert.blob, "records": records, "claims": self.core.down_claims()}
+        return {"records": records, "claims": self.core.down_claims(), "revoked": self.admission.for_sync()}
 
     def _apply_sync(self, payload: Any, peer: ID) -> bool:
-        """Merge a sync payload; True when it made us refute (the peer holds us suspect or dead,
-        so it should get our new record at once rather than by gossip it may not be part of yet)."""
-        if not isinstance(payload, dict):
-            self.reject("malformed", str(peer), "sync payload is not a map")
-            return False
-        if "error" in payload:  # it does not take us for a member (an expired certificate?)
-            if ("refused", str(peer)) not in self._logged:
-                self._logged.add(("refused", str(peer)))
-                log.warning("sync refused", peer=str(peer), error=str(payload["error"])[:300])
+        """Merge a member's sync payload; True when it made us refute (the peer holds us suspect
+        or dead, so it should get our new record at once rather than by gossip it may not be
+        part of yet)."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("records", []), list) \
+                or not isinstance(payload.get("claims", []), list):
+            self.reject("malformed", str(peer), "sync payload: expected {records: [...], claims: [...]}")
             return False
         seq = self.core.seq
+        self.admission.merge(payload.get("revoked"), str(peer))
         for blob in payload.get("records", [])[:100_000]:
             try:
                 msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
@@ -453,14 +526,56 @@ class Gossip:
                 self.reject(exc.reason, str(peer), exc.detail)
                 continue
             self._accept(msg)
-        claims = payload.get("claims", [])
-        mine = [tuple(c) for c in claims if isinstance(c, list) and len(c) == 3 and c[0] == self.me
-                and isinstance(c[2], int)]
-        self.core.claims(trio.current_time(), mine)  # type: ignore[arg-type]
+        mine = []
+        for c in payload.get("claims", [])[:MAX_CLAIMS]:
+            if not (isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str)
+                    and isinstance(c[2], int) and not isinstance(c[2], bool)):
+                self.reject("malformed", str(peer), f"sync claim {str(c)[:100]}: expected [peer, state, inc]")
+                continue
+            if c[0] == self.me:
+                mine.append((c[0], c[1], c[2]))
+        for (_, state, inc), result in zip(mine, self.core.claims(trio.current_time(), mine, by=str(peer))):
+            if result in REFUSED:
+                self.reject(result, str(peer), f"sync claim: this node {state} at incarnation {inc}")
         self._input()
         return self.core.seq != seq
 
+    def _peer_is_member(self, hello: Any, peer: ID) -> bool:
+        """The sync responder's first frame: its certificate, checked before we read its view."""
+        if isinstance(hello, dict) and "error" in hello:  # it does not take us for a member (expired?)
+            if ("refused", str(peer)) not in self._logged:
+                self._logged.add(("refused", str(peer)))
+                log.warning("sync refused", peer=str(peer), error=str(hello["error"])[:300])
+            return False
+        try:
+            check_cert(hello.get("cert") if isinstance(hello, dict) else None, owner_public=self.swarm.owner_public,
+                       swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
+        except Invalid as exc:
+            self.reject("not_member", str(peer), f"sync answer: {exc.detail}")
+            return False
+        if (why := self.admission.refuses(str(peer))) is not None or str(peer) in self._excluded:
+            self.reject("revoked", str(peer), why or self._excluded[str(peer)])
+            return False
+        return True
+
+    async def _sync_once(self, pid: ID) -> str:
+        try:
+            stream = await self.host.new_stream(pid, [SYNC_PROTOCOL])
+        except Exception as exc:
+            raise PeerError(f"cannot open {SYNC_PROTOCOL} ({exc.__class__.__name__}: {exc})") from None
+        try:
+            await write_frame(stream, {"cert": self.swarm.cert.blob})
+            if not self._peer_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):
+                return "refused"
+            theirs = await read_frame(stream, MAX_SYNC_FRAME)
+            await write_frame(stream, self._sync_payload())
+        finally:
+            await close_quietly(stream)
+        return "refuted" if self._apply_sync(theirs, pid) else "done"
+
     async def _sync(self, peer: str) -> None:
+        if peer in self._excluded:
+            return
         self._syncing.add(peer)
         pid = ID.from_base58(peer)
         started, outcome = trio.current_time(), "timeout"
@@ -468,11 +583,9 @@ class Gossip:
             with trio.move_on_after(SYNC_TIMEOUT):
                 await self._ensure_connected(pid)
                 for _ in range(2):  # once more if we had to refute: the peer still holds us down
-                    reply = await request(self.host, pid, SYNC_PROTOCOL, self._sync_payload(), MAX_SYNC_FRAME)
-                    outcome = "done"
-                    if not self._apply_sync(reply, pid):
+                    outcome = await self._sync_once(pid)
+                    if outcome != "refuted":
                         break
-                    outcome = "refuted"
         except PeerError as exc:
             outcome = str(exc)
         except Exception as exc:  # a frame too large, a bad answer
@@ -498,11 +611,13 @@ class Gossip:
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
-                req = await read_frame(stream, MAX_SYNC_FRAME)
-                if not await self.check_member(req, peer, stream):
+                hello = await read_frame(stream, MAX_SMALL_FRAME)  # nothing large before the certificate
+                if not await self.check_member(hello, peer, stream):
                     return
+                await write_frame(stream, {"cert": self.swarm.cert.blob})
                 await write_frame(stream, self._sync_payload())
-                if self._apply_sync(req, peer) and str(peer) not in self._syncing and self._nursery:
+                theirs = await read_frame(stream, MAX_SYNC_FRAME)
+                if self._apply_sync(theirs, peer) and str(peer) not in self._syncing and self._nursery:
                     self._nursery.start_soon(self._sync, str(peer))  # our answer carried the record it refuted
         except FrameTooLarge as exc:
             self.reject("too_large", str(peer), f"sync request: {exc}")
@@ -521,20 +636,21 @@ class Gossip:
                 if pid not in self.host.get_connected_peers():
                     self.core.connection_lost(trio.current_time(), peer)
                     self._input()
-            elif peer not in self.core.members and peer not in self._syncing and self._nursery:
+            elif peer not in self.view() and peer not in self._syncing and peer not in self._excluded \
+                    and self._nursery:
                 self._nursery.start_soon(self._sync, peer)  # a new peer: exchange views at once
 
     async def _dial_bootstrap(self, addr: str) -> None:
         info = info_from_p2p_addr(Multiaddr(addr))
         delay = 0.5
-        while str(info.peer_id) not in self.core.members:
+        while str(info.peer_id) not in self.view():
             try:
                 with trio.move_on_after(JOIN_TIMEOUT):
                     await self.host.connect(info)
                     await self._sync(str(info.peer_id))
             except Exception:
                 pass
-            if str(info.peer_id) in self.core.members:
+            if str(info.peer_id) in self.view():
                 return
             await trio.sleep(self.rng.uniform(0, delay))
             delay = min(30.0, delay * 2)

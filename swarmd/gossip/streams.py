@@ -2,8 +2,9 @@
 
 Frames are the control socket's (4-byte length + msgpack, checked from the header before
 anything is read), so a 10 MB frame from a peer costs four bytes of reading. Each request
-carries the requester's membership certificate; the handler checks it against the peer id
-Noise authenticated before doing anything.
+carries the requester's membership certificate in its first frame, read with a small limit
+(``MAX_SMALL_FRAME``); the handler checks it against the peer id Noise authenticated before
+reading or sending anything more. Only then may a frame be large (``MAX_SYNC_FRAME``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from libp2p.peer.id import ID
 from ..rpc.framing import HEADER, FrameTooLarge, encode_frame
 
 PROBE_PROTOCOL = "/swarmd/probe/1.0.0"
-SYNC_PROTOCOL = "/swarmd/sync/1.0.0"
+SYNC_PROTOCOL = "/swarmd/sync/2.0.0"  # 2: certificates first, views only to members (service.py)
 JOIN_PROTOCOL = "/swarmd/join/1.0.0"
 MAX_SYNC_FRAME = 16 * 1024 * 1024
 MAX_SMALL_FRAME = 64 * 1024
@@ -80,6 +81,15 @@ async def close_quietly(stream: INetStream) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(1):
         try:
             await stream.close()
+        except Exception:
+            pass
+
+
+async def reset_quietly(stream: INetStream) -> None:
+    """Refuse a stream at once: a reset, not a goodbye (nothing of ours is read or written)."""
+    with trio.CancelScope(shield=True), trio.move_on_after(1):
+        try:
+            await stream.reset()
         except Exception:
             pass
 

@@ -45,6 +45,9 @@ MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairw
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
 RUMOR_KINDS = ("suspect", "dead", "left")
+# Every seq and incarnation on the wire is below this: a node adds one to a seq it has seen (to
+# refute), and msgpack encodes no integer above 2^64 - 1; 2^63 leaves room and fits an int64.
+MAX_SEQ = 2**63
 WG_PROOF_DOMAIN = b"swarmd wg key proof\0"
 
 
@@ -270,6 +273,6 @@ def _rtts(data: Any) -> dict[str, float]:
 
 def _uint(body: dict[str, Any], name: str, where: str) -> int:
     value = field(body, name, int, where)
-    if not 0 <= value < 2**64:
-        raise Invalid("malformed", f"{where}.{name}: out of range")
+    if not 0 <= value < MAX_SEQ:
+        raise Invalid("malformed", f"{where}.{name}: {value} is outside 0..2^63")
     return value

@@ -3,9 +3,13 @@
 Inputs: the gossip view (woken by ``Gossip.view_changed``, and a periodic tick), endpoint
 RTT measurements, and the device's own state read back through the backend. Outputs: the
 backend calls that the sans-IO ``Reconciler`` asks for, and this node's ``MeshInfo`` in its
-record. The overlay address follows ``address.choose`` the first time and is kept after that
-(in the state directory, across restarts and key rotations); only when a member with
-precedence claims it do we move to our next free candidate and re-advertise.
+record. When this node's certificate names an overlay address (the owner allocated it), that
+is the address, always. Otherwise (an older certificate) the address follows ``address.choose``
+the first time and is kept after that (in the state directory, across restarts and key
+rotations); only when a member with precedence claims it (a lower key, or a certificate that
+names it) do we move to our next free candidate and re-advertise. A member whose certificate
+names no address never displaces one whose certificate does: it is left out of the mesh
+while it claims such an address. The record carries a proof that we hold our key.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from multiaddr import Multiaddr
 
 from ..atomic import write_atomically
 from ..gossip.membership import State
-from ..gossip.wire import MeshInfo
+from ..gossip.wire import MeshInfo, wg_proof_message
 from . import address, keys
 from .backend import Backend, BackendUnavailable, choose
 from .reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
@@ -95,14 +99,34 @@ class Mesh:
         self.readdressed = 0
         self._members: dict[str, Member] = {}
         self._configured: set[bytes] = set()  # peers set on the device since it started
+        self._proof: tuple[bytes, bytes] | None = None  # (our key, its proof)
+        self._warned_network = False
 
     # --- what the record says -----------------------------------------------------------
 
     def info(self) -> MeshInfo | None:
         if self.addr4 is None:
             return None
+        if self._proof is None or self._proof[0] != self.keys.public:
+            message = wg_proof_message(self.gossip.swarm.swarm, self.gossip.me, self.keys.public)
+            self._proof = (self.keys.public, keys.prove(self.keys.private, message))
         return MeshInfo(public=self.keys.public, addr4=str(self.addr4), addr6=str(self.addr6), port=self.port,
-                        endpoints=tuple(self._underlay_ips()))
+                        endpoints=tuple(self._underlay_ips()), proof=self._proof[1])
+
+    def _cert_addr4(self) -> ipaddress.IPv4Address | None:
+        """The address our certificate names, if any and in the configured network."""
+        swarm = self.gossip.swarm
+        addr = getattr(swarm.cert, "addr4", None) if swarm is not None else None
+        if addr is None:
+            return None
+        addr = ipaddress.IPv4Address(addr)
+        if addr not in self.network:
+            if not self._warned_network:
+                self._warned_network = True
+                log.warning("the certificate's overlay address is outside the configured mesh network; "
+                            "using a derived one", address=str(addr), network=str(self.network))
+            return None
+        return addr
 
     def _underlay_ips(self) -> list[str]:
         ips = []
@@ -123,10 +147,13 @@ class Mesh:
         swarm = self.gossip.swarm.swarm
         self.addr6 = address.ula(swarm, self.gossip.me.encode())  # the identity's: survives key rotation
         kept = self._saved_addr4()
-        if kept is not None and not address.conflicts(self.keys.public, kept, self._claims()):
+        bound = self._cert_addr4()
+        if bound is not None:
+            self._set_addr4(bound)
+        elif kept is not None and not address.conflicts(self.keys.public, kept, self._claims(), self._bound()):
             self.addr4 = kept
         else:
-            self._set_addr4(address.choose(swarm, self.keys.public, self._claims(), self.network))
+            self._set_addr4(address.choose(swarm, self.keys.public, self._claims(), self.network, self._bound()))
         self.reconciler = Reconciler(self.keys.public)  # a new device has no peers yet
         self._configured: set[bytes] = set()
         await self.backend.start(private_key=self.keys.private, listen_port=self.port,
@@ -173,28 +200,54 @@ class Mesh:
     # --- reconciling --------------------------------------------------------------------
 
     def _view(self) -> list[tuple[str, MeshInfo]]:
-        core = self.gossip.core
-        if core is None:
-            return []
-        return [(m.peer, m.record.wg) for m in core.members.values()
-                if m.state in (State.ALIVE, State.SUSPECT) and m.record.wg is not None]
+        """Members in service (up, their record within its ttl) that advertise a mesh side."""
+        return [(m.peer, m.record.wg) for m in self.gossip.view() if m.in_service and m.record.wg is not None]
 
     def _claims(self) -> dict[bytes, ipaddress.IPv4Address]:
-        return {wg.public: ipaddress.IPv4Address(wg.addr4) for _, wg in self._view()}
+        return {wg.public: ipaddress.IPv4Address(wg.addr4) for _, wg, _ in self._bound_view()}
+
+    def _bound_view(self) -> list[tuple[str, MeshInfo, bool]]:
+        """(peer, mesh info, whether its certificate names its address); a member that claims an
+        address another's certificate names is left out (the certificate wins)."""
+        certs = self._cert_addrs()
+        mine = self._cert_addr4()
+        named = set(certs.values()) | ({str(mine)} if mine is not None else set())
+        view = []
+        for peer, wg in self._view():
+            bound = certs.get(peer) == wg.addr4
+            if not bound and wg.addr4 in named:
+                continue
+            view.append((peer, wg, bound))
+        return view
+
+    def _cert_addrs(self) -> dict[str, str]:
+        return {m.peer: m.record.cert.addr4 for m in self.gossip.view()
+                if m.state in (State.ALIVE, State.SUSPECT) and getattr(m.record.cert, "addr4", None)}
+
+    def _bound(self) -> set[ipaddress.IPv4Address]:
+        """Addresses other members' certificates name: never ours to take (unless ours names it)."""
+        return {ipaddress.IPv4Address(a) for a in self._cert_addrs().values()}
 
     async def _reconcile(self, nursery: trio.Nursery) -> None:
         swarm = self.gossip.swarm.swarm
         claims = self._claims()
-        if self.addr4 is not None and address.conflicts(self.keys.public, self.addr4, claims):
-            wanted = address.choose(swarm, self.keys.public, claims, self.network)
-            log.warning("overlay address taken by a member with precedence; moving", old=str(self.addr4),
-                        new=str(wanted))
+        bound = self._cert_addr4()
+        if bound is not None and bound != self.addr4:  # a renewal gave us an address
+            wanted: ipaddress.IPv4Address | None = bound
+        elif bound is None and self.addr4 is not None and address.conflicts(
+                self.keys.public, self.addr4, claims, self._bound()):
+            wanted = address.choose(swarm, self.keys.public, claims, self.network, self._bound())
+        else:
+            wanted = None
+        if wanted is not None:
+            log.warning("overlay address changes", old=str(self.addr4), new=str(wanted),
+                        why="the certificate names it" if bound else "taken by a member with precedence")
             self._set_addr4(wanted)
             self.readdressed += 1
             await self.backend.set_addresses(self._cidrs())
             self.gossip.readvertise()
         members = [Member(peer=peer, public=wg.public, addr4=wg.addr4, addr6=wg.addr6, port=wg.port,
-                          endpoints=wg.endpoints) for peer, wg in self._view() if wg.public != self.keys.public]
+                          endpoints=wg.endpoints) for peer, wg, _ in self._bound_view() if wg.public != self.keys.public]
         self._members = {m.peer: m for m in members}
         await self._perform(self.reconciler.update_view(time.monotonic(), members), nursery)
 
@@ -227,7 +280,7 @@ class Mesh:
     async def _probe_endpoints(self, peer: str, endpoints: tuple[str, ...], nursery: trio.Nursery) -> None:
         """RTT to each candidate endpoint: a TCP connect to the member's libp2p port on that IP
         (WireGuard itself answers nothing to a stranger, by design)."""
-        m = self.gossip.core.members.get(peer) if self.gossip.core else None
+        m = self.gossip.view().get(peer)
         ports = {}
         for addr in (m.record.addrs if m else ()):
             try:
