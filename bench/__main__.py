@@ -18,14 +18,14 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
-PARTS = ("foundation", "placement", "netlab", "gossip", "mesh", "jobs")
+PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
 IDLE_WINDOW = 10.0
 
 
-def start(base: Path) -> tuple[subprocess.Popen[bytes], Path, float]:
+def start(base: Path, extra: list[str] = ()) -> tuple[subprocess.Popen[bytes], Path, float]:
     base.mkdir(parents=True, exist_ok=True)
     (base / "empty.toml").touch()
     sock = base / "swarmd.sock"
@@ -33,7 +33,7 @@ def start(base: Path) -> tuple[subprocess.Popen[bytes], Path, float]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarmd.main", "--config", str(base / "empty.toml"), "--state-dir",
          str(base / "state"), "--socket", str(sock), "--listen", "/ip4/127.0.0.1/tcp/0",
-         "--metrics-addr", "off", "--log-level", "warning"], stderr=subprocess.DEVNULL)
+         "--metrics-addr", "off", "--log-level", "warning", *extra], stderr=subprocess.DEVNULL)
     while True:
         try:
             with Client(str(sock), timeout=2) as c:
@@ -113,6 +113,11 @@ def main() -> None:
     results: dict[str, float] = {}
     if "foundation" in ONLY:
         results |= foundation()
+    if "bounds" in ONLY:
+        from . import bounds
+
+        print(f"bounds: {bounds.JOBS} jobs on one daemon, then a client that never reads...", file=sys.stderr)
+        results |= bounds.measure()
     if "placement" in ONLY:
         from . import placement
 
