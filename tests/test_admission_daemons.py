@@ -1,0 +1,100 @@
+"""Admission between real daemons on loopback: single-use invites, addresses in certificates,
+renewal, and revocation (kept on disk, spread by gossip and sync)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def states(daemon) -> dict[str, str]:
+    return {p["peer"]: p["state"] for p in daemon.call("peers")["peers"]}
+
+
+def swarmctl(daemon, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarmctl.main", "--socket", str(daemon.socket), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def owner(make_daemon):
+    d = make_daemon("owner")
+    d.call("swarm.init")
+    return d
+
+
+def test_an_invite_admits_one_node_and_a_retry_gets_the_same_certificate(owner, make_daemon):
+    token = owner.call("swarm.invite")["token"]
+    b = make_daemon("b")
+    assert b.call("swarm.join", token=token)
+    first = b.call("status")["swarm"]
+    assert first["cert_addr4"] and first["cert_addr4"].startswith("10.211.")  # the owner gave it an address
+
+    c = make_daemon("c")
+    refused = swarmctl(c, "swarm", "join", token)
+    assert refused.returncode == 1 and "used 1 time(s) already" in refused.stderr, refused.stderr
+    assert owner.call("status")["gossip"]["rejected"].get("join_refused", 0) >= 1
+
+    # b lost the reply (here: its swarm file) and joins again with the same token: no use consumed
+    b.stop()
+    (b.state_dir / "swarm.json").unlink()
+    b.start()
+    assert b.call("swarm.join", token=token)
+    assert b.call("status")["swarm"]["cert_addr4"] == first["cert_addr4"]
+
+    two = owner.call("swarm.invite", uses=2)["token"]
+    assert c.call("swarm.join", token=two)
+    d = make_daemon("d")
+    assert d.call("swarm.join", token=two)
+    addrs = {x.call("status")["swarm"]["cert_addr4"] for x in (b, c, d)}
+    assert len(addrs) == 3, addrs
+
+
+def test_renewal_keeps_roles_and_address_and_status_warns_before_expiry(owner, make_daemon):
+    token = owner.call("swarm.invite", cert_ttl=3600)["token"]
+    b = make_daemon("b")
+    b.call("swarm.join", token=token)
+    before = b.call("status")["swarm"]
+    assert before["cert_expiring"] and 3500 < before["cert_expires_in_s"] <= 3600
+    shown = swarmctl(b, "status")
+    assert "WARNING: this node's certificate expires in" in shown.stdout, shown.stdout
+    renewed = json.loads(swarmctl(b, "--json", "swarm", "renew").stdout)
+    assert renewed["expires"] > before["cert_expires"] and renewed["addr4"] == before["cert_addr4"]
+    assert b.call("status")["swarm"]["cert_expires"] == renewed["expires"]
+    b.stop()
+    b.start()  # saved to swarm.json
+    assert b.call("status")["swarm"]["cert_expires"] == renewed["expires"]
+
+
+def test_revoked_member_is_dropped_everywhere_and_stays_out_after_a_restart(owner, make_daemon):
+    token = owner.call("swarm.invite", uses=2)["token"]
+    b, c = make_daemon("b", args=["--join", token]), make_daemon("c", args=["--join", token])
+    ids = {name: d.call("status")["peer_id"] for name, d in (("owner", owner), ("b", b), ("c", c))}
+    wait_until(lambda: all(len(states(d)) == 2 and set(states(d).values()) == {"alive"} for d in (owner, b, c)),
+               20, "three members alive everywhere")
+
+    refused = swarmctl(b, "swarm", "revoke", ids["c"])
+    assert refused.returncode == 1 and "only the node that ran `swarm init`" in refused.stderr
+    done = swarmctl(owner, "swarm", "revoke", ids["b"][-8:], "--reason", "test")
+    assert done.returncode == 0 and ids["b"] in done.stdout, done.stderr
+
+    wait_until(lambda: ids["b"] not in states(owner) and ids["b"] not in states(c), 5, "b gone from every view")
+    wait_until(lambda: b.call("status")["swarm"]["revoked"], 5, "b learns it is revoked")
+    assert "REVOKED" in swarmctl(b, "status").stdout
+    wait_until(lambda: c.call("status")["gossip"]["rejected"].get("revoked", 0) > 0
+               or owner.call("status")["gossip"]["rejected"].get("revoked", 0) > 0, 15,
+               "b's records or streams refused as revoked")
+    assert [r["peer"] for r in c.call("swarm.revocations")["revocations"]] == [ids["b"]]
+
+    c.stop()
+    c.start()
+    wait_until(lambda: ids["owner"] in states(c), 15, "c back in the swarm")
+    assert ids["b"] not in states(c)
+    assert c.call("status")["swarm"]["revocations"] == 1
