@@ -10,6 +10,12 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   oversize  sync a 10 MB record to the target as a member
   garbage   open each swarmd stream protocol and send junk: bytes, a huge length, half a frame
   job       ask the target to reserve a job slot with a foreign certificate
+  job-ids   (member) job requests whose ids are paths, dots, oversize or look-alikes
+  job-no-commit  (member) reserve a slot, then start ranks without committing it
+  job-foreign    (member) start, cancel and release another coordinator's job (--job ID)
+  job-ranks (member) reserve one rank, then start eight
+  job-no-read    (member) start a rank that prints without end and never read its
+            output, for --seconds
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -43,7 +49,8 @@ from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
 OVERSIZE = 10 * 1024 * 1024
-ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job")
+JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
+ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="the victim's /ip4/…/tcp/…/p2p/… address")
     parser.add_argument("--owner-dir", required=True, type=Path, help="the swarm owner's state directory")
     parser.add_argument("--file", type=Path, help="where `capture` writes and `replay` reads")
+    parser.add_argument("--job", help="a real job's id, for job-foreign")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long job-no-read holds its stream")
     args = parser.parse_args(argv)
     if args.attack in ("capture", "replay") and args.file is None:
         parser.error(f"{args.attack} needs --file")
@@ -142,6 +151,10 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                                               {"op": "reserve", "job": "intruder", "gpus": 0, "lease": 60.0,
                                                "cert": foreign_cert.blob}, MAX_SYNC_FRAME)
                     return f"asked for a job slot with a foreign certificate; reply: {reply}"
+                case name if name in JOB_ATTACKS:
+                    from .intruder_jobs import attack
+
+                    return await attack(name, host, target.peer_id, member_cert.blob, args)
                 case "oversize":
                     await sync({"cert": member_cert.blob, "records": [os.urandom(OVERSIZE)], "claims": []})
                     return f"sent a {OVERSIZE}-byte record"

@@ -24,6 +24,7 @@ MAX_RECORD = 64 * 1024
 LOG_CAP = 64 * 1024 * 1024  # per job, on the host and at the coordinator
 QUEUE_BYTES = 1024 * 1024  # per job, lines waiting for the coordinator's stream
 FLUSH_BYTES = 64 * 1024
+_COPY = 1024 * 1024
 
 
 def records(rank: int, data: bytes) -> bytes:
@@ -45,25 +46,27 @@ def append(path: Path, data: bytes, cap: int = LOG_CAP) -> int:
 
 
 def _trim(path: Path, size: int, cap: int) -> int:
-    keep = cap // 2
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.lseek(fd, size - keep, os.SEEK_SET)
-        tail = b""
-        while len(tail) < keep and (chunk := os.read(fd, keep - len(tail))):
-            tail += chunk
-    finally:
-        os.close(fd)
-    cut = tail.find(b"\n") + 1  # the first whole record
-    tail = tail[cut:]
+    """Rewrite the log as its newest `cap // 2` bytes from a record boundary, copied in
+    chunks (a trim costs the daemon a chunk of memory, not half a log)."""
     tmp = path.with_name(path.name + ".trim")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    kept = 0
+    src = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.write(fd, tail)
+        os.lseek(src, size - cap // 2, os.SEEK_SET)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            first = True
+            while chunk := os.read(src, _COPY):
+                if first:  # start at the first whole record
+                    chunk, first = chunk[chunk.find(b"\n") + 1:], False
+                os.write(dst, chunk)
+                kept += len(chunk)
+        finally:
+            os.close(dst)
     finally:
-        os.close(fd)
+        os.close(src)
     os.replace(tmp, path)
-    return size - len(tail)
+    return size - kept
 
 
 class RankOutput:
