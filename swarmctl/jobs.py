@@ -4,11 +4,17 @@
 chunks unless the daemon already has that digest, then streams progress to stderr and the
 ranks' output, prefixed `[rank K]`, to stdout. It exits with the job's exit code. Ctrl-C
 asks whether to cancel the job or leave it running (detach).
+
+Ctrl-C is handled explicitly (`CtrlC`), before anything is printed: a SIGINT disposition
+inherited as ignored (a shell without job control starts background commands so, and every
+process they exec keeps it) would otherwise swallow the user's Ctrl-C at the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -125,7 +131,59 @@ def _upload(client: Client, workdir: str, err: Any) -> str:
     return packed.digest
 
 
+class CtrlC:
+    """SIGINT while `jobs run` runs.
+
+    A Ctrl-C raises KeyboardInterrupt as usual, except from the moment the request is sent
+    until the daemon names the job: the job may exist then, and quitting would leave it
+    running unseen, so the press is held and acted on as soon as the id arrives (`named`).
+    A second press while one is held quits at once.
+
+    Installed only when this process is in its terminal's foreground process group: a
+    Ctrl-C typed there is meant for it, whatever disposition it inherited. A process in the
+    background, or with no terminal, keeps the disposition it was given.
+    """
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held = False
+
+    @classmethod
+    def install(cls) -> CtrlC:
+        ctrl_c = cls()
+        if _in_foreground():
+            signal.signal(signal.SIGINT, ctrl_c._handle)
+        return ctrl_c
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.holding and not self.held:
+            self.held = True
+            return
+        raise KeyboardInterrupt
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def named(self) -> None:
+        """The daemon named the job: a held Ctrl-C is acted on now."""
+        self.holding = False
+        if self.held:
+            self.held = False
+            raise KeyboardInterrupt
+
+
+def _in_foreground() -> bool:
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
 def _run(client: Client, args: argparse.Namespace) -> int:
+    ctrl_c = CtrlC.install()  # before anything is printed: see the module header
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -146,6 +204,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
     if status is not None:
         status.start()
     try:
+        ctrl_c.hold()  # the request goes with the stream's first step: from then on the job may exist
         for event in stream:
             if args.json:
                 render.as_json(event)
@@ -153,6 +212,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                 job = event["submitted"]
                 if args.detach and not args.json:
                     print(job)
+                ctrl_c.named()
             elif "job" in event and not args.json:
                 line = render_jobs.job_progress(event["job"])
                 if status is not None:
@@ -186,6 +246,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
 
 def _interrupted(job: str | None, args: argparse.Namespace, err: Any) -> int:
     if job is None:
+        err.print("interrupted before the daemon named the job; if it was submitted it goes on: swarmctl jobs ls")
         return 130
     answer = "d"
     if sys.stdin.isatty():
@@ -194,8 +255,6 @@ def _interrupted(job: str | None, args: argparse.Namespace, err: Any) -> int:
         except (EOFError, KeyboardInterrupt):
             answer = "d"
     if answer == "c":
-        import os
-
         from swarmd.paths import client_socket
 
         with Client(str(getattr(args, "socket", None) or client_socket(os.environ)), timeout=args.timeout) as c:

@@ -90,8 +90,11 @@ def test_logs_follow_streams_until_the_job_ends(node):
     assert node.call("jobs.show", id=job)["state"] == "succeeded", "-f returned because the job ended"
 
 
-def _run_on_a_tty(d, answer: bytes) -> tuple[int, bytes]:
-    """`swarmctl jobs run` on a terminal, Ctrl-C once the job prints, then `answer` to its question."""
+def _run_on_a_tty(d, answer: bytes, sigint=None) -> tuple[int, bytes]:
+    """`swarmctl jobs run` on a terminal, Ctrl-C once the job prints, then `answer` to its question.
+
+    swarmctl starts with SIGINT's default disposition, whatever pytest's own is (a shell without
+    job control starts background commands with SIGINT ignored, and exec keeps it), or `sigint`."""
     import pty
     import select
     import signal
@@ -99,6 +102,7 @@ def _run_on_a_tty(d, answer: bytes) -> tuple[int, bytes]:
 
     pid, fd = pty.fork()
     if pid == 0:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint)
         os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), "jobs", "run",
                                   "--", "python", "-c", "import time; print('ready', flush=True); time.sleep(600)"])
     seen = b""
@@ -139,6 +143,16 @@ def test_ctrl_c_asks_whether_to_cancel_or_detach(node):
     assert job["state"] == "running", "a detached job goes on"
     node.call("jobs.cancel", id=job["id"])
     wait_until(lambda: node.call("jobs.show", id=job["id"])["state"] == "cancelled", 20, "the job cancelled")
+
+
+def test_ctrl_c_asks_even_when_swarmctl_inherited_sigint_ignored(node):
+    """`make test &` from a script, or a CI runner's shell: SIGINT arrives ignored. Once lost a
+    user's Ctrl-C (no question in 60 s); swarmctl now handles it in its terminal's foreground."""
+    import signal
+
+    code, seen = _run_on_a_tty(node, b"c", sigint=signal.SIG_IGN)
+    assert code == 130 and b"cancelled" in seen
+    wait_until(lambda: node.call("jobs.ls")["jobs"][0]["state"] == "cancelled", 20, "the job cancelled")
 
 
 def test_a_hostile_workdir_upload_is_refused_and_the_daemon_keeps_serving(node):

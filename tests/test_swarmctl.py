@@ -143,3 +143,24 @@ def test_swarm_commands_from_init_to_peers(make_daemon):
 def test_bad_swarm_arguments_are_named(daemon, args, message):
     proc = run("--socket", str(daemon.socket), *args)
     assert proc.returncode in (1, 2) and message in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_before_the_daemon_names_the_job_is_held_until_it_does():
+    """Between sending `jobs.run` and reading the job's id a Ctrl-C would quit and leave the
+    job running unseen: it is held, and acted on (asking) once the id is known."""
+    from swarmctl.jobs import CtrlC
+
+    ctrl_c = CtrlC()
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c._handle(2, None)  # before the request: quits as usual
+    ctrl_c.hold()
+    ctrl_c._handle(2, None)  # held
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c.named()
+    ctrl_c.named()  # nothing held: nothing raised
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c._handle(2, None)  # after: as usual
+    ctrl_c.hold()
+    ctrl_c._handle(2, None)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c._handle(2, None)  # a second press while one is held quits at once
