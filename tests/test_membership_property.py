@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
@@ -121,3 +122,21 @@ def test_no_message_from_a_member_breaks_the_core(script, seed):
         assert set(view.counts()) == {s.value for s in State} and sum(view.counts().values()) == len(view)
         for m in view:
             assert isinstance(m.record, Record) and m.record.seq < MAX_SEQ
+
+
+def test_the_issue_11_crash_replayed_through_the_wire():
+    """A certified member gossips suspect at 2^64 - 2 about us: the wire refuses it; at 2^63 - 1
+    (inside the wire's range) the core refuses it; our next refresh still encodes."""
+    wall, now = NOW, 0.0
+    core = Membership(ME, FIRST_SEQ, Timing.wan(), random.Random(1), now)
+    encodes(core, wall)
+    with pytest.raises(Invalid) as exc:
+        VERIFIER.decode(blob(("suspect", 1, 0, 2**64 - 2), wall), wall)
+    assert exc.value.reason == "malformed"
+    lie = VERIFIER.decode(blob(("suspect", 1, 0, MAX_SEQ - 1), wall), wall)
+    assert core.receive(now, lie, wall) == "future_incarnation"
+    assert core.claims(now, [(ME, "dead", 2**64 - 1)], by=PEERS[1]) == ["future_incarnation"]
+    for t in (31.0, 62.0):  # refreshes, where the daemon died
+        core.handle_timeout(t)
+        encodes(core, wall + t)
+    assert core.seq == FIRST_SEQ + 3
