@@ -136,7 +136,7 @@ class JobHandler:
             if scope.cancelled_caught:
                 self.rejected("timeout", peer, f"no job request within {REQUEST_TIMEOUT:g} s")
                 return
-            if not await self.check_member(req, stream.muxed_conn.peer_id, stream):
+            if not await self.check_member(req, stream.muxed_conn.peer_id, stream) or not isinstance(req, dict):
                 return
             if self.submitters and peer not in self.submitters:
                 self.rejected("submitter", peer, "not in this host's job_submitters")
