@@ -107,3 +107,26 @@ def test_a_snapshot_is_consistent_with_the_core():
 def test_an_empty_view_before_any_swarm():
     view = View.empty("me")
     assert len(view) == 0 and view.counts()["alive"] == 0 and view.version == 0
+
+
+def test_a_stale_member_leaves_the_mesh_and_placement_until_it_publishes():
+    from types import SimpleNamespace
+
+    from swarmd.compute.coordinator import Jobs, _rtt_ms
+    from swarmd.gossip.wire import MeshInfo
+    from swarmd.wg.mesh import Mesh
+
+    node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    wg = MeshInfo(public=bytes(32), addr4="10.211.0.2", addr6=None, port=51820, endpoints=())
+    for p in ("x", "y"):
+        node.receive(0.0, dataclasses.replace(record(p, 10), ttl=10.0 if p == "x" else 120.0, wg=wg))
+    node.rtt_sample("x", 0.02)
+    node.handle_timeout(10.0)
+    view = node.view()
+    gossip = SimpleNamespace(view=lambda: view, own_record=None, me="me")
+    assert [peer for peer, _ in Mesh._view(SimpleNamespace(gossip=gossip))] == ["y"]
+    assert {p: state for p, (state, _) in Jobs._records(SimpleNamespace(gossip=gossip), view).items()} == \
+        {"x": "stale", "y": "alive"}
+    assert _rtt_ms(view, "me", "x") == pytest.approx(20.0), "what we measured stays known"
+    node.receive(11.0, dataclasses.replace(record("x", 11), wg=wg))
+    assert node.view().get("x").in_service
