@@ -35,7 +35,6 @@ def test_a_peers_role_out_of_range_is_refused(change, field):
 
 # --- the handler, driven in-process ------------------------------------------------------
 
-import os  # noqa: E402
 import tempfile  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
