@@ -32,7 +32,8 @@ class Config:
     socket: Path | None = field(default=None, metadata={
         "doc": "control socket; default /run/swarmd/swarmd.sock as root, else STATE_DIR/swarmd.sock"})
     socket_group: str = field(default="swarm", metadata={
-        "doc": "group owning the socket (mode 0660) and allowed to change things; ignored if absent"})
+        "doc": "group owning the socket (mode 0660): its members run jobs and manage their own; "
+               "administering the swarm needs root or the daemon's user. Ignored if absent"})
     listen: tuple[str, ...] = field(default=("/ip4/0.0.0.0/tcp/4001",), metadata={
         "doc": "libp2p listen multiaddrs (TCP; Noise + yamux)"})
     bootstrap: tuple[str, ...] = field(default=(), metadata={
