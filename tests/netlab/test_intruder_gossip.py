@@ -123,13 +123,15 @@ def test_a_burst_of_false_dead_rumors_evicts_nobody(swarm):
             assert not [line for line in log if '"event": "member dead"' in line], f"{h.name} declared a death"
 
 
-def test_a_16_mib_sync_frame_before_any_certificate_costs_nothing(swarm):
+def test_an_outsider_gets_nothing_and_a_16_mib_frame_before_any_certificate_costs_nothing(swarm):
     l, names, before_pids = swarm
     before = rejected(l, "h1")
     out = intruder(l, "presync-oversize")
     until(lambda: rejected(l, "h1").get("too_large", 0) > before.get("too_large", 0), 10, "the frame refused",
           detail=lambda: rejected(l, "h1"))
     assert "records" not in out, f"the view went to an outsider: {out[:300]}"
+    out = intruder(l, "no-cert")  # a well-formed sync with a foreign owner's certificate
+    assert "not a member" in out and "records" not in out, f"an outsider got more than a refusal: {out[:300]}"
     still_healthy(l, names, before_pids)
 
 
