@@ -477,7 +477,11 @@ class Membership:
         return self._view
 
     def counts(self) -> dict[str, int]:
-        return self.view().counts()
+        """Members by state (for metrics, after every input: without building a snapshot)."""
+        out = {s.value: 0 for s in State}
+        for m in self.members.values():
+            out[m.state.value] += 1
+        return out
 
     def down_claims(self) -> list[tuple[str, str, int]]:
         return [(m.peer, m.state.value, m.incarnation) for m in self.members.values()
