@@ -165,3 +165,24 @@ def test_a_user_outside_the_group_cannot_connect_and_only_reads_when_let_in(node
         assert f"uid {OUTSIDER} may only read this node's status" in outcome[2]
     assert "a member of the daemon's group" in as_user(node, OUTSIDER, [], "jobs.run", spec=SLEEP)[2]
     assert node.call("jobs.ls")["jobs"] == []
+
+
+def test_a_member_cannot_spoil_anothers_upload(node):
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("job.py")
+        payload = b"print('hello')\n" * 2000
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    data = buf.getvalue()
+    digest, half = hashlib.sha256(data).hexdigest(), len(data) // 2
+    upload = dict(digest=digest, size=len(data))
+    assert as_user(node, MEMBER, [node.gid], "jobs.upload", offset=0, data=data[:half], **upload)[1]["have"] is False
+    outcome = as_user(node, OTHER_MEMBER, [node.gid], "jobs.upload", offset=half, data=b"x" * (len(data) - half), **upload)
+    assert outcome[:2] == ("refused", ErrorCode.INVALID_PARAMS) and "does not follow the 0 bytes" in outcome[2], \
+        "each user uploads into its own part"
+    assert as_user(node, MEMBER, [node.gid], "jobs.upload", offset=half, data=data[half:], **upload)[1] == {"have": True}

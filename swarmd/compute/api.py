@@ -52,7 +52,7 @@ def methods(get_jobs: Any) -> list[Method]:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: 'size' must be 1-{DEFAULT_LIMIT} bytes")
         if len(data) > MAX_CHUNK:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: chunks of at most {MAX_CHUNK} bytes")
-        part = jobs.archives / f"{digest}.part"
+        part = jobs.archives / f"{digest}.{caller.uid}.part"  # each user's own: no one appends to another's
         have = part.stat().st_size if part.exists() else 0
         if offset != have or offset + len(data) > size:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: offset {offset} does not follow the "
