@@ -46,7 +46,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--spec", type=Path, metavar="FILE", help="a YAML job spec; flags override it")
     run.add_argument("--detach", action="store_true", help="print the job id and return")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command each rank runs")
-    lsp = jsub.add_parser("ls", parents=[common], help="jobs coordinated by this node")
+    lsp = jsub.add_parser("ls", parents=[common], help="your jobs coordinated by this node (every job for root)")
     lsp.add_argument("--limit", type=int, default=50)
     show = jsub.add_parser("show", parents=[common], help="one job: nodes, ranks, exit codes, why")
     show.add_argument("id")
