@@ -208,8 +208,9 @@ def test_non_finite_times(issued):
     assert reason(sealed(record_body(issued=issued))) == "malformed"
 
 
-@pytest.mark.parametrize("ttl", [float("nan"), float("inf")])
-def test_non_finite_ttl(ttl):
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), 86400.5, 1e15])
+def test_non_finite_or_endless_ttl(ttl):
+    """A record must go stale once its node stops publishing: a ttl of 10^15 s never would."""
     assert reason(sealed(record_body(ttl=ttl))) == "malformed"
 
 

@@ -48,6 +48,7 @@ RUMOR_KINDS = ("suspect", "dead", "left")
 # Every seq and incarnation on the wire is below this: a node adds one to a seq it has seen (to
 # refute), and msgpack encodes no integer above 2^64 - 1; 2^63 leaves room and fits an int64.
 MAX_SEQ = 2**63
+MAX_RECORD_TTL = 86400.0  # ours is 120 s; a day is generous, and a stopped member goes stale within it
 WG_PROOF_DOMAIN = b"swarmd wg key proof\0"
 
 
@@ -232,8 +233,8 @@ class Verifier:
 
     def _record(self, body: dict[str, Any], blob: bytes, cert: Cert, issued: float, now: float) -> Record:
         ttl = float(field(body, "ttl", (int, float), "record"))
-        if not math.isfinite(ttl):  # a record that never expires outlives its node
-            raise Invalid("malformed", f"record.ttl: {ttl} is not a duration")
+        if not math.isfinite(ttl) or ttl > MAX_RECORD_TTL:  # a record that never expires outlives its node
+            raise Invalid("malformed", f"record.ttl: {ttl} is not a duration of at most {MAX_RECORD_TTL:g} s")
         if issued + ttl < now:
             raise Invalid("stale", f"record expired {now - issued - ttl:.0f} s ago")
         addrs = field(body, "addrs", list, "record")
