@@ -16,6 +16,9 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   job-ranks (member) reserve one rank, then start eight
   job-no-read    (member) start a rank that prints without end and never read its
             output, for --seconds
+  addr-hijack, key-hijack, revoked, expired: (member) claims on another member's overlay
+            address or WireGuard key, a revoked member, an expired certificate (see
+            intruder_admission.py)
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -48,9 +51,12 @@ from swarmd.gossip.streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
+from . import intruder_admission
+
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
-ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS)
+ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS,
+           *intruder_admission.ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file", type=Path, help="where `capture` writes and `replay` reads")
     parser.add_argument("--job", help="a real job's id, for job-foreign")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long job-no-read holds its stream")
+    parser.add_argument("--state", type=Path, help="keep the intruder's identity here (default: a new one)")
+    intruder_admission.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.attack in ("capture", "replay") and args.file is None:
         parser.error(f"{args.attack} needs --file")
@@ -73,7 +81,7 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
     from libp2p.peer.peerinfo import info_from_p2p_addr
     from libp2p.tools.anyio_service import background_trio_service
 
-    ident, _ = load_or_create(tmp / "state")
+    ident, _ = load_or_create(args.state or tmp / "state")
     me = str(ident.peer_id)
     owner = swarmstate.load(args.owner_dir, peer_bytes(_owner_peer(args.owner_dir)))
     assert owner is not None and owner.owner_key is not None, f"{args.owner_dir} holds no owner key"
@@ -151,6 +159,9 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                                               {"op": "reserve", "job": "intruder", "gpus": 0, "lease": 60.0,
                                                "cert": foreign_cert.blob}, MAX_SYNC_FRAME)
                     return f"asked for a job slot with a foreign certificate; reply: {reply}"
+                case name if name in intruder_admission.ATTACKS:
+                    return await intruder_admission.attack(name, args=args, ident=ident, owner=owner, host=host,
+                                                           target=target, gossip=gossip)
                 case name if name in JOB_ATTACKS:
                     from .intruder_jobs import attack
 

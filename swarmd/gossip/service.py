@@ -351,11 +351,14 @@ class Gossip:
 
     def _validate(self, forwarder: ID, msg) -> bool:
         try:
-            self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
-            return True
+            decoded = self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
         except Invalid as exc:
             self.reject(exc.reason, str(forwarder), exc.detail)
             return False
+        if isinstance(decoded, Record) and (refused := self.admission.refuse_record(decoded, self._wg_keys())):
+            self.reject(refused[0], decoded.peer, refused[1])  # nor is it passed on
+            return False
+        return True
 
     async def _read(self, subscription) -> None:
         while True:
@@ -391,9 +394,11 @@ class Gossip:
         return result
 
     def _wg_keys(self) -> list[tuple[str, bytes]]:
-        """(peer, WireGuard key) of the members in the view that advertise one."""
+        """(peer, WireGuard key) of this node and the members in the view that advertise one."""
+        own = self.mesh_info()
         return [(m.peer, m.record.wg.public) for m in self.view()
-                if m.record.wg is not None and m.state in (State.ALIVE, State.SUSPECT)]
+                if m.record.wg is not None and m.state in (State.ALIVE, State.SUSPECT)] + \
+            ([(self.me, own.public)] if own is not None else [])
 
     def _count(self, direction: str, size: int) -> None:
         self.traffic[f"messages_{direction}"] += 1
@@ -461,6 +466,10 @@ class Gossip:
         if self.swarm is None or self.core is None:
             await write_frame(stream, {"error": "this node is in no swarm"})
             return False
+        if (why := self.admission.refuses(str(peer))) is not None:  # revoked: counted and told as such
+            self.reject("revoked", str(peer), why)
+            await write_frame(stream, {"error": why})
+            return False
         if str(peer) in self._excluded:
             self.reject("excluded", str(peer), self._excluded[str(peer)])
             await write_frame(stream, {"error": f"excluded from swarm {self.swarm.swarm}"})
@@ -468,14 +477,8 @@ class Gossip:
         try:
             check_cert(req.get("cert") if isinstance(req, dict) else None, owner_public=self.swarm.owner_public,
                        swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
-            if (why := self.admission.refuses(str(peer))) is not None:
-                raise Invalid("revoked", why)
             return True
         except Invalid as exc:
-            if exc.reason == "revoked":
-                self.reject("revoked", str(peer), exc.detail)
-                await write_frame(stream, {"error": exc.detail})
-                return False
             self.reject("not_member", str(peer), exc.detail)
             await write_frame(stream, {"error": f"not a member of swarm {self.swarm.swarm}: {exc.detail}"})
             return False
