@@ -155,6 +155,17 @@ def test_ctrl_c_asks_even_when_swarmctl_inherited_sigint_ignored(node):
     wait_until(lambda: node.call("jobs.ls")["jobs"][0]["state"] == "cancelled", 20, "the job cancelled")
 
 
+def test_a_job_cancelled_as_soon_as_it_is_submitted_runs_nothing(node):
+    """A cancel that came while the hosts were reserved, or crossed the start on the wire, was
+    lost: the job's ranks started anyway (state 'running', or 'cancelled' with ranks running)."""
+    for _ in range(4):  # it lands in placing, reserving or starting, depending on timing
+        job = node.call("jobs.run", spec={"cmd": ["sleep", "600"]}, detach=True)["submitted"]
+        node.call("jobs.cancel", id=job)
+        wait_until(lambda: node.call("jobs.show", id=job)["state"] == "cancelled"
+                   and node.call("status")["jobs"]["ranks_here"] == 0, 20, "the job cancelled, no rank left")
+        wait_until(lambda: not node.call("status")["jobs"]["coordinating"], 20, "the coordinator done with it")
+
+
 def test_a_hostile_workdir_upload_is_refused_and_the_daemon_keeps_serving(node):
     import hashlib
     import io

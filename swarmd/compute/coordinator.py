@@ -184,10 +184,14 @@ class Jobs:
             if chosen is None:
                 return
             peers, gpus, port = chosen
+            if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
+                return
             run.to("shipping")
             self._save(job, live)
             if workdir is not None:
                 await self._ship(job, live, workdir)
+            if run.cancelled:
+                return
             run.to("starting")
             self.store.update(job, started=time.time())
             self._save(job, live)
@@ -347,6 +351,8 @@ class Jobs:
             run.node_started(peer)
             for rank in event["started"]:
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="running", exit_code=None))
+            if run.cancelled and self._nursery is not None:  # the cancel crossed the start on the wire
+                self._nursery.start_soon(_quietly, live.hosts[peer].cancel, job)
         if "out" in event:
             for rank, line in event["out"]:
                 self.store.append_log(job, int(rank), line.encode())
