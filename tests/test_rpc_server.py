@@ -163,3 +163,21 @@ def test_mutation_refused_to_a_caller_outside_the_group(daemon, tmp_path):
     assert "log.level: refused: it needs root or the daemon's user; uid 65534 may only read" in outcome
     assert daemon.call("status")["log_level"] == "info"
     assert daemon.call("log.level", level="debug")["previous"] == "info"  # root may
+
+
+def test_peer_groups_come_from_the_socket_and_proc_only_for_the_same_uid():
+    import errno
+
+    from swarmd.rpc.server import _peer_groups
+
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        assert _peer_groups(a, os.getpid(), os.getuid()) == set(os.getgroups())  # SO_PEERGROUPS
+
+    class OldKernel:
+        def getsockopt(self, *args):
+            raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+
+    assert _peer_groups(OldKernel(), os.getpid(), os.getuid()) == set(os.getgroups())  # /proc/PID/status
+    assert _peer_groups(OldKernel(), os.getpid(), os.getuid() + 1) == set(), \
+        "a pid now of another uid (reused) is not trusted"
