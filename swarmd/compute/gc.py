@@ -11,7 +11,8 @@ Rules:
   used first up to `ARCHIVES_KEEP` files and `ARCHIVES_BYTES`, never one a job still being
   coordinated needs; `.part` files are half-finished uploads: all go at start (no upload
   outlives the daemon), and any untouched for `PART_AGE` afterwards.
-- `collect` runs once at start and then every `period` seconds; each step logs what it
+- `collect` runs once at start and then every `period` seconds (sooner for a retention
+  shorter than four periods); each step logs what it
   removed and a failure is logged and retried at the next round, never raised.
 """
 
@@ -102,6 +103,7 @@ async def collect(*, jobs_dir: Path, archive_dir: Path, retention: float, held: 
     """Forever: remove what `retention` no longer covers. `held` names the jobs this host
     still holds, `needed` the archives live jobs still need, `prune` forgets the
     coordinator's records of jobs ended before a time."""
+    period = min(period, max(60.0, retention / 4))  # a short retention is kept to, roughly
     while True:
         now = time.time()
         try:
