@@ -59,3 +59,20 @@ def test_part_files_go_at_start_and_when_stale(tmp_path):
     assert gc.parts(tmp_path, before=time.time() - 3600) == ["a.part"]
     assert gc.parts(tmp_path) == ["b.part"]
     assert [p.name for p in tmp_path.iterdir()] == [f"{0:064x}.tar.gz"]
+
+
+async def test_collect_removes_what_retention_no_longer_covers_in_its_first_round(tmp_path, autojump_clock):
+    import trio
+
+    jobs, archive_dir = tmp_path / "jobs", tmp_path / "archives"
+    jobs.mkdir()
+    archive_dir.mkdir()
+    for name in ("0123456789ab", "0123456789ac"):
+        aged(jobs / name) if (jobs / name).mkdir() is None else None
+    aged(archive_dir / "x.part") if (archive_dir / "x.part").write_bytes(b"x") else None
+    pruned: list[float] = []
+    with trio.move_on_after(1):
+        await gc.collect(jobs_dir=jobs, archive_dir=archive_dir, retention=86400, held=lambda: ["0123456789ac"],
+                         needed=lambda: [], prune=lambda before: pruned.append(before) or [])
+    assert [p.name for p in jobs.iterdir()] == ["0123456789ac"], "a job still held here is kept"
+    assert list(archive_dir.iterdir()) == [] and len(pruned) == 1
