@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,3 +99,17 @@ def test_revoked_member_is_dropped_everywhere_and_stays_out_after_a_restart(owne
     wait_until(lambda: ids["owner"] in states(c), 15, "c back in the swarm")
     assert ids["b"] not in states(c)
     assert c.call("status")["swarm"]["revocations"] == 1
+
+
+def test_a_member_renews_its_certificate_by_itself_before_it_expires(owner, make_daemon):
+    token = owner.call("swarm.invite", cert_ttl=60)["token"]
+    b = make_daemon("b", args=["--join", token])
+    first = wait_until(lambda: (b.call("status")["swarm"] or {}).get("cert_expires"), 20, "b joined")
+    b_id = b.call("status")["peer_id"]
+    # due a third of its lifetime ahead: 20 s before expiry
+    wait_until(lambda: b.call("status")["swarm"]["cert_expires"] > first, 50, "b renewed by itself")
+    renewed = b.call("status")["swarm"]
+    assert renewed["cert_expires"] - first < 120 and renewed["renewal_error"] is None
+    wait_until(lambda: owner.call("status")["swarm"]["id"] and states(owner).get(b_id) == "alive", 10, "b alive")
+    wait_until(lambda: time.time() > first + 2, 40, "the first certificate's expiry passed")
+    assert states(owner).get(b_id) == "alive", "the renewed member is still a member"

@@ -203,7 +203,7 @@ class Admission:
         if "renew" in req:
             old = check_cert(req["renew"], owner_public=swarm.owner_public, swarm=swarm.swarm,
                              peer=peer_bytes(peer), now=now)
-            roles, ttl = old.roles, max(3600.0, old.expires - old.issued)
+            roles, ttl = old.roles, max(60.0, old.expires - old.issued)
             addr = old.addr4
         else:
             ticket = read_ticket(req["ticket"], owner_public=swarm.owner_public, now=now)
@@ -261,7 +261,7 @@ class Admission:
                 members = swarmstate.load_members(self.state_dir) if self.state_dir else None
                 addr = swarm.cert.addr4
                 cert = issue_cert(swarmstate.owner_signer(swarm), swarm.swarm, peer_bytes(self.gossip.me),
-                                  now=time.time(), ttl=max(3600.0, swarm.cert.expires - swarm.cert.issued),
+                                  now=time.time(), ttl=max(60.0, swarm.cert.expires - swarm.cert.issued),
                                   roles=swarm.cert.roles, addr4=addr)
                 if members is not None:
                     members.certified(self.gossip.me, addr, cert.expires)
