@@ -19,6 +19,11 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   addr-hijack, key-hijack, revoked, expired: (member) claims on another member's overlay
             address or WireGuard key, a revoked member, an expired certificate (see
             intruder_admission.py)
+  incarnation    (member) rumors and a sync claim about the target at incarnations up to 2^64-1
+  false-dead     (member) a burst of --count dead rumors about a healthy member (--about, --inc)
+  presync-oversize  a 16 MiB sync frame before any certificate
+  streams   (member) --count concurrent sync streams from one peer, held --seconds
+            (these four: intruder_gossip.py)
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -55,8 +60,9 @@ from . import intruder_admission
 
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
+GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
 ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS,
-           *intruder_admission.ATTACKS)
+           *intruder_admission.ATTACKS, *GOSSIP_ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long job-no-read holds its stream")
     parser.add_argument("--state", type=Path, help="keep the intruder's identity here (default: a new one)")
     intruder_admission.add_arguments(parser)
+    parser.add_argument("--about", help="the member false-dead accuses (a peer id)")
+    parser.add_argument("--inc", type=int, help="the incarnation false-dead's rumors name")
+    parser.add_argument("--count", type=int, default=50, help="rumors for false-dead, streams for streams")
     args = parser.parse_args(argv)
     if args.attack in ("capture", "replay") and args.file is None:
         parser.error(f"{args.attack} needs --file")
@@ -117,8 +126,13 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                 await trio.sleep(0.2)
 
             async def sync(payload: dict) -> object:
+                """A sync as a member runs it (protocol 2): certificate first, then our records."""
+                from .intruder_gossip import sync_exchange
+
                 with trio.fail_after(30):
-                    return await request(host, target.peer_id, SYNC_PROTOCOL, payload, MAX_SYNC_FRAME)
+                    answer, theirs = await sync_exchange(host, target.peer_id, {"cert": payload["cert"]},
+                                                         {k: v for k, v in payload.items() if k != "cert"})
+                return theirs if theirs is not None else answer
 
             match args.attack:
                 case "no-cert":
@@ -162,6 +176,11 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                 case name if name in intruder_admission.ATTACKS:
                     return await intruder_admission.attack(name, args=args, ident=ident, owner=owner, host=host,
                                                            target=target, gossip=gossip)
+                case name if name in GOSSIP_ATTACKS:
+                    from .intruder_gossip import attack as gossip_attack
+
+                    return await gossip_attack(name, host=host, target=target.peer_id, me=me, sign=ident.sign,
+                                               swarm=owner.swarm, cert=member_cert, gossip=gossip, args=args)
                 case name if name in JOB_ATTACKS:
                     from .intruder_jobs import attack
 

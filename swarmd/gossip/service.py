@@ -468,7 +468,7 @@ class Gossip:
             return False
         if (why := self.admission.refuses(str(peer))) is not None:  # revoked: counted and told as such
             self.reject("revoked", str(peer), why)
-            await write_frame(stream, {"error": why})
+            await write_frame(stream, {"error": why, "revoked": self.admission.proof_of_revocation(str(peer))})
             return False
         if str(peer) in self._excluded:
             self.reject("excluded", str(peer), self._excluded[str(peer)])
@@ -492,6 +492,9 @@ class Gossip:
                     return
                 target = peer_str(req["target"])
                 timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
+                if target not in self.view():  # members only: a probe must not make us dial just anyone
+                    await write_frame(stream, {"ack": False})
+                    return
                 rtt = await self._ping(target, timeout)
                 await write_frame(stream, {"ack": rtt is not None})
         except FrameTooLarge as exc:
@@ -546,6 +549,7 @@ class Gossip:
     def _peer_is_member(self, hello: Any, peer: ID) -> bool:
         """The sync responder's first frame: its certificate, checked before we read its view."""
         if isinstance(hello, dict) and "error" in hello:  # it does not take us for a member (expired?)
+            self.admission.merge(hello.get("revoked"), str(peer))  # revoked while we were away: learn it
             if ("refused", str(peer)) not in self._logged:
                 self._logged.add(("refused", str(peer)))
                 log.warning("sync refused", peer=str(peer), error=str(hello["error"])[:300])
