@@ -113,3 +113,16 @@ def test_a_member_renews_its_certificate_by_itself_before_it_expires(owner, make
     wait_until(lambda: owner.call("status")["swarm"]["id"] and states(owner).get(b_id) == "alive", 10, "b alive")
     wait_until(lambda: time.time() > first + 2, 40, "the first certificate's expiry passed")
     assert states(owner).get(b_id) == "alive", "the renewed member is still a member"
+
+
+def test_a_node_revoked_while_away_learns_it_when_it_comes_back(owner, make_daemon):
+    token = owner.call("swarm.invite")["token"]
+    b = make_daemon("b", args=["--join", token])
+    b_id = wait_until(lambda: b.call("status")["swarm"] and b.call("status")["peer_id"], 20, "b joined")
+    wait_until(lambda: b_id in states(owner), 15, "the owner sees b")
+    b.stop()
+    assert owner.call("swarm.revoke", peer=b_id, reason="lost laptop")["peer"] == b_id
+    b.start()
+    got = wait_until(lambda: b.call("status")["swarm"]["revoked"], 20, "b told it is revoked by the owner's refusal")
+    assert got["reason"] == "lost laptop"
+    assert b_id not in states(owner)

@@ -149,6 +149,12 @@ class Admission:
         self.gossip.publish(r.blob)
         return r
 
+    def proof_of_revocation(self, peer: str) -> list[bytes]:
+        """The revocation of ``peer``, sent with a refusal: a node revoked while it was away
+        learns it from the first member that turns it down (it checks the owner's signature)."""
+        r = self.revocations.get(peer)
+        return [] if r is None else [r.blob]
+
     def refuses(self, peer: str) -> str | None:
         """Why a stream from ``peer`` is not served (its certificate already checked), or None."""
         if peer in self.revocations:
