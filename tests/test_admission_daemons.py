@@ -126,3 +126,17 @@ def test_a_node_revoked_while_away_learns_it_when_it_comes_back(owner, make_daem
     got = wait_until(lambda: b.call("status")["swarm"]["revoked"], 20, "b told it is revoked by the owner's refusal")
     assert got["reason"] == "lost laptop"
     assert b_id not in states(owner)
+
+
+def test_a_member_away_during_a_revocation_learns_it_by_sync(owner, make_daemon):
+    token = owner.call("swarm.invite", uses=2)["token"]
+    b, c = make_daemon("b", args=["--join", token]), make_daemon("c", args=["--join", token])
+    b_id = wait_until(lambda: b.call("status")["swarm"] and b.call("status")["peer_id"], 20, "b joined")
+    wait_until(lambda: b_id in states(c), 20, "c sees b")
+    c.stop()
+    owner.call("swarm.revoke", peer=b_id)
+    wait_until(lambda: b.call("status")["swarm"]["revoked"], 10, "b learns it")
+    b.stop()  # and c, coming back, hears of it from nobody's gossip: only a sync can tell it
+    c.start()
+    wait_until(lambda: c.call("status")["swarm"]["revocations"] == 1, 20, "c learns the revocation by sync")
+    assert b_id not in states(c)
