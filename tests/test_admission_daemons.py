@@ -140,3 +140,11 @@ def test_a_member_away_during_a_revocation_learns_it_by_sync(owner, make_daemon)
     c.start()
     wait_until(lambda: c.call("status")["swarm"]["revocations"] == 1, 20, "c learns the revocation by sync")
     assert b_id not in states(c)
+
+
+def test_a_damaged_revocation_file_is_moved_aside_not_fatal(owner):
+    owner.stop()
+    (owner.state_dir / "revoked.json").write_text("{")
+    owner.start()
+    wait_until(lambda: (owner.state_dir / "revoked.json.damaged").exists(), 10, "the damaged file moved aside")
+    assert owner.call("status")["swarm"]["revocations"] == 0

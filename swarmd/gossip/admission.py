@@ -73,9 +73,17 @@ class Admission:
         """The swarm is known (at start or after a join): load the revocations kept on disk."""
         swarm = self.gossip.swarm
         assert swarm is not None
-        if self.state_dir is not None:
-            for r in swarmstate.load_revocations(self.state_dir, swarm, time.time()):
-                self._learn(r, save=False)
+        if self.state_dir is None:
+            return
+        try:
+            kept = swarmstate.load_revocations(self.state_dir, swarm, time.time())
+        except swarmstate.SwarmStateError as exc:  # members send them again at the next sync
+            damaged = self.state_dir / swarmstate.REVOKED_FILE
+            damaged.rename(damaged.with_name(damaged.name + ".damaged"))
+            log.error("revocations on disk unreadable; moved aside, relearning them from members", error=str(exc))
+            kept = []
+        for r in kept:
+            self._learn(r)
 
     async def run(self) -> None:
         delay, next_try = RENEW_RETRY[0], 0.0
@@ -96,20 +104,24 @@ class Admission:
 
     def received(self, r: Revocation) -> None:
         """A checked revocation, from gossip or a sync."""
-        self._learn(r, save=True)
+        if self._learn(r):
+            self._save()
 
-    def _learn(self, r: Revocation, *, save: bool) -> None:
+    def _save(self) -> None:
+        if self.state_dir is not None:
+            swarmstate.save_revocations(self.state_dir, self.revocations.all())
+
+    def _learn(self, r: Revocation) -> bool:
+        """Apply a revocation; True when it is news (the caller saves the list)."""
         if not self.revocations.add(r):
-            return
+            return False
         verifier = self.gossip.verifier
         if verifier is not None and r.peer != self.gossip.me:  # our own record is still decoded here
             verifier.revoked.add(r.peer)
-        if save and self.state_dir is not None:
-            swarmstate.save_revocations(self.state_dir, self.revocations.all())
         if r.peer == self.gossip.me:
             self.revoked_self = r
             log.error("this node's membership was revoked by the swarm's owner", reason=r.reason)
-            return
+            return True
         swarm = self.gossip.swarm
         if swarm is not None and swarm.is_owner and self.state_dir is not None:
             members = swarmstate.load_members(self.state_dir)
@@ -117,6 +129,7 @@ class Admission:
             swarmstate.save_members(self.state_dir, members)
         log.warning("member revoked", peer=r.peer, reason=r.reason)
         self.gossip.exclude_peer(r.peer, "revoked" + (f": {r.reason}" if r.reason else ""))
+        return True
 
     def merge(self, blobs: Any, peer: str) -> None:
         """The revocation list a sync payload carries."""
@@ -126,13 +139,16 @@ class Admission:
         if not isinstance(blobs, list) or len(blobs) > MAX_SYNC or swarm is None:
             self.gossip.reject("malformed", peer, f"sync.revoked: expected a list of at most {MAX_SYNC}")
             return
+        news = False
         for blob in blobs:
             try:
                 r = check_revocation(blob, owner_public=swarm.owner_public, swarm=swarm.swarm, now=time.time())
             except Invalid as exc:
                 self.gossip.reject(exc.reason, peer, exc.detail)
                 continue
-            self.received(r)
+            news |= self._learn(r)
+        if news:
+            self._save()  # once per sync, not once per revocation
 
     def for_sync(self) -> list[bytes]:
         return self.revocations.for_sync()
@@ -180,6 +196,11 @@ class Admission:
                 req = await read_frame(stream, 8192)
                 try:
                     cert = self._answer(req, str(peer))
+                except swarmstate.SwarmStateError as exc:
+                    log.error("cannot admit: the owner's records need attention", error=str(exc))
+                    await write_frame(stream, {"error": "the owner's node cannot admit anyone now (its records "
+                                                        "need its operator's attention)"})
+                    return
                 except (Refused, Invalid) as exc:
                     reason = exc.reason if isinstance(exc, Invalid) else "join_refused"
                     self.gossip.reject(reason, str(peer), str(exc) if not isinstance(exc, Invalid) else exc.detail)
