@@ -293,3 +293,11 @@ def test_an_excluded_member_is_dropped_and_refused_until_readmitted():
     assert not [a for a in node.take_actions() if isinstance(a, (Probe, ProbeVia)) and "x" in (a.peer if isinstance(a, Probe) else a.target)]
     node.readmit("x")
     assert node.receive(101.0, record("x", 12)) == "new"
+
+
+def test_a_lie_about_us_is_screened_before_it_is_passed_on():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    assert node.screen(rumor("suspect", "me", node.seq + 1)) == "future_incarnation"
+    assert node.screen(rumor("suspect", "me", node.seq)) is None  # refuted, and passed on: others should hear
+    assert node.screen(rumor("dead", "x", 2**62)) is None  # about others: their own record decides
+    assert node.screen(record("x", 2**62)) is None

@@ -331,6 +331,14 @@ class Membership:
             return "accusation_rate"
         return self._accuse(now, m, by=msg.sender)
 
+    def screen(self, msg: Record | Rumor) -> str | None:
+        """Why a message must not even be passed on (gossip validation), or None. Pure: a lie
+        about an incarnation of ours we never issued stops here instead of reaching the whole
+        swarm through us."""
+        if isinstance(msg, Rumor) and msg.about == self.me and msg.kind != "left" and msg.incarnation > self.seq:
+            return "future_incarnation"
+        return None
+
     def probe_result(self, now: float, probe_id: int, ok: bool, rtt: float | None = None) -> None:
         """The driver's direct probe finished: an ack (with its RTT) or a failure."""
         p = self._probes.get(probe_id)

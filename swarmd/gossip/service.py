@@ -358,6 +358,10 @@ class Gossip:
         if isinstance(decoded, Record) and (refused := self.admission.refuse_record(decoded, self._wg_keys())):
             self.reject(refused[0], decoded.peer, refused[1])  # nor is it passed on
             return False
+        if self.core is not None and isinstance(decoded, Rumor) and (why := self.core.screen(decoded)):
+            self.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
+                                             f"{decoded.incarnation}")  # a lie about us: not passed on
+            return False
         return True
 
     async def _read(self, subscription) -> None:
