@@ -28,7 +28,7 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   honest member can hold an incarnation of ours above ``seq`` (each life starts at
   ``epoch << 32``, above every older one), so a rumor or claim above it is a lie: it is
   refused and counted (``future_incarnation``), never adopted (a seq jumped to 2^64 - 1
-  could not even be encoded). A record of ours with a higher seq is our own signature
+  could not even be encoded), and not passed on (``screen``, for gossip validation). A record of ours with a higher seq is our own signature
   (an older life that got further): we jump past it, within ``wire.MAX_SEQ``.
 - A lost connection is a hint, not a verdict: the member is probed at once.
 - Records expire (the README's promise): a member's record is good until ``issued + ttl``
