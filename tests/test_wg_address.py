@@ -184,3 +184,20 @@ def test_random_members_in_a_tiny_network_converge_within_n_minus_1_rounds(seed)
     rounds, claims = _simulate(f"swarm-{seed}", keys, TINY)
     assert rounds <= len(keys) - 1
     assert len(set(claims.values())) == len(keys)
+
+
+# -- addresses named in certificates ------------------------------------------------------------
+
+def test_an_address_a_certificate_names_is_never_chosen_even_by_the_lowest_key():
+    me = _key(1)  # no member's key is lower: only a certificate can push it off
+    first, second = _first("s", me, n=2)
+    assert choose("s", me, {}, bound=[first]) == second
+    assert choose("s", me, {_key(9): second}, bound=[first]) == second  # a higher key's claim still ignored
+
+
+def test_a_certificate_naming_our_derived_address_moves_us():
+    me = _key(1)
+    mine = _first("s", me)[0]
+    assert not conflicts(me, mine, {_key(9): mine})
+    assert conflicts(me, mine, {_key(9): mine}, bound=[mine])
+    assert not conflicts(me, mine, {}, bound=[IPv4Address("10.211.0.1")])
