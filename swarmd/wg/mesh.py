@@ -114,18 +114,18 @@ class Mesh:
                         endpoints=tuple(self._underlay_ips()), proof=self._proof[1])
 
     def _cert_addr4(self) -> ipaddress.IPv4Address | None:
-        """The address our certificate names, if any and in the configured network."""
+        """The address our certificate names, if any. It is used even outside the configured
+        network (the owner allocated it from its own: a record with any other address is
+        refused by every member), with a warning that the two configurations differ."""
         swarm = self.gossip.swarm
-        addr = getattr(swarm.cert, "addr4", None) if swarm is not None else None
+        addr = swarm.cert.addr4 if swarm is not None else None
         if addr is None:
             return None
         addr = ipaddress.IPv4Address(addr)
-        if addr not in self.network:
-            if not self._warned_network:
-                self._warned_network = True
-                log.warning("the certificate's overlay address is outside the configured mesh network; "
-                            "using a derived one", address=str(addr), network=str(self.network))
-            return None
+        if addr not in self.network and not self._warned_network:
+            self._warned_network = True
+            log.warning("the certificate's overlay address is outside the configured mesh_network: the owner's "
+                        "differs from this node's", address=str(addr), network=str(self.network))
         return addr
 
     def _underlay_ips(self) -> list[str]:
