@@ -223,18 +223,18 @@ class Admission:
         if peer in self.revocations:
             raise Invalid("revoked", "this peer is revoked by the swarm's owner")
         now = time.time()
+        if "renew" in req:  # the signatures first: nothing is read from disk for a stranger
+            old = check_cert(req["renew"], owner_public=swarm.owner_public, swarm=swarm.swarm,
+                             peer=peer_bytes(peer), now=now)
+            roles, ttl, addr, ticket = old.roles, max(60.0, old.expires - old.issued), old.addr4, None
+        else:
+            ticket = read_ticket(req["ticket"], owner_public=swarm.owner_public, now=now)
+            roles, ttl, addr = ticket.roles, ticket.cert_ttl, None
         state_dir = self.state_dir
         members = swarmstate.load_members(state_dir) if state_dir else None
         if members is not None and members.is_revoked(peer):
             raise Invalid("revoked", "this peer is revoked by the swarm's owner")
-        if "renew" in req:
-            old = check_cert(req["renew"], owner_public=swarm.owner_public, swarm=swarm.swarm,
-                             peer=peer_bytes(peer), now=now)
-            roles, ttl = old.roles, max(60.0, old.expires - old.issued)
-            addr = old.addr4
-        else:
-            ticket = read_ticket(req["ticket"], owner_public=swarm.owner_public, now=now)
-            roles, ttl, addr = ticket.roles, ticket.cert_ttl, None
+        if ticket is not None:
             if state_dir is not None:
                 invites = swarmstate.load_invites(state_dir)
                 if members is not None and members.holds_valid(peer, now):
