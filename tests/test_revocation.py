@@ -218,3 +218,28 @@ def test_revoked_signer_and_revocations_on_the_topic():
     with pytest.raises(Invalid) as err:
         v.decode(forged.blob, NOW)
     assert err.value.reason == "revocation"
+
+
+# --- any well-signed body: refused with Invalid or accepted, never anything else ----------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**63, max_value=2**64 - 1),
+                   st.floats(allow_nan=True), st.text(max_size=300), st.binary(max_size=64),
+                   st.lists(st.integers(min_value=-2**63, max_value=2**63), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional={"v": VALUES, "k": st.sampled_from(["revoke", "cert", 1]),
+                                           "swarm": st.one_of(st.just(SWARM), VALUES),
+                                           "peer": st.one_of(st.just(peer_from_key(bytes(NODE.verify_key))), VALUES),
+                                           "issued": VALUES, "reason": VALUES}))
+def test_random_owner_signed_bodies_never_raise_anything_but_invalid(body):
+    blob = seal(body, owner_sign)
+    for decode in (lambda: check(blob), lambda: Verifier(SWARM, OWNER_PUBLIC).decode(blob, NOW)):
+        try:
+            r = decode()
+        except Invalid:
+            continue
+        assert r.peer and r.swarm == SWARM
