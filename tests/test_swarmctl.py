@@ -139,6 +139,9 @@ def test_swarm_commands_from_init_to_peers(make_daemon):
     (["labels", "set", "Bad Key=x"], "key"),
     (["swarm", "join", "swarmd1.garbage"], "token"),
     (["swarm", "invite", "--expires", "soon"], "expires"),
+    (["swarm", "invite", "--uses", "0"], "must be 1 to 10000"),
+    (["swarm", "invite", "--uses", "two"], "expected a whole number"),
+    (["swarm", "revoke", "12D3KooWxyz"], "only the node that ran `swarm init`"),
 ])
 def test_bad_swarm_arguments_are_named(daemon, args, message):
     proc = run("--socket", str(daemon.socket), *args)
