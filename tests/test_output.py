@@ -11,15 +11,33 @@ from swarmd.compute.output import RankOutput
 
 
 def test_a_full_queue_drops_lines_from_the_stream_only_and_says_how_many(tmp_path):
-    out = RankOutput(tmp_path / "output.log", queue_bytes=1000)
+    out = RankOutput(tmp_path / "output.log", queue_bytes=125 * (8 + output.LINE_OVERHEAD))
     for i in range(500):
-        out.add(i % 2, b"%08d" % i)  # 8 bytes a line: 125 fit
+        out.add(i % 2, b"%08d" % i)  # 8 bytes a line and its overhead: 125 fit
     batch, dropped = out.take(10_000)
     assert len(batch) == 125 and batch[0] == [0, "00000000"]
     assert dropped == [[0, 187], [1, 188]] and out.dropped_total == 375
     assert out.take(10_000) == ([], []), "each count is handed on once"
     out.flush()
     assert (tmp_path / "output.log").read_bytes().count(b"\n") == 500, "the log has every line"
+
+
+def test_a_job_printing_empty_lines_fills_the_queue_and_is_taken_in_bounded_batches(tmp_path):
+    out = RankOutput(tmp_path / "output.log", queue_bytes=output.QUEUE_BYTES)
+    for _ in range(100_000):
+        out.add(0, b"")
+    queued = output.QUEUE_BYTES // output.LINE_OVERHEAD
+    assert out.dropped_total == 100_000 - queued, "an empty line costs its overhead, so the queue fills"
+    batch, dropped = out.take(output.QUEUE_BYTES * 10)
+    assert len(batch) == output.MAX_BATCH_LINES and dropped == [[0, 100_000 - queued]]
+    taken = len(batch)
+    while out.pending:
+        batch, _ = out.take(output.QUEUE_BYTES * 10)
+        assert 0 < len(batch) <= output.MAX_BATCH_LINES
+        taken += len(batch)
+    assert taken == queued
+    out.add(0, b"honest")
+    assert out.take(1000) == ([[0, "honest"]], []), "drained, the queue takes lines again"
 
 
 def test_the_queue_takes_lines_again_once_drained(tmp_path):

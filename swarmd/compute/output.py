@@ -7,10 +7,13 @@ Rules:
   bytes went from its head (readers that keep offsets move theirs on by that much).
 - `RankOutput` is a host's side of one job: every line goes to the job's log first (through
   a buffer of at most `FLUSH_BYTES`, flushed by the driver every few milliseconds) and then
-  into a queue of at most `queue_bytes` for the coordinator's stream. A full queue drops the
-  line from the stream only, and counts it per rank; `take` hands the counts on once, so
-  the coordinator can say how many lines it missed. Memory per job is bounded by
-  `queue_bytes + FLUSH_BYTES` whether or not the coordinator reads.
+  into a queue of at most `queue_bytes` for the coordinator's stream. Each queued line costs
+  its length plus `LINE_OVERHEAD` (what a queued line costs in memory even when empty), so
+  a job printing empty lines fills the queue like any other. A full queue drops the line
+  from the stream only, and counts it per rank; `take` hands the counts on once, so the
+  coordinator can say how many lines it missed, and hands out at most `MAX_BATCH_LINES`
+  lines at a time. Memory per job is bounded by `queue_bytes + FLUSH_BYTES` whether or not
+  the coordinator reads.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ MAX_RECORD = 64 * 1024
 LOG_CAP = 64 * 1024 * 1024  # per job, on the host and at the coordinator
 QUEUE_BYTES = 1024 * 1024  # per job, lines waiting for the coordinator's stream
 FLUSH_BYTES = 64 * 1024
+LINE_OVERHEAD = 64  # bytes charged per queued line beyond its text: a tuple, a str, a deque slot
+MAX_BATCH_LINES = 4096  # lines per take(): one event's work at the coordinator stays small
 _COPY = 1024 * 1024
 
 
@@ -85,12 +90,13 @@ class RankOutput:
         self._disk += records(rank, line)
         if len(self._disk) >= FLUSH_BYTES:
             self.flush()
-        if self._queued + len(line) > self.queue_bytes:
+        cost = len(line) + LINE_OVERHEAD
+        if self._queued + cost > self.queue_bytes:
             self._dropped[rank] += 1
             self.dropped_total += 1
             return
-        self._queue.append((rank, line.decode("utf-8", "replace"), len(line)))
-        self._queued += len(line)
+        self._queue.append((rank, line.decode("utf-8", "replace"), cost))
+        self._queued += cost
 
     def flush(self) -> None:
         if not self._disk:
@@ -106,10 +112,11 @@ class RankOutput:
         return bool(self._queue or self._dropped)
 
     def take(self, max_bytes: int) -> tuple[list[list[Any]], list[list[int]]]:
-        """Queued lines up to about `max_bytes`, and [rank, lines dropped] since last asked."""
+        """Queued lines up to about `max_bytes` and at most `MAX_BATCH_LINES`, and [rank,
+        lines dropped] since last asked."""
         batch: list[list[Any]] = []
         size = 0
-        while self._queue and (not batch or size < max_bytes):
+        while self._queue and (not batch or size < max_bytes) and len(batch) < MAX_BATCH_LINES:
             rank, text, n = self._queue.popleft()
             batch.append([rank, text])
             size += n
