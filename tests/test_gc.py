@@ -17,13 +17,13 @@ def aged(path, when=OLD):
 
 
 def test_finished_job_dirs_go_after_retention_unless_held_and_other_names_stay(tmp_path):
-    for name in ("0123456789ab", "0123456789ac", "0123456789ad", "not-a-job", ".hidden"):
+    for name in ("0123456789ab", "0123456789ac", "0123456789ad", "0123456789ae-0a1b2c3d", "not-a-job", ".hidden"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "work").mkdir()
         aged(tmp_path / name)
     aged((tmp_path / "0123456789ad"), time.time())  # finished a moment ago
     removed = gc.job_dirs(tmp_path, keep={"0123456789ac"}, before=time.time() - 7 * 86400)
-    assert removed == ["0123456789ab"]
+    assert removed == ["0123456789ab", "0123456789ae-0a1b2c3d"], "a bare id (older daemons) and an id-coordinator"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "0123456789ac", "0123456789ad", "not-a-job"]
 
 

@@ -12,7 +12,7 @@ from swarmd.compute.run import Run
 
 
 def test_a_host_refuses_work_beyond_its_slots_and_gpus():
-    ledger = Ledger(2, gpus=(0, 1, 2))
+    ledger = Ledger(2, gpus=(0, 1, 2), max_unstarted=2)
     assert ledger.reserve(0, "a", "c", gpus=2, ranks=1, lease=30) == Grant("a", (0, 1))
     assert ledger.reserve(0, "b", "c", gpus=2, ranks=1, lease=30) == Refusal("1 free GPU(s), 2 asked")
     assert ledger.reserve(0, "b", "c", gpus=1, ranks=1, lease=30) == Grant("b", (2,))
@@ -20,25 +20,63 @@ def test_a_host_refuses_work_beyond_its_slots_and_gpus():
     assert ledger.slots_free == 0 and ledger.gpus_free == ()
 
 
-def test_an_uncommitted_lease_lapses_and_a_committed_one_holds():
+def test_an_uncommitted_lease_lapses_and_a_commit_never_started_lapses_at_its_start_deadline():
     ledger = Ledger(1)
     ledger.reserve(0, "a", "c", gpus=0, ranks=1, lease=30)
     assert ledger.next_deadline() == 30
-    assert ledger.expire(29.9) == [] and ledger.expire(30) == ["a"]
-    assert isinstance(ledger.commit(31, "a", "c"), Refusal), "a lapsed lease cannot be committed"
+    assert ledger.expire(29.9) == [] and ledger.expire(30) == [("c", "a")]
+    assert isinstance(ledger.commit(31, "a", "c", 600), Refusal), "a lapsed lease cannot be committed"
     ledger.reserve(40, "b", "c", gpus=0, ranks=1, lease=30)
-    assert ledger.commit(41, "b", "c") == Grant("b", ())
-    assert ledger.expire(10_000) == [] and ledger.holds("b"), "committed work has no deadline"
+    assert ledger.commit(41, "b", "c", 600) == Grant("b", ())
+    assert ledger.expire(70) == [] and ledger.holds("b", "c"), "the lease no longer counts once committed"
+    assert ledger.commit(100, "b", "c", 600) == Grant("b", ()) and ledger.next_deadline() == 641, \
+        "a retried commit does not push the start deadline"
     assert ledger.release("b", "c") is True and ledger.slots_free == 1
 
 
-def test_a_retried_reservation_is_the_same_grant_and_others_cannot_take_it():
+def test_a_member_reserving_and_committing_fresh_ids_never_started_cannot_keep_the_slots():
+    """Finding 9: reserve again to renew, commit and never start, take every slot with fresh
+    ids: each lapses, and a coordinator holds at most half the slots unstarted."""
+    ledger = Ledger(4)
+    assert ledger.max_unstarted == 2
+    assert ledger.reserve(0, "a", "hog", gpus=0, ranks=1, lease=10) == Grant("a", ())
+    assert ledger.reserve(9, "a", "hog", gpus=0, ranks=1, lease=10) == Grant("a", ())
+    assert ledger.next_deadline() == 10, "reserving again does not renew the lease"
+    assert ledger.commit(9, "a", "hog", 660) == Grant("a", ())
+    assert ledger.reserve(9, "b", "hog", gpus=0, ranks=1, lease=10) == Grant("b", ())
+    assert ledger.commit(9, "b", "hog", 660) == Grant("b", ())
+    refused = ledger.reserve(9, "c", "hog", gpus=0, ranks=1, lease=10)
+    assert isinstance(refused, Refusal) and "have not started" in refused.reason and refused.code == ""
+    for job in ("x", "y"):  # honest coordinators still find slots
+        assert ledger.reserve(9, job, "honest", gpus=0, ranks=1, lease=10) == Grant(job, ())
+        assert ledger.commit(9, job, "honest", 660) == Grant(job, ())
+        assert ledger.start(job, "honest", 1) == Grant(job, ())
+    assert ledger.expire(669) == [("hog", "a"), ("hog", "b")], "commits never started lapse"
+    assert ledger.slots_free == 2 and ledger.state_of("x", "honest") == "running"
+    assert ledger.expire(1e9) == [], "running holds never lapse"
+
+
+def test_a_retried_reservation_is_the_same_grant():
     ledger = Ledger(2, gpus=(0, 1))
     first = ledger.reserve(0, "a", "coord", gpus=1, ranks=1, lease=10)
     assert ledger.reserve(5, "a", "coord", gpus=1, ranks=1, lease=10) == first
-    assert ledger.next_deadline() == 15, "a retry renews the lease"
-    assert isinstance(ledger.reserve(5, "a", "intruder", gpus=1, ranks=1, lease=10), Refusal)
-    assert isinstance(ledger.commit(5, "a", "intruder"), Refusal)
+    assert ledger.slots_free == 1
+
+
+def test_an_id_is_bound_to_its_coordinator_and_another_members_copy_is_its_own():
+    """Finding 8: a member that learned coordinator C's id holds only (member, id): it
+    cannot commit, start, release or cancel C's, and reserving it does not block C."""
+    ledger = Ledger(4, gpus=(0, 1))
+    assert ledger.reserve(0, "j", "mallory", gpus=1, ranks=1, lease=10) == Grant("j", (0,))
+    assert ledger.reserve(0, "j", "coord", gpus=1, ranks=1, lease=10) == Grant("j", (1,)), \
+        "C is not refused as 'held for another coordinator'"
+    assert ledger.commit(1, "j", "coord", 660) == Grant("j", (1,))
+    assert ledger.release("j", "mallory") is True and ledger.state_of("j", "coord") == "committed"
+    for move in (lambda: ledger.start("j", "mallory", 1), lambda: ledger.release("j", "mallory"),
+                 lambda: ledger.commit(1, "j", "mallory", 660), lambda: ledger.check_holder("j", "mallory")):
+        assert move().code == "not_holder"
+    assert ledger.start("j", "coord", 1) == Grant("j", (1,))
+    assert ledger.finish("j", "mallory") is False and ledger.state_of("j", "coord") == "running"
 
 
 def test_start_needs_the_same_coordinators_commit_and_at_most_the_ranks_reserved():
@@ -46,7 +84,7 @@ def test_start_needs_the_same_coordinators_commit_and_at_most_the_ranks_reserved
     ledger.reserve(0, "a", "coord", gpus=0, ranks=2, lease=10)
     assert ledger.start("a", "coord", 2).code == "not_committed"
     assert ledger.start("zz", "coord", 1).code == "no_reservation"
-    ledger.commit(1, "a", "coord")
+    ledger.commit(1, "a", "coord", 660)
     assert ledger.start("a", "intruder", 1).code == "not_holder"
     assert ledger.start("a", "coord", 3) == Refusal("job a reserved 2 rank(s) here, 3 asked", "ranks")
     assert ledger.start("a", "coord", 2) == Grant("a", ())
@@ -56,14 +94,14 @@ def test_start_needs_the_same_coordinators_commit_and_at_most_the_ranks_reserved
 def test_only_the_holder_releases_and_a_running_hold_is_cancelled_not_freed():
     ledger = Ledger(1)
     ledger.reserve(0, "a", "coord", gpus=0, ranks=1, lease=10)
-    assert ledger.release("a", "intruder").code == "not_holder" and ledger.holds("a")
+    assert ledger.release("a", "intruder").code == "not_holder" and ledger.holds("a", "coord")
     assert ledger.check_holder("a", "intruder").code == "not_holder"
     assert ledger.check_holder("a", "coord") is None and ledger.check_holder("zz", "intruder") is None
-    ledger.commit(1, "a", "coord")
+    ledger.commit(1, "a", "coord", 660)
     ledger.start("a", "coord", 1)
-    assert ledger.expire(1e9) == [] and ledger.state_of("a") == "running", "no lease lapses under running ranks"
+    assert ledger.expire(1e9) == [] and ledger.state_of("a", "coord") == "running", "nothing lapses under running ranks"
     assert ledger.release("a", "coord") == Cancel("a") and ledger.slots_free == 0, "its ranks still use the slot"
-    assert ledger.finish("a") and ledger.slots_free == 1 and not ledger.finish("a")
+    assert ledger.finish("a", "coord") and ledger.slots_free == 1 and not ledger.finish("a", "coord")
     assert ledger.release("a", "coord") is False
 
 

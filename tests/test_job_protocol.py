@@ -46,6 +46,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from swarmd.compute import service  # noqa: E402
+from swarmd.compute.ids import host_dir, is_host_dir  # noqa: E402
 from swarmd.compute.ledger import Ledger  # noqa: E402
 from swarmd.compute.service import JobHandler  # noqa: E402
 from swarmd.compute.worker import Worker  # noqa: E402
@@ -147,9 +148,40 @@ async def test_start_needs_a_commit_by_the_same_coordinator_and_at_most_the_rank
         assert host.rejected[reason] == before + 1
     for op in ("cancel", "release"):
         assert "another coordinator" in (await host.ask("intruder", req(op)))[0]["error"]
-    assert host.rejected["not_holder"] == 3 and host.worker.ledger.state_of(JOB) == "committed"
+    assert host.rejected["not_holder"] == 3 and host.worker.ledger.state_of(JOB, "coord") == "committed"
     assert (await host.ask("coord", req("release"))) == [{}] and host.worker.ledger.slots_free == 2
     assert list(host.jobs_dir.iterdir()) == [], "nothing was prepared for a refused start"
+
+
+async def run_job(host: Host, peer: str) -> list:
+    assert await host.ask(peer, req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+    assert await host.ask(peer, req("commit")) == [{"gpus": []}]
+    return await host.ask(peer, req("start"), start_body())
+
+
+async def test_a_member_replaying_a_finished_jobs_id_gets_its_own_directory(tmp_path):
+    """Finding 8 A: a member that learned coordinator C's job id (it was one of its hosts)
+    reserves, commits and starts that id on a host after the job ended there: C's
+    directory, output log and checkpoints stay as they were."""
+    host = Host(tmp_path)
+    await run_job(host, "coord")  # as root with no job user its ranks are refused, its directory made
+    theirs = host.jobs_dir / host_dir(JOB, "coord")
+    (theirs / "checkpoints" / "step-100").write_text("weights")
+    log = (theirs / "output.log").read_bytes() if (theirs / "output.log").exists() else None
+    await run_job(host, "mallory")
+    assert (theirs / "checkpoints" / "step-100").read_text() == "weights", "C's checkpoints are untouched"
+    assert ((theirs / "output.log").read_bytes() if (theirs / "output.log").exists() else None) == log
+    assert sorted(p.name for p in host.jobs_dir.iterdir()) == sorted([host_dir(JOB, "coord"),
+                                                                       host_dir(JOB, "mallory")])
+
+
+async def test_a_member_holding_a_coordinators_id_does_not_block_its_reservation(tmp_path):
+    """Finding 8 B: a member reserves C's job id first on a host; C still reserves it."""
+    host = Host(tmp_path)
+    assert await host.ask("mallory", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+    assert "never committed" in (await host.ask("mallory", req("start"), start_body()))[0]["error"]
+    assert host.worker.ledger.state_of(JOB, "coord") == "leased"
 
 
 async def test_a_reservation_must_say_how_many_ranks(tmp_path):
@@ -248,6 +280,7 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
                 assert 0 <= host.worker.ledger.slots_free <= host.worker.ledger.slots
             assert host.handler.streams.open == {} and host.handler._uploading == {}
             assert host.worker.running == {}
-            assert all(p.name in IDS for p in host.jobs_dir.iterdir()), "only job ids name a directory"
+            assert all(p.name[:12] in IDS and is_host_dir(p.name) for p in host.jobs_dir.iterdir()), \
+                "only job ids, bound to a coordinator, name a directory"
 
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -9,6 +9,7 @@ import stat
 
 import pytest
 
+from swarmd.compute.ids import host_dir
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.worker import Worker, WorkerError
 from swarmd.compute.workdir import Cache
@@ -27,15 +28,21 @@ def worker(tmp_path):
 @pytest.mark.parametrize("job", ["/var/lib/swarmd", "../x", ".", "", "0123456789ab/..", "0123456789AB"])
 def test_only_a_job_id_names_a_directory(worker, job):
     with pytest.raises(ValueError, match="must be a job id"):
-        worker.job_dir(job)
+        worker.job_dir(job, "coord")
 
 
 def test_a_jobs_dir_that_is_a_link_elsewhere_is_refused(worker, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    os.symlink(elsewhere, worker.jobs_dir / JOB)
+    os.symlink(elsewhere, worker.jobs_dir / host_dir(JOB, "coord"))
     with pytest.raises(WorkerError, match="outside"):
-        worker.job_dir(JOB)
+        worker.job_dir(JOB, "coord")
+
+
+def test_two_coordinators_same_id_never_share_a_directory(worker):
+    mine, theirs = worker.job_dir(JOB, "coord"), worker.job_dir(JOB, "mallory")
+    assert mine != theirs and mine.parent == theirs.parent == worker.jobs_dir.resolve()
+    assert mine.name.startswith(JOB + "-") and len(mine.name) == len(JOB) + 9
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
@@ -43,11 +50,11 @@ def test_a_leftover_tree_is_removed_unfollowed_and_only_fresh_dirs_are_chowned(w
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "key").write_text("secret")
-    top = worker.jobs_dir / JOB
+    top = worker.jobs_dir / host_dir(JOB, "coord")
     top.mkdir()
     os.symlink(precious, top / "work")  # a leftover a job user could have planted
     os.symlink(precious / "key", top / "home")
-    work = worker._prepare(worker.job_dir(JOB), None)
+    work = worker._prepare(worker.job_dir(JOB, "coord"), None)
     nobody = pwd.getpwnam("nobody").pw_uid
     assert os.stat(precious).st_uid == 0 and os.stat(precious / "key").st_uid == 0, "never chowned through a link"
     assert (precious / "key").read_text() == "secret"

@@ -81,7 +81,7 @@ class Jobs:
             nursery.start_soon(self.worker.sweep)
             nursery.start_soon(functools.partial(
                 gc.collect, jobs_dir=self.worker.jobs_dir, archive_dir=self.archives, retention=self.retention,
-                held=lambda: [*self.worker.running, *self.worker.ledger.held()],
+                held=self.worker.busy_dirs,
                 needed=lambda: [live.workdir for live in self.live.values() if live.workdir],
                 prune=self.store.prune))
             task_status.started()

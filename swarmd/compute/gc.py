@@ -1,9 +1,10 @@
 """Garbage collection of finished jobs: what a host and a coordinator keep, and for how long.
 
 Rules:
-- A host's job directory (`jobs_dir/<job id>`) goes `retention` seconds after its job
-  finished (the worker stamps its mtime then), unless the job still holds a reservation
-  here. Only names of the job id format are touched: whatever else an operator keeps in
+- A host's job directory (`jobs_dir/<job id>-<coordinator hash>`, ids.host_dir, or a bare
+  job id from before) goes `retention` seconds after its job finished (the worker stamps
+  its mtime then), unless the job still holds a reservation here. Only names of those
+  formats are touched: whatever else an operator keeps in
   `jobs_dir` stays. Trees are removed without following links.
 - The coordinator's records and logs of jobs that ended more than `retention` ago go too
   (store.prune).
@@ -26,7 +27,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from .ids import is_job_id
+from .ids import is_host_dir, is_job_id
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -41,7 +42,7 @@ def job_dirs(jobs_dir: Path, *, keep: Collection[str], before: float) -> list[st
     """Remove job directories last changed before `before`, except those in `keep`."""
     removed = []
     for entry in _entries(jobs_dir):
-        if not is_job_id(entry.name) or entry.name in keep:
+        if not (is_host_dir(entry.name) or is_job_id(entry.name)) or entry.name in keep:
             continue
         try:
             st = entry.lstat()

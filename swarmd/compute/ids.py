@@ -5,10 +5,15 @@ milliseconds (good until 2109) then 18 random bits, so ids sort by submission ti
 id that crosses a boundary (a peer's job request, a role, a path under the jobs directory)
 goes through `check_job_id`: nothing else can name a job, so no id is a path, a dot, a
 slash, an empty string or a look-alike character.
+
+An id is unique only per coordinator (another member may present an id it learned), so a
+host names a job's directory by both: `host_dir(job, coordinator)` is ``<id>-<the first 8
+hex digits of sha256(coordinator)>``, and two coordinators' same id never share one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -16,6 +21,7 @@ LENGTH = 12
 RANDOM_BITS = 18
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford's base32, lowercase
 _FORMAT = re.compile(f"[{ALPHABET}]{{{LENGTH}}}", re.ASCII)
+_HOST_DIR = re.compile(f"[{ALPHABET}]{{{LENGTH}}}-[0-9a-f]{{8}}", re.ASCII)
 
 
 def encode(n: int) -> str:
@@ -38,3 +44,12 @@ def check_job_id(value: Any, name: str = "job") -> str:
         raise ValueError(f"'{name}' must be a job id ({LENGTH} characters of 0-9 and a-z without i, l, o, u); "
                          f"got {shown}")
     return value
+
+
+def host_dir(job: str, coordinator: str) -> str:
+    """The name of a job's directory on a host: its id bound to its coordinator."""
+    return f"{check_job_id(job)}-{hashlib.sha256(coordinator.encode()).hexdigest()[:8]}"
+
+
+def is_host_dir(value: Any) -> bool:
+    return isinstance(value, str) and _HOST_DIR.fullmatch(value) is not None

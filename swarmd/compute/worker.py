@@ -3,10 +3,12 @@
 The same `Worker` answers its own coordinator directly and remote coordinators through the
 job protocol (service.py), so a job placed on the coordinator's own host takes the same
 path as one placed elsewhere. Rules:
-- Reservations, commits, starts and releases go through the sans-IO `Ledger`, which keeps
-  each hold for the coordinator that reserved it; lapsed leases are swept.
-- A job's directory is `jobs_dir/<job id>` for an id of ids.py's format only, checked to
-  resolve inside `jobs_dir`. It is made afresh for each start (a leftover is removed
+- Reservations, commits, starts and releases go through the sans-IO `Ledger`, which keys
+  each hold by (coordinator, job); lapsed leases and commits never started (within
+  `START_WITHIN`) are swept. Running ranks are kept by the same key.
+- A job's directory is `jobs_dir/<job id>-<coordinator hash>` (ids.host_dir) for an id of
+  ids.py's format only, checked to resolve inside `jobs_dir`: another member presenting an
+  id it learned gets its own directory and never touches the coordinator's. It is made afresh for each start (a leftover is removed
   without following links), owned by the daemon (0711), with `home/`, `work/` (a copy of
   the cached workdir) and `checkpoints/` inside handed to the job user: only what the
   daemon just created is chowned, links never followed, and the job user reaches nothing
@@ -40,7 +42,7 @@ import structlog
 import trio
 
 from .executor import Executor, RankProc
-from .ids import check_job_id
+from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
 from .torchenv import NodeRole, rank_env, resolve_argv
@@ -52,6 +54,9 @@ HEARTBEAT = 2.0  # seconds of silent ranks after which the coordinator is still 
 OUTPUT_BATCH = 0.05  # seconds output is gathered before it is sent on (and flushed to the log)
 OUTPUT_BATCH_BYTES = 256 * 1024
 EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before it counts as gone
+# seconds a committed hold waits for its start: the longest a workdir upload may take
+# (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
+START_WITHIN = 660.0
 
 
 class WorkerError(Exception):
@@ -91,7 +96,7 @@ class Worker:
         self.user = user
         self.ifname = ifname  # the mesh interface, when the mesh is up
         self.changed = changed  # this host's offer changed: re-advertise
-        self.running: dict[str, Executor] = {}
+        self.running: dict[tuple[str, str], Executor] = {}  # (coordinator, job) -> its ranks
         self.dropped_lines = 0  # lines left off coordinators' streams (all are in the logs)
 
     # --- reservations --------------------------------------------------------------------
@@ -102,7 +107,7 @@ class Worker:
         return answer
 
     def commit(self, job: str, coordinator: str) -> Grant | Refusal:
-        return self.ledger.commit(trio.current_time(), job, coordinator)
+        return self.ledger.commit(trio.current_time(), job, coordinator, START_WITHIN)
 
     def release(self, job: str, coordinator: str) -> Refusal | None:
         """Free the job's hold; a running job's ranks are stopped and the hold goes with them."""
@@ -110,14 +115,14 @@ class Worker:
         if isinstance(answer, Refusal):
             return answer
         if isinstance(answer, Cancel):
-            if (executor := self.running.get(job)) is not None:
+            if (executor := self.running.get((coordinator, job))) is not None:
                 executor.cancel()
         elif answer:
             self.changed()
         return None
 
     async def sweep(self) -> None:
-        """Give back reservations whose coordinator never committed."""
+        """Give back reservations never committed, and commits never started."""
         while True:
             deadline = self.ledger.next_deadline()
             await (trio.sleep_until(deadline) if deadline is not None else trio.sleep(1.0))
@@ -128,11 +133,16 @@ class Worker:
     def ranks(self) -> int:
         return sum(len(e.ranks) for e in self.running.values())
 
-    def job_dir(self, job: str) -> Path:
-        """`jobs_dir/<job>`, for a job id only, and only if it resolves inside `jobs_dir`."""
+    def busy_dirs(self) -> list[str]:
+        """Names of the job directories this host still holds or runs (kept by gc)."""
+        return [host_dir(j, c) for c, j in {*self.running, *self.ledger.held()}]
+
+    def job_dir(self, job: str, coordinator: str) -> Path:
+        """`jobs_dir/<job>-<coordinator hash>`, for a job id only, and only if it resolves
+        inside `jobs_dir`."""
         check_job_id(job)
         root = self.jobs_dir.resolve()
-        top = (root / job).resolve()
+        top = (root / host_dir(job, coordinator)).resolve()
         if top.parent != root:
             raise WorkerError(f"job {job}: its directory would be {top}, outside {root}")
         return top
@@ -142,7 +152,7 @@ class Worker:
     async def start(self, req: StartRequest, emit: Callable[[dict[str, Any]], Awaitable[None]]) -> dict[int, int]:
         """Run this host's ranks of a job to the end, telling `emit` as things happen; an
         exception out of `emit` (the coordinator went away) stops the ranks."""
-        top = self.job_dir(req.job)  # ValueError: not a job id
+        top = self.job_dir(req.job, req.coordinator)  # ValueError: not a job id
         if req.role.job_id != req.job:
             raise ValueError(f"'role.job_id' is {req.role.job_id[:40]!r}, not the job's id")
         if req.workdir is not None and not self.cache.has(req.workdir):
@@ -175,7 +185,7 @@ class Worker:
                               env=rank_env(role, i, req.env, base), cwd=cwd)
                      for i in range(role.procs_per_node)]
             executor = Executor(req.job, ranks, user=self.user, on_output=on_output)
-            self.running[req.job] = executor
+            self.running[(req.coordinator, req.job)] = executor
             self.changed()
             async with _unwrapped(), trio.open_nursery() as nursery:
                 async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -213,8 +223,8 @@ class Worker:
             if out.dropped_total:
                 log.info("rank output left off a slow coordinator's stream", job=req.job,
                          lines=out.dropped_total, log=str(out.log))
-            self.running.pop(req.job, None)
-            self.ledger.finish(req.job)
+            self.running.pop((req.coordinator, req.job), None)
+            self.ledger.finish(req.job, req.coordinator)
             with contextlib.suppress(OSError):
                 os.utime(top)  # finished now: garbage collection counts from here
             self.changed()
@@ -223,7 +233,7 @@ class Worker:
         """Stop a running job's ranks; only its own coordinator may."""
         if (refusal := self.ledger.check_holder(job, coordinator)) is not None:
             return refusal
-        executor = self.running.get(job)
+        executor = self.running.get((coordinator, job))
         if executor is None:
             return False
         executor.cancel()
