@@ -284,3 +284,95 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
                 "only job ids, bound to a coordinator, name a directory"
 
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- the coordinator's side: what it takes from a host -------------------------------------
+
+from swarmd.compute.coordinator import checked_event  # noqa: E402
+from swarmd.compute import output  # noqa: E402
+from swarmd.compute.output import MAX_BATCH_LINES  # noqa: E402
+from swarmd.compute.service import HostError, RemoteHost  # noqa: E402
+from swarmd.compute.store import JobStore  # noqa: E402
+
+HOST_RANKS = range(2, 4)  # node 1 of a job with two ranks a node
+
+
+@pytest.mark.parametrize("event, why", [
+    ({"started": list(range(860_000))}, "'started' must list"),
+    ({"started": [0, 1]}, "not one of this host's 2-3"),
+    ({"started": [2, 2]}, "names a rank twice"),
+    ({"exit": [[0, 0]], "first": None}, "not one of this host's"),
+    ({"exit": [[2, 0], [3, 0]], "first": [7, 1]}, "'first' names rank 7"),
+    ({"exit": [[2, "0"]]}, "'exit' must be an integer"),
+    ({"out": [[2, ""]] * (MAX_BATCH_LINES + 1)}, "at most 4096 pairs"),
+    ({"out": [[2, b"bytes"]]}, "lines must be strings"),
+    ({"out": [[9, "x"]]}, "not one of this host's"),
+    ({"dropped": [[2, -1]]}, "'dropped' must be an integer"),
+    ("nope", "must be a map"),
+])
+def test_a_host_speaks_only_for_its_own_ranks_in_bounded_batches(event, why):
+    """Finding 4: a host's events naming other hosts' ranks, a huge 'started', a million
+    empty lines, lines that are not strings: each refused, saying what."""
+    with pytest.raises(ValueError, match=why):
+        checked_event(event, HOST_RANKS, started=False)
+
+
+def test_an_honest_hosts_events_pass_and_started_counts_once():
+    assert checked_event({"started": [3, 2]}, HOST_RANKS, started=False) == {"started": [2, 3]}
+    with pytest.raises(ValueError, match="came twice"):
+        checked_event({"started": [2, 3]}, HOST_RANKS, started=True)
+    assert checked_event({"out": [[2, "a"], [3, ""]]}, HOST_RANKS, started=True) == {"out": [(2, "a"), (3, "")]}
+    assert checked_event({"exit": [(2, 0), (3, -9)], "first": [3, -9]}, HOST_RANKS, started=True) == \
+        {"exit": {2: 0, 3: -9}, "first": (3, -9)}
+
+
+def test_a_batch_of_lines_is_one_append(tmp_path, monkeypatch):
+    store = JobStore(tmp_path)
+    writes = []
+    real = output.append
+    monkeypatch.setattr(output, "append", lambda *a, **k: writes.append(1) or real(*a, **k))
+    store.append_logs("0123456789ab", [(2, b"")] * MAX_BATCH_LINES)
+    assert len(writes) == 1
+    lines, _ = store.read_log("0123456789ab")
+    assert len(lines) == MAX_BATCH_LINES and lines[0] == (2, "")
+
+
+class _FakeHost:
+    """An IHost whose every new stream is `stream`."""
+
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream = stream
+
+    async def new_stream(self, peer, protocols):
+        return self.stream
+
+
+PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+
+async def test_a_host_gone_silent_fails_its_node_naming_it(autojump_clock):
+    """Finding 4: a host that started and then says nothing (no heartbeat) is lost after
+    EVENT_TIMEOUT, not left running forever; one that never starts, after FIRST_EVENT_TIMEOUT."""
+    req_ = service.StartRequest(job=JOB, coordinator="me", role=NodeRole(
+        job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="10.211.0.1", master_port=29500,
+        ifname=None, gpus=(), node_ips=("10.211.0.1",), checkpoint_dir=""), cmd=("true",), env={},
+        python=None, workdir=None)
+    for frames, patience in (([{"started": [0]}], service.EVENT_TIMEOUT), ([], service.FIRST_EVENT_TIMEOUT)):
+        events: list = []
+
+        async def emit(event) -> None:
+            events.append(event)
+
+        remote = RemoteHost(PEER, _FakeHost(FakeStream("x", frames, hang=True)), b"cert")
+        began = trio.current_time()
+        with pytest.raises(HostError, match=f"{PEER[:6]}.*silent for {patience:g} s"):
+            await remote.start(req_, emit)
+        assert events == frames and trio.current_time() - began == pytest.approx(patience)
+
+
+async def test_a_ship_the_host_never_answers_gives_up(tmp_path, autojump_clock):
+    archive = tmp_path / "w.tar.gz"
+    archive.write_bytes(b"x" * 10)
+    remote = RemoteHost(PEER, _FakeHost(FakeStream("x", [{"have": False}], hang=True)), b"cert")
+    with pytest.raises(HostError, match="not taken within"):
+        await remote.ship(JOB, "a" * 64, archive, lambda n: None)

@@ -6,6 +6,12 @@ over the job protocol, retried with other hosts → commit (rank 0's host picks 
 → the workdir shipped to hosts that lack it → every host starts its ranks, and their
 output and exit codes stream back here. The job's states (run.py) and output are written
 to the store as they happen; `watch` lets any number of clients follow a job.
+
+A host's events are a peer's input (`checked_event`): it speaks only for its own ranks
+(node_rank × procs_per_node + i), starts once, sends lines as strings in batches of at
+most output.MAX_BATCH_LINES (each batch one append to the log); anything else is counted
+as `job_event` and the host is lost to the job. A host silent past service.EVENT_TIMEOUT
+is lost too, so no host can leave a job running or shipping forever.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..gossip.service import Gossip
 from ..gossip.wire import Record
 from . import gang as gangmod
 from . import gc
+from .output import MAX_BATCH_LINES
 from .placement import Candidate, NoFit, place
 from .run import TERMINAL, Run
 from .service import HostError, LocalHost, RemoteHost, short
@@ -325,8 +332,15 @@ class Jobs:
             req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir)
 
+            ranks = range(i * spec.procs_per_node, (i + 1) * spec.procs_per_node)
+
             async def emit(event: dict[str, Any]) -> None:
-                self._event(job, live, peer, event)
+                try:
+                    checked = checked_event(event, ranks, started=run.node_state.get(peer) != "starting")
+                except ValueError as exc:
+                    self.gossip.reject("job_event", peer, f"job {job}: {exc}")
+                    raise HostError(f"{short(peer)} broke the job protocol: {exc}") from None
+                self._event(job, live, peer, checked)
 
             try:
                 await live.hosts[peer].start(req, emit)
@@ -354,19 +368,16 @@ class Jobs:
             if run.cancelled and self._nursery is not None:  # the cancel crossed the start on the wire
                 self._nursery.start_soon(_quietly, live.hosts[peer].cancel, job)
         if "out" in event:
-            for rank, line in event["out"]:
-                self.store.append_log(job, int(rank), line.encode())
+            self.store.append_logs(job, [(rank, line.encode("utf-8", "replace")) for rank, line in event["out"]])
         if "dropped" in event:  # the host kept them in its own log; this one says what is missing
-            for rank, n in event["dropped"]:
-                self.store.append_log(job, int(rank), f"[swarmd] {int(n)} line(s) of this rank were not streamed "
-                                                      f"here (this daemon fell behind); {short(peer)} keeps "
-                                                      "them in its copy of the job's log".encode())
+            self.store.append_logs(job, [(rank, f"[swarmd] {n} line(s) of this rank were not streamed here (this "
+                                                f"daemon fell behind); {short(peer)} keeps them in its copy of the "
+                                                "job's log".encode()) for rank, n in event["dropped"]])
         if "exit" in event:
-            codes = {int(r): int(c) for r, c in event["exit"]}
+            codes = event["exit"]
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
-            first = event.get("first")
-            run.node_exited(peer, codes, first=(int(first[0]), int(first[1])) if first else None)
+            run.node_exited(peer, codes, first=event["first"])
         self._save(job, live)
 
     def _save(self, job: str, live: _Live) -> None:
@@ -418,6 +429,60 @@ class Jobs:
             if len(parts) > 2 and parts[1] == "ip4":
                 return parts[2]
         raise HostError(f"{short(peer)} advertises no IPv4 address")
+
+
+def checked_event(event: Any, ranks: range, *, started: bool) -> dict[str, Any]:
+    """A host's event as the coordinator acts on it, or ValueError saying what is wrong: only
+    the host's own `ranks`, `started` once (`started`: it already was), out lines as strings,
+    at most `MAX_BATCH_LINES` of them, integers in range."""
+    if not isinstance(event, dict):
+        raise ValueError("an event must be a map")
+
+    def rank(x: Any, field: str) -> int:
+        if isinstance(x, bool) or not isinstance(x, int) or x not in ranks:
+            raise ValueError(f"'{field}' names rank {str(x)[:20]}, not one of this host's "
+                             f"{ranks.start}-{ranks.stop - 1}")
+        return x
+
+    def number(x: Any, field: str, low: int, high: int) -> int:
+        if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high:
+            raise ValueError(f"'{field}' must be an integer from {low} to {high}")
+        return x
+
+    def pairs(x: Any, field: str, most: int) -> list[Any]:
+        if not isinstance(x, list) or len(x) > most:
+            raise ValueError(f"'{field}' must be a list of at most {most} pairs")
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in x):
+            raise ValueError(f"'{field}' must hold [rank, value] pairs")
+        return x
+
+    out: dict[str, Any] = {}
+    if "started" in event:
+        got = event["started"]
+        if started:
+            raise ValueError("'started' came twice")
+        if not isinstance(got, list) or len(got) != len(ranks):
+            raise ValueError(f"'started' must list this host's {len(ranks)} rank(s)")
+        out["started"] = sorted({rank(r, "started") for r in got})
+        if len(out["started"]) != len(ranks):
+            raise ValueError("'started' names a rank twice")
+    if "out" in event:
+        lines = pairs(event["out"], "out", MAX_BATCH_LINES)
+        if not all(isinstance(line, str) for _, line in lines):
+            raise ValueError("'out' lines must be strings")
+        out["out"] = [(rank(r, "out"), line) for r, line in lines]
+    if "dropped" in event:
+        out["dropped"] = [(rank(r, "dropped"), number(n, "dropped", 0, 2**40))
+                          for r, n in pairs(event["dropped"], "dropped", len(ranks))]
+    if "exit" in event:
+        codes = {rank(r, "exit"): number(c, "exit", -2**31, 2**31)
+                 for r, c in pairs(event["exit"], "exit", len(ranks))}
+        first = event.get("first")
+        if first is not None:
+            first = pairs([first], "first", 1)[0]
+            first = (rank(first[0], "first"), number(first[1], "first", -2**31, 2**31))
+        out["exit"], out["first"] = codes, first
+    return out
 
 
 def _rtt_ms(view: View, a: str, b: str) -> float | None:

@@ -44,7 +44,7 @@ from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
 from .spec import MAX_CMD, MAX_ENV, MAX_TEXT
 from .torchenv import NodeRole
-from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
+from .worker import HEARTBEAT, CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 from .workdir import DEFAULT_LIMIT, WorkdirError, is_digest
 
 log = structlog.get_logger("swarmd.jobs")
@@ -62,6 +62,12 @@ MAX_PROCS_PER_NODE = 256
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
+# The coordinator's patience with a host. Before "started" the host copies the job's
+# workdir into its directory (up to workdir.UNPACKED_LIMIT); after it, an idle host sends a
+# heartbeat every HEARTBEAT, so three missed and a margin mean it is gone or stalling.
+FIRST_EVENT_TIMEOUT = 300.0
+EVENT_TIMEOUT = 3 * HEARTBEAT + 4.0
+SHIP_TIMEOUT = WORKDIR_TIMEOUT + 120.0  # the host's own upload limit, and time to unpack and answer
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -419,6 +425,12 @@ class RemoteHost:
 
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         data = await trio.Path(archive).read_bytes()
+        with trio.move_on_after(SHIP_TIMEOUT) as scope:
+            await self._ship(job, digest, data, progress)
+        if scope.cancelled_caught:
+            raise HostError(f"{short(self.peer)}: the workdir was not taken within {SHIP_TIMEOUT:g} s")
+
+    async def _ship(self, job: str, digest: str, data: bytes, progress: Callable[[int], None]) -> None:
         stream = await self._open("workdir", job, digest=digest, size=len(data))
         try:
             first = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
@@ -435,7 +447,13 @@ class RemoteHost:
             await close_quietly(stream)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
-        stream = await self._open("start", req.job)
+        """The host's events, each passed to `emit`, until it is done; a host silent for
+        `EVENT_TIMEOUT` (`FIRST_EVENT_TIMEOUT` before its first) is a HostError naming it."""
+        with trio.move_on_after(REQUEST_TIMEOUT) as opening:
+            stream = await self._open("start", req.job)
+        if opening.cancelled_caught:
+            raise HostError(f"{short(self.peer)}: no job stream within {REQUEST_TIMEOUT:g} s")
+        patience = FIRST_EVENT_TIMEOUT
         try:
             try:
                 await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
@@ -444,9 +462,14 @@ class RemoteHost:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:
                 try:
-                    event = _reply(self.peer, await read_frame(stream, MAX_EVENT_FRAME))
+                    with trio.move_on_after(patience) as quiet:
+                        frame = await read_frame(stream, MAX_EVENT_FRAME)
                 except PeerError as exc:
                     raise HostError(f"{short(self.peer)}: {exc}") from None
+                if quiet.cancelled_caught:
+                    raise HostError(f"{short(self.peer)}: silent for {patience:g} s (gone, or not running the job)")
+                patience = EVENT_TIMEOUT
+                event = _reply(self.peer, frame)
                 if event.get("done"):
                     return
                 await emit(event)

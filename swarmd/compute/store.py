@@ -203,6 +203,15 @@ class JobStore:
         if trimmed := output.append(path, output.records(rank, data), self.log_cap):
             self._trimmed[job_id] = self._trimmed.get(job_id, 0) + trimmed
 
+    def append_logs(self, job_id: str, lines: list[tuple[int, bytes]]) -> None:
+        """A batch of (rank, line) in one write: a host's batch costs one append, not one per line."""
+        if not lines:
+            return
+        path = self._log(job_id)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        if trimmed := output.append(path, b"".join(output.records(r, d) for r, d in lines), self.log_cap):
+            self._trimmed[job_id] = self._trimmed.get(job_id, 0) + trimmed
+
     def read_log(self, job_id: str, rank: int | None = None, offset: int = 0) -> tuple[list[tuple[int, str]], int]:
         """Whole records from byte `offset` on, of one rank or all, as (rank, line) in arrival
         order, and the offset to go on from (the same when there is nothing new)."""
