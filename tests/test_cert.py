@@ -296,3 +296,8 @@ def test_bad_ticket_fields(ticket, detail):
     with pytest.raises(Invalid) as err:
         read_ticket(ticket, owner_public=OWNER_PUBLIC, now=NOW)
     assert err.value.reason == "ticket" and err.value.detail == detail
+
+
+def test_an_overlong_token_is_refused_before_it_is_decoded():
+    with pytest.raises(ValueError, match="characters long"):
+        parse_token("swarmd1." + "kJCQ" * 10_000)

@@ -191,3 +191,13 @@ def test_field_type_errors_name_the_field(body, kind, detail):
         field(body, "n", kind, "rec")
     assert err.value.reason == "malformed"
     assert err.value.detail == detail
+
+
+def test_a_blob_larger_than_anything_signed_is_refused_before_decoding():
+    # 64 KiB bounds what msgpack builds from it: a larger blob (a "revocation" in a sync) of empty
+    # arrays would otherwise cost a Python object per byte
+    from swarmd.gossip.signed import MAX_SIGNED
+    blob = b"\xdd" + (10**6).to_bytes(4, "big") + b"\x90" * 10**6
+    with pytest.raises(Invalid, match="too_large") as exc:
+        unseal(blob)
+    assert exc.value.reason == "too_large" and len(blob) > MAX_SIGNED

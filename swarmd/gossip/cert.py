@@ -34,6 +34,7 @@ from .signed import Invalid, Signer, field, peer_str, seal, unseal
 
 VERSION = 1
 TOKEN_PREFIX = "swarmd1."
+MAX_TOKEN = 16 * 1024  # characters; a token with a dozen addresses is under 1,000
 CLOCK_SKEW = 300.0  # seconds a certificate may be issued "in the future" by a fast clock
 DEFAULT_CERT_TTL = 365 * 86400.0
 DEFAULT_INVITE_TTL = 86400.0  # a day: a token pasted into a chat is not a credential for long
@@ -155,6 +156,8 @@ def parse_token(text: str) -> Token:
     if not text.startswith(TOKEN_PREFIX):
         raise ValueError(f"not a swarmd invite token (it should start with {TOKEN_PREFIX!r})")
     payload = text[len(TOKEN_PREFIX):]
+    if len(payload) > MAX_TOKEN:  # decoded below: bounded first (a token is a few hundred characters)
+        raise ValueError(f"the invite token is {len(payload)} characters long; a token is at most {MAX_TOKEN}")
     try:
         raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         data = msgpack.unpackb(raw, raw=False)

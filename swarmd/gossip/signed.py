@@ -22,6 +22,10 @@ _ED25519_PEER_PREFIX = bytes.fromhex("002408011220")
 PEER_ID_LEN = len(_ED25519_PEER_PREFIX) + 32
 
 Signer = Callable[[bytes], bytes]
+# Everything signed is small (a record with 64 GPUs is about 8 KiB; wire.MAX_MESSAGE is 64 KiB), and
+# msgpack's per-container limits default to the input's length, so a blob of at most this many bytes
+# decodes to at most that many objects: a few MB and milliseconds, however it is built.
+MAX_SIGNED = 64 * 1024
 
 
 class Invalid(ValueError):
@@ -71,6 +75,8 @@ def unseal(blob: Any, public_key: bytes | None = None) -> tuple[dict[str, Any], 
     """(body, body bytes, signature); the signature is checked when ``public_key`` is given."""
     if not isinstance(blob, bytes):
         raise Invalid("malformed", "expected signed bytes")
+    if len(blob) > MAX_SIGNED:
+        raise Invalid("too_large", f"a signed blob of {len(blob)} bytes, the limit is {MAX_SIGNED}")
     try:
         outer = msgpack.unpackb(blob, raw=False, strict_map_key=True)
     except Exception as exc:

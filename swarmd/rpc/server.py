@@ -15,7 +15,7 @@ import errno
 import os
 import socket as _socket
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 import trio
 
-from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, encode_frame
+from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, decode, encode_frame
 from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, access_of, end_of_stream,
                        error_reply, reply)
 
@@ -31,6 +31,7 @@ log = structlog.get_logger("swarmd.rpc")
 
 SEND_TIMEOUT = 10.0  # a reader this slow is gone or hostile
 FRAME_TIMEOUT = 30.0  # a frame that has started must finish within this
+THREAD_DECODE = 256 * 1024  # a larger body is decoded in a worker thread, not on the event loop
 MAX_CONNECTIONS = 256
 MAX_CALLS_PER_CONNECTION = 64
 
@@ -194,7 +195,7 @@ class _Conn:
                                    f"truncated frame: stream ended inside a frame ({decoder.pending} bytes buffered)")
                 return  # in-flight calls finish, then the nursery closes
             decoder.feed(data)
-            for message in self._messages(decoder):
+            while (message := await self._next_message(decoder)) is not NOT_YET:
                 call = self.server._dispatcher.prepare(message, caller)
                 if self.in_flight >= MAX_CALLS_PER_CONNECTION:
                     raise RpcError(ErrorCode.BUSY, f"more than {MAX_CALLS_PER_CONNECTION} calls in flight",
@@ -203,17 +204,16 @@ class _Conn:
                 calls.start_soon(self._run_call, call)
 
     @staticmethod
-    def _messages(decoder: FrameDecoder) -> Iterable[Any]:
-        while True:
-            try:
-                message = decoder.next_message()
-            except FrameTooLarge as exc:
-                raise RpcError(ErrorCode.FRAME_TOO_LARGE, str(exc)) from None
-            except FramingError as exc:
-                raise RpcError(ErrorCode.PARSE_ERROR, str(exc)) from None
-            if message is NOT_YET:
-                return
-            yield message
+    async def _next_message(decoder: FrameDecoder) -> Any:
+        try:
+            body = decoder.next_body()
+            if body is NOT_YET or len(body) <= THREAD_DECODE:
+                return body if body is NOT_YET else decode(body)
+            return await trio.to_thread.run_sync(decode, body)
+        except FrameTooLarge as exc:
+            raise RpcError(ErrorCode.FRAME_TOO_LARGE, str(exc)) from None
+        except FramingError as exc:
+            raise RpcError(ErrorCode.PARSE_ERROR, str(exc)) from None
 
     async def _run_call(self, call: Call) -> None:
         name = call.method.name
