@@ -35,6 +35,7 @@ def test_a_peers_role_out_of_range_is_refused(change, field):
 
 # --- the handler, driven in-process ------------------------------------------------------
 
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -202,15 +203,48 @@ async def test_a_large_first_frame_is_refused_before_the_certificate_is_looked_a
     assert host.rejected == {"too_large": 2} and host.member_checks == 0
 
 
-async def test_streams_beyond_a_peers_cap_are_refused_at_once_and_counted(tmp_path):
+async def test_streams_beyond_a_members_cap_are_refused_at_once_and_counted(tmp_path):
     host = Host(tmp_path)
     cap = host.handler.streams.per_peer
     host.handler.streams.open["greedy"] = cap
     replies = await host.ask("greedy", req("reserve", gpus=0, ranks=1, lease=30.0))
     assert "already open" in replies[0]["error"] and host.rejected == {"too_many_streams": 1}
-    assert host.member_checks == 0 and host.handler.streams.open["greedy"] == cap
+    assert host.handler.streams.open["greedy"] == cap and host.worker.ledger.slots_free == 2
     assert (await host.ask("other", req("reserve", gpus=0, ranks=1, lease=30.0))) == [{"gpus": []}]
     assert "other" not in host.handler.streams.open, "a stream that ended is no longer counted"
+
+
+async def test_outsiders_cannot_use_up_the_members_stream_budget(tmp_path, autojump_clock):
+    """Finding 6: outsiders (fresh peer ids, no certificate) open streams and send nothing,
+    or a first frame the check refuses: none counts against the members' budget, each peer
+    holds at most MAX_UNCHECKED_PER_PEER unchecked streams for FIRST_FRAME_TIMEOUT, and a
+    member is served meanwhile."""
+    host = Host(tmp_path)
+    members = {"coord"}
+
+    async def check_member(req, peer, stream) -> bool:
+        return peer in members
+
+    host.handler.check_member = check_member
+    outsiders = [f"outsider{i}" for i in range(service.MAX_STREAMS)]
+    got: dict[str, list] = {}
+    async with trio.open_nursery() as nursery:
+        for peer in outsiders:  # one silent stream each: as many as the members' whole budget
+            nursery.start_soon(functools.partial(host.ask, peer, hang=True))
+        for i in range(service.MAX_UNCHECKED_PER_PEER + 2):  # one outsider, many silent streams
+            async def silent(i: int = i) -> None:
+                got[f"s{i}"] = await host.ask("hoarder", hang=True)
+            nursery.start_soon(silent)
+        await trio.sleep(0.5)
+        assert host.handler.streams.open == {}, "nothing unchecked counts against the members' budget"
+        assert host.handler.unchecked.open["hoarder"] == service.MAX_UNCHECKED_PER_PEER
+        began = trio.current_time()
+        assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+        assert trio.current_time() == began, "the member was served at once"
+    assert sum(1 for r in got.values() if r and "already open" in r[0]["error"]) == 2
+    assert host.rejected["too_many_streams"] == 2
+    assert host.rejected["timeout"] == service.MAX_UNCHECKED_PER_PEER + len(outsiders)
+    assert host.handler.unchecked.open == {} and host.handler.streams.open == {}
 
 
 async def test_a_workdir_upload_that_stalls_is_given_up_after_the_chunk_timeout(tmp_path, autojump_clock):
@@ -278,7 +312,7 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
                 assert all(n >= 0 for n in host.rejected.values())
                 assert all(n > 0 for n in host.handler.streams.open.values())
                 assert 0 <= host.worker.ledger.slots_free <= host.worker.ledger.slots
-            assert host.handler.streams.open == {} and host.handler._uploading == {}
+            assert host.handler.streams.open == host.handler.unchecked.open == host.handler._uploading == {}
             assert host.worker.running == {}
             assert all(p.name[:12] in IDS and is_host_dir(p.name) for p in host.jobs_dir.iterdir()), \
                 "only job ids, bound to a coordinator, name a directory"

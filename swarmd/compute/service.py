@@ -15,8 +15,12 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   `MAX_START_FRAME`), then the worker's events, one frame each, until ``{exit}``; ``start``
   needs the same coordinator's committed reservation and at most the ranks reserved. The
   stream breaking either way ends the job on that host.
-A peer holds at most `MAX_STREAMS_PER_PEER` streams beyond this host's job slots, and all
-peers together `MAX_STREAMS`; past either, a stream is refused before anything is read.
+Before its certificate is checked a stream costs little and is held briefly: its first
+frame and the check within `FIRST_FRAME_TIMEOUT`, at most `MAX_UNCHECKED_PER_PEER` such
+streams a peer (peer ids are free: an outsider must not use up what members need). Only a
+member's stream then counts against the host's budget: at most `MAX_STREAMS_PER_PEER`
+beyond this host's job slots from one peer, and `MAX_STREAMS` from all; past either it is
+refused before anything more is read.
 Every refusal of a peer's request is counted by reason and answered with the reason.
 
 `LocalHost` and `RemoteHost` give the coordinator one interface to its own worker and to
@@ -61,6 +65,8 @@ MAX_NODES = 1024  # as a job spec allows
 MAX_PROCS_PER_NODE = 256
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
+FIRST_FRAME_TIMEOUT = 2.0  # seconds for a small first frame and the certificate check
+MAX_UNCHECKED_PER_PEER = 4  # streams of one peer whose certificate is not yet checked
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
 # The coordinator's patience with a host. Before "started" the host copies the job's
 # workdir into its directory (up to workdir.UNPACKED_LIMIT); after it, an idle host sends a
@@ -88,7 +94,7 @@ class _Rejected(Exception):
 class Streams:
     """Concurrent streams, per peer and in all; a count never goes below zero."""
 
-    def __init__(self, per_peer: int, total: int) -> None:
+    def __init__(self, per_peer: int, total: int | None = None) -> None:
         self.per_peer = per_peer
         self.total = total
         self.open: Counter[str] = Counter()
@@ -97,7 +103,7 @@ class Streams:
         """None when the stream may go on, else why not."""
         if self.open[peer] >= self.per_peer:
             return f"{self.per_peer} job streams from this peer are already open"
-        if sum(self.open.values()) >= self.total:
+        if self.total is not None and sum(self.open.values()) >= self.total:
             return f"this host already serves {self.total} job streams"
         self.open[peer] += 1
         return None
@@ -115,35 +121,57 @@ class JobHandler:
         self.check_member = check_member
         self.submitters = frozenset(submitters)
         self.rejected = rejected
-        self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)
+        self.unchecked = Streams(MAX_UNCHECKED_PER_PEER)  # before check_member, per peer only
+        self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)  # members'
         self._uploading: dict[str, trio.Event] = {}  # digest -> set when its upload ends
 
     async def handle(self, stream: INetStream) -> None:
         peer = str(stream.muxed_conn.peer_id)
-        if (busy := self.streams.acquire(peer)) is not None:
-            self.rejected("too_many_streams", peer, busy)
-            with trio.move_on_after(1):
-                try:
-                    await write_frame(stream, {"error": busy})
-                except PeerError:
-                    pass
-            await close_quietly(stream)
-            return
         try:
-            await self._serve(stream, peer)
+            if not await self._refuse_if(self.unchecked.acquire(peer), stream, peer):
+                try:
+                    req = await self._first(stream, peer)
+                finally:
+                    self.unchecked.release(peer)
+                if req is not None and not await self._refuse_if(self.streams.acquire(peer), stream, peer):
+                    try:
+                        await self._serve(stream, peer, req)
+                    finally:
+                        self.streams.release(peer)
         finally:
-            self.streams.release(peer)
             await close_quietly(stream)
 
-    async def _serve(self, stream: INetStream, peer: str) -> None:
+    async def _refuse_if(self, busy: str | None, stream: INetStream, peer: str) -> bool:
+        if busy is None:
+            return False
+        self.rejected("too_many_streams", peer, busy)
+        with trio.move_on_after(1):
+            try:
+                await write_frame(stream, {"error": busy})
+            except PeerError:
+                pass
+        return True
+
+    async def _first(self, stream: INetStream, peer: str) -> dict[str, Any] | None:
+        """The first frame of a member's request, or None (refused, counted, and told why
+        where it got that far)."""
         try:
-            with trio.move_on_after(REQUEST_TIMEOUT) as scope:
+            with trio.move_on_after(FIRST_FRAME_TIMEOUT) as scope:
                 req = await read_frame(stream, MAX_SMALL_FRAME)
-            if scope.cancelled_caught:
-                self.rejected("timeout", peer, f"no job request within {REQUEST_TIMEOUT:g} s")
-                return
-            if not await self.check_member(req, stream.muxed_conn.peer_id, stream) or not isinstance(req, dict):
-                return
+                member = await self.check_member(req, stream.muxed_conn.peer_id, stream)
+        except FrameTooLarge as exc:
+            self.rejected("too_large", peer, f"job request: {exc}")
+            return None
+        except PeerError as exc:
+            self.rejected("malformed", peer, f"job request: {exc}")
+            return None
+        if scope.cancelled_caught:
+            self.rejected("timeout", peer, f"no job request within {FIRST_FRAME_TIMEOUT:g} s")
+            return None
+        return req if member and isinstance(req, dict) else None
+
+    async def _serve(self, stream: INetStream, peer: str, req: dict[str, Any]) -> None:
+        try:
             if self.submitters and peer not in self.submitters:
                 self.rejected("submitter", peer, "not in this host's job_submitters")
                 await write_frame(stream, {"error": "this host takes jobs only from its allowed submitters"})
