@@ -5,7 +5,8 @@ from swarmd.gossip.capacity import Gpu, Resources
 from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
 from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, MAX_SEQ, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
-                                make_record, make_rumor, wg_proof_message)
+                                make_record, make_rumor, only_loopback, wg_proof_message)
+from swarmd.wg.address import ula
 from swarmd.wg.keys import KeyPair, prove
 
 OWNER = SigningKey(b"\x0a" * 32)
@@ -33,7 +34,7 @@ def cert_for(peer=PEER, *, owner=OWNER, swarm=SWARM, issued=NOW - 86400, ttl=365
 
 CERT = cert_for()
 WG_KEY = KeyPair.from_private(bytes(range(32)))
-MESH = MeshInfo(public=WG_KEY.public, addr4="10.211.3.4", addr6="fd12:3456:789a::1", port=51820,
+MESH = MeshInfo(public=WG_KEY.public, addr4="10.211.3.4", addr6=str(ula(SWARM, peer_str(PEER).encode())), port=51820,
                 endpoints=("192.0.2.1", "2001:db8::1"),
                 proof=prove(WG_KEY.private, wg_proof_message(SWARM, peer_str(PEER), WG_KEY.public)))
 VERIFIER = Verifier(SWARM, OWNER_PUBLIC)
@@ -359,3 +360,69 @@ def test_job_slots_and_rtts_travel_in_the_record():
 def test_bad_job_slots_and_rtts_are_refused_naming_the_field(field, value, detail):
     with pytest.raises(Invalid, match=detail):
         decode(sealed(record_body(**{field: value})))
+
+
+# --- overlay and underlay addresses (review findings 11 and 12) ---
+
+def wg_record(cert=CERT, **changes):
+    return sealed(record_body(wg={**MESH.to_wire(), **changes}, cert=cert.blob))
+
+
+def test_a_record_claiming_another_members_ula_is_refused():
+    victim = str(ula(SWARM, peer_str(OTHER_PEER).encode()))
+    assert reason(wg_record(addr6=victim)) == "addr_mismatch"
+    assert reason(wg_record(addr6="fd12:3456:789a::1")) == "addr_mismatch"
+    assert decode(wg_record(addr6=None)).wg.addr6 is None  # no IPv6 route asked for: allowed
+    assert decode(wg_record()).wg.addr6 == str(ula(SWARM, peer_str(PEER).encode()))
+
+
+@pytest.mark.parametrize("ip", ["127.0.0.1", "127.8.9.10", "::1", "169.254.169.254", "fe80::1", "224.0.0.1",
+                                "ff02::1", "0.0.0.0", "0.1.2.3", "::", "255.255.255.255", "240.0.0.1",
+                                "::ffff:127.0.0.1", "::ffff:169.254.169.254", "10.211.0.7",
+                                str(ula(SWARM, b"someone"))])
+def test_endpoints_that_are_not_a_remote_host_are_refused(ip):
+    assert reason(wg_record(endpoints=[ip])) == "bad_address"
+    assert reason(sealed(record_body(addrs=[f"/ip{6 if ':' in ip else 4}/{ip}/tcp/4001"]))) == "bad_address"
+
+
+@pytest.mark.parametrize("ip", ["10.200.0.5", "192.168.1.2", "172.16.0.1", "100.64.0.1", "192.0.2.1",
+                                "2001:db8::1", "fd99::1"])
+def test_private_and_public_underlay_addresses_are_allowed(ip):
+    assert decode(wg_record(endpoints=[ip])).wg.endpoints == (ip,)
+    addr = f"/ip{6 if ':' in ip else 4}/{ip}/tcp/4001"
+    assert decode(sealed(record_body(addrs=[addr]))).addrs == (addr,)
+
+
+@pytest.mark.parametrize("addr", ["/ip4/192.0.2.1/tcp/0", "/ip4/192.0.2.1/tcp/65536", "/ip4/192.0.2.1/udp/x/quic"])
+def test_record_addrs_with_a_port_outside_1_65535_are_refused(addr):
+    assert reason(sealed(record_body(addrs=[addr]))) == "bad_address"
+
+
+@pytest.mark.parametrize("addr", ["ip4/192.0.2.1/tcp/1", "/ip4/192.0.2.300/tcp/1", "/ip6/zz/tcp/1", "/"])
+def test_unreadable_record_addrs_are_malformed(addr):
+    assert reason(sealed(record_body(addrs=[addr]))) == "malformed"
+
+
+def test_loopback_is_allowed_only_to_a_node_that_is_itself_on_loopback():
+    blob = sealed(record_body(addrs=["/ip4/127.0.0.1/tcp/4001"], wg={**MESH.to_wire(), "endpoints": ["127.0.0.1"]}))
+    assert reason(blob) == "bad_address"
+    assert Verifier(SWARM, OWNER_PUBLIC, local_addrs=["/ip4/127.0.0.1/tcp/4001"]).decode(blob, NOW).addrs == ("/ip4/127.0.0.1/tcp/4001",)
+    assert only_loopback(["/ip4/127.0.0.1/tcp/4001", "/ip6/::1/tcp/4001"])
+    assert not only_loopback(["/ip4/127.0.0.1/tcp/4001", "/ip4/10.200.0.2/tcp/4001"])
+    assert not only_loopback(["/dns4/localhost/tcp/4001"]) and not only_loopback([])
+
+
+def test_a_legacy_members_ipv4_overlay_address_must_be_a_host_of_the_overlay():
+    for addr4 in ("192.168.1.1", "169.254.169.254", "10.211.0.0", "10.211.255.255"):
+        assert reason(wg_record(addr4=addr4)) == "bad_address"
+    assert decode(wg_record(addr4="10.211.0.1")).wg.addr4 == "10.211.0.1"
+    other = Verifier(SWARM, OWNER_PUBLIC, network="10.99.0.0/24")
+    assert other.decode(wg_record(addr4="10.99.0.9", endpoints=["192.0.2.1"]), NOW).wg.addr4 == "10.99.0.9"
+    with pytest.raises(Invalid, match="bad_address"):
+        other.decode(wg_record(), NOW)
+
+
+def test_an_address_the_owner_signed_is_taken_even_outside_our_overlay():
+    # the owner allocated it from its own network (mesh.py warns that the configurations differ)
+    cert = issue_cert(signer(OWNER), SWARM, PEER, now=NOW - 86400, ttl=365 * 86400.0, addr4="10.99.0.9")
+    assert decode(wg_record(cert, addr4="10.99.0.9")).wg.addr4 == "10.99.0.9"

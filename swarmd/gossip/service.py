@@ -180,7 +180,7 @@ class Gossip:
         from libp2p.tools.anyio_service import background_trio_service
 
         assert self.swarm is not None and self._nursery is not None
-        self.verifier = Verifier(self.swarm.swarm, self.swarm.owner_public)
+        self.verifier = Verifier(self.swarm.swarm, self.swarm.owner_public, network=self.admission.network, local_addrs=self.addrs())
         self.admission.start()
         self.core = Membership(self.me, self.seq, self.timing, self.rng, trio.current_time())
         for peer, reason in self._excluded.items():

@@ -13,7 +13,18 @@ Every message is a signed blob (see signed.py) whose body has ``v`` (schema vers
 
 A record's ``wg`` carries ``proof``: the WireGuard key's own signature (XEdDSA, wg/keys.py)
 over (swarm, peer, key), so nobody can advertise a key it does not hold; and when the
-signer's certificate names an overlay address, the record must advertise exactly it.
+signer's certificate names an overlay address, the record must advertise exactly it. Without
+one (an older certificate) the IPv4 address must be a host of the overlay network. The IPv6
+address, when given, is the one ``address.ula`` derives from the signer's peer id: nobody can
+claim another member's (``addr_mismatch``).
+
+Where a record tells others to send packets (WireGuard endpoints, the multiaddrs' IPs and
+ports) it may not point at this host's own services or at nothing: loopback, link-local (the
+cloud metadata service is 169.254.169.254), multicast, unspecified, broadcast, reserved and
+the overlay networks themselves are refused (``bad_address``), as is port 0. Private ranges
+stay allowed: providers on one LAN reach each other there. Loopback is allowed only to a
+Verifier told so (``loopback=True``): a node whose own addresses are all loopback, i.e. daemons
+sharing one machine (tests), where loopback is the only way to reach each other.
 
 ``Verifier.decode`` checks, in this order, before anything is believed: size, shape,
 version, swarm id, the signature against the key inside the signer's peer id, the
@@ -30,6 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
 from ..wg.keys import verify_proof
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
@@ -50,6 +62,7 @@ RUMOR_KINDS = ("suspect", "dead", "left")
 MAX_SEQ = 2**63
 MAX_RECORD_TTL = 86400.0  # ours is 120 s; a day is generous, and a stopped member goes stale within it
 WG_PROOF_DOMAIN = b"swarmd wg key proof\0"
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # RFC 1122 "this network": not a destination
 
 
 def wg_proof_message(swarm: str, peer: str, public: bytes) -> bytes:
@@ -190,13 +203,61 @@ def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, 
                  "about": peer_bytes(about), "inc": incarnation, "issued": issued, "cert": cert.blob}, sign)
 
 
-class Verifier:
-    """Checks messages for one swarm; ``now`` is wall-clock time (certificates expire)."""
+def only_loopback(addrs: Any) -> bool:
+    """True when every one of these multiaddrs is on a loopback IP (and there is one)."""
+    addrs = list(addrs)
+    try:
+        ips = [_multiaddr_parts(a)[0] for a in addrs]
+    except ValueError:
+        return False
+    return bool(ips) and all(ip is not None and _unmapped(ip).is_loopback for ip in ips)
 
-    def __init__(self, swarm: str, owner_public: bytes) -> None:
+
+def _unmapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+
+
+def _multiaddr_parts(addr: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, list[str]]:
+    """(its IP if it names one, the values of its tcp/udp components); ValueError if unreadable."""
+    parts = addr.split("/")
+    if len(parts) < 3 or parts[0] != "":
+        raise ValueError(f"{addr!r} is not a multiaddr")
+    ip, ports = None, []
+    for proto, value in zip(parts[1:], parts[2:]):
+        if proto in ("ip4", "ip6") and ip is None:
+            ip = ipaddress.IPv4Address(value) if proto == "ip4" else ipaddress.IPv6Address(value)
+        elif proto in ("tcp", "udp"):
+            ports.append(value)
+    return ip, ports
+
+
+class Verifier:
+    """Checks messages for one swarm; ``now`` is wall-clock time (certificates expire).
+
+    ``network`` is the IPv4 overlay (config ``mesh_network``); ``local_addrs``, this node's own
+    multiaddrs: when all are loopback, loopback addresses in records are allowed (daemons that
+    share one machine: see the module header)."""
+
+    def __init__(self, swarm: str, owner_public: bytes, *, network: Any = DEFAULT_NETWORK,
+                 local_addrs: Any = ()) -> None:
         self.swarm = swarm
         self.owner_public = owner_public
+        self.network = ipaddress.IPv4Network(network)
+        self.loopback = only_loopback(list(local_addrs))
+        self._ula = ula_prefix(swarm)
         self.revoked: set[str] = set()  # peer ids whose messages are refused (reason "revoked")
+
+    def check_ip(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, where: str) -> None:
+        """Refuse an IP a record tells others to send to that is not a remote host's (module header)."""
+        ip = _unmapped(ip)
+        why = ("loopback" if ip.is_loopback and not self.loopback else
+               "link-local" if ip.is_link_local else
+               "multicast" if ip.is_multicast else
+               "unspecified" if ip.is_unspecified or (ip.version == 4 and ip in _THIS_NETWORK) else
+               "broadcast or reserved" if ip.is_reserved else
+               "inside the overlay" if ip in self.network or ip in self._ula else None)
+        if why is not None:
+            raise Invalid("bad_address", f"{where}: {ip} is {why}")
 
     def decode(self, blob: bytes, now: float) -> Record | Rumor | Revocation:
         if len(blob) > MAX_MESSAGE:
@@ -240,6 +301,15 @@ class Verifier:
         addrs = field(body, "addrs", list, "record")
         if len(addrs) > MAX_ADDRS or not all(isinstance(a, str) and len(a) <= 256 for a in addrs):
             raise Invalid("malformed", f"record.addrs: at most {MAX_ADDRS} multiaddr strings")
+        for addr in addrs:
+            try:
+                ip, ports = _multiaddr_parts(addr)
+            except ValueError as exc:
+                raise Invalid("malformed", f"record.addrs: {exc}") from None
+            if ip is not None:
+                self.check_ip(ip, "record.addrs")
+            if not all(p.isdigit() and 1 <= int(p) <= 65535 for p in ports):
+                raise Invalid("bad_address", f"record.addrs: {addr!r} has a port outside 1-65535")
         try:
             resources = Resources.from_wire(body.get("res"))
         except ValueError as exc:
@@ -248,6 +318,15 @@ class Verifier:
         if wg is not None:
             if cert.addr4 is not None and wg.addr4 != cert.addr4:
                 raise Invalid("addr_mismatch", f"record.wg.addr4 {wg.addr4} is not the certificate's {cert.addr4}")
+            addr4 = ipaddress.IPv4Address(wg.addr4)
+            if cert.addr4 is None and (addr4 not in self.network or addr4 in (self.network.network_address,
+                                                                             self.network.broadcast_address)):
+                raise Invalid("bad_address", f"record.wg.addr4 {addr4} is not a host of the overlay {self.network}")
+            if wg.addr6 is not None and wg.addr6 != str(ula(self.swarm, cert.peer.encode())):
+                raise Invalid("addr_mismatch", f"record.wg.addr6 {wg.addr6} is not the one derived from the "
+                                               f"signer's id, {ula(self.swarm, cert.peer.encode())}")
+            for endpoint in wg.endpoints:
+                self.check_ip(ipaddress.ip_address(endpoint), "record.wg.endpoints")
             if wg.proof is None or not verify_proof(wg.public, wg_proof_message(self.swarm, cert.peer, wg.public),
                                                     wg.proof):
                 raise Invalid("wg_proof", "record.wg.proof: the WireGuard key's holder did not sign it")
