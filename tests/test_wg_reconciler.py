@@ -125,10 +125,29 @@ def test_several_endpoints_are_probed_once_until_the_interval():
     assert summary(r.update_view(60.0, [m])) == [("probe", "A", TWO)]
 
 
-def test_a_changed_candidate_list_is_probed_again_at_once():
-    r = Reconciler(ME)
+def test_a_changed_candidate_list_waits_for_the_probe_interval():
+    # review finding 10: a member publishing a new endpoint list in every record made every host
+    # connect to addresses of its choosing at once, each time
+    r = Reconciler(ME, probe_interval=60.0)
+    clock = 0.0
+    r.update_view(clock, [member("A", 1, endpoints=TWO)])
+    probes = []
+    for i in range(1, 600):  # a new list every 0.1 s for a minute
+        clock = i * 0.1
+        lists = (IP1, f"192.0.2.{i % 200 + 10}")
+        probes += [(clock, a) for a in summary(r.update_view(clock, [member("A", 1, endpoints=lists)]))
+                   if a[0] == "probe"]
+    assert probes == []
+    probed = summary(r.update_view(60.0, [member("A", 1, endpoints=(IP1, IP3))]))
+    assert probed == [("probe", "A", (IP1, IP3))]  # the interval over: the current list is probed
+    assert all(a[0] != "probe" for a in summary(r.update_view(61.0, [member("A", 1, endpoints=TWO)])))
+
+
+def test_each_member_has_its_own_probe_interval():
+    r = Reconciler(ME, probe_interval=60.0)
     r.update_view(0.0, [member("A", 1, endpoints=TWO)])
-    assert summary(r.update_view(1.0, [member("A", 1, endpoints=(IP1, IP3))])) == [("probe", "A", (IP1, IP3))]
+    got = summary(r.update_view(5.0, [member("A", 1, endpoints=TWO), member("B", 2, endpoints=TWO)]))
+    assert [a for a in got if a[0] == "probe"] == [("probe", "B", TWO)]  # a new member is probed at once
 
 
 def test_a_single_endpoint_is_not_probed():
@@ -136,12 +155,14 @@ def test_a_single_endpoint_is_not_probed():
     assert [a for a in r.update_view(0.0, [A]) if isinstance(a, ProbeEndpoints)] == []
 
 
-def test_a_member_that_left_and_came_back_is_probed_again():
-    r = Reconciler(ME)
+def test_a_member_that_left_and_came_back_is_probed_again_after_the_interval():
+    r = Reconciler(ME, probe_interval=60.0)
     m = member("A", 1, endpoints=TWO)
     r.update_view(0.0, [m])
     r.update_view(1.0, [])
-    assert ("probe", "A", TWO) in summary(r.update_view(2.0, [m]))
+    assert ("probe", "A", TWO) not in summary(r.update_view(2.0, [m]))  # no shortcut around the interval
+    r.update_view(3.0, [])
+    assert ("probe", "A", TWO) in summary(r.update_view(61.0, [m]))
 
 
 # -- endpoint choice -------------------------------------------------------------------------

@@ -18,8 +18,11 @@ Rules:
   key and an addition of the new one. Two members advertising one key: the lower peer id
   gets it and the other is left out (listed in ``ignored``).
 - Endpoints: a member lists candidate underlay IPs. Before any measurement the first one is
-  used. A member with several is probed (``ProbeEndpoints``) when first seen, when its list
-  changes, and every ``probe_interval`` seconds after. The reconciler switches endpoint only
+  used. A member with several is probed (``ProbeEndpoints``) when first seen and then at most
+  once every ``probe_interval`` seconds, whatever it changes: a changed list waits for the
+  interval too, and so does a member that left and came back within it (a probe connects to
+  addresses the member chose, so a member rewriting its list in every record would otherwise
+  aim every host at them at its own rate). The reconciler switches endpoint only
   on a clear improvement: ``new < current * switch_ratio`` and ``current - new >
   switch_min_gain``, or when the current one failed (RTT None). Hysteresis on both ratio and
   absolute gain keeps two near-equal paths from flapping; an unmeasured current endpoint is
@@ -142,7 +145,7 @@ class Reconciler:
         self._owner: dict[str, bytes] = {}  # allowed IP -> the public key it is routed to
         self._chosen: dict[str, str] = {}  # peer -> the candidate IP in use
         self._rtt: dict[str, dict[str, float | None]] = {}  # peer -> IP -> last RTT, None = failed
-        self._probed: dict[str, tuple[float, tuple[str, ...]]] = {}  # peer -> (asked at, IPs)
+        self._probed: dict[str, float] = {}  # peer -> when its endpoints were last probed
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -165,7 +168,7 @@ class Reconciler:
         for public in sorted(by_key):
             for ip in _host_routes(by_key[public]):
                 self._owner.setdefault(ip, public)
-        self._forget_gone()
+        self._forget_gone(now)
 
         actions: list[Action] = []
         for peer in sorted(self._members):
@@ -173,8 +176,8 @@ class Reconciler:
             if len(m.endpoints) < 2:
                 continue
             asked = self._probed.get(peer)
-            if asked is None or asked[1] != m.endpoints or now - asked[0] >= self.probe_interval:
-                self._probed[peer] = (now, m.endpoints)
+            if asked is None or now - asked >= self.probe_interval:
+                self._probed[peer] = now
                 actions.append(ProbeEndpoints(peer=peer, endpoints=m.endpoints))
         for m in self._members.values():
             self._keep_endpoint_valid(m)
@@ -261,10 +264,12 @@ class Reconciler:
         self.current = desired
         return actions
 
-    def _forget_gone(self) -> None:
-        for table in (self._chosen, self._rtt, self._probed):
+    def _forget_gone(self, now: float) -> None:
+        for table in (self._chosen, self._rtt):
             for peer in [p for p in table if p not in self._members]:
                 del table[peer]
+        for peer in [p for p, at in self._probed.items() if p not in self._members and now - at >= self.probe_interval]:
+            del self._probed[peer]  # kept until its interval is over: leaving and coming back is no shortcut
         for peer, rtts in self._rtt.items():
             candidates = self._members[peer].endpoints
             for ip in [ip for ip in rtts if ip not in candidates]:
