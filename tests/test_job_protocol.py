@@ -51,7 +51,7 @@ from swarmd.compute.ids import host_dir, is_host_dir  # noqa: E402
 from swarmd.compute.ledger import Ledger  # noqa: E402
 from swarmd.compute.service import JobHandler  # noqa: E402
 from swarmd.compute.worker import Worker  # noqa: E402
-from swarmd.compute.workdir import Cache  # noqa: E402
+from swarmd.compute.workdir import Cache, pack  # noqa: E402
 from swarmd.rpc.framing import HEADER, encode_frame  # noqa: E402
 
 JOB = "0123456789ab"
@@ -247,18 +247,26 @@ async def test_outsiders_cannot_use_up_the_members_stream_budget(tmp_path, autoj
     assert host.handler.unchecked.open == {} and host.handler.streams.open == {}
 
 
+async def reserved(host: Host, peer: str, job: str = JOB) -> None:
+    assert await host.ask(peer, req("reserve", job, gpus=0, ranks=1, lease=300.0)) == [{"gpus": []}]
+
+
 async def test_a_workdir_upload_that_stalls_is_given_up_after_the_chunk_timeout(tmp_path, autojump_clock):
     host = Host(tmp_path)
+    await reserved(host, "coord")
     digest = "a" * 64
     started = trio.current_time()
     replies = await host.ask("coord", req("workdir", digest=digest, size=1000), {"data": b"x" * 10}, hang=True)
     assert replies == [{"have": False}, {"error": f"workdir: no workdir chunk for {service.CHUNK_TIMEOUT:g} s"}]
     assert host.rejected == {"timeout": 1} and trio.current_time() - started == pytest.approx(service.CHUNK_TIMEOUT)
     assert host.handler._uploading == {}, "the next upload of that tree may go ahead"
+    assert [p.name for p in host.worker.cache.root.iterdir()] == [], "the spooled part is gone"
 
 
 async def test_a_second_upload_of_the_same_tree_waits_for_the_first(tmp_path, autojump_clock):
-    host = Host(tmp_path)
+    host = Host(tmp_path, slots=4)
+    await reserved(host, "a")
+    await reserved(host, "b")
     digest = "b" * 64
     got: dict[str, list] = {}
     async with trio.open_nursery() as nursery:
@@ -267,9 +275,58 @@ async def test_a_second_upload_of_the_same_tree_waits_for_the_first(tmp_path, au
 
         nursery.start_soon(first)
         await trio.sleep(1)
-        got["second"] = await host.ask("b", req("workdir", digest=digest, size=1000), hang=True)
+        began = trio.current_time()
+        got["other"] = await host.ask("b", req("workdir", digest=digest, size=1000))
+        assert trio.current_time() == began, "another coordinator's upload of that digest holds nobody up"
+        got["second"] = await host.ask("a", req("workdir", digest=digest, size=1000), hang=True)
     assert got["first"][0] == {"have": False} and "no workdir chunk" in got["first"][1]["error"]
     assert got["second"][0] == {"have": False}, "the first failed: the second uploads itself"
+
+
+async def test_a_workdir_upload_needs_a_reservation_and_a_peer_uploads_two_at_once(tmp_path, autojump_clock):
+    """Finding 7: a member sends workdirs for random digests without a reservation, or many
+    at once: refused and counted, nothing spooled; a coordinator's honest upload (after
+    reserving) arrives through a file on disk and its tree is kept for the reservation
+    while others are uploaded."""
+    host = Host(tmp_path, slots=4)
+    for digest in ("1" * 64, "2" * 64):
+        replies = await host.ask("mallory", req("workdir", digest=digest, size=64 * 1024 * 1024),
+                                 {"data": b"x" * 1024})
+        assert "holds no reservation" in replies[0]["error"]
+    assert host.rejected == {"no_reservation": 2} and list(host.worker.cache.root.iterdir()) == []
+    await reserved(host, "mallory")
+    got: dict[int, list] = {}
+    async with trio.open_nursery() as nursery:
+        for i in range(service.MAX_UPLOADS_PER_PEER + 1):
+            async def upload(i: int = i) -> None:
+                got[i] = await host.ask("mallory", req("workdir", digest=f"{i}" * 64, size=1000), hang=True)
+            nursery.start_soon(upload)
+        await trio.sleep(1)
+        spooled = [p for p in host.worker.cache.root.iterdir()]
+        assert len(spooled) == service.MAX_UPLOADS_PER_PEER, "each upload under way is a file on disk"
+    assert sum("already under way" in r[0].get("error", "") for r in got.values()) == 1
+    assert host.rejected["too_many_uploads"] == 1
+
+    # the honest coordinator: reserve, ship, and its tree outlives a flood of other trees
+    host.worker.cache.keep = 1
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "job.py").write_text("print('hi')\n")
+    packed = pack(src)
+    await reserved(host, "coord")
+    chunks = [{"data": packed.data[i:i + 100]} for i in range(0, len(packed.data), 100)]
+    assert await host.ask("coord", req("workdir", digest=packed.digest, size=len(packed.data)), *chunks,
+                          {"end": True}) == [{"have": False}, {}]
+    for i in range(3):
+        other = tmp_path / f"other{i}"
+        other.mkdir()
+        (other / "f").write_text(str(i))
+        p = pack(other)
+        await trio.to_thread.run_sync(host.worker.cache.put, p.digest, p.data)
+    assert host.worker.cache.has(packed.digest), "the reservation's tree is not evicted"
+    assert await host.ask("coord", req("workdir", digest=packed.digest, size=len(packed.data))) == [{"have": True}]
+    assert await host.ask("coord", req("release")) == [{}]
+    assert host.worker.pins == {}, "released, the tree may go"
 
 
 # --- the fuzz: any one message, any field -------------------------------------------------

@@ -7,10 +7,13 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
 - ``reserve {gpus, ranks, lease}`` → ``{gpus}`` | ``{error}``; ``commit {port}`` →
   ``{gpus, port?}``; ``release`` → ``{}``; ``cancel`` → ``{found}``: the ledger keeps each
   hold for the coordinator that reserved it, and any other is refused;
-- ``workdir {digest, size}`` → ``{have}``; when not had, the requester sends ``{data}``
-  chunks (each within `CHUNK_TIMEOUT`, all within `WORKDIR_TIMEOUT`) and ``{end}``, and the
-  host answers ``{}`` once the tree is unpacked and verified; one upload of a digest at a
-  time, a second waits for the first;
+- ``workdir {digest, size}`` → ``{have}``; only for a reservation the requester holds here
+  (leased or committed), at most `MAX_UPLOADS_PER_PEER` at once. When not had, the
+  requester sends ``{data}`` chunks (each within `CHUNK_TIMEOUT`, all within
+  `WORKDIR_TIMEOUT`), spooled to disk, and ``{end}``, and the host answers ``{}`` once the
+  tree is unpacked and verified; the tree is then kept for that reservation. One upload of
+  a digest by a coordinator at a time, its second waits for the first (another
+  coordinator's upload of the same digest never holds it up);
 - ``start`` → a second frame ``{role, cmd, env, python, workdir}`` (up to
   `MAX_START_FRAME`), then the worker's events, one frame each, until ``{exit}``; ``start``
   needs the same coordinator's committed reservation and at most the ranks reserved. The
@@ -65,6 +68,7 @@ MAX_NODES = 1024  # as a job spec allows
 MAX_PROCS_PER_NODE = 256
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
+MAX_UPLOADS_PER_PEER = 2  # workdir uploads of one peer at once (each spools up to 64 MiB to disk)
 FIRST_FRAME_TIMEOUT = 2.0  # seconds for a small first frame and the certificate check
 MAX_UNCHECKED_PER_PEER = 4  # streams of one peer whose certificate is not yet checked
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
@@ -123,7 +127,8 @@ class JobHandler:
         self.rejected = rejected
         self.unchecked = Streams(MAX_UNCHECKED_PER_PEER)  # before check_member, per peer only
         self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)  # members'
-        self._uploading: dict[str, trio.Event] = {}  # digest -> set when its upload ends
+        self._uploading: dict[tuple[str, str], trio.Event] = {}  # (coordinator, digest) -> set when it ends
+        self._uploads: Counter[str] = Counter()  # workdir uploads under way, per peer
 
     async def handle(self, stream: INetStream) -> None:
         peer = str(stream.muxed_conn.peer_id)
@@ -221,7 +226,7 @@ class JobHandler:
                     raise Refused(found)
                 return {"found": found}
             case "workdir":
-                return await self._receive_workdir(req, stream)
+                return await self._receive_workdir(req, stream, job, coordinator)
             case "start":
                 with trio.move_on_after(REQUEST_TIMEOUT) as scope:
                     body = await read_frame(stream, MAX_START_FRAME)
@@ -246,45 +251,69 @@ class JobHandler:
             case _:
                 raise ValueError(f"unknown op {str(op)[:40]!r}")
 
-    async def _receive_workdir(self, req: dict[str, Any], stream: INetStream) -> dict[str, Any]:
+    async def _receive_workdir(self, req: dict[str, Any], stream: INetStream, job: str,
+                               coordinator: str) -> dict[str, Any]:
         digest, size = req.get("digest"), _uint(req, "size")
         if not is_digest(digest):
             raise ValueError("'digest' must be a sha256 hex digest")
+        if self.worker.ledger.state_of(job, coordinator) not in ("leased", "committed"):
+            raise Refused(Refusal(f"job {job} holds no reservation on this host to ship a workdir for",
+                                  "no_reservation"))
+        if self._uploads[coordinator] >= MAX_UPLOADS_PER_PEER:
+            raise _Rejected("too_many_uploads", f"{MAX_UPLOADS_PER_PEER} workdir uploads from this peer are "
+                                                "already under way")
+        self._uploads[coordinator] += 1
+        try:
+            had = await self._upload(digest, size, stream, coordinator)
+        finally:
+            self._uploads[coordinator] -= 1
+            if self._uploads[coordinator] <= 0:
+                del self._uploads[coordinator]
+        self.worker.pin(job, coordinator, digest)  # kept until the hold goes
+        return {"have": True} if had else {}
+
+    async def _upload(self, digest: str, size: int, stream: INetStream, coordinator: str) -> bool:
+        """The tree `digest` into the cache: True when it was here already, else it is
+        received into a spool file (after ``{have: false}``) and unpacked."""
         cache = self.worker.cache
-        while (other := self._uploading.get(digest)) is not None:  # one upload of a tree at a time
+        key = (coordinator, digest)
+        while (other := self._uploading.get(key)) is not None:  # one upload of a tree at a time
             with trio.move_on_after(WORKDIR_TIMEOUT):
                 await other.wait()
             if not other.is_set():
                 raise WorkerError(f"workdir {digest[:12]} is being uploaded by another request")
         if cache.has(digest):
-            return {"have": True}
+            return True
         if not 0 < size <= DEFAULT_LIMIT:
             raise ValueError(f"'size' must be 1-{DEFAULT_LIMIT} bytes")
-        done = self._uploading[digest] = trio.Event()
+        done = self._uploading[key] = trio.Event()
         try:
             await write_frame(stream, {"have": False})
-            data = bytearray()
-            with trio.move_on_after(WORKDIR_TIMEOUT) as whole:
-                while True:
-                    with trio.move_on_after(CHUNK_TIMEOUT) as pause:
-                        frame = await read_frame(stream, MAX_CHUNK_FRAME)
-                    if pause.cancelled_caught:
-                        raise _Rejected("timeout", f"no workdir chunk for {CHUNK_TIMEOUT:g} s")
-                    if not isinstance(frame, dict) or frame.get("end"):
-                        break
-                    chunk = frame.get("data")
-                    if not isinstance(chunk, bytes) or len(data) + len(chunk) > size:
-                        raise ValueError("workdir chunks do not add up to the announced size")
-                    data += chunk
-            if whole.cancelled_caught:
-                raise _Rejected("timeout", f"the workdir took more than {WORKDIR_TIMEOUT:g} s to arrive")
-            if len(data) != size:
-                raise ValueError(f"the workdir ended after {len(data)} of its {size} bytes")
-            await trio.to_thread.run_sync(cache.put, digest, bytes(data))
+            with cache.spool() as spool:  # on disk, not in memory; removed when closed
+                received = 0
+                with trio.move_on_after(WORKDIR_TIMEOUT) as whole:
+                    while True:
+                        with trio.move_on_after(CHUNK_TIMEOUT) as pause:
+                            frame = await read_frame(stream, MAX_CHUNK_FRAME)
+                        if pause.cancelled_caught:
+                            raise _Rejected("timeout", f"no workdir chunk for {CHUNK_TIMEOUT:g} s")
+                        if not isinstance(frame, dict) or frame.get("end"):
+                            break
+                        chunk = frame.get("data")
+                        if not isinstance(chunk, bytes) or received + len(chunk) > size:
+                            raise ValueError("workdir chunks do not add up to the announced size")
+                        spool.write(chunk)
+                        received += len(chunk)
+                if whole.cancelled_caught:
+                    raise _Rejected("timeout", f"the workdir took more than {WORKDIR_TIMEOUT:g} s to arrive")
+                if received != size:
+                    raise ValueError(f"the workdir ended after {received} of its {size} bytes")
+                spool.flush()
+                await trio.to_thread.run_sync(cache.put_file, digest, Path(spool.name))
         finally:
-            del self._uploading[digest]
+            del self._uploading[key]
             done.set()
-        return {}
+        return False
 
 
 def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
@@ -393,6 +422,7 @@ class LocalHost:
                 await trio.to_thread.run_sync(self.worker.cache.put, digest, data)
             except WorkdirError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
+        self.worker.pin(job, self.peer, digest)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
         try:

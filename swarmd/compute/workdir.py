@@ -20,8 +20,12 @@ Rules:
   the executable ones) are readable, not writable, by the unprivileged user a copy is
   handed to.
 - The least recently used trees beyond `keep` are removed after each put; `has`, `hold` and
-  `put` count as use, and a tree inside a `hold` block is never removed.
-- One Cache per directory: it clears half-unpacked leftovers of a killed daemon at start.
+  `put` count as use, and a tree inside a `hold` block or `pin`ned (a reservation here is
+  to use it) is never removed.
+- A peer's upload is spooled to a file beside the trees (`spool`), never held in memory,
+  and put with `put_file`, which hashes and unpacks it from disk.
+- One Cache per directory: it clears half-unpacked trees and half-received uploads of a
+  killed daemon at start.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 DEFAULT_LIMIT = 64 * 1024 * 1024
 # Source and configs compress 4-10x: 16x the packed limit leaves room for honest trees and
@@ -156,7 +161,10 @@ class Cache:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.chmod(0o700)
         for junk in root.glob(_UNPACKING + "*"):
-            shutil.rmtree(junk, ignore_errors=True)
+            if junk.is_dir() and not junk.is_symlink():
+                shutil.rmtree(junk, ignore_errors=True)
+            else:
+                junk.unlink(missing_ok=True)
 
     def path(self, digest: str) -> Path:
         if not _DIGEST.fullmatch(digest):
@@ -185,15 +193,45 @@ class Cache:
                 if not self._held[digest]:
                     del self._held[digest]
 
+    def pin(self, digest: str) -> bool:
+        """Keep the tree from eviction until `unpin`; False when it is not here."""
+        path = self.path(digest)
+        with self._lock:
+            if not self._touch(path):
+                return False
+            self._held[digest] += 1
+        return True
+
+    def unpin(self, digest: str) -> None:
+        with self._lock:
+            self._held[digest] -= 1
+            if self._held[digest] <= 0:
+                del self._held[digest]
+
+    def spool(self) -> IO[bytes]:
+        """A file for an upload to arrive in, removed when closed."""
+        return tempfile.NamedTemporaryFile(prefix=_UNPACKING + "upload-", dir=self.root)
+
+    def put_file(self, digest: str, archive: Path) -> Path:
+        """`put` of an archive on disk, read in chunks."""
+        h = hashlib.sha256()
+        with open(archive, "rb") as f:
+            while chunk := f.read(1024 * 1024):
+                h.update(chunk)
+        return self._put(digest, h.hexdigest(), archive)
+
     def put(self, digest: str, data: bytes) -> Path:
+        return self._put(digest, hashlib.sha256(data).hexdigest(), data)
+
+    def _put(self, digest: str, actual: str, source: bytes | Path) -> Path:
         final = self.path(digest)
-        if hashlib.sha256(data).hexdigest() != digest:
+        if actual != digest:
             raise WorkdirError("the workdir does not match its digest")
         if self._touch(final):
             return final
         tmp = Path(tempfile.mkdtemp(prefix=_UNPACKING, dir=self.root))
         try:
-            self._unpack(data, tmp)
+            self._unpack(source, tmp)
             try:
                 tmp.rename(final)
             except OSError:
@@ -208,10 +246,11 @@ class Cache:
         self._evict()
         return final
 
-    def _unpack(self, data: bytes, into: Path) -> None:
+    def _unpack(self, source: bytes | Path, into: Path) -> None:
         members, total = [], 0
         try:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            with (tarfile.open(fileobj=io.BytesIO(source), mode="r:gz") if isinstance(source, bytes)
+                  else tarfile.open(name=source, mode="r:gz")) as tar:
                 for m in tar:
                     name = Path(m.name)
                     if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):

@@ -20,6 +20,8 @@ path as one placed elsewhere. Rules:
   the stream gets what a bounded queue holds (output.py), so a coordinator that does not
   read costs lines on its stream, never this host's memory. A coordinator that takes no
   event for `EMIT_TIMEOUT`, or whose stream breaks, is gone: the ranks are stopped.
+- A workdir shipped for a hold (`pin`) stays in the cache while the hold lasts, one tree per
+  hold, so other uploads cannot evict it between ship and start.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
   workdir dropped; the directory stays until garbage collection (gc.py).
 """
@@ -98,16 +100,35 @@ class Worker:
         self.changed = changed  # this host's offer changed: re-advertise
         self.running: dict[tuple[str, str], Executor] = {}  # (coordinator, job) -> its ranks
         self.dropped_lines = 0  # lines left off coordinators' streams (all are in the logs)
+        self.pins: dict[tuple[str, str], str] = {}  # (coordinator, job) -> the workdir shipped for it
 
     # --- reservations --------------------------------------------------------------------
 
     def reserve(self, job: str, coordinator: str, gpus: int, ranks: int, lease: float) -> Grant | Refusal:
         answer = self.ledger.reserve(trio.current_time(), job, coordinator, gpus, ranks, lease)
+        self._unpin_gone()
         self.changed()
         return answer
 
     def commit(self, job: str, coordinator: str) -> Grant | Refusal:
-        return self.ledger.commit(trio.current_time(), job, coordinator, START_WITHIN)
+        answer = self.ledger.commit(trio.current_time(), job, coordinator, START_WITHIN)
+        self._unpin_gone()
+        return answer
+
+    def pin(self, job: str, coordinator: str, digest: str) -> None:
+        """Keep `digest` cached for the hold (coordinator, job), in place of any tree before."""
+        self._unpin_gone()
+        if not self.ledger.holds(job, coordinator):
+            return
+        if (old := self.pins.pop((coordinator, job), None)) is not None:
+            self.cache.unpin(old)
+        if self.cache.pin(digest):
+            self.pins[(coordinator, job)] = digest
+
+    def _unpin_gone(self) -> None:
+        """Drop the pins of holds that are gone (released, lapsed, finished)."""
+        for key in [k for k in self.pins if not self.ledger.holds(k[1], k[0])]:
+            self.cache.unpin(self.pins.pop(key))
 
     def release(self, job: str, coordinator: str) -> Refusal | None:
         """Free the job's hold; a running job's ranks are stopped and the hold goes with them."""
@@ -118,6 +139,7 @@ class Worker:
             if (executor := self.running.get((coordinator, job))) is not None:
                 executor.cancel()
         elif answer:
+            self._unpin_gone()
             self.changed()
         return None
 
@@ -127,6 +149,7 @@ class Worker:
             deadline = self.ledger.next_deadline()
             await (trio.sleep_until(deadline) if deadline is not None else trio.sleep(1.0))
             if self.ledger.expire(trio.current_time()):
+                self._unpin_gone()
                 self.changed()
 
     @property
@@ -225,6 +248,7 @@ class Worker:
                          lines=out.dropped_total, log=str(out.log))
             self.running.pop((req.coordinator, req.job), None)
             self.ledger.finish(req.job, req.coordinator)
+            self._unpin_gone()
             with contextlib.suppress(OSError):
                 os.utime(top)  # finished now: garbage collection counts from here
             self.changed()
