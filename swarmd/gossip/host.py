@@ -67,7 +67,9 @@ def announce_addrs(host: IHost, announce: Sequence[str], overlay: str | None = N
     """What peers should dial: the configured addresses, else the listen addresses with
     0.0.0.0 expanded to this host's non-loopback IPv4 addresses (a peer cannot dial 0.0.0.0),
     leaving out the WireGuard overlay's (`overlay`, a network): those ride on the mesh, which
-    itself needs these addresses to form."""
+    itself needs these addresses to form. A listen address on loopback or link-local is left
+    out unless there is nothing else: members refuse a record with one (wire.Verifier), unless
+    they are on loopback only themselves."""
     if announce:
         return list(announce)
     out: list[str] = []
@@ -78,7 +80,20 @@ def announce_addrs(host: IHost, announce: Sequence[str], overlay: str | None = N
             out += [f"/ip4/{ip}{rest}" for ip in _local_ipv4(overlay)]
         else:
             out.append(text)
-    return out[:16]
+    reachable = [a for a in out if not _host_only(a)]
+    return (reachable or out)[:16]
+
+
+def _host_only(addr: str) -> bool:
+    """A loopback or link-local multiaddr: nobody else can dial it."""
+    import ipaddress
+
+    parts = addr.split("/")
+    try:
+        ip = ipaddress.ip_address(parts[2]) if len(parts) > 2 and parts[1] in ("ip4", "ip6") else None
+    except ValueError:
+        return False
+    return ip is not None and (ip.is_loopback or ip.is_link_local)
 
 
 def _local_ipv4(overlay: str | None) -> list[str]:
