@@ -186,3 +186,33 @@ def test_a_member_cannot_spoil_anothers_upload(node):
     assert outcome[:2] == ("refused", ErrorCode.INVALID_PARAMS) and "does not follow the 0 bytes" in outcome[2], \
         "each user uploads into its own part"
     assert as_user(node, MEMBER, [node.gid], "jobs.upload", offset=half, data=data[half:], **upload)[1] == {"have": True}
+
+
+def test_a_member_starting_many_uploads_keeps_at_most_a_few_parts(node):
+    """Finding 14: a group user starts uploads of 64 MiB under many digests and never ends
+    them: only its newest MAX_PARTS_PER_UID parts stay on disk, another user's part is not
+    touched, and a whole upload still lands."""
+    import hashlib
+    import io
+    import tarfile
+
+    from swarmd.compute.api import MAX_PARTS_PER_UID
+
+    other = dict(digest="f" * 64, size=64 * 1024 * 1024)
+    assert as_user(node, OTHER_MEMBER, [node.gid], "jobs.upload", offset=0, data=b"x" * 1024, **other)[1]["have"] is False
+    for i in range(MAX_PARTS_PER_UID + 3):
+        upload = dict(digest=f"{i:x}" * 64, size=64 * 1024 * 1024)
+        outcome = as_user(node, MEMBER, [node.gid], "jobs.upload", offset=0, data=b"x" * 1024, **upload)
+        assert outcome[1]["have"] is False, outcome
+    parts = sorted(p.name for p in (node.state_dir / "archives").glob("*.part"))
+    assert len([p for p in parts if p.endswith(f".{MEMBER}.part")]) == MAX_PARTS_PER_UID
+    assert f"{'f' * 64}.{OTHER_MEMBER}.part" in parts, "another user's upload is untouched"
+    assert f"{'6' * 64}.{MEMBER}.part" in parts and f"{'0' * 64}.{MEMBER}.part" not in parts, "the oldest went"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("job.py")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"1+1"))
+    data = buf.getvalue()
+    upload = dict(digest=hashlib.sha256(data).hexdigest(), size=len(data))
+    assert as_user(node, MEMBER, [node.gid], "jobs.upload", offset=0, data=data, **upload)[1] == {"have": True}

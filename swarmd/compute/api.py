@@ -4,15 +4,18 @@ A job belongs to the uid that submitted it (its SO_PEERCRED uid, stored as `subm
 members of the daemon's group run jobs and list, read and cancel only their own; root and the
 daemon's user see and act on every job (`rpc.protocol.Access`, `check_owner`).
 
-A workdir travels from swarmctl in chunks (`jobs.upload`), is checked against its sha256,
-kept as an archive here (the coordinator ships it on) and unpacked into the cache.
+A workdir travels from swarmctl in chunks (`jobs.upload`) into the uploading user's own
+`.part` file, is checked against its sha256 (read from disk in chunks, never whole into
+memory), kept as an archive here (the coordinator ships it on) and unpacked into the
+cache. A user has at most `MAX_PARTS_PER_UID` unfinished uploads: starting one more drops
+that user's least recently written part (another user's are never touched).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -27,6 +30,14 @@ if TYPE_CHECKING:
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK = 8 * 1024 * 1024
+MAX_PARTS_PER_UID = 4  # unfinished uploads of one user (each up to DEFAULT_LIMIT on disk)
+
+
+def _make_room(archives: Path, uid: int, keep: int) -> None:
+    """Drop `uid`'s least recently written parts beyond `keep`."""
+    parts = sorted(archives.glob(f"*.{uid}.part"), key=lambda p: p.lstat().st_mtime_ns, reverse=True)
+    for old in parts[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def methods(get_jobs: Any) -> list[Method]:
@@ -57,17 +68,15 @@ def methods(get_jobs: Any) -> list[Method]:
         if offset != have or offset + len(data) > size:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: offset {offset} does not follow the "
                                                      f"{have} bytes received")
+        if not have:
+            _make_room(jobs.archives, caller.uid, keep=MAX_PARTS_PER_UID - 1)
         with open(part, "ab") as f:
             f.write(data)
         if offset + len(data) < size:
             return {"have": False, "received": offset + len(data)}
-        blob = await trio.Path(part).read_bytes()
-        if await trio.to_thread.run_sync(lambda: hashlib.sha256(blob).hexdigest()) != digest:
-            part.unlink()
-            raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.upload: the workdir does not match its digest")
-        try:
-            await trio.to_thread.run_sync(jobs.worker.cache.put, digest, blob)
-        except WorkdirError as exc:  # a hostile or broken archive: refused, the upload dropped
+        try:  # hashed and unpacked from the file, in chunks
+            await trio.to_thread.run_sync(jobs.worker.cache.put_file, digest, part)
+        except WorkdirError as exc:  # a mismatch, a hostile or broken archive: refused, the upload dropped
             part.unlink()
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.upload: {exc}") from None
         part.rename(archive)
