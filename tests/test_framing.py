@@ -80,10 +80,10 @@ def _deep_chain(length: int, item: bytes) -> bytes:
 
 
 def _refused_quickly(body: bytes, error: type[Exception], match: str = "") -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: what it costs us, whatever else the machine runs
     with pytest.raises(error, match=match):
         decode(body)
-    assert time.perf_counter() - started < 2.0  # measured 0.1-0.3 s on a loaded 2-core machine; was 5.8 s
+    assert time.process_time() - started < 1.5  # measured 0.02-0.3 s; unbounded, the first was 5.8 s
 
 
 def test_a_frame_of_empty_arrays_is_refused():
@@ -156,7 +156,7 @@ def test_a_peers_frame_over_budget_is_a_peer_error_and_the_loop_keeps_running(bo
 
     trio.run(main)
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    assert max(gaps, default=0) < 0.5  # decoded in a thread, fed in slices: the loop kept ticking
+    assert max(gaps, default=0) < 1.0  # decoded in a thread, fed in slices: the loop kept ticking
 
 
 def test_a_peers_frame_within_budget_decodes():
