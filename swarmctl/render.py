@@ -64,6 +64,8 @@ def swarm_warnings(s: Mapping[str, Any]) -> list[str]:
         if swarm.get("renewal_error"):
             line += f"; renewal from the owner failed: {swarm['renewal_error']}"
         out.append(line + ". It renews automatically; to try now: swarmctl swarm renew")
+    if swarm.get("record_error"):
+        out.append(f"NOT PUBLISHING: {swarm['record_error']}")
     return out
 
 

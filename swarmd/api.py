@@ -249,7 +249,8 @@ def swarm_status(node: Node) -> dict[str, Any]:
     own = node.gossip.own_record
     return {
         "swarm": {"id": swarm.swarm, "owner": swarm.is_owner, "cert_expires": swarm.cert.expires,
-                  "members": node.gossip.view().counts(), **node.gossip.admission.status()},
+                  "members": node.gossip.view().counts(), "record_error": node.gossip.record_error,
+                  **node.gossip.admission.status()},
         "gossip": {**{k: node.gossip.traffic[k] for k in ("messages_in", "messages_out", "bytes_in",
                                                            "bytes_out", "dropped")},
                    "rejected": dict(node.gossip.rejected)},

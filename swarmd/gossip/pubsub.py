@@ -10,15 +10,29 @@
   is graylisted. Ten bad messages in a row graylist a peer for about half a minute.
 - py-libp2p drops an RPC silently when a peer's 32-slot outbound queue is full; we count
   those drops (swarmd_gossip_dropped_total) and log the first.
+- Gated to members (``GatedPubsub``, ``GatedGossipSub``): py-libp2p opens a pubsub stream to
+  every connected peer, sends it a hello listing our topics, and puts whoever subscribes in
+  the topic's peers, so an outsider that connected and subscribed got every record. Here a
+  peer gets no pubsub stream from us (no hello, no messages, no IHAVE, no IWANT answers),
+  its subscriptions are held back and its control messages (GRAFT puts a peer in the mesh)
+  ignored until ``admit(peer)``: the driver admits a peer once it showed a valid, unrevoked
+  certificate of the swarm (service.py), and ``forget(peer)`` undoes it.
+- ``quiet_drop(forwarder, msg)``: a hook run before validation that may drop a message
+  without counting it against the forwarder (a publisher over its rate: the honest members
+  that relayed it did nothing wrong; a failed validator would cost each of them 10 points).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 from libp2p.abc import IHost
 from libp2p.pubsub import gossipsub as gossipsub_mod
 from libp2p.pubsub import pubsub as pubsub_mod
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
@@ -26,6 +40,7 @@ log = structlog.get_logger("swarmd.gossip")
 
 HEARTBEAT = 1
 INVALID_WEIGHT = 10.0
+MAX_HELD_SUBSCRIPTIONS = 16  # per unadmitted peer; we have one topic
 
 
 def topic(swarm: str) -> str:
@@ -40,14 +55,83 @@ def score_params() -> ScoreParams:
     )
 
 
-def make_pubsub(host: IHost) -> tuple[Pubsub, GossipSub]:
-    router = GossipSub(
+class GatedPubsub(Pubsub):
+    """py-libp2p's Pubsub that serves only admitted peers (see the module header)."""
+
+    def __init__(self, *args, gated: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gated = gated  # False: py-libp2p's behaviour (the lab's intruder plays an attacker with it)
+        self.admitted: set[ID] = set()
+        self.quiet_drop: Callable[[ID, rpc_pb2.Message], bool] | None = None
+        self._waiting: set[ID] = set()  # connected, no pubsub stream opened to them yet
+        self._held: dict[ID, set[str]] = {}  # their subscriptions, applied on admission
+
+    def admit(self, peer: ID) -> None:
+        if peer in self.admitted:
+            return
+        self.admitted.add(peer)
+        for topic in sorted(self._held.pop(peer, ())):
+            super().handle_subscription(peer, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
+        if peer in self._waiting and self.manager.is_running:
+            self._waiting.discard(peer)
+            self.manager.run_task(self._handle_new_peer_with_retry, peer)
+
+    def forget(self, peer: ID) -> None:
+        """Not admitted any more (gone, or revoked: the driver also hangs up on it)."""
+        self.admitted.discard(peer)
+        self._waiting.discard(peer)
+        self._held.pop(peer, None)
+        self._forget_all_subscriptions(peer)
+
+    def is_admitted(self, peer: ID) -> bool:
+        return not self.gated or peer in self.admitted
+
+    async def _handle_new_peer_with_retry(self, peer_id: ID, timeout: float | None = None) -> None:
+        if not self.is_admitted(peer_id):
+            self._waiting.add(peer_id)  # no stream, no hello before it proves membership
+            return
+        await super()._handle_new_peer_with_retry(peer_id, timeout)
+
+    def handle_subscription(self, origin_id: ID, sub_message: rpc_pb2.RPC.SubOpts) -> None:
+        if self.is_admitted(origin_id):
+            super().handle_subscription(origin_id, sub_message)
+            return
+        held = self._held.setdefault(origin_id, set())
+        if not sub_message.subscribe:
+            held.discard(sub_message.topicid)
+        elif len(held) < MAX_HELD_SUBSCRIPTIONS:
+            held.add(sub_message.topicid)
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        super()._handle_dead_peer(peer_id)
+        if not self._peer_is_connected(peer_id):
+            self._waiting.discard(peer_id)
+            self._held.pop(peer_id, None)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        if self.quiet_drop is not None and not self._is_msg_seen(msg) and self.quiet_drop(msg_forwarder, msg):
+            return
+        await super().push_msg(msg_forwarder, msg)
+
+
+class GatedGossipSub(GossipSub):
+    """GossipSub that takes no control message (GRAFT, IHAVE, IWANT, ...) from a peer the
+    pubsub has not admitted: a GRAFT would put it in the topic's mesh."""
+
+    async def handle_rpc(self, rpc: rpc_pb2.RPC, sender_peer_id: ID) -> None:
+        if isinstance(self.pubsub, GatedPubsub) and not self.pubsub.is_admitted(sender_peer_id):
+            return
+        await super().handle_rpc(rpc, sender_peer_id)
+
+
+def make_pubsub(host: IHost, gated: bool = True) -> tuple[GatedPubsub, GatedGossipSub]:
+    router = GatedGossipSub(
         protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
         heartbeat_interval=HEARTBEAT, heartbeat_initial_delay=0.1,
         score_params=score_params(), spam_protection_enabled=False,
         eclipse_protection_enabled=False,  # lab hosts share a /24; real providers are diverse anyway
     )
-    return Pubsub(host, router, strict_signing=True), router
+    return GatedPubsub(host, router, strict_signing=True, gated=gated), router
 
 
 def count_drops(on_drop) -> None:

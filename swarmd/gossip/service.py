@@ -43,13 +43,15 @@ from ..rpc.framing import FrameTooLarge
 from . import pubsub as ps
 from .admission import Admission
 from .capacity import Collector, Resources
-from .cert import Token, check_cert
+from .cert import Cert, Token, check_cert
+from .limits import Recent, TokenBuckets
 from .membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
                          Sync, Timing, View)
 from .signed import Invalid, Signer, peer_bytes, peer_str
 from .streams import (JOIN_PROTOCOL, MAX_SMALL_FRAME, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError,
                       Pinger, close_quietly, read_frame, request, reset_quietly, write_frame)
 from .swarmstate import SwarmMembership, save_joined
+from .syncmerge import max_records, select_sync_records
 from .revocation import Revocation
 from .wire import MAX_RTTS, JobSlots, MeshInfo, Record, Rumor, Verifier, make_record, make_rumor
 
@@ -63,6 +65,16 @@ ADDR_TTL = 3600
 STREAMS_PER_PEER = 8  # inbound syncs, probes, joins at once from one peer; honest ones need 1-2
 STREAMS_PER_PEER_OTHER = 64  # a backstop for protocols that do not set their own (jobs stream output)
 MAX_CLAIMS = 100_000
+# A connected peer must show a valid, unrevoked certificate of the swarm (a sync's hello either
+# way proves it; a record in the view does too) within this long, or it is disconnected and
+# counted (``unchecked``). Until then pubsub gives it nothing (pubsub.GatedPubsub).
+GATE_TIMEOUT = 5.0
+GATE_POLL = 0.25
+# Valid records per publisher: an honest member publishes on a change and its refresh; the
+# burst covers a restart or a partition heal. The excess is dropped, not passed on, counted
+# ``record_rate``, and not held against the member that relayed it.
+RECORD_RATE, RECORD_BURST = 4.0, 20.0
+INTERNAL_BACKOFF = 0.1  # after an unexpected error in the action loop: never a busy loop
 
 
 class JoinError(Exception):
@@ -128,7 +140,11 @@ class Gossip:
         # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
         self.traffic: collections.Counter[str] = collections.Counter()
         self.rejected: collections.Counter[str] = collections.Counter()
-        self._logged: set[tuple[str, str]] = set()
+        self._logged = Recent(size=10_000, window=3600.0)  # (reason, peer) logged within the hour
+        self._checked: dict[str, float] = {}  # connected peers that showed a certificate -> its expiry
+        self._record_rate = TokenBuckets(RECORD_RATE, RECORD_BURST)
+        self._decoded: tuple[bytes, Any] | None = None  # the last message decoded before validation
+        self.record_error: str | None = None  # why our own record is not published, if it is not
         self._nursery: trio.Nursery | None = None
         self._pubsub = None
         self.topic = ""
@@ -188,6 +204,7 @@ class Gossip:
         self.topic = ps.topic(self.swarm.swarm)
         pubsub, router = ps.make_pubsub(self.host)
         pubsub.set_topic_validator(self.topic, self._validate, False)
+        pubsub.quiet_drop = self._quiet_drop
         self._pubsub = pubsub
         async with background_trio_service(pubsub), background_trio_service(router):
             await pubsub.wait_until_ready()
@@ -262,15 +279,20 @@ class Gossip:
             with trio.move_on_at(self.core.next_deadline()):
                 await self._wake.wait()
             self._wake = trio.Event()
-            self.core.handle_timeout(trio.current_time())
-            self._perform()
+            try:
+                self.core.handle_timeout(trio.current_time())
+                self._perform()
+            except Exception as exc:  # a disk error, a bug: the swarm task must go on
+                self._internal("internal", self.me, "timers", exc)
+                await trio.sleep(INTERNAL_BACKOFF)
 
     def _perform(self) -> None:
         assert self._nursery is not None
         for action in self.core.take_actions():
             match action:
                 case PublishRecord(seq):
-                    self._publish_send.send_nowait(self._make_record(seq))
+                    if (blob := self._make_record(seq)) is not None:
+                        self._publish_send.send_nowait(blob)
                 case PublishRumor(kind, about, inc):
                     self._publish_send.send_nowait(make_rumor(
                         self.sign, kind=kind, swarm=self.swarm.swarm, sender=self.me, about=about,
@@ -296,15 +318,43 @@ class Gossip:
         self._perform()
         self._wake.set()
 
-    def _make_record(self, seq: int) -> bytes:
+    def _make_record(self, seq: int) -> bytes | None:
+        """Our record, checked as every member will check it; None (and ``record_error`` says
+        why, logged once) when it would be refused: our certificate expired (the owner was
+        unreachable for the whole renewal window), or anything else the verifier refuses."""
         assert self.swarm is not None
+        cert, now = self.swarm.cert, time.time()
+        if cert.expires <= now:
+            return self._no_record(f"this node's certificate expired at {round(cert.expires)}: not publishing "
+                                   f"records until it is renewed")
+        wg = self.mesh_info()
+        if wg is not None and cert.addr4 is not None and wg.addr4 != cert.addr4:
+            # a renewal gave an older certificate an address: every member would refuse a record
+            # with the mesh's old one. Published without the mesh side until the mesh moves to it
+            # (woken here; it re-advertises once it has).
+            wg = None
+            self._view_changed()
+        try:
+            blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=now,
+                               ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
+                               labels=self.labels, wg=wg, jobs=self.job_slots(),
+                               rtts=self._nearest_rtts(), cert=cert)
+            own = self.verifier.decode(blob, now)  # type: ignore[union-attr]
+        except (Invalid, ValueError) as exc:
+            detail = f"{exc.reason}: {exc.detail}" if isinstance(exc, Invalid) else str(exc)
+            return self._no_record(f"this node's own record would be refused ({detail}): not publishing it")
         self.advertised = self.resources
-        blob = make_record(self.sign, swarm=self.swarm.swarm, peer=self.me, seq=seq, issued=time.time(),
-                           ttl=self.timing.record_ttl, addrs=self.addrs(), resources=self.resources,
-                           labels=self.labels, wg=self.mesh_info(), jobs=self.job_slots(),
-                           rtts=self._nearest_rtts(), cert=self.swarm.cert)
-        self.own_record = self.verifier.decode(blob, time.time())  # type: ignore[union-attr,assignment]
+        self.own_record = own  # type: ignore[assignment]
+        if self.record_error is not None:
+            log.info("publishing records again", seq=seq)
+        self.record_error = None
         return blob
+
+    def _no_record(self, why: str) -> None:
+        if why != self.record_error:
+            log.error("own record not published", why=why)
+        self.record_error = why
+        return None
 
     def view(self) -> View:
         """The membership as an immutable snapshot (the same object until something changes);
@@ -318,6 +368,9 @@ class Gossip:
         if peer == self.me:
             return
         self._excluded[peer] = reason
+        self._checked.pop(peer, None)
+        if self._pubsub is not None:
+            self._pubsub.forget(ID.from_base58(peer))
         if self.core is not None:
             self.core.exclude(trio.current_time(), peer, reason)
             self._input()
@@ -349,9 +402,32 @@ class Gossip:
 
     # --- inbound gossip -----------------------------------------------------------------
 
+    def _decode(self, data: bytes) -> Any:
+        """Verifier.decode, once per message for quiet_drop and the validator that follows it."""
+        if self._decoded is not None and self._decoded[0] is data:
+            return self._decoded[1]
+        decoded = self.verifier.decode(data, time.time())  # type: ignore[union-attr]
+        self._decoded = (data, decoded)
+        return decoded
+
+    def _quiet_drop(self, forwarder: ID, msg) -> bool:
+        """Before validation: a valid record over its publisher's rate is dropped here, not
+        passed on, and not counted against ``forwarder`` (pubsub.GatedPubsub.quiet_drop)."""
+        try:
+            decoded = self._decode(msg.data)
+        except Invalid:
+            return False  # the validator counts it
+        if not isinstance(decoded, Record) or decoded.peer == self.me:
+            return False
+        if self._record_rate.allow(decoded.peer, trio.current_time()):
+            return False
+        self.reject("record_rate", decoded.peer,
+                    f"more than {RECORD_RATE:g} records/s (burst {RECORD_BURST:g}); record seq {decoded.seq} dropped")
+        return True
+
     def _validate(self, forwarder: ID, msg) -> bool:
         try:
-            decoded = self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
+            decoded = self._decode(msg.data)
         except Invalid as exc:
             self.reject(exc.reason, str(forwarder), exc.detail)
             return False
@@ -372,7 +448,19 @@ class Gossip:
                 decoded = self.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
             except Invalid:
                 continue  # counted by the validator
-            self._accept(decoded)
+            try:
+                self._accept(decoded)
+            except Exception as exc:  # a disk error saving a revocation, a bug: the next message is read
+                sender = getattr(decoded, "peer", None) or getattr(decoded, "sender", "?")
+                self._internal("handler", str(sender), f"gossip {decoded.__class__.__name__}", exc)
+
+    def _internal(self, reason: str, peer: str, where: str, exc: Exception) -> None:
+        """An unexpected exception in a loop that must go on: counted, logged with its stack
+        once an hour per (where, error type)."""
+        self.rejected[reason] += 1
+        self.metrics.gossip_rejected.labels(reason).inc()
+        if self._logged.first((reason, where, exc.__class__.__name__), time.monotonic()):
+            log.exception("unexpected error; carrying on", where=where, peer=peer, exc_info=exc)
 
     def _accept(self, msg: Record | Rumor | Revocation) -> str:
         if isinstance(msg, Revocation):
@@ -392,7 +480,10 @@ class Gossip:
             self.reject(result, sender, what)
         if isinstance(msg, Record) and result in ("new", "updated"):
             addrs = [Multiaddr(a) for a in msg.addrs if _parses(a)]
-            self.host.get_peerstore().add_addrs(ID.from_base58(msg.peer), addrs, ADDR_TTL)
+            if addrs and msg.peer != self.me:  # the record's addresses replace the ones it replaces
+                store, pid = self.host.get_peerstore(), ID.from_base58(msg.peer)
+                store.clear_addrs(pid)
+                store.add_addrs(pid, addrs, ADDR_TTL)
             self._view_changed()
         self._input()
         return result
@@ -417,8 +508,7 @@ class Gossip:
     def reject(self, reason: str, peer: str, detail: str) -> None:
         self.rejected[reason] += 1
         self.metrics.gossip_rejected.labels(reason).inc()
-        if (reason, peer) not in self._logged and len(self._logged) < 10_000:
-            self._logged.add((reason, peer))
+        if self._logged.first((reason, peer), time.monotonic()):
             log.warning("rejected input", reason=reason, peer=peer, detail=detail)
 
     # --- probes -------------------------------------------------------------------------
@@ -479,8 +569,10 @@ class Gossip:
             await write_frame(stream, {"error": f"excluded from swarm {self.swarm.swarm}"})
             return False
         try:
-            check_cert(req.get("cert") if isinstance(req, dict) else None, owner_public=self.swarm.owner_public,
-                       swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
+            cert = check_cert(req.get("cert") if isinstance(req, dict) else None,
+                              owner_public=self.swarm.owner_public, swarm=self.swarm.swarm, peer=peer.to_bytes(),
+                              now=time.time())
+            self._checked_member(str(peer), cert)
             return True
         except Invalid as exc:
             self.reject("not_member", str(peer), exc.detail)
@@ -529,7 +621,14 @@ class Gossip:
             return False
         seq = self.core.seq
         self.admission.merge(payload.get("revoked"), str(peer))
-        for blob in payload.get("records", [])[:100_000]:
+        view = self.view()
+        known = {m.record.blob for m in view} | ({self.own_record.blob} if self.own_record is not None else set())
+        records = payload.get("records", [])
+        chosen = select_sync_records(records, known, len(view))
+        if len(records) > max_records(len(view)) and len(chosen) >= max_records(len(view)):
+            self.reject("sync_records", str(peer), f"sync payload: {len(records)} records for a view of {len(view)}; "
+                                                   f"{len(chosen)} read")
+        for blob in chosen:
             try:
                 msg = self.verifier.decode(blob, time.time())  # type: ignore[union-attr]
             except Invalid as exc:
@@ -554,19 +653,20 @@ class Gossip:
         """The sync responder's first frame: its certificate, checked before we read its view."""
         if isinstance(hello, dict) and "error" in hello:  # it does not take us for a member (expired?)
             self.admission.merge(hello.get("revoked"), str(peer))  # revoked while we were away: learn it
-            if ("refused", str(peer)) not in self._logged:
-                self._logged.add(("refused", str(peer)))
+            if self._logged.first(("refused", str(peer)), time.monotonic()):
                 log.warning("sync refused", peer=str(peer), error=str(hello["error"])[:300])
             return False
         try:
-            check_cert(hello.get("cert") if isinstance(hello, dict) else None, owner_public=self.swarm.owner_public,
-                       swarm=self.swarm.swarm, peer=peer.to_bytes(), now=time.time())
+            cert = check_cert(hello.get("cert") if isinstance(hello, dict) else None,
+                              owner_public=self.swarm.owner_public, swarm=self.swarm.swarm, peer=peer.to_bytes(),
+                              now=time.time())
         except Invalid as exc:
             self.reject("not_member", str(peer), f"sync answer: {exc.detail}")
             return False
         if (why := self.admission.refuses(str(peer))) is not None or str(peer) in self._excluded:
             self.reject("revoked", str(peer), why or self._excluded[str(peer)])
             return False
+        self._checked_member(str(peer), cert)
         return True
 
     async def _sync_once(self, pid: ID) -> str:
@@ -641,15 +741,62 @@ class Gossip:
 
     async def _connection_events(self) -> None:
         assert self.core is not None
+        gated: set[ID] = set()
         async for kind, pid in self._events_recv:
             peer = str(pid)
             if kind == "disconnected":
                 if pid not in self.host.get_connected_peers():
+                    self._checked.pop(peer, None)
+                    if self._pubsub is not None:
+                        self._pubsub.forget(pid)
                     self.core.connection_lost(trio.current_time(), peer)
                     self._input()
-            elif peer not in self.view() and peer not in self._syncing and peer not in self._excluded \
+                continue
+            if pid not in gated and self._nursery:
+                gated.add(pid)
+                self._nursery.start_soon(self._gate, pid, gated)
+            if peer not in self.view() and peer not in self._syncing and peer not in self._excluded \
                     and self._nursery:
                 self._nursery.start_soon(self._sync, peer)  # a new peer: exchange views at once
+
+    def is_member(self, peer: str) -> bool:
+        """Whether ``peer`` (authenticated by its connection) showed a valid certificate of the
+        swarm: in a sync's hello, or in a record of the view; not revoked nor excluded."""
+        if peer in self._excluded or self.admission.refuses(peer) is not None:
+            return False
+        now = time.time()
+        if self._checked.get(peer, 0.0) > now:
+            return True
+        m = self.view().get(peer)
+        return m is not None and m.record.cert.expires > now
+
+    def _checked_member(self, peer: str, cert: Cert) -> None:
+        if peer in self._excluded or self.admission.refuses(peer) is not None:
+            return
+        self._checked[peer] = cert.expires
+        if self._pubsub is not None:
+            self._pubsub.admit(ID.from_base58(peer))
+
+    async def _gate(self, pid: ID, gated: set[ID]) -> None:
+        """A connected peer gets pubsub from us once it is a member, and is disconnected if it
+        does not show it within GATE_TIMEOUT (the sync started on connect is how a member does)."""
+        peer = str(pid)
+        try:
+            with trio.move_on_after(GATE_TIMEOUT):
+                while not self.is_member(peer):
+                    if pid not in self.host.get_connected_peers():
+                        return
+                    await trio.sleep(GATE_POLL)
+                if self._pubsub is not None:
+                    self._pubsub.admit(pid)
+                return
+            if pid in self.host.get_connected_peers():
+                why = self.admission.refuses(peer) or self._excluded.get(peer)
+                self.reject("unchecked", peer, why or f"no valid certificate of this swarm shown within "
+                                                      f"{GATE_TIMEOUT:g} s; disconnected")
+                await self._hang_up(pid)
+        finally:
+            gated.discard(pid)
 
     async def _dial_bootstrap(self, addr: str) -> None:
         info = info_from_p2p_addr(Multiaddr(addr))

@@ -1,0 +1,65 @@
+"""Bounded bookkeeping for the gossip driver: per-publisher token buckets and a
+time-windowed "seen lately" set. Pure: every call is given ``now``; memory is capped, so a
+flood of distinct keys (peer ids are free) costs at most ``size`` entries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+
+
+class TokenBuckets:
+    """One token bucket per key: ``rate`` tokens a second, at most ``burst`` held.
+
+    Records: an honest member publishes on a change and on its refresh (seconds apart); a
+    burst of 20 covers a restart's or a partition heal's flurry, 4/s anything steady. Past
+    ``size`` keys the least recently used bucket is dropped (it was full, or nearly: a
+    dropped bucket comes back full, which only ever lets a key through).
+    """
+
+    def __init__(self, rate: float, burst: float, size: int = 10_000) -> None:
+        self.rate, self.burst, self.size = rate, burst, size
+        self._buckets: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
+
+    def allow(self, key: Hashable, now: float) -> bool:
+        tokens, at = self._buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + max(0.0, now - at) * self.rate)
+        ok = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if ok else tokens, now)
+        while len(self._buckets) > self.size:
+            self._buckets.popitem(last=False)
+        return ok
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+class Recent:
+    """Keys seen within the last ``window`` seconds, at most ``size`` of them (the oldest go
+    first). ``first(key, now)`` is True when ``key`` was not seen within the window, and
+    notes it: a rejection is logged once an hour per (reason, peer), and a flood of distinct
+    keys can neither grow memory nor silence the log for good."""
+
+    def __init__(self, size: int = 10_000, window: float = 3600.0) -> None:
+        self.size, self.window = size, window
+        self._seen: OrderedDict[Hashable, float] = OrderedDict()  # oldest first
+
+    def first(self, key: Hashable, now: float) -> bool:
+        while self._seen:
+            oldest, at = next(iter(self._seen.items()))
+            if now - at < self.window:
+                break
+            del self._seen[oldest]
+        if key in self._seen:
+            return False
+        self._seen[key] = now
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        return True
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._seen
+
+    def __len__(self) -> int:
+        return len(self._seen)

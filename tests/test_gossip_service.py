@@ -1,0 +1,209 @@
+"""The gossip driver (service.Gossip) on its own, without a network: its own record when the
+certificate expired or was renewed with an address, the read loop surviving a failing disk,
+per-publisher rate limits, the peerstore replacing a record's addresses; and limits.py."""
+
+from __future__ import annotations
+
+import random
+import time
+from types import SimpleNamespace
+
+import trio
+from nacl.signing import SigningKey
+from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStore
+
+from swarmd.gossip import swarmstate
+from swarmd.gossip.limits import Recent, TokenBuckets
+from swarmd.gossip.membership import Membership, Timing
+from swarmd.gossip.revocation import make_revocation
+from swarmd.gossip.service import RECORD_BURST, Gossip
+from swarmd.gossip.cert import issue_cert
+from swarmd.gossip.signed import peer_from_key, peer_str
+from swarmd.gossip.swarmstate import SwarmMembership
+from swarmd.gossip.wire import MeshInfo, Verifier, make_record, wg_proof_message
+from swarmd.metrics import Metrics
+from swarmd.wg.address import ula
+from swarmd.wg.keys import KeyPair, prove
+
+from test_wire import NODE, OTHER, OTHER_PEER, OWNER, OWNER_PUBLIC, PEER, RES, SWARM, cert_for, signer
+
+ME = peer_str(PEER)
+WG_KEY = KeyPair.from_private(bytes(range(32)))
+
+
+def mesh(addr4: str) -> MeshInfo:
+    return MeshInfo(public=WG_KEY.public, addr4=addr4, addr6=str(ula(SWARM, ME.encode())), port=51820,
+                    endpoints=("192.0.2.1",), proof=prove(WG_KEY.private, wg_proof_message(SWARM, ME, WG_KEY.public)))
+
+
+def gossip(cert, peerstore=None) -> Gossip:
+    swarm = SwarmMembership(swarm=SWARM, owner_public=OWNER_PUBLIC, cert=cert, bootstrap=())
+    host = SimpleNamespace(get_peerstore=lambda: peerstore, get_connected_peers=lambda: [])
+    g = Gossip(host=host, sign=signer(NODE), peer=ME, swarm=swarm, timing=Timing.local(), labels={},
+               addrs=lambda: ["/ip4/192.0.2.1/tcp/4001"], seq=1 << 32,
+               metrics=Metrics(version="test", peer_id=ME), rng=random.Random(1))
+    g.verifier = Verifier(SWARM, OWNER_PUBLIC)
+    return g
+
+
+def published(g: Gossip) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            out.append(g._publish_recv.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+def flush(g: Gossip, later: float) -> None:
+    """Let the core's deadlines up to ``later`` s from now pass (own records are paced)."""
+    g.core.handle_timeout(trio.current_time() + later)
+    g._perform()
+
+
+async def running(g: Gossip, nursery: trio.Nursery) -> None:
+    g._nursery = nursery
+    g.core = Membership(g.me, g.seq, g.timing, random.Random(1), trio.current_time())
+
+
+def other_record(seq: int, addrs: list[str]) -> bytes:
+    return make_record(signer(OTHER), swarm=SWARM, peer=peer_str(OTHER_PEER), seq=seq, issued=time.time(), ttl=120.0,
+                       addrs=addrs, resources=RES, labels={}, wg=None,
+                       cert=cert_for(OTHER_PEER, issued=time.time() - 10, ttl=3600))
+
+
+# --- finding 1: our own record ---------------------------------------------------------------
+
+async def test_an_expired_certificate_stops_our_records_and_says_so_instead_of_raising():
+    g = gossip(cert_for(issued=time.time() - 120, ttl=60))
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        g.readvertise()  # the refresh that used to raise Invalid("cert expired") out of the swarm task
+        flush(g, 1000)
+        assert published(g) == []
+        assert "certificate expired" in g.record_error
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_renewal_that_gives_a_legacy_certificate_an_address_keeps_publishing():
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))  # no addr4: a legacy certificate
+    g.mesh_info = lambda: mesh("10.211.3.4")  # the mesh's derived address
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        g.readvertise()
+        flush(g, 10)
+        assert g.own_record.wg.addr4 == "10.211.3.4" and published(g)
+        woken = g.view_changed
+        renewed = issue_cert(signer(OWNER), SWARM, PEER, now=time.time(), ttl=3600, addr4="10.211.9.9")
+        g.admission.adopt_cert(renewed)  # -> readvertise with the old mesh address: must not raise
+        flush(g, 20)
+        assert g.record_error is None and published(g), "a record is still published"
+        assert g.own_record.wg is None, "without the mesh side until the mesh moves to the certificate's address"
+        assert woken.is_set(), "the mesh is woken to re-address"
+        g.mesh_info = lambda: mesh("10.211.9.9")  # the mesh moved and re-advertises
+        g.readvertise()
+        flush(g, 30)
+        assert g.own_record.wg.addr4 == "10.211.9.9"
+        nursery.cancel_scope.cancel()
+
+
+# --- finding 13: the read loop survives one message ------------------------------------------
+
+class Subscription:
+    def __init__(self, blobs: list[bytes]) -> None:
+        self.send, self.recv = trio.open_memory_channel(len(blobs))
+        for b in blobs:
+            self.send.send_nowait(SimpleNamespace(data=b))
+
+    async def get(self):
+        return await self.recv.receive()
+
+
+async def test_the_gossip_read_loop_goes_on_when_saving_a_revocation_fails(tmp_path, monkeypatch):
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600), peerstore=PeerStore())
+    g.admission.state_dir = tmp_path
+
+    def broken_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(swarmstate, "save_revocations", broken_disk)
+    someone = peer_str(peer_from_key(bytes(SigningKey(b"\x03" * 32).verify_key)))
+    revocation = make_revocation(signer(OWNER), SWARM, someone, now=time.time(), reason="test")
+    sub = Subscription([revocation.blob, other_record(5, ["/ip4/192.0.2.7/tcp/4001"])])
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        nursery.start_soon(g._read, sub)
+        with trio.fail_after(5):
+            while peer_str(OTHER_PEER) not in g.view():
+                await trio.sleep(0.01)
+        assert g.rejected["handler"] == 1, "the failure is counted"
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_timer_loop_goes_on_after_an_exception(monkeypatch):
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        calls = []
+        real = g.core.handle_timeout
+
+        def flaky(now):
+            calls.append(now)
+            if len(calls) == 1:
+                raise OSError("disk")
+            real(now)
+
+        monkeypatch.setattr(g.core, "handle_timeout", flaky)
+        nursery.start_soon(g._timers)
+        with trio.fail_after(5):
+            while len(calls) < 2:
+                g._wake.set()
+                await trio.sleep(0.05)
+        assert g.rejected["internal"] == 1
+        nursery.cancel_scope.cancel()
+
+
+# --- finding 10: rate of records, addresses replaced ----------------------------------------
+
+async def test_records_over_a_publishers_rate_are_dropped_quietly_and_counted():
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    blobs = [other_record(10 + i, ["/ip4/192.0.2.7/tcp/4001"]) for i in range(int(RECORD_BURST) + 5)]
+    dropped = [g._quiet_drop(ID(b"x"), SimpleNamespace(data=b)) for b in blobs]
+    assert dropped.count(False) == RECORD_BURST and dropped[-5:] == [True] * 5
+    assert g.rejected["record_rate"] == 5
+    await trio.sleep(1.0)  # 4 tokens a second come back
+    assert g._quiet_drop(ID(b"x"), SimpleNamespace(data=other_record(99, []))) is False
+
+
+async def test_a_new_record_replaces_the_addresses_of_the_old_one():
+    store = PeerStore()
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600), peerstore=store)
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        pid = ID.from_base58(peer_str(OTHER_PEER))
+        g._accept(g.verifier.decode(other_record(5, ["/ip4/192.0.2.7/tcp/4001"]), time.time()))
+        g._accept(g.verifier.decode(other_record(6, ["/ip4/192.0.2.8/tcp/4001"]), time.time()))
+        assert [str(a) for a in store.addrs(pid)] == ["/ip4/192.0.2.8/tcp/4001"]
+        nursery.cancel_scope.cancel()
+
+
+def test_token_buckets_refill_and_stay_bounded():
+    b = TokenBuckets(rate=4.0, burst=20.0, size=100)
+    assert all(b.allow("p", 0.0) for _ in range(20)) and not b.allow("p", 0.0)
+    assert b.allow("p", 0.25) and not b.allow("p", 0.25)
+    for i in range(1000):
+        b.allow(i, 1.0)
+    assert len(b) == 100
+
+
+# --- finding 14: rejections keep being logged ------------------------------------------------
+
+def test_recent_logs_again_after_its_window_and_stays_bounded():
+    r = Recent(size=100, window=3600.0)
+    assert r.first(("bad", "p"), 0.0) and not r.first(("bad", "p"), 10.0)
+    assert r.first(("bad", "p"), 3600.0), "logged again an hour later"
+    for i in range(10_000):
+        r.first(("bad", i), 4000.0)
+    assert len(r) == 100
+    assert r.first(("new", "q"), 4001.0), "a new rejection is still logged after a flood"
