@@ -123,10 +123,28 @@ def test_an_honest_sync_sized_frame_decodes():
 
 def test_decoder_refuses_an_over_budget_frame():
     decoder = FrameDecoder()
-    body = _array(60_000, b"\x90" * 60_000)
+    body = _array(100_000, b"\x90" * 100_000)
     decoder.feed(len(body).to_bytes(4, "big") + body)
     with pytest.raises(FrameTooComplex):
         decoder.next_message()
+
+
+def test_the_client_decodes_its_daemons_replies_without_the_budget():
+    # a log reply of 4 MiB of empty lines is a million [rank, ""] pairs, from a daemon the client trusts
+    message = {"id": 1, "result": {"out": [[0, ""]] * 300_000}}
+    wire = encode_frame(message)
+    decoder = FrameDecoder(bounded=False)
+    decoder.feed(wire)
+    assert decoder.next_message() == message
+    strict = FrameDecoder()
+    strict.feed(wire)
+    with pytest.raises(FrameTooComplex):
+        strict.next_message()
+
+
+def test_a_job_output_batch_of_empty_lines_fits_any_frame_budget():
+    body = msgpack.packb({"out": [[0, ""]] * 4096}, use_bin_type=True)  # output.MAX_BATCH_LINES
+    assert len(decode(body)["out"]) == 4096
 
 
 class _Stream:

@@ -42,7 +42,7 @@ class Client:
         self.path = str(path)
         self._timeout = timeout
         self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(bounded=False)  # our daemon's replies: a log reply is a line per few bytes
         self._ids = itertools.count(1)
 
     def set_timeout(self, timeout: float | None) -> None:

@@ -9,9 +9,11 @@ Rules:
   drive it. ``next_body()`` hands out the undecoded body instead, for a caller that
   decodes a large one off its event loop.
 - A body is decoded within a budget (``decode``): at most ``max_objects(len(body))``
-  objects, one per 16 bytes of frame plus 4096, so a frame costs at most a few times its
-  size in memory (a Python object is 16-64 bytes; a msgpack one can be a single byte, and
-  16 MiB of empty arrays was 1.2 GB and 6 s). msgpack's own limits are per container, so
+  objects, 64 Ki plus one per 16 bytes of frame, so a frame costs at most a few MB or a few
+  times its size in memory (a Python object is 16-64 bytes; a msgpack one can be a single
+  byte, and 16 MiB of empty arrays was 1.2 GB and 6 s). The blocking client decodes the
+  daemon's replies without it (``bounded=False``): it trusts its daemon, whose log replies
+  carry a line per few bytes. msgpack's own limits are per container, so
   the total is counted twice: each finished array and map adds its length (hooks), and the
   body is fed to the decoder in slices with the interpreter's allocated-block count read
   between them, which also sees the scalars of containers still open (a deep chain of
@@ -29,7 +31,7 @@ import msgpack
 MAX_FRAME: Final = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
 BYTES_PER_OBJECT: Final = 16  # a 16 MiB frame may hold a million objects (a sync's 20,000 records are 20,000)
-MIN_OBJECTS: Final = 4096
+MIN_OBJECTS: Final = 64 * 1024  # a few MB and tens of ms whatever the frame; a job's output batch (4096 lines) is 12 Ki
 DECODE_SLICE: Final = 64 * 1024  # bytes fed to msgpack per call: a few ms of C, then the budget is checked
 
 
@@ -68,11 +70,16 @@ def max_objects(length: int) -> int:
     return MIN_OBJECTS + length // BYTES_PER_OBJECT
 
 
-def decode(body: bytes, *, strict_map_key: bool = False) -> Any:
+def decode(body: bytes, *, strict_map_key: bool = False, bounded: bool = True) -> Any:
     """One msgpack object from ``body`` (all of it), within ``max_objects(len(body))``.
 
     Raises ``FrameTooComplex`` over the budget, ``MalformedFrame`` for anything that is not
-    exactly one msgpack object."""
+    exactly one msgpack object. ``bounded=False`` is for bytes from a trusted source only."""
+    if not bounded:
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=strict_map_key)
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise MalformedFrame(f"frame is not valid msgpack ({type(exc).__name__}: {exc})") from None
     budget = max_objects(len(body))
     count = 0
 
@@ -122,8 +129,9 @@ def decode(body: bytes, *, strict_map_key: bool = False) -> Any:
 
 
 class FrameDecoder:
-    def __init__(self, *, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, *, max_frame: int = MAX_FRAME, bounded: bool = True) -> None:
         self._max = max_frame
+        self._bounded = bounded  # False only where the other end is trusted (the client, of its daemon)
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> None:
@@ -137,7 +145,7 @@ class FrameDecoder:
     def next_message(self) -> Any:
         """The next decoded message, or ``NOT_YET`` when a whole frame is not buffered."""
         body = self.next_body()
-        return body if body is NOT_YET else decode(body)
+        return body if body is NOT_YET else decode(body, bounded=self._bounded)
 
     def next_body(self) -> Any:
         """The next frame's body, undecoded (``decode`` it), or ``NOT_YET``."""
