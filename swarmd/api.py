@@ -68,7 +68,9 @@ def methods(node: Node) -> list[Method]:
 
     async def swarm_init(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         try:
-            swarm = swarmstate.create(node.config.state_dir, node.identity.peer_id.to_bytes())
+            # the owner's own address comes from the network joins are allocated from (mesh_network)
+            swarm = swarmstate.create(node.config.state_dir, node.identity.peer_id.to_bytes(),
+                                      network=node.gossip.admission.network)
         except swarmstate.SwarmStateError as exc:
             raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm init: {exc}") from None
         node.gossip.adopt(swarm)

@@ -148,3 +148,42 @@ def test_a_damaged_revocation_file_is_moved_aside_not_fatal(owner):
     owner.start()
     wait_until(lambda: (owner.state_dir / "revoked.json.damaged").exists(), 10, "the damaged file moved aside")
     assert owner.call("status")["swarm"]["revocations"] == 0
+
+
+def test_certificates_from_before_addresses_are_renewed_at_start_and_get_one(owner, make_daemon):
+    """A swarm made before the owner signed addresses: the owner's and a member's certificates
+    name none. Each node renews at once when it starts (not a third of a year later), and the
+    owner gives each a distinct address from its registry."""
+    from swarmd.gossip import swarmstate
+    from swarmd.gossip.cert import issue_cert
+    from swarmd.gossip.signed import peer_bytes
+    from swarmd.identity import load_or_create
+
+    owner_id = owner.call("status")["peer_id"]
+    assert owner.call("status")["swarm"]["cert_addr4"]  # `swarm init` gives the owner's own one
+    owner.stop()
+    m = swarmstate.load(owner.state_dir, peer_bytes(owner_id))
+    sign = swarmstate.owner_signer(m)
+    swarmstate.save_cert(owner.state_dir, m, issue_cert(sign, m.swarm, peer_bytes(owner_id), now=time.time(),
+                                                        roles=m.cert.roles, ttl=365 * 86400.0))
+    (owner.state_dir / swarmstate.MEMBERS_FILE).unlink()  # as before, when the owner kept no addresses
+    owner.start()
+    wait_until(lambda: owner.call("status")["swarm"]["cert_addr4"], 15, "the owner renewed its own certificate")
+    owner_addr = owner.call("status")["swarm"]["cert_addr4"]
+
+    b = make_daemon("b", start=False)
+    b_id = str(load_or_create(b.state_dir)[0].peer_id)
+    listen = next(a for a in owner.call("status")["listen_addrs"] if "/tcp/" in a)
+    bootstrap = listen if "/p2p/" in listen else f"{listen}/p2p/{owner_id}"
+    legacy = issue_cert(sign, m.swarm, peer_bytes(b_id), now=time.time(), ttl=365 * 86400.0)
+    assert legacy.addr4 is None
+    swarmstate.save_joined(b.state_dir, m.owner_public, legacy, (bootstrap,))
+    b.start()
+    got = wait_until(lambda: b.call("status")["swarm"]["cert_addr4"], 20, "b renewed its certificate at start")
+    assert got.startswith("10.211.") and got != owner_addr
+    assert b.call("status")["swarm"]["renewal_error"] is None
+    registry = json.loads((owner.state_dir / swarmstate.MEMBERS_FILE).read_text())
+    assert {p: v["addr4"] for p, v in registry.items()} == {owner_id: owner_addr, b_id: got}
+    b.stop()
+    b.start()  # saved: no second renewal needed for the address
+    assert b.call("status")["swarm"]["cert_addr4"] == got

@@ -271,8 +271,13 @@ def test_bad_certificate_address(addr4, detail):
     (60.0, 20.0),
 ])
 def test_renew_due(ttl, due_before_expiry):
-    cert = issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=ttl)
+    cert = issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=ttl, addr4="10.211.0.5")
     assert renew_due(cert) == pytest.approx(NOW + ttl - due_before_expiry)
+
+
+def test_a_certificate_without_an_address_is_due_for_renewal_at_once():
+    # until its holder has a certificate address, its address is a derived claim a ground key can take
+    assert renew_due(issue_cert(owner_sign, SWARM, PEER, now=NOW, ttl=365 * 86400.0)) == NOW
 
 
 def test_ticket_names_its_nonce_and_uses():

@@ -266,3 +266,71 @@ def test_owner_registries_round_trip_and_damage(tmp_path):
     with pytest.raises(SwarmStateError, match="invites.json is damaged"):
         load_invites(tmp_path)
     assert load_members(tmp_path).items == {}
+
+
+def test_the_owners_own_certificate_names_an_address_joins_never_get(tmp_path):
+    from ipaddress import IPv4Address, IPv4Network
+
+    from swarmd.gossip.signed import peer_str
+    from swarmd.gossip.swarmstate import MEMBERS_FILE, certify, load_members
+
+    network = IPv4Network("10.99.0.0/29")  # 6 hosts: the owner and five members fill it
+    m = create(tmp_path, PEER, now=NOW, network=network)
+    assert m.cert.addr4 is not None and IPv4Address(m.cert.addr4) in network
+    assert load(tmp_path, PEER).cert.addr4 == m.cert.addr4
+    assert load_members(tmp_path).items[peer_str(PEER)].addr4 == m.cert.addr4
+    assert mode(tmp_path / MEMBERS_FILE) == 0o600
+    given = {m.cert.addr4}
+    for n in range(5):
+        peer = peer_from_key(bytes(SigningKey(bytes([0x30 + n]) * 32).verify_key))
+        cert = certify(tmp_path, m.owner_key, peer, now=NOW, network=network, ttl=3600.0)
+        assert check_cert(cert.blob, owner_public=m.owner_public, swarm=m.swarm, peer=peer, now=NOW).addr4 == \
+            cert.addr4
+        given.add(cert.addr4)
+    assert len(given) == 6 and all(IPv4Address(a) in network for a in given)  # never the owner's, never twice
+
+
+def test_certify_keeps_a_renewals_address_and_a_peers_earlier_one(tmp_path):
+    from ipaddress import IPv4Network
+
+    from swarmd.gossip.swarmstate import certify
+
+    m = create(tmp_path, PEER, now=NOW)
+    first = certify(tmp_path, m.owner_key, OTHER_PEER, now=NOW, network=IPv4Network("10.211.0.0/16"), ttl=60.0)
+    again = certify(tmp_path, m.owner_key, OTHER_PEER, now=NOW + 30, network=IPv4Network("10.211.0.0/16"),
+                    ttl=60.0)
+    assert again.addr4 == first.addr4 and again.expires == NOW + 90
+    kept = certify(tmp_path, m.owner_key, OTHER_PEER, now=NOW + 40, network=IPv4Network("10.211.0.0/16"),
+                   ttl=60.0, addr4=first.addr4, roles=("member",))
+    assert kept.addr4 == first.addr4
+
+
+def test_a_new_swarm_starts_a_new_registry(tmp_path):
+    from swarmd.gossip.signed import peer_str
+    from swarmd.gossip.swarmstate import MEMBERS_FILE, load_members
+
+    (tmp_path / MEMBERS_FILE).write_text(json.dumps({peer_str(OTHER_PEER): {"addr4": "10.211.0.9", "expires": NOW,
+                                                                           "revoked": None}}))
+    create(tmp_path, PEER, now=NOW)
+    assert list(load_members(tmp_path).items) == [peer_str(PEER)]  # an earlier swarm's members name nobody here
+
+
+def test_the_labs_swarm_allocates_every_address_through_the_owners_registry(tmp_path):
+    from ipaddress import IPv4Address, IPv4Network
+
+    from sim.netlab.lab import _make_swarm
+    from swarmd.gossip.signed import peer_str
+    from swarmd.gossip.swarmstate import load_members
+
+    keys = [SigningKey(bytes([0x40 + n]) * 32) for n in range(4)]
+    peers = [peer_from_key(bytes(k.verify_key)) for k in keys]
+    dirs = [tmp_path / f"h{n}" for n in range(4)]
+    for d in dirs:
+        d.mkdir()
+    network = IPv4Network("10.98.0.0/24")
+    _make_swarm(dirs, [peer_str(p) for p in peers], network=network)
+    certs = [load(d, p).cert for d, p in zip(dirs, peers)]
+    assert all(c.addr4 is not None and IPv4Address(c.addr4) in network for c in certs)
+    assert len({c.addr4 for c in certs}) == 4
+    registry = load_members(dirs[0]).items
+    assert {p: r.addr4 for p, r in registry.items()} == {c.peer: c.addr4 for c in certs}

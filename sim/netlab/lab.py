@@ -18,13 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+from ipaddress import IPv4Network
 from pathlib import Path
 
 from swarmd.gossip import swarmstate
-from swarmd.gossip.cert import issue_cert
+from swarmd.gossip.cert import DEFAULT_CERT_TTL
 from swarmd.gossip.signed import peer_bytes
 from swarmd.identity import load_or_create
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
+from swarmd.wg import address
 
 from .state import ROOT, HostState, LabState
 from .topology import Host, Link
@@ -285,11 +287,15 @@ class Lab:
         down(self.state.name)
 
 
-def _make_swarm(state_dirs: list[Path], peers: list[str]) -> None:
-    """The first host owns a new swarm; the others hold certificates from it, as after a join."""
-    owner = swarmstate.create(state_dirs[0], peer_bytes(peers[0]))
+def _make_swarm(state_dirs: list[Path], peers: list[str], network: IPv4Network = address.DEFAULT_NETWORK) -> None:
+    """The first host owns a new swarm; the others hold certificates from it, as after a join:
+    each names an overlay address in ``network`` (the hosts' ``mesh_network``) that the owner
+    allocated and recorded, as its join handler does."""
+    owner = swarmstate.create(state_dirs[0], peer_bytes(peers[0]), network=network)
+    assert owner.owner_key is not None
     for state_dir, peer in zip(state_dirs[1:], peers[1:]):
-        cert = issue_cert(swarmstate.owner_signer(owner), owner.swarm, peer_bytes(peer), now=time.time())
+        cert = swarmstate.certify(state_dirs[0], owner.owner_key, peer_bytes(peer), now=time.time(),
+                                  network=network, ttl=DEFAULT_CERT_TTL)
         swarmstate.save_joined(state_dir, owner.owner_public, cert, ())
 
 

@@ -37,7 +37,7 @@ from multiaddr import Multiaddr
 
 from ..wg import address
 from . import swarmstate
-from .cert import EXPIRY_WARNING, Cert, check_cert, issue_cert, read_ticket, renew_due
+from .cert import EXPIRY_WARNING, Cert, check_cert, read_ticket, renew_due
 from .owner import Refused
 from .revocation import MAX_SYNC, Revocation, Revocations, check_revocation, make_revocation
 from .signed import Invalid, peer_bytes
@@ -95,7 +95,9 @@ class Admission:
             now = time.time()
             if now < renew_due(swarm.cert) or trio.current_time() < next_try:
                 continue
-            ok = await self.renew()
+            # a certificate without an address is due at once (cert.renew_due); an owner that still
+            # gives none (older software) is asked again with backoff, not every second
+            ok = await self.renew() and self.gossip.swarm.cert.addr4 is not None
             delay = RENEW_RETRY[0] if ok else min(RENEW_RETRY[1], delay * 2)
             next_try = trio.current_time() + (0 if ok else self.gossip.rng.uniform(delay / 2, delay))
             self.renewal["next"] = None if ok else now + (next_try - trio.current_time())
@@ -243,15 +245,10 @@ class Admission:
                     invites.use(ticket.nonce, peer, now)
                 invites.prune(now)
                 swarmstate.save_invites(state_dir, invites)
-        if addr is None and members is not None:
-            addr = members.address_for(peer, address.candidates(swarm.swarm, peer_bytes(peer), self.network),
-                                       now=now, in_use=self._addresses_in_use(peer), network=self.network)
-        cert = issue_cert(swarmstate.owner_signer(swarm), swarm.swarm, peer_bytes(peer), now=now, ttl=ttl,
-                          roles=roles, addr4=addr)
-        if members is not None and state_dir is not None:
-            members.certified(peer, addr, cert.expires)
-            swarmstate.save_members(state_dir, members)
-        return cert
+        assert swarm.owner_key is not None
+        return swarmstate.certify(state_dir, swarm.owner_key, peer_bytes(peer), now=now, network=self.network,
+                                  roles=roles, ttl=ttl, addr4=addr, in_use=self._addresses_in_use(peer),
+                                  members=members)
 
     def _addresses_in_use(self, peer: str) -> set[ipaddress.IPv4Address]:
         """Overlay addresses other members advertise or hold by certificate (ours too)."""
@@ -284,15 +281,12 @@ class Admission:
         assert swarm is not None
         self.renewal["last"] = time.time()
         try:
-            if swarm.is_owner:
-                members = swarmstate.load_members(self.state_dir) if self.state_dir else None
-                addr = swarm.cert.addr4
-                cert = issue_cert(swarmstate.owner_signer(swarm), swarm.swarm, peer_bytes(self.gossip.me),
-                                  now=time.time(), ttl=max(60.0, swarm.cert.expires - swarm.cert.issued),
-                                  roles=swarm.cert.roles, addr4=addr)
-                if members is not None:
-                    members.certified(self.gossip.me, addr, cert.expires)
-                    swarmstate.save_members(self.state_dir, members)
+            if swarm.is_owner:  # an owner certificate from before addresses gets one here
+                assert swarm.owner_key is not None
+                cert = swarmstate.certify(self.state_dir, swarm.owner_key, peer_bytes(self.gossip.me),
+                                          now=time.time(), network=self.network, roles=swarm.cert.roles,
+                                          ttl=max(60.0, swarm.cert.expires - swarm.cert.issued),
+                                          addr4=swarm.cert.addr4, in_use=self._addresses_in_use(self.gossip.me))
             else:
                 cert = await self._ask_owner(swarm)
         except (PeerError, Refused, Invalid, OSError, trio.TooSlowError) as exc:

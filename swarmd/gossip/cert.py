@@ -79,7 +79,11 @@ def issue_cert(owner_sign: Signer, swarm: str, peer: bytes, *, now: float,
 
 def renew_due(cert: Cert) -> float:
     """When a member should ask for a fresh certificate: a third of its lifetime, or
-    ``RENEW_WINDOW``, before it expires, whichever is less."""
+    ``RENEW_WINDOW``, before it expires, whichever is less; at once for one without an
+    address (from before the owner signed them: until it has one, its holder's address is a
+    derived claim, which a member can take by grinding a key)."""
+    if cert.addr4 is None:
+        return cert.issued
     lifetime = max(0.0, cert.expires - cert.issued)
     return cert.expires - min(lifetime / 3, RENEW_WINDOW)
 

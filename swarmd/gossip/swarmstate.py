@@ -6,7 +6,8 @@ Files in the state directory, each written atomically:
 - ``revoked.json``: the owner's revocations this node holds (every member keeps them), loaded
   at start and re-checked against the owner key.
 - ``invites.json``, ``members.json`` (owner only): invites issued and uses left, members
-  certified and their overlay addresses (see ``owner.py``).
+  certified and their overlay addresses (see ``owner.py``; ``certify`` issues every
+  certificate, the owner's own included, with an address from it).
 - ``labels.json``: labels set or removed at run time (`swarmctl labels`), applied over the
   configured ones at every start, so a change survives a restart.
 - ``seq``: the record epoch. Each start takes the next epoch, and seqs are
@@ -17,18 +18,21 @@ Files in the state directory, each written atomically:
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nacl.signing import SigningKey
 
 from ..atomic import write_atomically
-from .cert import Cert, check_cert, issue_cert, swarm_id
+from ..wg import address
+from .cert import MEMBER_ROLES, Cert, check_cert, issue_cert, swarm_id
 from .owner import Invites, Members, RegistryError
 from .revocation import Revocation, check_revocation
-from .signed import Invalid, Signer
+from .signed import Invalid, Signer, peer_str
 
 SWARM_FILE = "swarm.json"
 OWNER_KEY = "owner.key"
@@ -98,18 +102,49 @@ def _save(state_dir: Path, owner_public: bytes, cert: Cert, bootstrap: tuple[str
     write_atomically(state_dir / SWARM_FILE, json.dumps(data, indent=2).encode(), mode=0o600)
 
 
-def create(state_dir: Path, peer: bytes, *, now: float | None = None) -> SwarmMembership:
-    """`swarm init`: a new owner key, and this node its first member."""
+def create(state_dir: Path, peer: bytes, *, now: float | None = None,
+           network: ipaddress.IPv4Network = address.DEFAULT_NETWORK) -> SwarmMembership:
+    """`swarm init`: a new owner key, and this node its first member, with an overlay address
+    from ``network`` (the node's ``mesh_network``, which later joins are allocated from too)
+    recorded in a new ``members.json``, so no member is ever given it."""
     if (state_dir / SWARM_FILE).exists():
         raise SwarmStateError("this node is already in a swarm (see `swarmctl status`)")
     owner = SigningKey.generate()
     owner_public = bytes(owner.verify_key)
-    swarm = swarm_id(owner_public)
-    cert = issue_cert(_signer(owner), swarm, peer, now=time.time() if now is None else now,
-                      roles=OWNER_ROLES, ttl=100 * 365 * 86400.0)
+    # a new registry: entries left by an earlier swarm in this directory name nobody in this one
+    cert = certify(state_dir, owner, peer, now=time.time() if now is None else now, network=network,
+                   roles=OWNER_ROLES, ttl=100 * 365 * 86400.0, members=Members())
     write_atomically(state_dir / OWNER_KEY, bytes(owner), mode=0o600)
     _save(state_dir, owner_public, cert, ())
-    return SwarmMembership(swarm=swarm, owner_public=owner_public, cert=cert, bootstrap=(), owner_key=owner)
+    return SwarmMembership(swarm=cert.swarm, owner_public=owner_public, cert=cert, bootstrap=(), owner_key=owner)
+
+
+def certify(state_dir: Path | None, owner: SigningKey, peer: bytes, *, now: float,
+            network: ipaddress.IPv4Network, roles: tuple[str, ...] = MEMBER_ROLES, ttl: float,
+            addr4: str | None = None, in_use: Iterable[ipaddress.IPv4Address] = (),
+            members: Members | None = None) -> Cert:
+    """Owner: a certificate for ``peer`` that names its overlay address, recorded in
+    ``members.json``. Every certificate the owner issues is made here (`swarm init`, joins,
+    renewals, the lab's swarms), so none lacks an address and no two share one.
+
+    The address is ``addr4`` when given (a renewal keeps its own), else the registry's: the
+    peer's earlier one if still in ``network``, else the first of its candidates in ``network``
+    that no member holds, claims (``in_use``) or left behind recently (``owner.Members``).
+    ``members`` is the registry already loaded by the caller (read from disk otherwise);
+    ``state_dir=None`` keeps it in memory only (tests). ``Refused``: the peer is revoked, or
+    the network is full."""
+    if members is None:
+        members = load_members(state_dir) if state_dir is not None else Members()
+    name = peer_str(peer)
+    swarm = swarm_id(bytes(owner.verify_key))
+    if addr4 is None:
+        addr4 = members.address_for(name, address.candidates(swarm, peer, network), now=now,
+                                    in_use=set(in_use), network=network)
+    cert = issue_cert(_signer(owner), swarm, peer, now=now, ttl=ttl, roles=roles, addr4=addr4)
+    members.certified(name, addr4, cert.expires)
+    if state_dir is not None:
+        save_members(state_dir, members)
+    return cert
 
 
 def save_joined(state_dir: Path, owner_public: bytes, cert: Cert, bootstrap: tuple[str, ...]) -> SwarmMembership:

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from sim.netlab.lab import mesh_interface
+from swarmd.gossip import swarmstate
+from swarmd.gossip.cert import issue_cert
+from swarmd.gossip.signed import peer_bytes
 from swarmd.wg import address, keys
 
 from .support import call, in_netns, until
@@ -125,8 +128,27 @@ def test_gloo_all_reduce_over_the_overlay(lab):
     assert all(after[p] > before[p] for p in before), "the ranks' traffic went through WireGuard"
 
 
+def legacy_certs(lab, hosts: list[str], *, offline_owner: bool = False) -> None:
+    """Give ``hosts`` (stopped) certificates without an address, as the owner issued them before
+    it signed addresses. ``offline_owner``: h1 keeps only a member's certificate and its
+    owner key is moved away, so nobody can renew and the certificates stay addressless."""
+    owner_dir = Path(lab.state.host("h1").state_dir)
+    owner = swarmstate.load(owner_dir, peer_bytes(lab.state.host("h1").peer_id))
+    for h in hosts:
+        state_dir = Path(lab.state.host(h).state_dir)
+        peer = peer_bytes(lab.state.host(h).peer_id)
+        m = swarmstate.load(state_dir, peer)
+        roles = ("member",) if offline_owner else m.cert.roles
+        cert = issue_cert(swarmstate.owner_signer(owner), owner.swarm, peer, now=time.time(), roles=roles)
+        swarmstate.save_cert(state_dir, m, cert)
+    if offline_owner:
+        (owner_dir / swarmstate.OWNER_KEY).rename(owner_dir.parent / "owner.key.offline")
+
+
 def test_forced_address_collision_is_resolved(lab):
-    """Two members made to want one address: the lower public key keeps it, the other moves."""
+    """Two members whose certificates name no address (from before the owner signed them, with
+    the owner offline so neither can renew), made to want one derived address: the lower public
+    key keeps it, the other moves."""
     l = lab(2, rtt=10.0, mesh=True)
     until(lambda: full_mesh(l, ["h1", "h2"]), 20, "a mesh of two")
     swarm = call(l, "h1", "status")["swarm"]["id"]
@@ -141,17 +163,54 @@ def test_forced_address_collision_is_resolved(lab):
         l.kill(h, signal.SIGTERM)
         toml = Path(l.state.host(h).state_dir).parent / "swarmd.toml"
         toml.write_text(f'mesh_network = "{network}"\n')
+    legacy_certs(l, ["h1", "h2"], offline_owner=True)
     keys._write(Path(l.state.host("h2").state_dir) / keys.KEY_FILE, pair)
     l.start("h1")
     l.start("h2")
     until(lambda: full_mesh(l, ["h1", "h2"]), 20, "a mesh of two again")
     until(lambda: overlay(l, "h1") != overlay(l, "h2"), 10, "the collision resolved")
+    assert all(call(l, h, "status")["swarm"]["cert_addr4"] is None for h in ("h1", "h2"))
     winner, loser = ("h1", "h2") if h1_public < pair.public else ("h2", "h1")
     assert overlay(l, winner) == str(contested)
     assert call(l, loser, "status")["mesh"]["readdressed"] >= 1  # it did claim the address, then moved
     assert address.IPv4Address(overlay(l, loser)) in network
     until(lambda: ping(l, "h1", overlay(l, "h2")) and ping(l, "h2", overlay(l, "h1")), 10,
           "both reach each other at their final addresses")
+
+
+def test_every_certificate_names_an_address_and_a_legacy_one_is_renewed_at_start(lab):
+    """The owner's certificate (from `swarm init`) and the lab's members' (issued as a join
+    issues them) name distinct addresses, which the hosts use. A member with a certificate
+    from before addresses, whose key is ground so that its first derived address is the
+    owner's, never takes that address from the owner: it renews at start and then advertises
+    the address its new certificate names."""
+    l = lab(2, rtt=10.0, mesh=True)
+    until(lambda: full_mesh(l, ["h1", "h2"]), 20, "a mesh of two")
+    certs = {h: call(l, h, "status")["swarm"]["cert_addr4"] for h in ("h1", "h2")}
+    assert all(certs.values()) and len(set(certs.values())) == 2, certs
+    assert {h: overlay(l, h) for h in certs} == certs
+    swarm = call(l, "h1", "status")["swarm"]["id"]
+    target = address.IPv4Address(certs["h1"])
+    while True:  # a key for h2 whose first derived choice is h1's certificate address: ~65,000 tries
+        pair = keys.KeyPair.generate()
+        if next(address.candidates(swarm, pair.public)) == target:
+            break
+    l.kill("h2", signal.SIGTERM)
+    legacy_certs(l, ["h2"])
+    keys._write(Path(l.state.host("h2").state_dir) / keys.KEY_FILE, pair)
+    (Path(l.state.host("h2").state_dir) / "wg.addr").unlink(missing_ok=True)  # derive afresh
+    l.start("h2")
+    # at start: a first try made before h1 is in h2's view fails, and the next comes 10-20 s later
+    until(lambda: call(l, "h2", "status")["swarm"]["cert_addr4"], 45, "h2 renewed its certificate at start")
+    got = call(l, "h2", "status")["swarm"]["cert_addr4"]
+    assert got != certs["h1"]
+    until(lambda: overlay(l, "h2") == got, 10, "h2 uses its certificate's address")
+    until(lambda: full_mesh(l, ["h1", "h2"]) and ping(l, "h1", got) and ping(l, "h2", certs["h1"]), 20,
+          "both reach each other at their certificates' addresses")
+    assert overlay(l, "h1") == certs["h1"] and call(l, "h1", "status")["mesh"]["readdressed"] == 0
+    rows = {r["peer"]: r["overlay"] for r in mesh(l, "h1")["peers"]}
+    assert rows == {l.state.host("h2").peer_id: got}  # what h2 advertises, as h1 sees it
+    assert call(l, "h2", "status")["swarm"].get("record_error") is None
 
 
 def test_key_rotation_keeps_connectivity(lab):
