@@ -18,7 +18,9 @@ Theory of operation:
   with precedence leaves the view.
 - Addresses the owner signed into members' certificates (``bound``) have precedence over
   every derived claim: ``choose`` never picks one and ``conflicts`` moves us off one. A member
-  with such a certificate does not derive at all.
+  with such a certificate does not derive at all. Every certificate the owner issues names
+  one; the derived rule serves only certificates from before, whose holders renew them at
+  start (``cert.renew_due``) and derive meanwhile.
 - IPv6. ``ula`` is an RFC 4193 unique local address: fd00::/8, a 40-bit global id from
   sha256 of the swarm id (one /48 per swarm), subnet 0, and a 64-bit interface id from sha256
   of the public key. 64 bits make collisions negligible, so there is no rule for them.
