@@ -87,3 +87,25 @@ def test_a_node_without_swarm_says_so(make_daemon):
         d.call("swarm.invite")
     assert d.call("peers")["peers"] == []
     assert d.call("status")["swarm"] is None
+
+
+def test_a_node_whose_certificate_expired_stays_up_and_says_it_publishes_nothing(make_daemon):
+    import subprocess
+    import sys
+    import time
+
+    owner = make_daemon("owner")
+    owner.call("swarm.init")
+    token = owner.call("swarm.invite", cert_ttl=60)["token"]  # the shortest lifetime an invite gives
+    b = make_daemon("b", args=["--join", token])
+    expires = wait_until(lambda: (b.call("status")["swarm"] or {}).get("cert_expires"), 20, "b joined")
+    pid = b.call("status")["pid"]
+    owner.stop()  # the owner unreachable for the whole renewal window: the certificate lapses
+    wait_until(lambda: b.call("status")["swarm"].get("record_error"), expires - time.time() + 60,
+               "b stops publishing once its certificate expired")
+    status = b.call("status")
+    assert status["pid"] == pid and time.time() > expires, "the same daemon, still up"
+    assert "expired" in status["swarm"]["record_error"]
+    shown = subprocess.run([sys.executable, "-m", "swarmctl.main", "--socket", str(b.socket), "status"],
+                           capture_output=True, text=True, timeout=60)
+    assert "NOT PUBLISHING" in shown.stdout and "EXPIRED" in shown.stdout, shown.stdout
