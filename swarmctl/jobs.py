@@ -151,7 +151,7 @@ class CtrlC:
     @classmethod
     def install(cls) -> CtrlC:
         ctrl_c = cls()
-        if _in_foreground():
+        if in_foreground():
             signal.signal(signal.SIGINT, ctrl_c._handle)
         return ctrl_c
 
@@ -172,7 +172,8 @@ class CtrlC:
             raise KeyboardInterrupt
 
 
-def _in_foreground() -> bool:
+def in_foreground() -> bool:
+    """This process is in its terminal's foreground process group: a Ctrl-C typed there is for it."""
     for fd in (0, 1, 2):
         try:
             if os.isatty(fd):

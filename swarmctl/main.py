@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -232,7 +233,17 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
 }
 
 
+def _hear_ctrl_c() -> None:
+    """A Ctrl-C typed at our terminal is for us, whatever SIGINT disposition we inherited: a
+    shell without job control starts background commands with it ignored, exec keeps it, and
+    then every command (`jobs logs -f` following forever) was deaf to Ctrl-C. In the
+    background, or with no terminal, the inherited disposition stands."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and jobs.in_foreground():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _hear_ctrl_c()  # first: a Ctrl-C while the arguments are read or the daemon is reached counts too
     args = parser().parse_args(argv)
     args.json = getattr(args, "json", False)
     socket_path = str(getattr(args, "socket", None) or client_socket(os.environ))

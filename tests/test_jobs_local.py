@@ -90,46 +90,65 @@ def test_logs_follow_streams_until_the_job_ends(node):
     assert node.call("jobs.show", id=job)["state"] == "succeeded", "-f returned because the job ended"
 
 
-def _run_on_a_tty(d, answer: bytes, sigint=None) -> tuple[int, bytes]:
-    """`swarmctl jobs run` on a terminal, Ctrl-C once the job prints, then `answer` to its question.
+class _Terminal:
+    """`swarmctl ARGS` on a terminal of its own, as a user runs it: in that terminal's
+    foreground, Ctrl-C typed there (the line discipline signals the foreground group).
 
     swarmctl starts with SIGINT's default disposition, whatever pytest's own is (a shell without
     job control starts background commands with SIGINT ignored, and exec keeps it), or `sigint`."""
-    import pty
-    import select
-    import signal
-    import time
 
-    pid, fd = pty.fork()
-    if pid == 0:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint)
-        os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), "jobs", "run",
-                                  "--", "python", "-c", "import time; print('ready', flush=True); time.sleep(600)"])
-    seen = b""
+    def __init__(self, d, *args: str, sigint=None) -> None:
+        import pty
+        import signal
 
-    def read_until(marker: bytes, timeout: float = 60) -> None:
-        nonlocal seen
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint)
+            os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), *args])
+        self.seen = b""
+        self.code: int | None = None
+
+    def read_until(self, marker: bytes, timeout: float = 60) -> None:
+        """Read until `marker`; fails at once, saying so, if swarmctl exits first."""
+        import select
+        import time
+
         deadline = time.monotonic() + timeout
-        while marker not in seen:
-            assert time.monotonic() < deadline, f"no {marker!r} in {seen[-2000:]!r}"
-            if select.select([fd], [], [], 0.2)[0]:
+        while marker not in self.seen:
+            assert time.monotonic() < deadline, f"no {marker!r} in {self.seen[-2000:]!r}"
+            if select.select([self.fd], [], [], 0.2)[0]:
                 try:
-                    chunk = os.read(fd, 65536)
-                except OSError:  # the child is gone and its terminal with it
+                    chunk = os.read(self.fd, 65536)
+                except OSError:  # EIO: swarmctl is gone and its terminal with it
                     chunk = b""
                 if not chunk:
-                    seen += b"<eof>"
-                seen += chunk
+                    self.seen += b"<eof>"
+                    if marker != b"<eof>":
+                        raise AssertionError(f"swarmctl exited ({self.wait()}) before {marker!r}: {self.seen[-2000:]!r}")
+                self.seen += chunk
 
-    read_until(b"[rank 0] ready")
-    os.kill(pid, signal.SIGINT)
-    read_until(b"[c]ancel it or [d]etach?")
-    os.write(fd, answer + b"\n")
-    asked = len(seen)
-    read_until(b"<eof>", timeout=30)  # everything the command says until it exits
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), seen[asked:]
+    def ctrl_c(self) -> None:
+        os.write(self.fd, b"\x03")  # what the user types; the terminal sends SIGINT
+
+    def wait(self) -> int:
+        if self.code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.code = os.waitstatus_to_exitcode(status)
+            os.close(self.fd)
+        return self.code
+
+
+def _run_on_a_tty(d, answer: bytes, sigint=None) -> tuple[int, bytes]:
+    """`swarmctl jobs run` on a terminal, Ctrl-C once the job prints, then `answer` to its question."""
+    tty = _Terminal(d, "jobs", "run", "--", "python", "-c", "import time; print('ready', flush=True); time.sleep(600)",
+                    sigint=sigint)
+    tty.read_until(b"[rank 0] ready")
+    tty.ctrl_c()
+    tty.read_until(b"[c]ancel it or [d]etach?")
+    os.write(tty.fd, answer + b"\n")
+    asked = len(tty.seen)
+    tty.read_until(b"<eof>", timeout=30)  # everything the command says until it exits
+    return tty.wait(), tty.seen[asked:]
 
 
 def test_ctrl_c_asks_whether_to_cancel_or_detach(node):
@@ -153,6 +172,24 @@ def test_ctrl_c_asks_even_when_swarmctl_inherited_sigint_ignored(node):
     code, seen = _run_on_a_tty(node, b"c", sigint=signal.SIG_IGN)
     assert code == 130 and b"cancelled" in seen
     wait_until(lambda: node.call("jobs.ls")["jobs"][0]["state"] == "cancelled", 20, "the job cancelled")
+
+
+def test_ctrl_c_stops_logs_follow_even_when_swarmctl_inherited_sigint_ignored(node):
+    """Every command hears a Ctrl-C typed at its terminal, not only `jobs run`: `jobs logs -f`
+    started with SIGINT ignored followed the job until it ended, deaf to Ctrl-C."""
+    import signal
+
+    r = swarmctl(node, "jobs", "run", "--detach", "--", "python", "-c",
+                 "import time; print('ready', flush=True); time.sleep(600)")
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    tty = _Terminal(node, "jobs", "logs", "-f", job, sigint=signal.SIG_IGN)
+    tty.read_until(b"ready")
+    tty.ctrl_c()
+    tty.read_until(b"<eof>", timeout=30)
+    assert tty.wait() == 130
+    assert node.call("jobs.show", id=job)["state"] == "running", "following stopped, the job goes on"
+    node.call("jobs.cancel", id=job)
 
 
 def test_a_job_cancelled_as_soon_as_it_is_submitted_runs_nothing(node):
