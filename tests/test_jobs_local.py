@@ -103,8 +103,11 @@ class _Terminal:
 
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
-            signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint)
-            os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), *args])
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL if sigint is None else sigint)
+                os.execv(sys.executable, [sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), *args])
+            finally:
+                os._exit(127)  # never back into pytest in the child
         self.seen = b""
         self.code: int | None = None
 
