@@ -378,7 +378,10 @@ class Jobs:
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
             run.node_exited(peer, codes, first=event["first"])
-        self._save(job, live)
+        if "started" in event or "exit" in event:
+            self._save(job, live)
+        else:  # output or a heartbeat: the job's row is unchanged, its followers read the log
+            live.touch()
 
     def _save(self, job: str, live: _Live) -> None:
         run = live.run
