@@ -4,6 +4,8 @@
 
 Attacks (each is what a real attacker could send; none needs anything but the network):
   no-cert   gossip a record and ask for a sync with a certificate from a foreign owner
+  listen-outsider  connect, subscribe to the swarm's topic, count what arrives for --seconds
+  listen-member    the same after a member's sync hello (for a revoked member: --state)
   forged    gossip a record whose signature does not verify (a member's cert, a flipped byte)
   capture   save the records the target holds (sync as a member) to --file
   replay    gossip the records saved by `capture` again, verbatim
@@ -61,7 +63,8 @@ from . import intruder_admission
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
 GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
-ATTACKS = ("no-cert", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS,
+OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider")  # no member's hello first
+ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS,
            *intruder_admission.ATTACKS, *GOSSIP_ATTACKS)
 
 
@@ -106,16 +109,30 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
 
     host = make_host(ident, ["/ip4/0.0.0.0/tcp/0"])
     async with host.run([Multiaddr("/ip4/0.0.0.0/tcp/0")]):
-        pubsub, router = ps.make_pubsub(host)
+        pubsub, router = ps.make_pubsub(host, gated=False)  # an attacker talks to anyone
         async with background_trio_service(pubsub), background_trio_service(router):
             await pubsub.wait_until_ready()
             topic = ps.topic(owner.swarm)
-            await pubsub.subscribe(topic)
+            subscription = await pubsub.subscribe(topic)
             with trio.fail_after(20):  # after pubsub is up, so that it greets the target
                 await host.connect(target)
-            with trio.fail_after(20):  # the target's subscription must be known to publish to it
-                while target.peer_id not in pubsub.peer_topics.get(topic, set()):
-                    await trio.sleep(0.05)
+            host.get_peerstore().add_addrs(target.peer_id, target.addrs, 3600)  # to dial again once hung up on
+            if args.attack not in OUTSIDER_ATTACKS:  # a member's sync hello: the target's pubsub serves us
+                from .intruder_gossip import sync_exchange
+
+                theirs = None
+                with trio.move_on_after(10):
+                    try:
+                        _, theirs = await sync_exchange(host, target.peer_id, {"cert": member_cert.blob},
+                                                        {"records": [], "claims": []})
+                    except Exception:
+                        pass
+                with trio.move_on_after(5 if theirs is not None else 0):  # its subscription, to publish to it
+                    while target.peer_id not in pubsub.peer_topics.get(topic, set()):
+                        await trio.sleep(0.05)
+            # it does not greet a peer that showed no certificate: push to it all the same
+            pubsub.peer_topics.setdefault(topic, set()).add(target.peer_id)
+            router.mesh.setdefault(topic, set()).add(target.peer_id)
 
             async def gossip(blobs: list[bytes]) -> None:
                 for blob in blobs:
@@ -139,6 +156,14 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                     await gossip([record(foreign_cert)])
                     reply = await sync({"cert": foreign_cert.blob, "records": [], "claims": []})
                     return f"sent a record and a sync request with a foreign certificate; reply: {reply}"
+                case "listen-outsider" | "listen-member":
+                    got = 0
+                    with trio.move_on_after(args.seconds):
+                        while True:
+                            await subscription.get()
+                            got += 1
+                    connected = target.peer_id in host.get_connected_peers()
+                    return f"received {got} messages in {args.seconds:g} s; still connected: {connected}"
                 case "forged":
                     body, sig = msgpack.unpackb(record(member_cert), raw=False)
                     await gossip([msgpack.packb([body, sig[:-1] + bytes([sig[-1] ^ 1])], use_bin_type=True)])

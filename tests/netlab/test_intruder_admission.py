@@ -145,6 +145,9 @@ def test_revoked_member_is_refused(lab, tmp_path):
     until(lambda: rejected(l, "h1").get("revoked", 0) >= before.get("revoked", 0) + 4, 10,
           "its record, sync, job request and renewal refused (revoked)")
     assert revoked not in peers(l, "h1")
+    # subscribed to the swarm's topic, it hears nothing, and is hung up on
+    out = intruder(l, "listen-member", "--seconds", "8", "--state", str(tmp_path / "intruder"))
+    assert "received 0 messages" in out and "still connected: False" in out, out
     assert all_alive(l, names)
 
 

@@ -135,6 +135,31 @@ def test_an_outsider_gets_nothing_and_a_16_mib_frame_before_any_certificate_cost
     still_healthy(l, names, before_pids)
 
 
+def listen(l, attack: str, *extra: str) -> str:
+    """Run a listening intruder for 8 s while h1 publishes record after record (label changes)."""
+    proc = subprocess.Popen(intruder_argv(l, attack, "--seconds", "8", *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    n = 0
+    while proc.poll() is None:  # each swarmctl call paces the next
+        l.exec("h1", ["swarmctl", "labels", "set", f"gen={n}"])
+        n += 1
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def test_an_outsider_subscribed_to_the_swarm_topic_gets_no_records_and_is_disconnected(swarm):
+    l, names, before_pids = swarm
+    out = listen(l, "listen-member")  # the control: a member that showed its certificate hears h1
+    assert "received 0 messages" not in out and "still connected: True" in out, out
+    before = rejected(l, "h1")
+    out = listen(l, "listen-outsider")
+    assert "received 0 messages" in out and "still connected: False" in out, out
+    until(lambda: rejected(l, "h1").get("unchecked", 0) > before.get("unchecked", 0), 10,
+          "the outsider counted as unchecked", detail=lambda: rejected(l, "h1"))
+    still_healthy(l, names, before_pids)
+
+
 def test_500_concurrent_streams_from_one_peer_are_capped(swarm):
     l, names, before_pids = swarm
     before = rejected(l, "h1")
