@@ -207,3 +207,19 @@ def test_recent_logs_again_after_its_window_and_stays_bounded():
         r.first(("bad", i), 4000.0)
     assert len(r) == 100
     assert r.first(("new", "q"), 4001.0), "a new rejection is still logged after a flood"
+
+
+def test_a_message_is_verified_once_for_the_rate_check_and_the_validator(monkeypatch):
+    from libp2p.pubsub.pb import rpc_pb2
+
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    msg = rpc_pb2.Message(data=other_record(5, ["/ip4/192.0.2.7/tcp/4001"]))
+    calls = []
+    real = g.verifier.decode
+    monkeypatch.setattr(g.verifier, "decode", lambda blob, now: calls.append(1) or real(blob, now))
+
+    async def check():
+        assert g._quiet_drop(ID(b"x"), msg) is False and g._validate(ID(b"x"), msg) is True
+
+    trio.run(check)
+    assert len(calls) == 1

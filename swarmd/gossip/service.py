@@ -404,7 +404,7 @@ class Gossip:
 
     def _decode(self, data: bytes) -> Any:
         """Verifier.decode, once per message for quiet_drop and the validator that follows it."""
-        if self._decoded is not None and self._decoded[0] is data:
+        if self._decoded is not None and self._decoded[0] == data:  # protobuf hands out a new bytes each read
             return self._decoded[1]
         decoded = self.verifier.decode(data, time.time())  # type: ignore[union-attr]
         self._decoded = (data, decoded)
