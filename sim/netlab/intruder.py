@@ -64,8 +64,8 @@ OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
 GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
 OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider")  # no member's hello first
-ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage", "job", *JOB_ATTACKS,
-           *intruder_admission.ATTACKS, *GOSSIP_ATTACKS)
+ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage",
+           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
