@@ -72,8 +72,10 @@ class GatedPubsub(Pubsub):
         self.admitted.add(peer)
         for topic in sorted(self._held.pop(peer, ())):
             super().handle_subscription(peer, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic))
-        if peer in self._waiting and self.manager.is_running:
-            self._waiting.discard(peer)
+        self._waiting.discard(peer)
+        # also a peer connected before this pubsub started (a join's connection): py-libp2p only
+        # opens streams on new connections. A no-op when one is open; gives up if not connected.
+        if peer not in self.peers and self.manager.is_running:
             self.manager.run_task(self._handle_new_peer_with_retry, peer)
 
     def forget(self, peer: ID) -> None:
