@@ -122,7 +122,10 @@ def test_members_see_and_manage_only_their_own_jobs(node):
     wait_until(lambda: node.call("jobs.show", id=mine)["state"] == "cancelled", 20, "the member's job cancelled")
 
     wait_until(lambda: node.call("status")["jobs"]["slots_free"], 20, "the cancelled job's slot back")
-    other = submit(node, OTHER_MEMBER)
+    # placement reads this node's record, which follows the ledger within publish_interval: wait for it
+    outcome = as_user(node, OTHER_MEMBER, [node.gid], "jobs.run", spec=SLEEP | {"wait": "30s"}, detach=True)
+    assert outcome[0] == "ok", outcome
+    other = outcome[1]["submitted"]
     wait_until(lambda: node.call("jobs.show", id=other)["state"] == "running", 60, "the other member's job running")
     assert node.call("jobs.cancel", id=other)["id"] == other, "root may cancel anyone's job"
     wait_until(lambda: node.call("jobs.show", id=other)["state"] == "cancelled", 20, "the other member's job cancelled")
