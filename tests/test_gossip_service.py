@@ -21,7 +21,7 @@ from swarmd.gossip.service import RECORD_BURST, Gossip
 from swarmd.gossip.cert import issue_cert
 from swarmd.gossip.signed import peer_from_key, peer_str
 from swarmd.gossip.swarmstate import SwarmMembership
-from swarmd.gossip.wire import MeshInfo, Verifier, make_record, wg_proof_message
+from swarmd.gossip.wire import MeshInfo, Verifier, make_record, make_rumor, wg_proof_message
 from swarmd.metrics import Metrics
 from swarmd.wg.address import ula
 from swarmd.wg.keys import KeyPair, prove
@@ -174,6 +174,25 @@ async def test_records_over_a_publishers_rate_are_dropped_quietly_and_counted():
     assert g.rejected["record_rate"] == 5
     await trio.sleep(1.0)  # 4 tokens a second come back
     assert g._quiet_drop(ID(b"x"), SimpleNamespace(data=other_record(99, []))) is False
+
+
+async def test_a_lie_about_us_relayed_by_an_honest_member_is_dropped_without_blaming_the_relay():
+    """A member's burst of rumors about an incarnation of ours we never issued reaches us
+    through honest relays: failing the validator would cost each relay 10 points per rumor,
+    and 80 of them graylisted the relays (the swarm's gossip mesh split; a lab test saw a
+    label change stop spreading). Dropped before validation, counted against the liar."""
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        lie = make_rumor(signer(OTHER), kind="dead", swarm=SWARM, sender=peer_str(OTHER_PEER), about=ME,
+                         incarnation=g.core.seq + (1 << 20), issued=time.time(),
+                         cert=cert_for(OTHER_PEER, issued=time.time() - 10, ttl=3600))
+        msg = SimpleNamespace(data=lie)
+        relay = ID(b"honest relay")
+        assert g._quiet_drop(relay, msg) is True, "dropped and not passed on"
+        assert g._validate(relay, msg) is True, "nothing in the message itself is invalid"
+        assert g.rejected["future_incarnation"] == 1 and sum(g.rejected.values()) == 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_new_record_replaces_the_addresses_of_the_old_one():

@@ -411,14 +411,29 @@ class Gossip:
         return decoded
 
     def _quiet_drop(self, forwarder: ID, msg) -> bool:
-        """Before validation: a valid record over its publisher's rate is dropped here, not
-        passed on, and not counted against ``forwarder`` (pubsub.GatedPubsub.quiet_drop)."""
+        """Before validation: drop, without passing it on and without counting it against
+        ``forwarder`` (pubsub.GatedPubsub.quiet_drop), what an honest relay may well forward
+        because it depends on this node's own view: a record over its publisher's rate, a
+        record this view refuses (a revoked signer, a WireGuard key another member holds here),
+        a rumor about an incarnation of ours we never issued. Penalizing the relay (the
+        validator's 10 points per message) would let one member's burst of lies make honest
+        members graylist each other and split the gossip mesh. What every node judges alike
+        (a bad signature, a malformed body) is the validator's, and costs the forwarder."""
         try:
             decoded = self._decode(msg.data)
         except Invalid:
             return False  # the validator counts it
+        if isinstance(decoded, Rumor):
+            if self.core is not None and (why := self.core.screen(decoded)):
+                self.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
+                                                 f"{decoded.incarnation}")
+                return True
+            return False
         if not isinstance(decoded, Record) or decoded.peer == self.me:
             return False
+        if refused := self.admission.refuse_record(decoded, self._wg_keys()):
+            self.reject(refused[0], decoded.peer, refused[1])
+            return True
         if self._record_rate.allow(decoded.peer, trio.current_time()):
             return False
         self.reject("record_rate", decoded.peer,
@@ -427,16 +442,9 @@ class Gossip:
 
     def _validate(self, forwarder: ID, msg) -> bool:
         try:
-            decoded = self._decode(msg.data)
+            self._decode(msg.data)
         except Invalid as exc:
             self.reject(exc.reason, str(forwarder), exc.detail)
-            return False
-        if isinstance(decoded, Record) and (refused := self.admission.refuse_record(decoded, self._wg_keys())):
-            self.reject(refused[0], decoded.peer, refused[1])  # nor is it passed on
-            return False
-        if self.core is not None and isinstance(decoded, Rumor) and (why := self.core.screen(decoded)):
-            self.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
-                                             f"{decoded.incarnation}")  # a lie about us: not passed on
             return False
         return True
 
