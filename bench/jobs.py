@@ -5,11 +5,16 @@
   and with the same workdir again (cached: nothing shipped). Median of RUNS each.
 - The demo's test accuracy and training throughput (samples/s) on 1 host and on 3 hosts over
   the mesh: the accuracy should not depend on the number of hosts.
+- A coordinator that never reads (the lab's intruder, a certified member on h3, starts a job
+  on h1 whose rank prints as fast as it can and never reads the stream, for NO_READ_S): h1's
+  daemon RSS before and at its peak, and the lines left off the stream (kept in the log).
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -21,6 +26,7 @@ from swarmd.compute.workdir import pack
 from swarmd.rpc.client import Client
 
 RUNS = 5
+NO_READ_S = 20
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
@@ -88,6 +94,39 @@ def measure() -> dict[str, float]:
                 _, _, lines = _run(c, spec, demo)
                 accuracy, speed = _accuracy_and_throughput(lines)
                 results |= {f"demo_accuracy_{nodes}_hosts": accuracy, f"demo_samples_per_s_{nodes}_hosts": speed}
+        results |= _never_reads(lab)
     finally:
         labmod.down(name)
     return results
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def _never_reads(lab: labmod.Lab) -> dict[str, float]:
+    victim, attacker = lab.state.host("h1"), lab.state.host("h3")
+    with Client(victim.socket, timeout=30) as c:
+        dropped = c.call("status")["jobs"]["output_dropped"]
+    before = peak = _rss_mb(victim.pid)
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", attacker.netns, sys.executable, "-m", "sim.netlab.intruder", "job-no-read",
+         "--target", f"/ip4/{victim.address}/tcp/{labmod.SWARMD_PORT}/p2p/{victim.peer_id}",
+         "--owner-dir", victim.state_dir, "--seconds", str(NO_READ_S)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + NO_READ_S + 90
+    while proc.poll() is None and time.monotonic() < deadline:
+        peak = max(peak, _rss_mb(victim.pid))
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the intruder failed: {err[-2000:]}")
+    time.sleep(2)  # the host notices the stream gone and counts what it left off
+    with Client(victim.socket, timeout=30) as c:
+        lost = c.call("status")["jobs"]["output_dropped"] - dropped
+    return {"no_read_coordinator_rss_before_mb": before, "no_read_coordinator_rss_peak_mb": peak,
+            "no_read_coordinator_lines_dropped": float(lost)}
