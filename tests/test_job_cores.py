@@ -36,9 +36,9 @@ def test_an_uncommitted_lease_lapses_and_a_commit_never_started_lapses_at_its_st
 
 def test_a_member_reserving_and_committing_fresh_ids_never_started_cannot_keep_the_slots():
     """Finding 9: reserve again to renew, commit and never start, take every slot with fresh
-    ids: each lapses, and a coordinator holds at most half the slots unstarted."""
-    ledger = Ledger(4)
-    assert ledger.max_unstarted == 2
+    ids: each lapses, and a host can cap how many a coordinator holds unstarted."""
+    ledger = Ledger(4, max_unstarted=2)
+    assert Ledger(4).max_unstarted == 4, "by default a coordinator may hold every slot for jobs it starts"
     assert ledger.reserve(0, "a", "hog", gpus=0, ranks=1, lease=10) == Grant("a", ())
     assert ledger.reserve(9, "a", "hog", gpus=0, ranks=1, lease=10) == Grant("a", ())
     assert ledger.next_deadline() == 10, "reserving again does not renew the lease"
@@ -54,6 +54,14 @@ def test_a_member_reserving_and_committing_fresh_ids_never_started_cannot_keep_t
     assert ledger.expire(669) == [("hog", "a"), ("hog", "b")], "commits never started lapse"
     assert ledger.slots_free == 2 and ledger.state_of("x", "honest") == "running"
     assert ledger.expire(1e9) == [], "running holds never lapse"
+
+
+def test_one_coordinator_may_hold_every_slot_for_jobs_submitted_at_once():
+    """Two `jobs run` at the same moment from one user on a 2-slot host: both are placed."""
+    ledger = Ledger(2)
+    for job in ("a", "b"):
+        assert ledger.reserve(0, job, "coord", gpus=0, ranks=1, lease=10) == Grant(job, ())
+    assert ledger.slots_free == 0
 
 
 def test_a_retried_reservation_is_the_same_grant():

@@ -16,8 +16,11 @@ Rules:
   deadline (`start_within`, long enough for the workdir to be shipped): a coordinator that
   dies, or a member that never means to start, leaves nothing behind once it passes. A
   running hold has no deadline, so nothing lapses under running ranks.
-- A coordinator holds at most `max_unstarted` holds that are not running (default: half
-  the slots, at least one), so one member reserving fresh ids cannot take every slot.
+- A coordinator may hold at most `max_unstarted` holds that are not running (default: all
+  the slots). Not lower by default: one user submitting two jobs at once to a 2-slot host
+  would see the second refused, and a member can fill every slot with jobs it really runs
+  anyway; what the lapse above guarantees is that slots held without running anything come
+  back. A per-member share of a host is a scheduling policy (fair share), not this check.
 - `start` needs a committed hold of the same coordinator and at most the ranks reserved;
   the hold is then running until the driver reports `finish` (the ranks have exited).
 - `release` of a running hold does not free it (its ranks still use the slot and GPUs):
@@ -95,7 +98,7 @@ class Ledger:
             raise ValueError(f"a host needs at least one job slot, got {slots}")
         self.slots = slots
         self.gpus = tuple(sorted(gpus))
-        self.max_unstarted = max_unstarted if max_unstarted is not None else max(1, slots // 2)
+        self.max_unstarted = max_unstarted if max_unstarted is not None else slots
         self._holds: dict[Key, _Hold] = {}
 
     @property
