@@ -1,10 +1,20 @@
-"""What the lab tests share: calling a host's daemon, and waiting for a condition."""
+"""What the lab tests share: a 3-host lab for a module, calling a host's daemon and its
+swarmctl, and waiting for a condition."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import sys
 import time
+import uuid
+from collections.abc import Iterator
 
+import pytest
+
+from sim.netlab import lab as labmod
+from sim.netlab import topology
 from swarmd.rpc.client import Client
 
 
@@ -26,3 +36,25 @@ def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=N
 def in_netns(lab, host: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", lab.state.host(host).netns, *argv],
                           capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def three_hosts(prefix: str, *, mesh: bool) -> Iterator[labmod.Lab]:
+    """A formed 3-host lab on uniform 10 ms links, for a module's tests; always torn down."""
+    if os.geteuid() != 0:
+        pytest.skip("netlab needs root (network namespaces); CI runs as root")
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    hosts, links = topology.plan(3, topology.uniform(10.0))
+    lab = labmod.Lab.up(name, hosts, links, mesh=mesh)
+    try:
+        lab.wait_formed()
+        yield lab
+    finally:
+        labmod.down(name)
+
+
+def swarmctl(lab, host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real swarmctl against a lab host's daemon, as its user would run it."""
+    env = {**os.environ, "SWARMD_SOCKET": lab.state.host(host).socket, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "swarmctl.main", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)

@@ -10,16 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from sim.netlab import lab as labmod
-from sim.netlab import topology
 from sim.netlab.lab import SWARMD_PORT
 
-from .support import call, until
+from .support import call, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
@@ -29,22 +26,8 @@ STEADY = "import time; print('ready', flush=True); time.sleep({s}); print('done'
 
 @pytest.fixture(scope="module")
 def jl():
-    if os.geteuid() != 0:
-        pytest.skip("netlab needs root (network namespaces); CI runs as root")
-    name = f"i{uuid.uuid4().hex[:6]}"
-    hosts, links = topology.plan(3, topology.uniform(10.0))
-    lab = labmod.Lab.up(name, hosts, links, mesh=False)
-    try:
-        lab.wait_formed()
+    with three_hosts("i", mesh=False) as lab:
         yield lab
-    finally:
-        labmod.down(name)
-
-
-def swarmctl(lab, host: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWARMD_SOCKET": lab.state.host(host).socket, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "swarmctl.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
 
 
 def intruder(lab, attack: str, *extra: str, timeout: float = 120) -> str:

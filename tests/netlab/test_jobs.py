@@ -3,21 +3,18 @@ driven by the real `swarmctl` as a user would."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from sim.netlab import lab as labmod
-from sim.netlab import topology
 from sim.netlab.lab import SWARMD_PORT
 from swarmd.rpc.client import Client, RemoteError
 
-from .support import call, until
+from .support import call, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -51,22 +48,8 @@ time.sleep(600)
 
 @pytest.fixture(scope="module")
 def jl():
-    if os.geteuid() != 0:
-        pytest.skip("netlab needs root (network namespaces); CI runs as root")
-    name = f"j{uuid.uuid4().hex[:6]}"
-    hosts, links = topology.plan(3, topology.uniform(10.0))
-    lab = labmod.Lab.up(name, hosts, links, mesh=True)
-    try:
-        lab.wait_formed()
+    with three_hosts("j", mesh=True) as lab:
         yield lab
-    finally:
-        labmod.down(name)
-
-
-def swarmctl(lab, host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWARMD_SOCKET": lab.state.host(host).socket, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "swarmctl.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
 
 
 def workdir(tmp_path: Path, script: str) -> Path:
