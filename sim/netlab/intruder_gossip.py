@@ -29,7 +29,7 @@ from libp2p.peer.id import ID
 from swarmd.gossip.cert import Cert
 from swarmd.gossip.signed import Signer
 from swarmd.gossip.streams import (MAX_SMALL_FRAME, MAX_SYNC_FRAME, SYNC_PROTOCOL, PeerError, close_quietly,
-                                   read_frame, write_frame)
+                                   open_stream, read_frame, write_frame)
 from swarmd.gossip.wire import MAX_SEQ, make_rumor
 from swarmd.rpc.framing import HEADER
 
@@ -40,10 +40,7 @@ async def sync_exchange(host: IHost, peer: ID, hello: dict[str, Any],
                         payload: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """A sync as protocol 2 runs it (service.py): our certificate, theirs, their view, ours.
     Returns (their first answer, their view or None when they refused)."""
-    try:
-        stream = await host.new_stream(peer, [SYNC_PROTOCOL])
-    except Exception as exc:
-        raise PeerError(f"cannot open {SYNC_PROTOCOL} ({exc.__class__.__name__}: {exc})") from None
+    stream = await open_stream(host, peer, SYNC_PROTOCOL)
     try:
         await write_frame(stream, hello)
         answer = await read_frame(stream, MAX_SMALL_FRAME)

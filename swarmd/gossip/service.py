@@ -49,7 +49,7 @@ from .membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishR
                          Sync, Timing, View)
 from .signed import Invalid, Signer, peer_bytes, peer_str
 from .streams import (JOIN_PROTOCOL, MAX_SMALL_FRAME, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, PeerError,
-                      Pinger, close_quietly, read_frame, request, reset_quietly, write_frame)
+                      Pinger, close_quietly, open_stream, read_frame, request, reset_quietly, write_frame)
 from .swarmstate import SwarmMembership, save_joined
 from .syncmerge import max_records, select_sync_records
 from .revocation import Revocation
@@ -678,10 +678,7 @@ class Gossip:
         return True
 
     async def _sync_once(self, pid: ID) -> str:
-        try:
-            stream = await self.host.new_stream(pid, [SYNC_PROTOCOL])
-        except Exception as exc:
-            raise PeerError(f"cannot open {SYNC_PROTOCOL} ({exc.__class__.__name__}: {exc})") from None
+        stream = await open_stream(self.host, pid, SYNC_PROTOCOL)
         try:
             await write_frame(stream, {"cert": self.swarm.cert.blob})
             if not self._peer_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):

@@ -78,12 +78,18 @@ async def write_frame(stream: INetStream, obj: Any) -> None:
         raise PeerError(f"write failed ({exc.__class__.__name__})") from None
 
 
-async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = MAX_SMALL_FRAME) -> Any:
-    """Open a stream, send one frame, read one frame, close. Callers bound it with a timeout."""
+async def open_stream(host: IHost, peer: ID, protocol: str) -> INetStream:
+    """A new stream to ``peer``; whatever py-libp2p raises (no address, dial failure, protocol
+    refused) becomes one PeerError naming the protocol."""
     try:
-        stream = await host.new_stream(peer, [protocol])
+        return await host.new_stream(peer, [protocol])
     except Exception as exc:
         raise PeerError(f"cannot open {protocol} ({exc.__class__.__name__}: {exc})") from None
+
+
+async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = MAX_SMALL_FRAME) -> Any:
+    """Open a stream, send one frame, read one frame, close. Callers bound it with a timeout."""
+    stream = await open_stream(host, peer, protocol)
     try:
         await write_frame(stream, obj)
         return await read_frame(stream, limit)
