@@ -48,3 +48,48 @@ async def test_ungated_pubsub_behaves_as_py_libp2p():
         await pubsub.wait_until_ready()
         pubsub.handle_subscription(other.peer_id, rpc_pb2.RPC.SubOpts(subscribe=True, topicid=TOPIC))
         assert other.peer_id in pubsub.peer_topics[TOPIC]
+
+
+async def test_messages_arriving_while_pubsub_stops_do_not_crash_the_host(tmp_path):
+    """py-libp2p's read loop schedules each message on pubsub's task nursery; one that arrives
+    while the service stops found that nursery closed, and the RuntimeError escaped through the
+    host's connection (a lab intruder, and a daemon's shutdown, exited 1)."""
+    import trio
+    from multiaddr import Multiaddr
+
+    from libp2p.peer.peerinfo import PeerInfo
+
+    a_ident, _ = load_or_create(tmp_path / "a")
+    b_ident, _ = load_or_create(tmp_path / "b")
+    a_host = make_host(a_ident, ["/ip4/127.0.0.1/tcp/0"])
+    b_host = make_host(b_ident, ["/ip4/127.0.0.1/tcp/0"])
+    async with a_host.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]), b_host.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        a_pubsub, a_router = ps.make_pubsub(a_host, gated=False)
+        async with background_trio_service(a_pubsub), background_trio_service(a_router):
+            await a_pubsub.wait_until_ready()
+            await a_pubsub.subscribe(TOPIC)
+            for round_ in range(8):
+                b_pubsub, b_router = ps.make_pubsub(b_host, gated=False)
+                async with background_trio_service(b_pubsub), background_trio_service(b_router):
+                    await b_pubsub.wait_until_ready()
+                    sub = await b_pubsub.subscribe(TOPIC)
+                    await b_host.connect(PeerInfo(a_host.get_id(), a_host.get_addrs()))
+                    got = 0
+
+                    async def flood() -> None:
+                        n = 0
+                        while True:
+                            await a_pubsub.publish(TOPIC, f"{round_}-{n}".encode())
+                            n += 1
+                            await trio.sleep(0)
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(flood)
+                        with trio.fail_after(20):
+                            while got < 20:
+                                await sub.get()
+                                got += 1
+                        nursery.cancel_scope.cancel()
+                    for _ in range(50):  # keep A's queue full as B's pubsub stops
+                        await a_pubsub.publish(TOPIC, b"late")
+                await b_host.disconnect(a_host.get_id())

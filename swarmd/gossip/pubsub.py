@@ -110,6 +110,16 @@ class GatedPubsub(Pubsub):
             self._waiting.discard(peer_id)
             self._held.pop(peer_id, None)
 
+    async def stream_handler(self, stream) -> None:
+        # py-libp2p's read loop hands each message to this service's task nursery, checking only
+        # is_running; while the service stops, that nursery is already closed and trio's
+        # RuntimeError would escape through the host's connection task and end the host.
+        try:
+            await super().stream_handler(stream)
+        except RuntimeError:
+            if not (self.manager.is_cancelled or self.manager.is_finished):
+                raise
+
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         if self.quiet_drop is not None and not self._is_msg_seen(msg) and self.quiet_drop(msg_forwarder, msg):
             return
