@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from ipaddress import IPv4Network
 from pathlib import Path
 
@@ -34,7 +35,10 @@ from .topology import Host, Link
 READY_TIMEOUT = 90.0  # N daemons importing libp2p on 2 cores
 FORM_TIMEOUT = 60.0  # from every daemon answering to every one seeing (and meshed with) the others
 SWARMD_PORT = 4001
-JOB_USER = "nobody"  # who runs job ranks in the lab, as the daemon default
+JOB_USER = "nobody"  # who runs job ranks in the lab, as the daemon default (and with the sandbox off)
+# the daemons' default job uid range; the lab's daemons share one machine, so each host draws from its own slice
+JOB_UIDS = (61184, 65519)
+JOB_UIDS_PER_HOST = 200
 TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2"}
 
 
@@ -103,13 +107,16 @@ class Lab:
     # --- up ----------------------------------------------------------------------------
 
     @classmethod
-    def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True, mesh: bool = True) -> Lab:
+    def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True, mesh: bool = True,
+           daemon_args: Sequence[str] = ()) -> Lab:
+        """`daemon_args`: extra swarmd flags for every host, kept in the lab's state (a restart keeps them)."""
         preflight()
         if LabState.load(name) is not None or any(_netns_of(name)):
             raise LabError(f"lab {name!r} exists: `swarm-sim lab down --name {name}` first", 2)
         directory = ROOT / name
         directory.mkdir(parents=True, exist_ok=True)
-        state = LabState(name=name, dir=str(directory), daemons=daemons, links=links, mesh=mesh)
+        state = LabState(name=name, dir=str(directory), daemons=daemons, links=links, mesh=mesh,
+                         daemon_args=list(daemon_args))
         for h in hosts:
             hdir = directory / h.name
             ident, _ = load_or_create(hdir / "state")  # the peer id is known before the daemon starts
@@ -182,7 +189,8 @@ class Lab:
                "--log-level", os.environ.get("SWARMD_LAB_LOG_LEVEL", "info"),
                "--mesh", "userspace" if self.state.mesh else "off",
                "--mesh-interface", mesh_interface(self.state.name, h.name), "--job-user", job_user(),
-               "--job-slots", "2", *bootstrap]
+               "--job-slots", "2", "--job-uids", job_uids(h.index, len(self.state.hosts)), *bootstrap,
+               *self.state.daemon_args]
         with open(h.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
@@ -340,6 +348,14 @@ def job_user() -> str:
     print(f"swarm-sim: job ranks run as root: {JOB_USER} cannot run {sys.executable} "
           f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode})", file=sys.stderr)
     return ""
+
+
+def job_uids(index: int, hosts: int) -> str:
+    """Host `index`'s (1-based) slice of the job uid range, disjoint from every other host's
+    of a lab of `hosts`: two daemons handing out the same uid would share a job's identity."""
+    size = min(JOB_UIDS_PER_HOST, (JOB_UIDS[1] - JOB_UIDS[0] + 1) // max(hosts, index))
+    low = JOB_UIDS[0] + (index - 1) * size
+    return f"{low}-{low + size - 1}"
 
 
 def mesh_prefix(lab: str) -> str:

@@ -39,6 +39,7 @@ class LabState:
     links: list[Link] = field(default_factory=list)
     daemons: bool = True
     mesh: bool = True  # each daemon runs the WireGuard mesh (wireguard-go)
+    daemon_args: list[str] = field(default_factory=list)  # extra swarmd flags for every host (a test's settings)
 
     @staticmethod
     def path_for(name: str) -> Path:
@@ -55,6 +56,7 @@ class LabState:
             return None
         data = json.loads(path.read_text())
         return cls(name=data["name"], dir=data["dir"], daemons=data.get("daemons", True), mesh=data.get("mesh", True),
+                   daemon_args=list(data.get("daemon_args", [])),
                    hosts=[HostState(**h) for h in data["hosts"]], links=[Link(**l) for l in data["links"]])
 
     def host(self, name: str) -> HostState:
