@@ -269,6 +269,16 @@ def test_v2_at_the_real_root_moves_nothing(v2_tree):
     assert not (own / cgroups.LEAF).exists()
 
 
+def test_v2_a_daemon_started_from_the_leaf_nests_beside_it_not_below(v2_tree, tmp_path):
+    own, (self_cgroup, mountinfo) = v2_tree
+    cgroups.detect(self_cgroup, mountinfo).parent("swarmd-a")
+    self_cgroup.write_text(f"0::/system.slice/swarmd.service/{cgroups.LEAF}\n")  # a restart from inside
+    h = cgroups.detect(self_cgroup, mountinfo)
+    assert h.own["memory"] == own
+    h.parent("swarmd-b")
+    assert (own / "swarmd-b").is_dir() and not (own / cgroups.LEAF / cgroups.LEAF).exists()
+
+
 def test_v2_create_writes_limits_and_one_join_file(v2_tree):
     own, paths = v2_tree
     h = cgroups.detect(*paths)

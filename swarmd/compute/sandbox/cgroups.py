@@ -52,7 +52,8 @@ CFS_PERIOD = 100_000  # µs: the kernel's default period; quota = cpus x period
 CFS_MIN_QUOTA = 1_000  # µs: the kernel refuses less (EINVAL)
 # (major, minor or None for all): null, zero, full, random, urandom, tty, ptmx, the pts
 # terminals; what bubblewrap's --dev /dev creates and any program may open
-BASIC_DEVICES: tuple[tuple[int, int | None], ...] = ((1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2), (136, None))
+BASIC_DEVICES: tuple[tuple[int, int | None], ...] = (
+    (1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2), (136, None))
 WAIT = 5.0  # seconds for a freeze, an empty cgroup, an rmdir: generous, and still bounded
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", re.ASCII)
 
@@ -205,6 +206,8 @@ def detect(proc_self_cgroup: Path = Path("/proc/self/cgroup"),
     v2_offered = "not mounted"
     if v2_mount is not None and own_v2 is not None:
         where = _under(v2_mount[1], v2_mount[0], own_v2)
+        if where is not None and where.name == LEAF:
+            where = where.parent  # a daemon started from a process `parent` had moved: the cgroup is the one above
         offered = (_read(where / "cgroup.controllers") or "").split() if where else []
         v2_offered = ", ".join(offered) or "none"
         if where is not None and all(c in offered for c in REQUIRED):
@@ -393,12 +396,14 @@ class JobCgroup:
             if time.monotonic() > deadline:
                 raise CgroupError(f"{len(pids)} processes survive in {self.dirs[0]}: {sorted(pids)[:10]}")
             self._freeze(True)
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self._freeze(False)
+            try:
+                for pid in self.pids():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            finally:
+                self._freeze(False)
             _wait(lambda: not self.pids(), timeout=0.5)
 
     def _freeze(self, frozen: bool) -> None:
