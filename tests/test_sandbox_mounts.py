@@ -127,6 +127,32 @@ def test_read_only_even_for_a_uid_0_without_capabilities(layout):
 
 
 @real
+def test_a_daemon_whose_directories_are_under_tmp(tmp_path):
+    """The lab's daemons keep state and jobs under /tmp, which the box replaces: the job's
+    directory is still there and writable, its parents traversable, the rest absent."""
+    top = tmp_path / "jobs" / "a"
+    top.mkdir(parents=True)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "identity.key").write_text("secret")
+    os.chown(top, UID, GID)
+    argv = mounts.bwrap_argv(bwrap=BWRAP, top=top, cwd=top, hide=[tmp_path / "state", tmp_path / "jobs"],
+                             expose=[], devices=[], uid=UID, gid=GID, setpriv=SETPRIV)
+    out = inside(argv, f"""
+        out["write"] = attempt(lambda: open("out", "w").write("x"))
+        out["state"] = os.path.exists({str(tmp_path / "state")!r})
+        out["jobs"] = os.listdir({str(tmp_path / "jobs")!r})
+    """)
+    assert out == {"write": "ok", "state": False, "jobs": ["a"]}
+    assert (top / "out").read_text() == "x"
+
+
+def test_hiding_the_root_is_refused():
+    with pytest.raises(ValueError, match="cannot hide /"):
+        mounts.bwrap_argv(bwrap="bwrap", top=Path("/nonexistent/a"), cwd=Path("/nonexistent/a"), hide=[Path("/")],
+                          expose=[], devices=[], uid=61184, gid=61184, setpriv="setpriv")
+
+
+@real
 def test_tmp_is_private_and_writable(layout, tmp_path):
     marker = tmp_path / "host-marker"
     marker.write_text("host")
@@ -184,6 +210,18 @@ def test_exposing_a_parent_of_a_hidden_path_does_not_uncover_it(layout):
         out["other"] = os.path.exists({str(layout.other)!r})
     """)
     assert out == {"state": [], "other": False}
+
+
+@real
+def test_a_hidden_path_inside_an_exposed_one_stays_hidden(layout):
+    secret = layout.dataset / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("k")
+    out = inside(layout.argv(hide=[layout.jobs, layout.lib, secret], expose=[layout.dataset]), f"""
+        out["dataset"] = sorted(os.listdir({str(layout.dataset)!r}))
+        out["secret"] = os.listdir({str(secret)!r})
+    """)
+    assert out == {"dataset": ["secret", "train.txt"], "secret": []}
 
 
 @real

@@ -52,8 +52,12 @@ def bwrap_argv(*, bwrap: str, top: Path, cwd: Path, hide: Sequence[Path], expose
     """The command prefix that runs a rank confined, up to the final "--" before its argv."""
     top, cwd = _real(top), _real(cwd)
     hidden = {p for p in map(_real, [*hide, *map(Path, EMPTY)]) if p.exists()}
+    if Path("/") in hidden:
+        raise ValueError("cannot hide / (a socket directly in / is hidden by its own path)")
     scratch = {Path(p) for p in SCRATCH if p == "/dev/shm" or Path(p).is_dir()}  # /dev/shm: in bwrap's /dev
-    covered = hidden | {_real(p) for p in scratch}
+    fresh = {_real(p) for p in scratch}
+    hidden = {p for p in hidden if not any(_under(p, f) for f in fresh)}  # already absent from a fresh tmpfs
+    covered = hidden | fresh
     shown = {p for p in map(_real, [*expose, resolv_conf]) if p.exists() and p not in covered
              and any(_under(p, c) for c in covered)}
     # (path, rank among equals, args): parents first; at one path, the tmpfs before a bind onto it
