@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +290,32 @@ def test_the_interpreter_stays_reachable_when_its_directory_is_hidden(layout):
 def test_exit_status_reaches_the_caller(layout):
     done = subprocess.run([*layout.argv(), sys.executable, "-c", "import sys; sys.exit(3)"], timeout=60)
     assert done.returncode == 3
+
+
+@real
+def test_the_rank_outlives_the_thread_that_started_it(layout):
+    """trio starts processes from a worker thread that exits after 10 s idle; a rank must not
+    die with it (bubblewrap's --die-with-parent is tied to that thread: every rank was
+    SIGKILLed ten seconds in)."""
+    started = {}
+
+    def spawn():
+        started["tid"] = threading.get_native_id()
+        started["proc"] = subprocess.Popen(
+            [*layout.argv(), sys.executable, "-c", "print('ready', flush=True); input(); print('alive')"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert started["proc"].stdout.readline() == "ready\n"  # running: bubblewrap set itself up long ago
+
+    thread = threading.Thread(target=spawn)
+    thread.start()
+    thread.join()
+    task = Path(f"/proc/self/task/{started['tid']}")
+    deadline = time.monotonic() + 30
+    while task.exists():  # the kernel's end of the thread, after join() returns
+        assert time.monotonic() < deadline, "the spawning thread never ended"
+        time.sleep(0.01)
+    out, _ = started["proc"].communicate("go\n", timeout=60)
+    assert (started["proc"].returncode, out) == (0, "alive\n")
 
 
 @real

@@ -21,7 +21,7 @@ Rules:
   (cgroups.py) is the second fence.
 - The rank has its own pid, IPC and UTS namespaces (it sees and signals only its own
   processes; no SysV IPC with other jobs) and a new session (no TIOCSTI into a terminal);
-  it dies with bubblewrap.
+  it dies with bubblewrap (its pid 1).
 - setpriv then drops to the job's uid and gid with no supplementary groups, an empty
   bounding set, no inheritable or ambient capabilities and no_new_privs: nothing it
   executes can gain a privilege back (setuid binaries included).
@@ -84,8 +84,11 @@ def bwrap_argv(*, bwrap: str, top: Path, cwd: Path, hide: Sequence[Path], expose
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for _, _, args in mounts:
         argv += args
+    # no --die-with-parent: it follows the thread that spawned bwrap, and trio spawns from a
+    # worker thread that exits after 10 s idle (every rank was SIGKILLed 10 s in); a rank
+    # outliving the daemon is the job cgroup's to end
     argv += ["--chdir", str(cwd), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--new-session", "--"]
+             "--new-session", "--"]
     return argv + setpriv_argv(setpriv, uid, gid)
 
 
@@ -120,8 +123,8 @@ def detect_bwrap(name: str = "bwrap") -> str:
     if os.geteuid() != 0:
         return "swarmd is not root: bubblewrap cannot build a job's view without it"
     probe = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
-             "--new-session", "--", "/bin/sh", "-c", "exit 0"]
+             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--new-session", "--",
+             "/bin/sh", "-c", "exit 0"]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
