@@ -5,8 +5,9 @@ Rules:
 - `allocate()` hands out the lowest uid of the range that is free: not handed out by this
   pool and not released yet, no process with it (any of the real, effective, saved or
   filesystem ids in /proc/PID/status, uid or gid), no entry of `jobs_dir` owned by it (a
-  job's directory and what lies directly in it: a job leaves files nowhere else, its /tmp,
-  /var/tmp and /dev/shm die with it, mounts.py), no user or group of that number in the
+  job's directory and what lies directly in it: the worker keeps the directory root's and
+  hands its work/, checkpoints/ and home/ to the uid; a job leaves files nowhere else, its
+  /tmp, /var/tmp and /dev/shm die with it, mounts.py), no user or group of that number in the
   host's databases (a `useradd` after the range was chosen), and not 65534/65535 (nobody,
   the kernel's overflow id, and the 16-bit -1).
 - So a uid is never reused while a process or a file of its job remains, even across a
