@@ -34,6 +34,14 @@ def run(cg: cgroups.JobCgroup, script: str, timeout: float = 60) -> tuple[int, s
     return p.returncode, out
 
 
+def execed(p: subprocess.Popen, command: str) -> bool:
+    """The join line has run to its end: it has joined every hierarchy and exec'd `command`."""
+    try:
+        return Path(f"/proc/{p.pid}/comm").read_text().strip() == command
+    except FileNotFoundError:
+        return False
+
+
 def gone_or_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
@@ -101,6 +109,24 @@ def test_kill_ends_a_setsid_double_forked_process(v1):
     cg.kill()
     assert cg.pids() == set()
     wait_until(lambda: gone_or_zombie(sleeper), 5, "the setsid'd sleep to die")
+
+
+def test_kill_ends_a_fork_bomb_that_is_still_forking(v1):
+    h, name = v1
+    cg = h.create(name, "storm", Limits(memory=None, cpus=None, pids=30, devices=None))
+    p = start(cg, sys.executable, "-c", """
+import os
+while True:
+    try:
+        if os.fork() == 0:
+            continue  # every child forks too
+    except BlockingIOError:
+        pass
+""", stdout=subprocess.DEVNULL)
+    wait_until(lambda: len(cg.pids()) >= 20, 10, "the bomb to fill its pids limit")
+    cg.kill()
+    assert cg.pids() == set()
+    assert p.wait(timeout=10) == -9
 
 
 def test_kill_on_an_empty_or_removed_cgroup_is_a_no_op(v1):
@@ -182,7 +208,7 @@ def test_create_replaces_a_leftover_job_cgroup_of_the_same_name(v1):
     h, name = v1
     old = h.create(name, "again", NO_LIMITS)
     p = start(old, "sleep", "1000")
-    wait_until(lambda: p.pid in old.pids(), 5, "the sleep to join")
+    wait_until(lambda: execed(p, "sleep"), 5, "the sleep to join")
     new = h.create(name, "again", NO_LIMITS)
     assert p.wait(timeout=10) == -9
     assert new.pids() == set()
@@ -193,7 +219,7 @@ def test_parent_is_idempotent_and_removes_empty_leftovers(v1):
     empty = h.create(name, "empty", NO_LIMITS)
     busy = h.create(name, "busy", NO_LIMITS)
     p = start(busy, "sleep", "1000")
-    wait_until(lambda: p.pid in busy.pids(), 5, "the sleep to join")
+    wait_until(lambda: execed(p, "sleep"), 5, "the sleep to join")
     h.parent(name)
     assert not any(d.exists() for d in empty.dirs)
     assert all(d.exists() for d in busy.dirs) and p.pid in busy.pids()

@@ -267,20 +267,27 @@ class Hierarchy:
                 raise CgroupError(f"cannot create {d}: {exc.strerror}") from exc
             if self.version == 2:
                 _write(d / "cgroup.subtree_control", self._v2_enable())
-            for child in d.iterdir():
-                if child.is_dir() and not _procs(child):
+        for job in self._jobs(name):
+            cg = self._job(name, job)
+            if not cg.pids():  # in no hierarchy: a process joins them one after another
+                for d in cg.dirs:
                     try:
-                        child.rmdir()
+                        d.rmdir()
                     except OSError:
-                        pass  # busy: a job of ours still running; create() replaces it by name
+                        pass  # busy after all, or gone; create() replaces it by name
+
+    def _jobs(self, name: str) -> set[str]:
+        return {c.name for d in self._dirs(name) if d.is_dir() for c in d.iterdir() if c.is_dir()}
+
+    def _job(self, name: str, job: str) -> JobCgroup:
+        return JobCgroup(self.version, self._dirs(name, job), {c: d / name / job for c, d in self.own.items()})
 
     def discard(self, name: str) -> None:
         """Kill and remove every job cgroup under `<own>/<name>`, then `<own>/<name>` itself
         (a daemon stopping for good; tests)."""
         _check_name(name, "cgroup name")
-        jobs = {child.name for d in self._dirs(name) if d.is_dir() for child in d.iterdir() if child.is_dir()}
-        for job in sorted(jobs):
-            cg = JobCgroup(self.version, self._dirs(name, job), {c: d / name / job for c, d in self.own.items()})
+        for job in sorted(self._jobs(name)):
+            cg = self._job(name, job)
             cg.kill()
             cg.remove()
         for d in self._dirs(name):
@@ -314,7 +321,7 @@ class Hierarchy:
         """`<own>/<name>/<job>` with `limits`; a leftover of that name is emptied and removed first."""
         _check_name(name, "cgroup name")
         _check_name(job, "job cgroup name")
-        cg = JobCgroup(self.version, self._dirs(name, job), {c: d / name / job for c, d in self.own.items()})
+        cg = self._job(name, job)
         if any(d.exists() for d in cg.dirs):
             cg.kill()
             cg.remove()
