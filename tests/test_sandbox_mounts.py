@@ -172,6 +172,27 @@ def test_tmp_is_private_and_writable(layout, tmp_path):
 
 
 @real
+def test_ranks_given_one_shm_directory_share_it(layout, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o700)
+    os.chown(shm, UID, GID)
+    first = inside(layout.argv(shm=shm), """
+        open("/dev/shm/nccl-seg", "w").write("from rank 0")
+        out["mode"] = oct(os.stat("/dev/shm").st_mode & 0o7777)
+    """)
+    second = inside(layout.argv(shm=shm), """
+        out["seen"] = open("/dev/shm/nccl-seg").read()
+    """)
+    alone = inside(layout.argv(), """
+        out["seen"] = os.listdir("/dev/shm")
+    """)
+    assert first == {"mode": "0o700"}
+    assert second == {"seen": "from rank 0"}
+    assert alone == {"seen": []}
+    assert (shm / "nccl-seg").stat().st_uid == UID
+
+
+@real
 def test_only_its_own_processes_in_proc(layout):
     out = inside(layout.argv(), """
         pids = [p for p in os.listdir("/proc") if p.isdigit()]

@@ -4,7 +4,8 @@ pid namespaces, and the setpriv command that drops it to the job's uid.
 Rules:
 - The host is read-only ("/" bound read-only, every mount under it too); the rank writes
   only its job directory (`top`), a private /tmp, /var/tmp and /dev/shm (fresh tmpfs,
-  sticky and world-writable like the host's; gone with the rank) and an empty /run.
+  sticky and world-writable like the host's; gone with the rank; /dev/shm can be a
+  directory the job's ranks on this host share instead) and an empty /run.
 - `hide` paths get an empty tmpfs over them: the daemon's state, jobs and socket
   directories, other users' homes, the host services' state. `expose` paths are bound
   read-only again; only those under a hidden path need it (the rest of the host is
@@ -47,14 +48,21 @@ PROBE_TIMEOUT = 10.0  # seconds; bubblewrap starts in a few ms, a hung probe mea
 
 
 def bwrap_argv(*, bwrap: str, top: Path, cwd: Path, hide: Sequence[Path], expose: Sequence[Path],
-               devices: Sequence[Path], uid: int, gid: int, setpriv: str,
+               devices: Sequence[Path], uid: int, gid: int, setpriv: str, shm: Path | None = None,
                resolv_conf: Path = RESOLV_CONF) -> list[str]:
-    """The command prefix that runs a rank confined, up to the final "--" before its argv."""
+    """The command prefix that runs a rank confined, up to the final "--" before its argv.
+
+    `shm`: a directory of the host bound at /dev/shm instead of a private tmpfs, for the
+    job's ranks on this host to share (NCCL's shared-memory transport, a DataLoader's
+    workers across ranks); the caller makes it on a tmpfs (the host's /dev/shm), owned by
+    the job's uid, mode 0700, and removes it when the job ends."""
     top, cwd = _real(top), _real(cwd)
     hidden = {p for p in map(_real, [*hide, *map(Path, EMPTY)]) if p.exists()}
     if Path("/") in hidden:
         raise ValueError("cannot hide / (a socket directly in / is hidden by its own path)")
     scratch = {Path(p) for p in SCRATCH if p == "/dev/shm" or Path(p).is_dir()}  # /dev/shm: in bwrap's /dev
+    if shm is not None:
+        scratch.discard(Path("/dev/shm"))
     fresh = {_real(p) for p in scratch}
     hidden = {p for p in hidden if not any(_under(p, f) for f in fresh)}  # already absent from a fresh tmpfs
     covered = hidden | fresh
@@ -70,6 +78,8 @@ def bwrap_argv(*, bwrap: str, top: Path, cwd: Path, hide: Sequence[Path], expose
     binds = [(p, ["--ro-bind", str(p), str(p)]) for p in shown]
     binds += [(d, ["--dev-bind", str(d), str(d)]) for d in map(_real, devices)]
     binds.append((top, ["--bind", str(top), str(top)]))
+    if shm is not None:
+        binds.append((Path("/dev/shm"), ["--bind", str(_real(shm)), "/dev/shm"]))
     made: set[Path] = set()
     for p, args in binds:
         mounts.append((p, 2 if p == top else 1, args))
