@@ -19,6 +19,7 @@ from swarmd.config import ConfigError, load
 BASE = 2_000_000_000  # far from any uid this machine or another test uses
 SETPRIV = shutil.which("setpriv")
 root = pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None, reason="needs root and setpriv")
+chowns = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to other uids")
 
 
 @pytest.fixture
@@ -71,6 +72,7 @@ def test_a_uid_with_a_live_process_is_skipped_until_it_ends(jobs, process_as):
     assert pool.allocate() == BASE
 
 
+@chowns
 def test_a_uid_owning_a_job_directory_or_a_file_in_one_is_skipped(jobs):
     (jobs / "job-1").mkdir()
     os.chown(jobs / "job-1", BASE, BASE)  # a crashed daemon's job, its checkpoints still there
@@ -83,6 +85,7 @@ def test_a_uid_owning_a_job_directory_or_a_file_in_one_is_skipped(jobs):
     assert pool.allocate() == BASE
 
 
+@chowns
 def test_a_group_owner_counts_too(jobs):
     (jobs / "job-1").mkdir()
     os.chown(jobs / "job-1", 0, BASE)
@@ -93,6 +96,7 @@ def test_a_missing_jobs_directory_holds_nothing(tmp_path):
     assert UidPool(BASE, BASE + 9, tmp_path / "not-yet").allocate() == BASE
 
 
+@chowns
 def test_exhaustion_says_who_holds_the_uids(jobs):
     (jobs / "job-1").mkdir()
     os.chown(jobs / "job-1", BASE + 2, BASE + 2)
