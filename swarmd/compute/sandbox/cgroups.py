@@ -25,12 +25,17 @@ Rules:
   namespace's /dev is the limit there).
 - A process joins by writing its pid into every file of `procs_files` (one per v1
   hierarchy, deduplicated when controllers share one, e.g. `cpu,cpuacct`; one in v2)
-  before it execs the job's command, so nothing it forks is ever outside.
+  before it execs the job's command, so nothing it forks is ever outside. The join fails
+  closed: a cgroup removed before the write makes the write, and so the rank, fail. A
+  process joins the hierarchies one after another, so "empty" means empty in all of them.
 - `kill` leaves nothing: freeze (so nothing forks between reading the pids and killing
   them), SIGKILL every pid, thaw (a frozen task handles SIGKILL only once thawed), until
   the cgroup is empty. v2's `cgroup.kill` does all of it in the kernel where present. Each
   wait is bounded (`WAIT`): a task in uninterruptible sleep (D state) can delay FROZEN
-  indefinitely, so kill goes on without it and retries.
+  indefinitely, so kill goes on without it and retries; past `WAIT` it raises
+  CgroupError listing the survivors. Zombies are not listed (their parent reaps them).
+- `usage` stays readable after `kill` until `remove`. v1's peak memory counts page cache
+  too (`memory.max_usage_in_bytes`), as the limit does.
 - Every failed write raises `CgroupError` naming the file and the value.
 """
 
@@ -333,7 +338,10 @@ class Hierarchy:
                     raise CgroupError(f"cannot create {d}: {exc.strerror}") from exc
             (self._limit_v2 if self.version == 2 else self._limit_v1)(cg.by, limits)
         except CgroupError:
-            cg.remove()
+            try:
+                cg.remove()  # nothing can have joined yet: the caller has not seen procs_files
+            except CgroupError:
+                pass  # the first error is the one worth reporting
             raise
         return cg
 
