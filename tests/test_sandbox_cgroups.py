@@ -4,6 +4,7 @@ it at the end, pass or fail, so parallel runs and lab daemons never meet."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -191,7 +192,6 @@ for path in sys.argv[1:]:
 
 
 def test_devices_a_job_opens_only_the_devices_it_holds(v1, fake_gpu):
-    import errno
     h, name = v1
     held = h.create(name, "held", Limits(memory=None, cpus=None, pids=None, devices=(("c", 195, 0),)))
     other = h.create(name, "other", Limits(memory=None, cpus=None, pids=None, devices=()))
