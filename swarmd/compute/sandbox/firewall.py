@@ -1,0 +1,301 @@
+"""The job egress firewall: nftables rules keyed on the job's uid (issue 12).
+
+Every job runs as a uid of its own from the `job_uids` range (uids.py). This module writes
+the nftables script that limits what sockets of that uid may reach, and applies it. The
+script builders (`base`, `add_job`, `remove_job`) are pure functions of a `Policy`;
+`apply` feeds a script to `nft -f -`, where it is one atomic transaction.
+
+Theory of operation. One `table inet <policy.table>` with one base chain on the output
+hook. Only packets that leave a socket are judged: a packet the kernel sends with no user
+socket (an ICMP error, the RST for a closed port, neighbour discovery) matches no
+`meta skuid` expression and passes. Conntrack tells the two directions of a connection
+apart, and the conntrack mark records which job uid opened it.
+- A job uid U's new connection: `ct mark` is set to U, then it is accepted when it goes to
+  * a resolver (`policy.resolvers`, port 53, UDP or TCP);
+  * a local address of this host, TCP only: which socket answers is decided at its reply
+    (below). Other protocols to a local address are dropped: a UDP datagram reaches a
+    local service before any reply could be checked;
+  * one of the job's nodes (its hosts' overlay addresses), except the `blocked`
+    (address, TCP port) pairs (members' libp2p ports when the mesh is off);
+  * `policy.allow`; with egress "internet" also any address outside NEVER_V4/NEVER_V6.
+  Anything else is refused at once, never left to time out: a TCP SYN is answered with a
+  RST made here, so connect() fails with ECONNREFUSED; any other packet is dropped, which
+  fails its send() with EPERM. (A dropped SYN would leave TCP retransmitting it until
+  connect() times out; an ICMP "administratively prohibited" reaches an IPv6 socket while
+  connect() holds it and only aborts it at the retransmission, 1 s later.)
+- A reply to a connection a job uid U opened (`ct mark` U) must come from a socket of U
+  itself (or be DNS from a resolver): U reaches its own listeners on this host and no
+  other local service (the daemon's libp2p and metrics ports, sshd, another job, root).
+  The other side's SYN-ACK is dropped, so such a connect() times out.
+- A reply from U's socket to a connection someone else opened is allowed only towards
+  this host (over `lo`; connections from another job were already checked by their mark)
+  or one of U's nodes: a job's listener answers its own ranks, not the world.
+- With `policy.mesh_ifname`, no socket outside the job range answers a connection that
+  came in over the mesh interface: the daemon's libp2p port is not served over the
+  overlay (daemons never talk libp2p over it), so a job on another member cannot reach it.
+- A uid of the range with no chain here (its job ended, `remove_job`) sends nothing.
+
+Rules of this module:
+- `meta skuid` cannot be assigned to `ct mark` (different datatypes), so each job has its
+  own chains with its uid written out: `job_<U>` (what U's sockets send) and `opened_<U>`
+  (replies to what U opened), reached through the verdict maps `jobs` and `opened`.
+  `remove_job` deletes the map entries and both chains in one transaction.
+- `base` deletes the table if present and creates it again: a daemon restart starts from
+  a clean table (jobs of the previous run have no chain, so their uids send nothing).
+  Several daemons in different network namespaces each have their own table (nftables
+  state is per namespace); in one namespace they need different `table` names and
+  disjoint uid ranges.
+- Everything written into a script is validated first (addresses through `ipaddress`,
+  names against a strict pattern): no value can add a statement.
+- The `conntrack mark` is ours: nothing else on a swarmd host should set it on connections
+  of job uids.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Never reachable by a job (unless listed in `allow` or as one of its nodes): the ranges
+# IANA's special-purpose registries (RFC 6890 and updates) mark not globally reachable, and
+# the IPv6 prefixes that carry an IPv4 address (a private one could hide in them). So
+# "internet" means the public internet, never the provider's LAN, the cloud metadata
+# address or the overlay. Cost: a job on an IPv6-only host behind NAT64 reaches no IPv4.
+NEVER_V4 = (
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8",  # private (RFC 1918)
+    "100.64.0.0/10",  # shared address space, carrier-grade NAT (RFC 6598)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local; cloud metadata at 169.254.169.254
+    "172.16.0.0/12",  # private (RFC 1918)
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24",  # TEST-NET-1 (documentation)
+    "192.168.0.0/16",  # private (RFC 1918)
+    "198.18.0.0/15",  # benchmarking (RFC 2544)
+    "198.51.100.0/24",  # TEST-NET-2
+    "203.0.113.0/24",  # TEST-NET-3
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
+)
+NEVER_V6 = (
+    "::/127",  # unspecified and loopback
+    "::ffff:0:0/96",  # IPv4-mapped: the IPv4 ranges above in disguise
+    "64:ff9b::/96",  # NAT64 well-known prefix: reaches any IPv4 address, private ones too
+    "64:ff9b:1::/48",  # NAT64 local use (RFC 8215)
+    "100::/64",  # discard-only (RFC 6666)
+    "2001::/32",  # Teredo: embeds an IPv4 address
+    "2001:db8::/32",  # documentation
+    "2002::/16",  # 6to4: embeds an IPv4 address
+    "3fff::/20",  # documentation (RFC 9637)
+    "fc00::/7",  # unique local; AWS metadata at fd00:ec2::254
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated)
+    "ff00::/8",  # multicast
+)
+EGRESS = ("mesh", "internet")
+REFUSE = "reject with tcp reset"  # connect() fails now (ECONNREFUSED), not after its SYN retries
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # IFNAMSIZ - 1
+
+
+class FirewallError(Exception):
+    """nft refused a script or cannot run here (the message is nft's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    uids: tuple[int, int]  # the job uid range, inclusive
+    egress: str  # "mesh": the job's nodes, resolvers and `allow`; "internet": also public addresses
+    allow: tuple[Network, ...] = ()  # job_egress_allow: reachable whatever NEVER_* says
+    resolvers: tuple[Address, ...] = ()  # DNS servers (port 53) every job may ask
+    mesh_ifname: str | None = None  # the overlay interface: only job sockets answer over it
+    table: str = "swarmd_jobs"
+
+    def __post_init__(self) -> None:
+        low, high = self.uids
+        if not (isinstance(low, int) and isinstance(high, int) and 0 < low <= high < 2**32 - 1):
+            raise ValueError(f"bad job uid range {self.uids!r}")
+        if self.egress not in EGRESS:
+            raise ValueError(f"egress must be one of {EGRESS}, not {self.egress!r}")
+        if not _NAME.fullmatch(self.table):
+            raise ValueError(f"bad nftables table name {self.table!r}")
+        if self.mesh_ifname is not None and not _IFNAME.fullmatch(self.mesh_ifname):
+            raise ValueError(f"bad interface name {self.mesh_ifname!r}")
+        for n in self.allow:
+            if not isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
+                raise ValueError(f"allow holds networks, not {n!r}")
+        for a in self.resolvers:
+            if not isinstance(a, ipaddress.IPv4Address | ipaddress.IPv6Address):
+                raise ValueError(f"resolvers holds addresses, not {a!r}")
+
+    @property
+    def range(self) -> str:
+        return f"{self.uids[0]}-{self.uids[1]}"
+
+
+def base(policy: Policy) -> str:
+    """The script that (re)creates the table with its sets, maps and the output chain."""
+    allow4 = ipaddress.collapse_addresses(n for n in policy.allow if n.version == 4)
+    allow6 = ipaddress.collapse_addresses(n for n in policy.allow if n.version == 6)
+    t = policy.table
+    lines = [
+        f"# swarmd job firewall: job uids {policy.range}, egress {policy.egress}",
+        f"add table inet {t}",  # so that the delete below finds it on a first start
+        f"delete table inet {t}",
+        f"table inet {t} {{",
+        _set("never4", "ipv4_addr", NEVER_V4, "never reachable unless allowed: private, link-local, reserved"),
+        _set("never6", "ipv6_addr", NEVER_V6, None),
+        _set("allow4", "ipv4_addr", map(str, allow4), "job_egress_allow"),
+        _set("allow6", "ipv6_addr", map(str, allow6), None),
+        _set("resolvers4", "ipv4_addr", [str(a) for a in policy.resolvers if a.version == 4], "DNS servers"),
+        _set("resolvers6", "ipv6_addr", [str(a) for a in policy.resolvers if a.version == 6], None),
+        "  # job uid -> its chain (add_job)",
+        "  map jobs { typeof meta skuid : verdict; }",
+        "  # conntrack mark (the job uid that opened a connection) -> the check of its replies",
+        "  map opened { typeof ct mark : verdict; }",
+        "  chain output {",
+        "    type filter hook output priority filter; policy accept;",
+    ]
+    if policy.mesh_ifname is not None:
+        lines += ["    # nothing outside the job uids answers a connection that came in over the mesh",
+                  f'    oifname "{policy.mesh_ifname}" ct direction reply meta skuid != {policy.range} drop']
+    lines += [
+        "    # a reply to a connection a job opened: only from that job's own sockets",
+        "    ct direction reply ct mark vmap @opened",
+        "    meta skuid vmap @jobs",
+        "    # a job uid without a chain here sends nothing",
+        f"    meta skuid {policy.range} meta l4proto tcp {REFUSE}",
+        f"    meta skuid {policy.range} drop",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
+            blocked: Iterable[tuple[Address, int]] = ()) -> str:
+    """The script that lets job uid `uid` reach what `policy` allows plus its `nodes` (its
+    hosts' overlay addresses, checked by the caller), never the `blocked` (address, TCP
+    port) pairs."""
+    _check_uid(policy, uid)
+    nodes, blocked = list(nodes), list(blocked)
+    for a in nodes:
+        if not isinstance(a, ipaddress.IPv4Address | ipaddress.IPv6Address):
+            raise ValueError(f"a node is an address, not {a!r}")
+    for pair in blocked:
+        if not (isinstance(pair, tuple) and len(pair) == 2
+                and isinstance(pair[0], ipaddress.IPv4Address | ipaddress.IPv6Address)
+                and isinstance(pair[1], int) and 0 < pair[1] < 65536):
+            raise ValueError(f"bad blocked pair {pair!r}")
+    nodes = sorted(set(nodes), key=lambda a: (a.version, a))
+    blocked = sorted(set(blocked), key=lambda p: (p[0].version, p))
+    nodes4 = _elements(str(a) for a in nodes if a.version == 4)
+    nodes6 = _elements(str(a) for a in nodes if a.version == 6)
+    blocked4 = _elements(f"{a} . {p}" for a, p in blocked if a.version == 4)
+    blocked6 = _elements(f"{a} . {p}" for a, p in blocked if a.version == 6)
+    t, job, opened = policy.table, f"job_{uid}", f"opened_{uid}"
+    rules = ["# replies from its sockets: to this host (other jobs' connections are checked by their mark) "
+             "or its nodes",
+             'ct direction reply oifname "lo" accept']
+    rules += [f"ct direction reply ct original ip saddr {nodes4} accept"] if nodes4 else []
+    rules += [f"ct direction reply ct original ip6 saddr {nodes6} accept"] if nodes6 else []
+    rules += ["ct direction reply drop",
+              "ct state established,related accept",
+              "# a new connection: remember who opened it, for the check of its replies",
+              f"ct state new ct mark set {uid}",
+              "meta l4proto { tcp, udp } th dport 53 ip daddr @resolvers4 accept",
+              "meta l4proto { tcp, udp } th dport 53 ip6 daddr @resolvers6 accept"]
+    rules += [f"ip daddr . tcp dport {blocked4} {REFUSE}"] if blocked4 else []
+    rules += [f"ip6 daddr . tcp dport {blocked6} {REFUSE}"] if blocked6 else []
+    rules += ["# this host: TCP only, the listener's uid is checked at its reply (opened map)",
+              "fib daddr type local meta l4proto tcp accept",
+              "fib daddr type local drop"]
+    rules += [f"ip daddr {nodes4} accept"] if nodes4 else []
+    rules += [f"ip6 daddr {nodes6} accept"] if nodes6 else []
+    rules += ["ip daddr @allow4 accept", "ip6 daddr @allow6 accept"]
+    if policy.egress == "internet":
+        rules += ["ip daddr != @never4 accept", "ip6 daddr != @never6 accept"]
+    rules += [f"meta l4proto tcp {REFUSE}", "drop"]
+    lines = [f"# job uid {uid}: egress {policy.egress}",
+             f"add chain inet {t} {job}",
+             f"flush chain inet {t} {job}",
+             *(r if r.startswith("#") else f"add rule inet {t} {job} {r}" for r in rules),
+             f"add chain inet {t} {opened}",
+             f"flush chain inet {t} {opened}",
+             "# replies to its connections: from its own sockets, or DNS answers",
+             f"add rule inet {t} {opened} meta l4proto {{ tcp, udp }} th sport 53 ip saddr @resolvers4 return",
+             f"add rule inet {t} {opened} meta l4proto {{ tcp, udp }} th sport 53 ip6 saddr @resolvers6 return",
+             f"add rule inet {t} {opened} meta skuid != {uid} drop",
+             f"add element inet {t} jobs {{ {uid} : jump {job} }}",
+             f"add element inet {t} opened {{ {uid} : jump {opened} }}"]
+    return "\n".join(lines) + "\n"
+
+
+def remove_job(policy: Policy, uid: int) -> str:
+    """The script that takes job uid `uid`'s chains away: from then on it sends nothing."""
+    _check_uid(policy, uid)
+    t = policy.table
+    return "\n".join([
+        f"# job uid {uid} ended",
+        f"delete element inet {t} jobs {{ {uid} }}",
+        f"delete element inet {t} opened {{ {uid} }}",
+        *(f"{verb} chain inet {t} {c}_{uid}" for c in ("job", "opened") for verb in ("flush", "delete")),
+    ]) + "\n"
+
+
+async def apply(script: str, *, nft: Sequence[str] = ("nft",)) -> None:
+    """Run `script` as one nftables transaction (`nft -f -`); all of it or nothing.
+    `nft` is the command (tests prefix `ip netns exec NS`)."""
+    try:
+        done = await trio.run_process([*nft, "-f", "-"], stdin=script.encode(), capture_stdout=True,
+                                      capture_stderr=True, check=False)
+    except OSError as exc:
+        raise FirewallError(f"cannot run {nft[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise FirewallError(done.stderr.decode(errors="replace").strip() or f"nft exited {done.returncode}")
+
+
+def detect(nft: str | None = None) -> str | None:
+    """Why this host cannot use the firewall (not root, no nft, the kernel lacks a feature
+    the rules use), or None when it can: a base table and one job are checked (`nft -c`)."""
+    if os.geteuid() != 0:
+        return "swarmd is not root"
+    nft = nft or shutil.which("nft")
+    if nft is None:
+        return "nft (Debian package nftables) is not installed"
+    probe = Policy(uids=(1, 1), egress="internet", table="swarmd_probe", mesh_ifname="probe0")
+    script = base(probe) + add_job(probe, 1, [ipaddress.ip_address("10.0.0.1")])
+    try:
+        done = subprocess.run([nft, "-c", "-f", "-"], input=script.encode(), capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nft fails: {exc}"
+    if done.returncode != 0:
+        first = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"nft fails: {first[0] if first else f'exit {done.returncode}'}"
+    return None
+
+
+def _check_uid(policy: Policy, uid: int) -> None:
+    if not (isinstance(uid, int) and policy.uids[0] <= uid <= policy.uids[1]):
+        raise ValueError(f"uid {uid!r} is outside the job range {policy.range}")
+
+
+def _elements(items: Iterable[str]) -> str:
+    items = list(items)
+    return "{ " + ", ".join(items) + " }" if items else ""
+
+
+def _set(name: str, kind: str, elements: Iterable[str], comment: str | None) -> str:
+    head = f"  # {comment}\n" if comment else ""
+    body = _elements(elements)
+    return f"{head}  set {name} {{ type {kind}; flags interval;" + (f" elements = {body};" if body else "") + " }"
