@@ -92,8 +92,9 @@ def test_add_job_mesh_egress():
     assert "ct direction reply ct original ip6 saddr { fd77::2 } accept" in rules
     assert "ip daddr { 10.77.0.2 } accept" in rules and "ip6 daddr { fd77::2 } accept" in rules
     # the blocked port before the node that holds it; this host's addresses before the nodes
-    assert rules.index("ip daddr . tcp dport { 10.77.0.2 . 4001 } reject with tcp reset") < rules.index("ip daddr { 10.77.0.2 } accept")
-    assert rules.index("fib daddr type local drop") < rules.index("ip daddr { 10.77.0.2 } accept")
+    to_node = rules.index("ip daddr { 10.77.0.2 } accept")
+    assert rules.index("ip daddr . tcp dport { 10.77.0.2 . 4001 } reject with tcp reset") < to_node
+    assert rules.index("fib daddr type local drop") < to_node
     assert not any("@never" in r for r in rules)  # mesh: no public addresses
     assert rules[-2:] == ["meta l4proto tcp reject with tcp reset", "drop"]
     assert job_rules(script, f"opened_{A}")[-1] == f"meta skuid != {A} drop"
@@ -284,13 +285,16 @@ def listening(lab: Lab, *servers: tuple[int, str, int]) -> Iterator[None]:
 def test_a_job_reaches_its_own_local_listener_and_no_other(lab):
     lab.setup(policy(), {A: [NODE], B: [NODE]})
     with listening(lab, (A, "127.0.0.1", 7101), (B, "127.0.0.1", 7102), (0, "127.0.0.1", 7103),
-                   (A, "10.77.0.1", 7104)):
+                   (A, "10.77.0.1", 7104), (A, "::1", 7105), (0, "::1", 7106)):
         assert lab.connect(A, "127.0.0.1", 7101) == f"ok {A}"
         assert lab.connect(A, "10.77.0.1", 7104) == f"ok {A}"  # its own, on this host's mesh address
         assert lab.connect(A, "127.0.0.1", 7102, timeout=NO) == "timeout"  # another job's
         assert lab.connect(A, "127.0.0.1", 7103, timeout=NO) == "timeout"  # root's (the daemon's ports)
         assert lab.connect(B, "127.0.0.1", 7102) == f"ok {B}"
         assert lab.connect(B, "10.77.0.1", 7104, timeout=NO) == "timeout"
+        assert lab.connect(A, "::1", 7105) == f"ok {A}"  # the same over IPv6
+        assert lab.connect(B, "::1", 7105, timeout=NO) == "timeout"
+        assert lab.connect(A, "::1", 7106, timeout=NO) == "timeout"
         assert lab.connect(0, "127.0.0.1", 7101) == f"ok {A}"  # this host reaches a job's listener
         # the kernel's RST for a closed port has no socket: left alone, refused at once
         assert lab.connect(A, "127.0.0.1", 7199) == "error ECONNREFUSED"

@@ -14,7 +14,8 @@ apart, and the conntrack mark records which job uid opened it.
   * a resolver (`policy.resolvers`, port 53, UDP or TCP);
   * a local address of this host, TCP only: which socket answers is decided at its reply
     (below). Other protocols to a local address are dropped: a UDP datagram reaches a
-    local service before any reply could be checked;
+    local service before any reply could be checked (so a job's ranks on one host talk
+    TCP to each other, as torch.distributed does);
   * one of the job's nodes (its hosts' overlay addresses), except the `blocked`
     (address, TCP port) pairs (members' libp2p ports when the mesh is off);
   * `policy.allow`; with egress "internet" also any address outside NEVER_V4/NEVER_V6.
@@ -44,7 +45,8 @@ Rules of this module:
   a clean table (jobs of the previous run have no chain, so their uids send nothing).
   Several daemons in different network namespaces each have their own table (nftables
   state is per namespace); in one namespace they need different `table` names and
-  disjoint uid ranges.
+  disjoint uid ranges (each table drops the uids of its range it has no chain for), and
+  every `base` there wipes that daemon's own jobs' chains.
 - Everything written into a script is validated first (addresses through `ipaddress`,
   names against a strict pattern): no value can add a statement.
 - The `conntrack mark` is ours: nothing else on a swarmd host should set it on connections
