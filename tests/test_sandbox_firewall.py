@@ -9,7 +9,9 @@ nothing real). The host's end of the veth is named like the mesh interface. Each
 a small stdlib program printing `ok <uid of the answering socket>`, `error <errno>` or
 `timeout`: a refused connect() fails at once with ECONNREFUSED (the rules answer its SYN
 with a RST; every address tried here has a listener, so it is the firewall that answered),
-a refused datagram's send() with EPERM, and a dropped reply leaves connect() to time out.
+a refused datagram's send() with EPERM; a connection to a local listener of another uid
+is refused when the SYN is retransmitted (1 s); one from a remote address that may not be
+answered times out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ NODE, NODE6, OTHER, OTHER6, RESOLVER = "10.77.0.2", "fd77::2", "10.77.0.3", "fd7
 METADATA, PUBLIC = "169.254.169.254", "8.8.8.8"
 PORT, BLOCKED_PORT = 7000, 7001  # root's servers in peer
 REFUSED = "error ECONNREFUSED"
+RETRY = 3.0  # TCP's first SYN retransmission comes after 1 s (RFC 6298 initial RTO)
 NO = 1.0  # seconds a connection that must not complete is given (a local one takes microseconds)
 YES = 10.0  # a generous bound for one that must
 
@@ -288,13 +291,14 @@ def test_a_job_reaches_its_own_local_listener_and_no_other(lab):
                    (A, "10.77.0.1", 7104), (A, "::1", 7105), (0, "::1", 7106)):
         assert lab.connect(A, "127.0.0.1", 7101) == f"ok {A}"
         assert lab.connect(A, "10.77.0.1", 7104) == f"ok {A}"  # its own, on this host's mesh address
-        assert lab.connect(A, "127.0.0.1", 7102, timeout=NO) == "timeout"  # another job's
-        assert lab.connect(A, "127.0.0.1", 7103, timeout=NO) == "timeout"  # root's (the daemon's ports)
+        # another job's, root's (the daemon's ports): refused at the SYN's retransmission
+        assert lab.connect(A, "127.0.0.1", 7102, timeout=RETRY) == REFUSED
+        assert lab.connect(A, "127.0.0.1", 7103, timeout=RETRY) == REFUSED
         assert lab.connect(B, "127.0.0.1", 7102) == f"ok {B}"
-        assert lab.connect(B, "10.77.0.1", 7104, timeout=NO) == "timeout"
+        assert lab.connect(B, "10.77.0.1", 7104, timeout=RETRY) == REFUSED
         assert lab.connect(A, "::1", 7105) == f"ok {A}"  # the same over IPv6
-        assert lab.connect(B, "::1", 7105, timeout=NO) == "timeout"
-        assert lab.connect(A, "::1", 7106, timeout=NO) == "timeout"
+        assert lab.connect(B, "::1", 7105, timeout=RETRY) == REFUSED
+        assert lab.connect(A, "::1", 7106, timeout=RETRY) == REFUSED
         assert lab.connect(0, "127.0.0.1", 7101) == f"ok {A}"  # this host reaches a job's listener
         # the kernel's RST for a closed port has no socket: left alone, refused at once
         assert lab.connect(A, "127.0.0.1", 7199) == "error ECONNREFUSED"

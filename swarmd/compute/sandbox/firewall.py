@@ -27,7 +27,10 @@ apart, and the conntrack mark records which job uid opened it.
 - A reply to a connection a job uid U opened (`ct mark` U) must come from a socket of U
   itself (or be DNS from a resolver): U reaches its own listeners on this host and no
   other local service (the daemon's libp2p and metrics ports, sshd, another job, root).
-  The other side's SYN-ACK is dropped, so such a connect() times out.
+  The other side's SYN-ACK is dropped; U's SYN, retransmitted after 1 s (the initial
+  RTO), then meets a connection whose reply conntrack has seen and is answered with a
+  RST: connect() fails with ECONNREFUSED after about a second instead of retrying for
+  two minutes.
 - A reply from U's socket to a connection someone else opened is allowed only towards
   this host (over `lo`; connections from another job were already checked by their mark)
   or one of U's nodes: a job's listener answers its own ranks, not the world.
@@ -212,6 +215,10 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
     rules += [f"ct direction reply ct original ip saddr {nodes4} accept"] if nodes4 else []
     rules += [f"ct direction reply ct original ip6 saddr {nodes6} accept"] if nodes6 else []
     rules += ["ct direction reply drop",
+              "# its SYN again to this host after a reply was seen: that reply was dropped (not its own",
+              "# listener); refuse now rather than leave connect() retrying for two minutes",
+              "ct direction original ct state established fib daddr type local"
+              f" tcp flags & (syn | ack) == syn {REFUSE}",
               "ct state established,related accept",
               "# a new connection: remember who opened it, for the check of its replies",
               f"ct state new ct mark set {uid}",
