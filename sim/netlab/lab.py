@@ -39,7 +39,7 @@ JOB_USER = "nobody"  # who runs job ranks in the lab, as the daemon default (and
 # the daemons' default job uid range; the lab's daemons share one machine, so each host draws from its own slice
 JOB_UIDS = (61184, 65519)
 JOB_UIDS_PER_HOST = 200
-TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2"}
+TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2", "nsenter": "util-linux"}
 
 
 class LabError(Exception):
@@ -182,7 +182,9 @@ class Lab:
         for other in self.state.hosts:
             if other.name != h.name:
                 bootstrap += ["--bootstrap", f"/ip4/{other.address}/tcp/{SWARMD_PORT}/p2p/{other.peer_id}"]
-        cmd = ["ip", "netns", "exec", h.netns, sys.executable, "-m", "swarmd.main",
+        # nsenter, not `ip netns exec`: that one also gives its command a mount namespace with a
+        # fresh /sys, where the host's cgroup filesystems are not mounted (no job cgroups then)
+        cmd = ["nsenter", f"--net=/run/netns/{h.netns}", "--", sys.executable, "-m", "swarmd.main",
                "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
                "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
                "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off",
@@ -194,7 +196,7 @@ class Lab:
         with open(h.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
-        h.pid = proc.pid  # `ip netns exec` execs: this is swarmd's pid
+        h.pid = proc.pid  # nsenter execs: this is swarmd's pid
 
     def formed(self) -> bool:
         """Every daemon sees every other alive and, with the mesh, has a handshake with each."""
