@@ -258,8 +258,8 @@ def outcome(hostile, host: str, kind: str, name: str) -> tuple[str, str]:
 
 
 def test_a_job_runs_as_a_uid_of_its_own_from_its_hosts_range(sl, victim, hostile):
-    for i, h in enumerate(sl.state.hosts, 1):
-        low, high = map(int, labmod.job_uids(i, len(sl.state.hosts)).split("-"))
+    for h in sl.state.hosts:
+        low, high = map(int, labmod.job_uids(h.index, len(sl.state.hosts)).split("-"))
         info = next(t for t in hostile["lines"][h.name] if t.startswith("INFO host "))
         uid = int(info.split()[4])
         assert low <= uid <= high, f"the hostile rank on {h.name} ran as uid {uid}, not from {low}-{high}"
