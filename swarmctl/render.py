@@ -84,6 +84,7 @@ def status(s: Mapping[str, Any]) -> None:
         *swarm_rows(s),
         *mesh_rows(s.get("mesh")),
         *job_rows(s.get("jobs")),
+        *sandbox_rows(s.get("sandbox")),
     ])
     for line in swarm_warnings(s):
         print(line)
@@ -96,6 +97,20 @@ def job_rows(j: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     return [("jobs here", f"{j['slots'] - j['slots_free']} of {j['slots']} slots used, {j['ranks_here']} ranks"
                           f"{gpus}; ranks run as {j['user'] or 'this user'}"),
             ("coordinating", j["coordinating"] or "-")]
+
+
+def sandbox_rows(sb: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    """Whether jobs here are confined, and each part: what it is, or 'off: why'."""
+    if not sb:
+        return []
+    if sb.get("mode") == "off":
+        return [("sandbox", "off (sandbox = off): jobs run unconfined as the job user")]
+    parts = sb.get("parts", {})
+    state = "complete" if sb.get("complete") else "partial" if sb.get("active") else "inactive"
+    head = f"{state} (sandbox = {sb.get('mode')})"
+    if sb.get("mode") == "required" and not sb.get("complete"):
+        head += ": jobs are refused"
+    return [("sandbox", head), *((f"  {name}", text) for name, text in parts.items())]
 
 
 def mesh_rows(m: Mapping[str, Any] | None) -> list[tuple[str, Any]]:

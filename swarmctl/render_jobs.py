@@ -65,4 +65,14 @@ def job(j: Mapping[str, Any]) -> None:
         ("name", j["name"]), ("state", j["state"]), ("command", " ".join(j["cmd"] or [])),
         ("nodes", [_peer(p) for p in j["nodes"]]), ("exit code", j["exit_code"]), ("why", j["reason"]),
         ("wall", None if j["wall_s"] is None else f"{j['wall_s']:.1f} s"), ("ranks", ranks),
+        ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
     ])
+
+
+def _host_line(peer: str, h: Mapping[str, Any]) -> str:
+    """A host's account of the job: peak memory, CPU time, the sandbox the ranks had."""
+    peak, cpu = h.get("peak_memory"), h.get("cpu_seconds")
+    use = [f"peak memory {size(peak)}" if peak is not None else None,
+           f"CPU {cpu:.1f} s" if cpu is not None else None]
+    line = f"{_peer(peer)}: " + (", ".join(u for u in use if u) or "no usage reported")
+    return line + f"; sandbox: {h.get('sandbox') or 'unknown'}"

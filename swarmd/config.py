@@ -69,6 +69,21 @@ class Config:
         "doc": "how long a finished job's directory, record and log are kept: seconds, or e.g. 12h, 7d"})
     jobs_dir: Path | None = field(default=None, metadata={
         "doc": "where ranks run (a copy of the workdir, checkpoints); default STATE_DIR-jobs beside the state"})
+    sandbox: str = field(default="auto", metadata={
+        "doc": "confine each job (own uid, cgroup, mount and pid namespace, egress firewall): auto (every part "
+               "this host can do, saying why a part is missing), required (refuse jobs unless all can), or off"})
+    job_uids: tuple[int, int] = field(default=(61184, 65519), metadata={
+        "doc": "uids (and gids) jobs run as, one per job while it has a process or a file here: LOW-HIGH, "
+               "systemd's DynamicUser range by default"})
+    job_egress: str = field(default="mesh", metadata={
+        "doc": "what a job may connect to: mesh (its own nodes over the overlay, and DNS) or internet (also "
+               "public addresses); private, link-local and metadata addresses only if in job_egress_allow"})
+    job_egress_allow: tuple[str, ...] = field(default=(), metadata={
+        "doc": "networks jobs may also reach, e.g. 192.168.1.20/32 for a dataset server (CIDRs, comma-separated)"})
+    job_paths: tuple[Path, ...] = field(default=(), metadata={
+        "doc": "extra read-only paths jobs see where the sandbox hides the host (e.g. a dataset under /srv)"})
+    job_pids: int = field(default=4096, metadata={
+        "doc": "processes and threads one job may have on this host (a fork bomb stops there)"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
     log_format: str = field(default="auto", metadata={
         "doc": "json (journald), console, or auto: console on a TTY, json otherwise"})
@@ -241,6 +256,40 @@ def _user(v: Any) -> str | None:
     return v
 
 
+def _uid_range(v: Any) -> tuple[int, int]:
+    if isinstance(v, str) and "-" in v:
+        v = v.split("-", 1)
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(str(x).strip().isdigit() for x in v):
+        low, high = (int(str(x).strip()) for x in v)
+        if 1000 <= low <= high < 2**31 - 1 and high != 65534:
+            return low, high
+    raise _Bad("a uid range LOW-HIGH of ordinary uids (≥ 1000, not 65534 'nobody'), e.g. 61184-65519")
+
+
+def _networks(v: Any) -> tuple[str, ...]:
+    import ipaddress
+
+    if isinstance(v, str):
+        v = [x for x in (p.strip() for p in v.split(",")) if x]
+    if not isinstance(v, (list, tuple)):
+        raise _Bad("a list of networks (CIDR)")
+    out = []
+    for net in v:
+        try:
+            out.append(str(ipaddress.ip_network(str(net), strict=False)))
+        except ValueError as exc:
+            raise _Bad(f"networks such as 192.168.1.20/32 ({exc})") from None
+    return tuple(out)
+
+
+def _abs_paths(v: Any) -> tuple[Path, ...]:
+    if isinstance(v, str):
+        v = [x for x in (p.strip() for p in v.split(",")) if x]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.startswith("/") for x in v):
+        raise _Bad("a list of absolute paths")
+    return tuple(Path(x) for x in v)
+
+
 def _peer_ids(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         v = [x for x in (p.strip() for p in v.split(",")) if x]
@@ -278,6 +327,12 @@ _CHECKS: dict[str, Check] = {
     "job_submitters": _peer_ids,
     "job_retention": _duration(60, 10 * 365 * 86400),
     "jobs_dir": _path,
+    "sandbox": _choice(("auto", "required", "off")),
+    "job_uids": _uid_range,
+    "job_egress": _choice(("mesh", "internet")),
+    "job_egress_allow": _networks,
+    "job_paths": _abs_paths,
+    "job_pids": _int_range(16, 1 << 22),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

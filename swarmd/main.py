@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--job-user", metavar="USER", help="user job ranks run as when root (default nobody)")
     p.add_argument("--job-slots", metavar="N", help="jobs run at once (default: one per GPU, 2 without)")
     p.add_argument("--jobs-dir", metavar="DIR", help="where ranks run (default STATE_DIR-jobs)")
+    p.add_argument("--sandbox", metavar="MODE", help="confine jobs: auto (default), required or off")
+    p.add_argument("--job-uids", metavar="LOW-HIGH", help="uids jobs run as (default 61184-65519)")
+    p.add_argument("--job-egress", metavar="POLICY", help="what jobs may reach: mesh (default) or internet")
+    p.add_argument("--job-egress-allow", metavar="CIDR,...", help="networks jobs may also reach")
+    p.add_argument("--job-paths", metavar="PATH,...", help="extra read-only paths jobs see")
+    p.add_argument("--job-pids", metavar="N", help="processes and threads per job (default 4096)")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
     p.add_argument("--log-format", metavar="FORMAT", help="json, console or auto (console on a TTY)")
     return p

@@ -87,6 +87,7 @@ class Node:
             **api.swarm_status(self),
             "mesh": self.mesh.status() if self.mesh else {"up": False, "off": self.mesh_off},
             "jobs": self.jobs.status(),
+            "sandbox": self.jobs.sandbox_status(),
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

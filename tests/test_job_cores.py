@@ -185,6 +185,21 @@ def test_the_first_failing_rank_decides_and_the_others_are_stopped():
     assert run.reason == "rank 2 on c exited with 3"
 
 
+def test_a_rank_the_kernel_killed_for_memory_fails_the_job_saying_so():
+    run = running()
+    run.node_exited("b", {1: 137}, first=(1, 137), oom=(1,), memory_limit=4 << 30)
+    run.node_exited("a", {0: 143})
+    run.node_exited("c", {2: 143})
+    assert (run.state, run.exit_code) == ("failed", 137)
+    assert run.reason == "rank 1 on b: out of memory (limit 4 GiB)"
+
+
+def test_a_rank_killed_by_a_signal_while_another_process_ran_out_of_memory_is_not_blamed_on_memory():
+    run = running()
+    run.node_exited("b", {1: 137}, first=(1, 137), oom=())
+    assert run.reason == "rank 1 on b exited with 137"
+
+
 def test_the_rank_a_node_saw_fail_first_is_the_cause_not_the_lowest():
     run = running(("a",))
     run.node_exited("a", {0: 143, 1: 3}, first=(1, 3))  # rank 0 was stopped because rank 1 failed

@@ -400,6 +400,14 @@ HOST_RANKS = range(2, 4)  # node 1 of a job with two ranks a node
     ({"out": [[9, "x"]]}, "not one of this host's"),
     ({"dropped": [[2, -1]]}, "'dropped' must be an integer"),
     ("nope", "must be a map"),
+    ({"sandbox": "x" * 201}, "'sandbox' must be printable text"),
+    ({"sandbox": "uid\x1b[2J"}, "'sandbox' must be printable text"),
+    ({"usage": {"peak_memory": -1}}, "'usage.peak_memory' must be an integer"),
+    ({"usage": {"cpu_seconds": float("nan")}}, "'usage.cpu_seconds' must be a number"),
+    ({"usage": {"peak_memory": 1, "extra": 2}}, "'usage' must be a map"),
+    ({"oom": {"ranks": [0], "limit": 1}}, "not one of this host's"),
+    ({"oom": {"ranks": [2, 2, 3]}}, "'oom' must be a map"),
+    ({"oom": {"ranks": [2], "limit": 0}}, "'oom.limit' must be an integer"),
 ])
 def test_a_host_speaks_only_for_its_own_ranks_in_bounded_batches(event, why):
     """Finding 4: a host's events naming other hosts' ranks, a huge 'started', a million
@@ -415,6 +423,27 @@ def test_an_honest_hosts_events_pass_and_started_counts_once():
     assert checked_event({"out": [[2, "a"], [3, ""]]}, HOST_RANKS, started=True) == {"out": [(2, "a"), (3, "")]}
     assert checked_event({"exit": [(2, 0), (3, -9)], "first": [3, -9]}, HOST_RANKS, started=True) == \
         {"exit": {2: 0, 3: -9}, "first": (3, -9)}
+
+
+def test_an_honest_hosts_account_of_the_job_passes():
+    event = {"exit": [(2, 137), (3, 143)], "first": [2, 137], "sandbox": "uid, cgroup, namespaces, firewall",
+             "usage": {"peak_memory": 300 << 20, "cpu_seconds": 1.5}, "oom": {"ranks": [2], "limit": 256 << 20}}
+    got = checked_event(event, HOST_RANKS, started=True)
+    assert got["usage"] == {"peak_memory": 300 << 20, "cpu_seconds": 1.5}
+    assert got["oom"] == {"ranks": [2], "limit": 256 << 20} and got["sandbox"] == event["sandbox"]
+
+
+@pytest.mark.parametrize("limits, why", [
+    ({"cpus": -1}, "'limits.cpus'"), ({"cpus": True}, "'limits.cpus'"), ({"cpus": 1e9}, "'limits.cpus'"),
+    ({"mem_mb": 1.5}, "'limits.mem_mb'"), ({"mem_mb": -5}, "'limits.mem_mb'"), ({"mem_mb": 2**62}, "'limits.mem_mb'"),
+    ({"disk": 1}, "'limits' must be a map"), ("4G", "'limits' must be a map"),
+])
+def test_a_peers_limits_out_of_range_are_refused(limits, why):
+    from swarmd.compute.service import _limits
+
+    with pytest.raises(ValueError, match=why):
+        _limits(limits)
+    assert _limits({"cpus": 2, "mem_mb": 4096}) == {"cpus": 2.0, "mem_mb": 4096} and _limits(None) == {}
 
 
 def test_a_batch_of_lines_is_one_append(tmp_path, monkeypatch):

@@ -34,6 +34,7 @@ from ..gossip.wire import Record
 from . import gang as gangmod
 from . import gc
 from .output import MAX_BATCH_LINES
+from .sandbox.box import Sandbox, Settings
 from .placement import Candidate, NoFit, place
 from .run import TERMINAL, Run
 from .service import HostError, LocalHost, RemoteHost, short
@@ -47,6 +48,7 @@ log = structlog.get_logger("swarmd.jobs")
 KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goes on
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
+MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,9 +68,10 @@ class _Live:
 
 class Jobs:
     def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path,
-                 retention: float = 7 * 86400.0) -> None:
+                 retention: float = 7 * 86400.0, sandbox: Settings | None = None) -> None:
         self.store = store
         self.worker = worker
+        self.sandbox = sandbox  # what the worker's sandbox is set up from, at run
         self.gossip = gossip
         self.archives = archives
         self.retention = retention  # finished jobs' directories, records and logs (gc.py)
@@ -83,6 +86,13 @@ class Jobs:
             log.warning("ranks left by the previous run killed", pids=orphans)
         if stale := await trio.to_thread.run_sync(lambda: gc.parts(self.archives)):
             log.info("unfinished uploads of the previous run removed", files=stale)
+        try:
+            await self._serve(task_status)
+        finally:
+            if self.worker.sandbox is not None:
+                await self.worker.sandbox.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.worker.sweep)
@@ -91,6 +101,9 @@ class Jobs:
                 held=self.worker.busy_dirs,
                 needed=lambda: [live.workdir for live in self.live.values() if live.workdir],
                 prune=self.store.prune))
+            if self.sandbox is not None:  # after the orphans: what they left in cgroups goes too
+                self.worker.sandbox = await Sandbox.start(self.sandbox)
+            self.worker.ready.set()  # starts that came in meanwhile waited for it
             task_status.started()
             await trio.sleep_forever()
 
@@ -99,6 +112,12 @@ class Jobs:
         return {"slots": ledger.slots, "slots_free": ledger.slots_free, "gpus_free": list(ledger.gpus_free),
                 "ranks_here": self.worker.ranks, "user": self.worker.user,
                 "coordinating": sorted(self.live), "output_dropped": self.worker.dropped_lines}
+
+    def sandbox_status(self) -> dict[str, Any]:
+        if self.worker.sandbox is None:
+            return {"mode": self.sandbox.mode if self.sandbox else "off", "active": False, "complete": False,
+                    "parts": {}}
+        return self.worker.sandbox.status()
 
     # --- the RPC side -------------------------------------------------------------------
 
@@ -180,6 +199,7 @@ class Jobs:
             "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
             "shipped": [live.shipped, live.ship_total] if live else None,
             "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
+            "hosts": self.store.hosts(row.id),
         }
 
     # --- the coordinator ----------------------------------------------------------------
@@ -330,7 +350,7 @@ class Jobs:
                             master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
                             node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count)
             req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
-                               python=spec.python, workdir=workdir)
+                               python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb)
 
             ranks = range(i * spec.procs_per_node, (i + 1) * spec.procs_per_node)
 
@@ -361,6 +381,10 @@ class Jobs:
 
     def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
         run = live.run
+        if "sandbox" in event:
+            self.store.set_host(job, peer, sandbox=event["sandbox"])
+        if "usage" in event:
+            self.store.set_host(job, peer, **event["usage"])
         if "started" in event:
             run.node_started(peer)
             for rank in event["started"]:
@@ -377,7 +401,9 @@ class Jobs:
             codes = event["exit"]
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
-            run.node_exited(peer, codes, first=event["first"])
+            oom = event.get("oom") or {}
+            run.node_exited(peer, codes, first=event["first"], oom=tuple(oom.get("ranks", ())),
+                            memory_limit=oom.get("limit"))
         if "started" in event or "exit" in event:
             self._save(job, live)
         else:  # output or a heartbeat: the job's row is unchanged, its followers read the log
@@ -485,6 +511,28 @@ def checked_event(event: Any, ranks: range, *, started: bool) -> dict[str, Any]:
             first = pairs([first], "first", 1)[0]
             first = (rank(first[0], "first"), number(first[1], "first", -2**31, 2**31))
         out["exit"], out["first"] = codes, first
+    if "sandbox" in event:
+        text = event["sandbox"]
+        if not isinstance(text, str) or len(text) > MAX_SANDBOX_TEXT or not text.isprintable():
+            raise ValueError(f"'sandbox' must be printable text of at most {MAX_SANDBOX_TEXT} characters")
+        out["sandbox"] = text
+    if "usage" in event:
+        usage = event["usage"]
+        if not isinstance(usage, dict) or set(usage) - {"peak_memory", "cpu_seconds"}:
+            raise ValueError("'usage' must be a map of peak_memory and cpu_seconds")
+        peak, cpu = usage.get("peak_memory"), usage.get("cpu_seconds")
+        if peak is not None:
+            number(peak, "usage.peak_memory", 0, 2**50)
+        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 <= cpu <= 1e9):
+            raise ValueError("'usage.cpu_seconds' must be a number from 0 to 1e9")
+        out["usage"] = {"peak_memory": peak, "cpu_seconds": None if cpu is None else float(cpu)}
+    if "oom" in event:
+        oom = event["oom"]
+        if not isinstance(oom, dict) or not isinstance(oom.get("ranks"), list) or len(oom["ranks"]) > len(ranks):
+            raise ValueError("'oom' must be a map with the list of ranks killed")
+        limit = oom.get("limit")
+        out["oom"] = {"ranks": [rank(r, "oom.ranks") for r in oom["ranks"]],
+                      "limit": None if limit is None else number(limit, "oom.limit", 1, 2**50)}
     return out
 
 

@@ -9,7 +9,10 @@ Rules:
   pid), so a signal never reaches a stranger that reused the pid.
 - When the daemon is root, ranks run as `user` with that user's group and no others;
   otherwise as the daemon's own user, and `user` is None or that user. They inherit no
-  descriptor of the daemon, and stdin is /dev/null.
+  descriptor of the daemon, and stdin is /dev/null. In a sandbox `box`, the daemon starts
+  the box's command chain instead (it drops to the job's uid itself), and a stop's signals
+  go to the job's own processes in its cgroup (a sandboxed rank has a session of its own;
+  bubblewrap ends with it).
 - stdout and stderr share one pipe (their order kept, as on a terminal) and come back as
   whole lines without the newline, a long line cut at 64 KiB, a last line without a newline
   flushed at exit.
@@ -21,16 +24,22 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from .sandbox.box import Box
 
 MAX_LINE = 64 * 1024
 
@@ -74,10 +83,11 @@ def _credentials(user: str | None) -> dict[str, object]:
 
 class Executor:
     def __init__(self, job_id: str, ranks: Sequence[RankProc], *, user: str | None,
-                 on_output: Callable[[int, bytes], None], grace: float = 5.0) -> None:
+                 on_output: Callable[[int, bytes], None], grace: float = 5.0, box: Box | None = None) -> None:
         self.job_id = job_id
         self.ranks = list(ranks)
         self.user = user
+        self.box = box
         self.on_output = on_output
         self.grace = grace
         self.first_failure: tuple[int, int] | None = None
@@ -86,7 +96,7 @@ class Executor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> dict[int, int]:
         """Start every rank, then wait for all; returns rank -> exit code."""
-        creds = _credentials(self.user)
+        creds = _credentials(self.user) if self.box is None else {}
         codes: dict[int, int] = {}
         try:
             for r in self.ranks:
@@ -108,8 +118,13 @@ class Executor:
 
     async def _spawn(self, r: RankProc, creds: dict[str, object]) -> trio.Process:
         try:
+            argv = r.argv
+            if self.box is not None:  # the chain execs the command last: a missing one is found here first
+                if _program(r.argv[0], r.env.get("PATH", ""), r.cwd) is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), r.argv[0])
+                argv = self.box.command(r.argv)
             return await trio.lowlevel.open_process(
-                r.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 cwd=r.cwd, env=r.env, start_new_session=True, close_fds=True, **creds)
         except OSError as exc:
             raise ExecutorError(f"rank {r.rank} cannot start: {exc.strerror}: {exc.filename or r.argv[0]!r}") from None
@@ -153,28 +168,41 @@ class Executor:
         for start in range(0, max(len(line), 1), MAX_LINE):
             self.on_output(rank, line[start:start + MAX_LINE])
 
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """`sig` to every live rank and all it started: through the box's cgroup where there is
+        one (a sandboxed rank has a session of its own, out of reach of its group's signal)."""
+        if self.box is not None and self._live and self.box.signal(sig):
+            return
+        for proc in self._live.values():
+            _signal_group(proc, sig)
+
     async def _stopper(self) -> None:
         await self._stopping.wait()
-        for proc in self._live.values():
-            _signal_group(proc, signal.SIGTERM)
+        self._signal_all(signal.SIGTERM)
         await trio.sleep(self.grace)
-        for proc in self._live.values():
-            _signal_group(proc, signal.SIGKILL)
+        self._signal_all(signal.SIGKILL)
 
     async def _stop_all(self) -> None:
         """Nothing outlives `run`: ranks still there get SIGTERM, SIGKILL after `grace`, and
         are reaped (a no-op when every rank has ended by itself)."""
-        for proc in self._live.values():
-            _signal_group(proc, signal.SIGTERM)
+        self._signal_all(signal.SIGTERM)
         with trio.move_on_after(self.grace):
             for proc in self._live.values():
                 await _exited(proc.pid)
+        self._signal_all(signal.SIGKILL)
         for proc in self._live.values():
             _signal_group(proc, signal.SIGKILL)
             await proc.wait()
             if proc.stdout is not None:
                 await proc.stdout.aclose()
         self._live.clear()
+
+
+def _program(name: str, path: str, cwd: Path) -> str | None:
+    """Where `name` is as exec would look for it (a path, else each PATH entry), or None."""
+    if "/" in name:
+        return name if os.path.isfile(cwd / name) else None
+    return shutil.which(name, path=path)
 
 
 def _signal_group(proc: trio.Process, sig: signal.Signals) -> None:

@@ -53,8 +53,10 @@ class Run:
         if self.state == "starting" and all(s == "running" for s in self.node_state.values()):
             self.state = "running"
 
-    def node_exited(self, node: str, codes: dict[int, int], first: tuple[int, int] | None = None) -> None:
-        """`first`: the rank the node saw fail first (its other ranks were stopped because of it)."""
+    def node_exited(self, node: str, codes: dict[int, int], first: tuple[int, int] | None = None,
+                    oom: tuple[int, ...] = (), memory_limit: int | None = None) -> None:
+        """`first`: the rank the node saw fail first (its other ranks were stopped because of it);
+        `oom`: ranks the kernel killed for exceeding the job's memory there (`memory_limit`)."""
         if self.node_state.get(node) in ("exited", "lost"):
             return
         self.node_state[node] = "exited"
@@ -64,6 +66,9 @@ class Run:
             self.failure = failed[0]
             rank, code = failed[0]
             self.reason = f"rank {rank} on {node} exited with {code}"
+            if rank in oom:
+                limit = f" (limit {size(memory_limit)})" if memory_limit else ""
+                self.reason = f"rank {rank} on {node}: out of memory{limit}"
         self._settle()
 
     def node_lost(self, node: str, why: str) -> None:
@@ -114,3 +119,11 @@ class Run:
             self.state = "failed"
         else:
             self.state = "succeeded"
+
+
+def size(n: int) -> str:
+    """Bytes as a person reads them: 4 GiB, 256 MiB, 1.5 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"

@@ -49,7 +49,7 @@ from ..rpc.framing import FrameTooLarge
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
-from .spec import MAX_CMD, MAX_ENV, MAX_TEXT
+from .spec import MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
 from .torchenv import NodeRole
 from .worker import HEARTBEAT, CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 from .workdir import DEFAULT_LIMIT, WorkdirError, is_digest
@@ -238,7 +238,8 @@ class JobHandler:
                 start = StartRequest(job=job, coordinator=coordinator, role=_role(body.get("role")),
                                      cmd=tuple(_strings(body.get("cmd"), "cmd")), env=_env(body.get("env")),
                                      python=_text(python, "python") if python is not None else None,
-                                     workdir=workdir if isinstance(workdir, str) else None)
+                                     workdir=workdir if isinstance(workdir, str) else None,
+                                     **_limits(body.get("limits")))
 
                 async def emit(event: dict[str, Any]) -> None:
                     try:
@@ -391,6 +392,21 @@ def _role(v: Any) -> NodeRole:
                     restart_count=integer("restart_count", 0, 1_000_000))
 
 
+def _limits(v: Any) -> dict[str, Any]:
+    """The job's --cpus and --mem for this host, from a peer: its sandbox's CPU quota and
+    memory limit (absent: this host's share per slot)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or set(v) - {"cpus", "mem_mb"}:
+        raise ValueError("'limits' must be a map of cpus and mem_mb")
+    cpus, mem = v.get("cpus", 0.0), v.get("mem_mb", 0)
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus <= MAX_CPUS:
+        raise ValueError(f"'limits.cpus' must be a number from 0 to {MAX_CPUS}")
+    if isinstance(mem, bool) or not isinstance(mem, int) or not 0 <= mem <= MAX_MEM_MB:
+        raise ValueError(f"'limits.mem_mb' must be an integer from 0 to {MAX_MEM_MB}")
+    return {"cpus": float(cpus), "mem_mb": mem}
+
+
 def role_to_wire(role: NodeRole) -> dict[str, Any]:
     return {k: (list(x) if isinstance(x, tuple) else x) for k, x in dataclasses.asdict(role).items()}
 
@@ -515,7 +531,8 @@ class RemoteHost:
         try:
             try:
                 await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
-                                           "python": req.python, "workdir": req.workdir})
+                                           "python": req.python, "workdir": req.workdir,
+                                           "limits": {"cpus": req.cpus, "mem_mb": req.mem_mb}})
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:

@@ -1,7 +1,9 @@
-"""Jobs as the daemon configures them: slots, the job user, directories, the protocol handler."""
+"""Jobs as the daemon configures them: slots, the job user, the sandbox, directories, the
+protocol handler."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import TYPE_CHECKING
 
@@ -10,9 +12,10 @@ from ..gossip.service import Gossip
 from ..gossip.wire import JobSlots
 from .coordinator import Jobs
 from .ledger import Ledger
+from .sandbox.box import Settings
 from .service import JOB_PROTOCOL, JobHandler
 from .store import JobStore
-from .worker import Worker
+from .worker import JobNodes, Worker
 from .workdir import Cache
 
 if TYPE_CHECKING:
@@ -38,11 +41,38 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     config.jobs_path.chmod(0o711)  # ranks of another user reach their own directory inside
     worker = Worker(ledger=ledger, cache=Cache(state / "workdirs"), jobs_dir=config.jobs_path,
                     user=job_user(config), ifname=lambda: mesh.interface if mesh and mesh.started else None,
-                    changed=gossip.readvertise)
+                    changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips),
+                    sandbox_later=True)
     gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
                                         gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=gossip.reject)
     gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
+    sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
+                       egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
+                       state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
+                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
-                retention=config.job_retention)
+                retention=config.job_retention, sandbox=sandbox)
+
+
+def job_nodes(gossip: Gossip, ips: tuple[str, ...]) -> JobNodes:
+    """What a job whose nodes are at `ips` (a coordinator's word) may reach: only those that
+    are a member's overlay address, or with the mesh off a member's advertised address, with
+    the daemons' ports there closed to it."""
+    records = [m.record for m in gossip.view().in_service()]
+    if gossip.own_record is not None:
+        records.append(gossip.own_record)
+    known: set[str] = set()
+    ports: set[tuple[str, int]] = set()
+    for r in records:
+        if r.wg is not None:
+            known.add(r.wg.addr4)
+        for addr in r.addrs:
+            parts = addr.split("/")  # /ip4/A/tcp/P[/p2p/...]
+            if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4].isdigit():
+                known.add(parts[2])
+                ports.add((parts[2], int(parts[4])))
+    wanted = {str(ipaddress.ip_address(ip)) for ip in ips}
+    return JobNodes(addresses=tuple(sorted(wanted & known)),
+                    daemon_ports=tuple(sorted(p for p in ports if p[0] in wanted)))

@@ -9,7 +9,9 @@ Rules:
   the database stays consistent; a torn record after a power loss is skipped by readers.
 - A job's log keeps its newest `output.LOG_CAP` bytes (output.py trims its head): offsets
   stay those of the whole output, and a reader behind the trimmed head skips to it.
-- `prune` deletes jobs that ended before a time, their ranks and their logs.
+- `prune` deletes jobs that ended before a time, their ranks, hosts and logs.
+- A job's `hosts` rows hold what each host reported: the sandbox the ranks had there, and
+  their peak memory and CPU time.
 - Files are 0600 and directories 0700: they are the daemon's.
 - A job in a terminal state never leaves it; after that only fields still unset may be
   filled in. States are those of `run.STATES`; any other is a ValueError.
@@ -47,6 +49,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS ranks (
     job_id TEXT NOT NULL, rank INTEGER NOT NULL, node TEXT NOT NULL, state TEXT NOT NULL, exit_code INTEGER,
     PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    job_id TEXT NOT NULL, node TEXT NOT NULL, sandbox TEXT, peak_memory INTEGER, cpu_seconds REAL,
+    PRIMARY KEY (job_id, node)
 );
 """
 
@@ -156,6 +162,20 @@ class JobStore:
                                (job_id,)).fetchall()
         return [RankRow(job_id=r[0], rank=r[1], node=r[2], state=r[3], exit_code=r[4]) for r in rows]
 
+    def set_host(self, job_id: str, node: str, **fields: Any) -> None:
+        """What a host reported of the job: `sandbox` (the confinement it had), `peak_memory`
+        (bytes) and `cpu_seconds`; fields not given keep their value."""
+        self.db.execute("INSERT OR IGNORE INTO hosts (job_id, node) VALUES (?, ?)", (job_id, node))
+        for name in ("sandbox", "peak_memory", "cpu_seconds"):
+            if name in fields:
+                self.db.execute(f"UPDATE hosts SET {name} = ? WHERE job_id = ? AND node = ?",
+                                (fields[name], job_id, node))
+
+    def hosts(self, job_id: str) -> dict[str, dict[str, Any]]:
+        rows = self.db.execute("SELECT node, sandbox, peak_memory, cpu_seconds FROM hosts WHERE job_id = ? "
+                               "ORDER BY node", (job_id,)).fetchall()
+        return {r[0]: {"sandbox": r[1], "peak_memory": r[2], "cpu_seconds": r[3]} for r in rows}
+
     def prune(self, ended_before: float) -> list[str]:
         """Forget jobs that ended before `ended_before`: rows, ranks and logs."""
         terminal = tuple(TERMINAL)
@@ -166,6 +186,7 @@ class JobStore:
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 self.db.execute("DELETE FROM ranks WHERE job_id = ?", (job,))
+                self.db.execute("DELETE FROM hosts WHERE job_id = ?", (job,))
                 self.db.execute("DELETE FROM jobs WHERE id = ?", (job,))
                 self.db.execute("COMMIT")
             except BaseException:

@@ -47,6 +47,7 @@ from .executor import Executor, RankProc
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
+from .sandbox.box import Box, Sandbox, SandboxError
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
 
@@ -59,6 +60,7 @@ EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before
 # seconds a committed hold waits for its start: the longest a workdir upload may take
 # (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
 START_WITHIN = 660.0
+READY_TIMEOUT = 60.0  # seconds a start waits for the daemon to finish setting up the sandbox
 
 
 class WorkerError(Exception):
@@ -86,16 +88,35 @@ class StartRequest:
     env: dict[str, str]
     python: str | None
     workdir: str | None  # digest of a cached tree, or None for an empty directory
+    cpus: float = 0.0  # the job's --cpus on this host: its CPU quota (0: this host's share per slot)
+    mem_mb: int = 0  # the job's --mem on this host: its memory limit (0: this host's share per slot)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobNodes:
+    """What a job's firewall lets it reach, from the membership view: the addresses among
+    the job's `node_ips` that belong to members, and the members' daemon ports there."""
+    addresses: tuple[str, ...] = ()
+    daemon_ports: tuple[tuple[str, int], ...] = ()
 
 
 class Worker:
     def __init__(self, *, ledger: Ledger, cache: Cache, jobs_dir: Path, user: str | None,
                  ifname: Callable[[], str | None] = lambda: None,
-                 changed: Callable[[], None] = lambda: None) -> None:
+                 changed: Callable[[], None] = lambda: None, sandbox: Sandbox | None = None,
+                 job_nodes: Callable[[tuple[str, ...]], JobNodes] = lambda ips: JobNodes(),
+                 sandbox_later: bool = False) -> None:
         self.ledger = ledger
         self.cache = cache
         self.jobs_dir = jobs_dir
         self.user = user
+        self.sandbox = sandbox  # None: ranks run as `user`, unconfined (tests of the protocol alone)
+        self.job_nodes = job_nodes
+        # set once `sandbox` is what it will be: the daemon sets it up after this worker serves
+        # requests, and no rank starts before (a start waits, then fails, never runs unconfined)
+        self.ready = trio.Event()
+        if not sandbox_later:
+            self.ready.set()
         self.ifname = ifname  # the mesh interface, when the mesh is up
         self.changed = changed  # this host's offer changed: re-advertise
         self.running: dict[tuple[str, str], Executor] = {}  # (coordinator, job) -> its ranks
@@ -180,6 +201,10 @@ class Worker:
             raise ValueError(f"'role.job_id' is {req.role.job_id[:40]!r}, not the job's id")
         if req.workdir is not None and not self.cache.has(req.workdir):
             raise WorkerError(f"workdir {req.workdir[:12]} is not on this host")
+        with trio.move_on_after(READY_TIMEOUT):
+            await self.ready.wait()
+        if not self.ready.is_set():
+            raise WorkerError(f"this host's job sandbox was not set up within {READY_TIMEOUT:g} s")
         started = self.ledger.start(req.job, req.coordinator, req.role.procs_per_node)
         if isinstance(started, Refusal):
             raise Refused(started)
@@ -203,40 +228,45 @@ class Worker:
                 if slow.cancelled_caught:
                     raise CoordinatorGone(f"the coordinator took no event for {EMIT_TIMEOUT:g} s")
 
-            cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir)
-            ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
-                              env=rank_env(role, i, req.env, base), cwd=cwd)
-                     for i in range(role.procs_per_node)]
-            executor = Executor(req.job, ranks, user=self.user, on_output=on_output)
-            self.running[(req.coordinator, req.job)] = executor
-            self.changed()
-            async with _unwrapped(), trio.open_nursery() as nursery:
-                async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                    codes.update(await executor.run(task_status=task_status))
-                    wake.set()
+            async with self._box(req, top, started.gpus) as box:
+                if box.uid is not None:
+                    base |= {"USER": f"job{box.uid}", "LOGNAME": f"job{box.uid}"}
+                cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid)
+                ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
+                                  env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
+                         for i in range(role.procs_per_node)]
+                executor = Executor(req.job, ranks, user=self.user, on_output=on_output,
+                                    box=box if box.prefix else None)
+                self.running[(req.coordinator, req.job)] = executor
+                self.changed()
+                async with _unwrapped(), trio.open_nursery() as nursery:
+                    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                        codes.update(await executor.run(task_status=task_status))
+                        wake.set()
 
-                await nursery.start(run)
-                nursery.start_soon(_flusher, out)
-                await send({"started": [r.rank for r in ranks]})
-                while not codes or out.pending:
-                    with trio.move_on_after(HEARTBEAT) as idle:
-                        await wake.wait()
-                    if idle.cancelled_caught:
-                        await send({"hb": True})  # fails once the coordinator is gone: the ranks stop
-                        continue
-                    wake = trio.Event()
-                    if not codes:
-                        await trio.sleep(OUTPUT_BATCH)
-                    while out.pending:
-                        batch, dropped = out.take(OUTPUT_BATCH_BYTES)
-                        if dropped:
-                            await send({"dropped": dropped})
-                        if batch:
-                            await send({"out": batch})
-                nursery.cancel_scope.cancel()  # the flusher
+                    await nursery.start(run)
+                    nursery.start_soon(_flusher, out)
+                    await send({"started": [r.rank for r in ranks], "sandbox": box.describe()})
+                    while not codes or out.pending:
+                        with trio.move_on_after(HEARTBEAT) as idle:
+                            await wake.wait()
+                        if idle.cancelled_caught:
+                            await send({"hb": True})  # fails once the coordinator is gone: the ranks stop
+                            continue
+                        wake = trio.Event()
+                        if not codes:
+                            await trio.sleep(OUTPUT_BATCH)
+                        while out.pending:
+                            batch, dropped = out.take(OUTPUT_BATCH_BYTES)
+                            if dropped:
+                                await send({"dropped": dropped})
+                            if batch:
+                                await send({"out": batch})
+                    nursery.cancel_scope.cancel()  # the flusher
             out.flush()
             first = executor.first_failure
-            await send({"exit": sorted(codes.items()), "first": list(first) if first else None})
+            await send({"exit": sorted(codes.items()), "first": list(first) if first else None,
+                        **_usage(box, codes)})
             return codes
         finally:
             if executor is not None:
@@ -263,9 +293,29 @@ class Worker:
         executor.cancel()
         return True
 
-    def _prepare(self, top: Path, workdir: str | None) -> Path:
+    @contextlib.asynccontextmanager
+    async def _box(self, req: StartRequest, top: Path, gpus: tuple[int, ...]) -> AsyncIterator[Box]:
+        """The job's sandbox on this host for as long as its ranks run (a bare Box without one)."""
+        if self.sandbox is None:
+            yield Box(uid=None, parts=())
+            return
+        nodes = self.job_nodes(req.role.node_ips)
+        memory = req.mem_mb * 2**20 if req.mem_mb else self.ledger_share(_memory_total())
+        cpus = req.cpus or self.ledger_share(float(os.cpu_count() or 1))
+        try:
+            async with self.sandbox.open(job=req.job, top=top, cwd=top / "work", memory=int(memory), cpus=cpus,
+                                         gpus=gpus, nodes=nodes.addresses, blocked=nodes.daemon_ports) as box:
+                yield box
+        except SandboxError as exc:
+            raise WorkerError(str(exc)) from None
+
+    def ledger_share(self, total: float) -> float:
+        """One slot's share of this host's `total` (memory, cores): a job's limit when it asked for none."""
+        return total / max(self.ledger.slots, 1)
+
+    def _prepare(self, top: Path, workdir: str | None, uid: int | None = None) -> Path:
         """The job's directory, made afresh: `home/`, a writable copy of its workdir in
-        `work/`, and `checkpoints/`, handed to the job user once complete."""
+        `work/`, and `checkpoints/`, handed to the job's uid (or user) once complete."""
         _remove(top)
         os.mkdir(top, 0o700)  # nobody else reaches in while it is built
         work, checkpoints, home = top / "work", top / "checkpoints", top / "home"
@@ -276,12 +326,43 @@ class Worker:
             os.mkdir(work, 0o755)
         os.mkdir(checkpoints, 0o700)
         os.mkdir(home, 0o700)
-        if os.geteuid() == 0 and self.user:
+        if uid is not None:
+            for d in (work, checkpoints, home):
+                _chown_fresh(d, uid, uid)
+        elif os.geteuid() == 0 and self.user:
             entry = pwd.getpwnam(self.user)
             for d in (work, checkpoints, home):
                 _chown_fresh(d, entry.pw_uid, entry.pw_gid)
         os.chmod(top, 0o711)  # the job user passes through to its own directories, reads nothing else
         return work
+
+
+def _confined_gpus(env: dict[str, str], box: Box, gpus: tuple[int, ...]) -> dict[str, str]:
+    """Inside the sandbox a job's /dev holds only its own GPUs, which CUDA numbers from 0 (as
+    under Slurm's ConstrainDevices); SWARM_GPUS keeps this host's indices."""
+    env["SWARM_GPUS"] = ",".join(map(str, gpus))
+    if "namespaces" in box.parts:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    return env
+
+
+def _usage(box: Box, codes: dict[int, int]) -> dict[str, Any]:
+    """The exit event's account of the job on this host: the sandbox it had, peak memory and
+    CPU time from its cgroup, and the ranks the kernel killed for memory."""
+    fields: dict[str, Any] = {"sandbox": box.describe()}
+    if box.usage is None:
+        return fields
+    fields["usage"] = {"peak_memory": box.usage.peak_memory, "cpu_seconds": box.usage.cpu_seconds}
+    if box.usage.oom_kills:
+        killed = [rank for rank, code in sorted(codes.items()) if code == 128 + signal.SIGKILL]
+        fields["oom"] = {"ranks": killed, "limit": box.memory_limit}
+    return fields
+
+
+def _memory_total() -> float:
+    import psutil
+
+    return float(psutil.virtual_memory().total)
 
 
 async def _flusher(out: RankOutput) -> None:

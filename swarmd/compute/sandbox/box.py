@@ -1,0 +1,335 @@
+"""The sandbox as the worker uses it: what this host can confine, and one box per job.
+
+`Sandbox.start` finds out, once, which parts this host can do and says why a part is
+missing; `Sandbox.open` gives a job its box for as long as its ranks run. Rules:
+- Parts: `uid` (a uid and gid of the job's own from `job_uids`: needs root), `cgroup`
+  (v1 or v2: memory, CPU quota, pids, v1 device whitelist; cgroups.py), `namespaces`
+  (bubblewrap: a read-only view of the host without the daemon's directories, a private
+  /tmp, its own /proc and pid namespace, a /dev with only what a job needs and its GPUs;
+  mounts.py), `firewall` (nftables rules keyed on the job's uid; firewall.py). `auto`
+  uses every part this host has and runs without the others; `required` refuses jobs
+  unless all four are there; `off` runs ranks as `job_user`, as before the sandbox.
+- A rank starts as a chain, spawned by the daemon (root): `sh` writes its own pid into
+  the job's cgroup before anything can fork, execs bwrap, which builds the view and execs
+  setpriv, which drops to the job's uid with no capabilities and no way to regain any
+  (no_new_privs, empty bounding set) and execs the rank's command. Without bwrap, setpriv
+  follows sh directly.
+- The box's uid is the job's alone while it has a process or a file on this host: when
+  the box closes, its processes are gone (the cgroup, or the pool's /proc scan without
+  one) and its files in the job's directory are handed to the daemon (links never
+  followed); only then does the uid go back to the pool (uids.py).
+- Closing the box kills everything left in its cgroup (a `setsid` + `sleep` included),
+  reads peak memory, CPU time and OOM kills, removes the cgroup and the firewall chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+import trio
+
+from . import cgroups, firewall, mounts
+from .cgroups import Limits, Usage
+from .uids import UidPool
+
+log = structlog.get_logger("swarmd.sandbox")
+
+PARTS = ("uid", "cgroup", "namespaces", "firewall")
+JOIN_CGROUP = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
+# never visible to a job: where other users keep secrets, and the host's services' state
+HIDDEN = ("/root", "/home", "/run", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail", "/srv",
+          "/mnt", "/media", "/boot", "/lost+found", "/etc/swarmd", "/etc/wireguard", "/etc/ssh")
+SHM = Path("/dev/shm")
+GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+class SandboxError(Exception):
+    """A job cannot be confined as this host is configured to require."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    mode: str  # auto | required | off
+    uids: tuple[int, int]
+    egress: str  # mesh | internet
+    egress_allow: tuple[str, ...]
+    paths: tuple[Path, ...]
+    pids: int
+    state_dir: Path
+    jobs_dir: Path
+    socket: Path
+    name: str  # this daemon's cgroup under its own: unique per daemon (several share a lab machine)
+    mesh_ifname: str | None = None
+
+
+@dataclass(slots=True)
+class Box:
+    """One job's confinement on this host while its ranks run."""
+
+    uid: int | None
+    parts: tuple[str, ...]
+    prefix: list[str] = field(default_factory=list)  # argv before the rank's command
+    cgroup: cgroups.JobCgroup | None = None
+    usage: Usage | None = None
+    memory_limit: int | None = None
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        return [*self.prefix, *argv]
+
+    def describe(self) -> str:
+        return ", ".join(self.parts) if self.parts else "none"
+
+    def signal(self, sig: signal.Signals) -> bool:
+        """Send `sig` to the job's own processes (not bubblewrap's, which end with them);
+        False when there is no cgroup to find them by."""
+        if self.cgroup is None:
+            return False
+        for pid in self.cgroup.pids():
+            try:
+                if os.readlink(f"/proc/{pid}/exe").endswith("/bwrap"):
+                    continue
+                os.kill(pid, sig)
+            except OSError:
+                continue  # gone already
+        return True
+
+
+class Sandbox:
+    def __init__(self, settings: Settings, parts: dict[str, str], *, hierarchy: cgroups.Hierarchy | None,
+                 bwrap: str | None, policy: firewall.Policy | None, pool: UidPool | None,
+                 setpriv: str | None) -> None:
+        self.settings = settings
+        self.parts = parts  # part -> what it is here, or "off: why"
+        self.hierarchy = hierarchy
+        self.bwrap = bwrap
+        self.policy = policy
+        self.pool = pool
+        self.setpriv = setpriv
+
+    # --- what this host can do ---------------------------------------------------------
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Sandbox:
+        if settings.mode == "off":
+            return cls(settings, {p: "off: sandbox = off" for p in PARTS}, hierarchy=None, bwrap=None, policy=None,
+                       pool=None, setpriv=None)
+        parts: dict[str, str] = {}
+        root = os.geteuid() == 0
+        setpriv = shutil.which("setpriv")
+        pool = None
+        if not root:
+            parts["uid"] = "off: swarmd is not root"
+        elif setpriv is None:
+            parts["uid"] = "off: setpriv (util-linux) is not installed"
+        else:
+            pool = UidPool(*settings.uids, settings.jobs_dir)
+            parts["uid"] = f"a uid per job from {settings.uids[0]}-{settings.uids[1]}"
+        hierarchy = None
+        found = await trio.to_thread.run_sync(cgroups.detect)
+        if isinstance(found, str):
+            parts["cgroup"] = f"off: {found}"
+        else:
+            try:  # what a previous life left (ranks outlive a killed daemon) is killed first
+                await trio.to_thread.run_sync(found.discard, settings.name)
+                await trio.to_thread.run_sync(found.parent, settings.name)
+                hierarchy = found
+                parts["cgroup"] = found.describe()
+            except cgroups.CgroupError as exc:
+                parts["cgroup"] = f"off: {exc}"
+        bwrap = None
+        if pool is None:
+            parts["namespaces"] = "off: needs the per-job uid"
+        else:
+            found_bwrap = await trio.to_thread.run_sync(mounts.detect_bwrap)
+            if found_bwrap.startswith("/"):
+                bwrap = found_bwrap
+                parts["namespaces"] = "mount, pid, ipc, uts (bubblewrap): host read-only, private /tmp"
+            else:
+                parts["namespaces"] = f"off: {found_bwrap}"
+        policy = None
+        if pool is None:
+            parts["firewall"] = "off: needs the per-job uid"
+        elif (why := await trio.to_thread.run_sync(firewall.detect)) is not None:
+            parts["firewall"] = f"off: {why}"
+        else:
+            policy = firewall.Policy(uids=settings.uids, egress=settings.egress,
+                                     allow=tuple(ipaddress.ip_network(n) for n in settings.egress_allow),
+                                     resolvers=_resolvers(), mesh_ifname=settings.mesh_ifname)
+            try:
+                await firewall.apply(firewall.base(policy))
+                parts["firewall"] = f"nftables: egress {settings.egress}" + (
+                    f" + {', '.join(settings.egress_allow)}" if settings.egress_allow else "")
+            except firewall.FirewallError as exc:
+                policy = None
+                parts["firewall"] = f"off: {exc}"
+        box = cls(settings, parts, hierarchy=hierarchy, bwrap=bwrap, policy=policy, pool=pool, setpriv=setpriv)
+        missing = [f"{p} ({parts[p][5:]})" for p in PARTS if parts[p].startswith("off")]
+        if missing:
+            log.warning("job sandbox incomplete", mode=settings.mode, missing=missing,
+                        consequence="jobs are refused" if settings.mode == "required" else "jobs run without them")
+        else:
+            log.info("job sandbox ready", **parts)
+        return box
+
+    async def close(self) -> None:
+        """The daemon stops: take down its firewall table and its (empty) cgroups."""
+        with trio.CancelScope(shield=True):
+            if self.policy is not None:
+                try:
+                    await firewall.apply(f"delete table inet {self.policy.table}\n")
+                except firewall.FirewallError as exc:
+                    log.warning("job firewall not removed", error=str(exc))
+            if self.hierarchy is not None:
+                try:
+                    await trio.to_thread.run_sync(self.hierarchy.discard, self.settings.name)
+                except cgroups.CgroupError as exc:
+                    log.warning("job cgroups not removed", error=str(exc))
+
+    @property
+    def complete(self) -> bool:
+        return not any(v.startswith("off") for v in self.parts.values())
+
+    def status(self) -> dict[str, object]:
+        return {"mode": self.settings.mode, "active": any(not v.startswith("off") for v in self.parts.values()),
+                "complete": self.complete, "parts": dict(self.parts)}
+
+    # --- one job's box -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def open(self, *, job: str, top: Path, cwd: Path, memory: int | None, cpus: float | None,
+                   gpus: Sequence[int], nodes: Iterable[str] = (),
+                   blocked: Iterable[tuple[str, int]] = ()) -> AsyncIterator[Box]:
+        """The box for one job's ranks on this host (`top` its directory, `cwd` where ranks
+        start); on exit everything in it is killed and the box taken down."""
+        if self.settings.mode == "required" and not self.complete:
+            missing = "; ".join(f"{p}: {v[5:]}" for p, v in self.parts.items() if v.startswith("off"))
+            raise SandboxError(f"this host requires the sandbox and cannot provide it ({missing})")
+        if self.pool is None:
+            yield Box(uid=None, parts=tuple(p for p in PARTS if not self.parts[p].startswith("off")))
+            return
+        uid = await trio.to_thread.run_sync(self.pool.allocate)
+        box = Box(uid=uid, parts=("uid",), memory_limit=memory)
+        devices = _gpu_devices(gpus)
+        chain = False
+        try:
+            if self.hierarchy is not None:
+                limits = Limits(memory=memory, cpus=cpus, pids=self.settings.pids,
+                                devices=tuple(_device_numbers(devices)))
+                box.cgroup = await trio.to_thread.run_sync(self.hierarchy.create, self.settings.name, top.name, limits)
+                box.parts += ("cgroup",)
+                box.prefix += ["/bin/sh", "-c", JOIN_CGROUP, "sh", *map(str, box.cgroup.procs_files), "--"]
+            if self.bwrap is not None:
+                hide = [self.settings.state_dir, self.settings.jobs_dir, self.settings.socket, *map(Path, HIDDEN)]
+                expose = [*self.settings.paths, *mounts.interpreter_paths()]
+                shm = await trio.to_thread.run_sync(_shared_memory, top.name, uid)
+                box.prefix += mounts.bwrap_argv(bwrap=self.bwrap, top=top, cwd=cwd, hide=hide, expose=expose,
+                                                devices=devices, uid=uid, gid=uid, setpriv=self.setpriv, shm=shm)
+                box.parts += ("namespaces",)
+            else:
+                box.prefix += mounts.setpriv_argv(self.setpriv, uid, uid)
+            if self.policy is not None:
+                await firewall.apply(firewall.add_job(self.policy, uid, _addresses(nodes), _pairs(blocked)))
+                chain = True
+                box.parts += ("firewall",)
+            if self.settings.mode == "required" and len(box.parts) < len(PARTS):
+                raise SandboxError(f"only {box.describe()} could be set up for this job")
+            yield box
+        finally:
+            with trio.CancelScope(shield=True):
+                if box.cgroup is not None:
+                    cg = box.cgroup
+                    try:
+                        await trio.to_thread.run_sync(cg.kill)
+                        box.usage = await trio.to_thread.run_sync(cg.usage)
+                        await trio.to_thread.run_sync(cg.remove)
+                    except cgroups.CgroupError as exc:
+                        log.warning("job cgroup not taken down", job=job, error=str(exc))
+                await trio.to_thread.run_sync(_remove_shared_memory, top.name)
+                await trio.to_thread.run_sync(_hand_back, top, uid)
+                if chain and self.policy is not None:
+                    try:
+                        await firewall.apply(firewall.remove_job(self.policy, uid))
+                    except firewall.FirewallError as exc:
+                        log.warning("job firewall chain not removed", job=job, error=str(exc))
+                self.pool.release(uid)
+
+
+def _shared_memory(name: str, uid: int) -> Path | None:
+    """/dev/shm for a job's ranks on this host to share (each rank has its own namespaces):
+    a directory of the host's /dev/shm that only the job's uid reaches."""
+    if not SHM.is_dir():
+        return None
+    path = SHM / f"swarmd-{name}"
+    _remove_shared_memory(name)
+    os.mkdir(path, 0o700)
+    os.chown(path, uid, uid)
+    return path
+
+
+def _remove_shared_memory(name: str) -> None:
+    path = SHM / f"swarmd-{name}"
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _hand_back(top: Path, uid: int) -> None:
+    """Give what `uid` owns under `top` to the daemon, so that no file keeps the uid taken;
+    the job's processes are gone, so nothing moves under the walk, and no link is followed."""
+    me = os.geteuid()
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        for name in (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == uid:
+                    os.chown(path, me, me, follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        if os.lstat(top).st_uid == uid:
+            os.chown(top, me, me, follow_symlinks=False)
+
+
+def _gpu_devices(gpus: Sequence[int]) -> list[Path]:
+    """The device nodes a job holding `gpus` (NVML indices) opens: its GPUs and the driver's
+    control nodes, those this host has."""
+    if not gpus:
+        return []
+    paths = [Path(f"/dev/nvidia{i}") for i in gpus] + [Path(p) for p in GPU_SIDE_DEVICES]
+    return [p for p in paths if p.exists()]
+
+
+def _device_numbers(devices: Iterable[Path]) -> Iterable[tuple[str, int, int]]:
+    for d in devices:
+        rdev = d.stat().st_rdev
+        yield "c", os.major(rdev), os.minor(rdev)
+
+
+def _addresses(nodes: Iterable[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    return [ipaddress.ip_address(n) for n in nodes]
+
+
+def _pairs(blocked: Iterable[tuple[str, int]]) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    return [(ipaddress.ip_address(a), p) for a, p in blocked]
+
+
+def _resolvers(path: Path = Path("/etc/resolv.conf")) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+    """The DNS servers this host uses: jobs may ask them (port 53) whatever the egress policy."""
+    found = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ()
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            with contextlib.suppress(ValueError):
+                found.append(ipaddress.ip_address(words[1].split("%")[0]))
+    return tuple(found)
