@@ -200,7 +200,7 @@ def test_a_host_takes_jobs_only_from_its_allowed_submitters(jl):
         assert call(jl, "h2", "status")["gossip"]["rejected"].get("submitter", 0) >= 1
         for _ in range(3):  # whichever two it tries first, it ends on h1 and h3
             r = swarmctl(jl, "h1", "jobs", "run", "--nodes", "2", "--", "python", "-c", "pass")
-            assert r.returncode == 0, r.stderr
+            assert r.returncode == 0, r.stdout + r.stderr
             assert h2.peer_id not in call(jl, "h1", "jobs.ls")["jobs"][0]["nodes"]
         r = swarmctl(jl, "h3", "jobs", "run", "--nodes", "3", "--", "python", "-c", "pass")
         assert r.returncode == 0, "h3 is allowed: " + r.stderr

@@ -229,7 +229,7 @@ class Sandbox:
             if self.bwrap is not None:
                 hide = [self.settings.state_dir, self.settings.jobs_dir, self.settings.socket, *map(Path, HIDDEN)]
                 expose = [*self.settings.paths, *mounts.interpreter_paths()]
-                shm = await trio.to_thread.run_sync(_shared_memory, top.name, uid)
+                shm = await trio.to_thread.run_sync(_shared_memory, f"{self.settings.name}-{top.name}", uid)
                 box.prefix += mounts.bwrap_argv(bwrap=self.bwrap, top=top, cwd=cwd, hide=hide, expose=expose,
                                                 devices=devices, uid=uid, gid=uid, setpriv=self.setpriv, shm=shm)
                 box.parts += ("namespaces",)
@@ -252,7 +252,7 @@ class Sandbox:
                         await trio.to_thread.run_sync(cg.remove)
                     except cgroups.CgroupError as exc:
                         log.warning("job cgroup not taken down", job=job, error=str(exc))
-                await trio.to_thread.run_sync(_remove_shared_memory, top.name)
+                await trio.to_thread.run_sync(_remove_shared_memory, f"{self.settings.name}-{top.name}")
                 await trio.to_thread.run_sync(_hand_back, top, uid)
                 if chain and self.policy is not None:
                     try:
@@ -264,10 +264,11 @@ class Sandbox:
 
 def _shared_memory(name: str, uid: int) -> Path | None:
     """/dev/shm for a job's ranks on this host to share (each rank has its own namespaces):
-    a directory of the host's /dev/shm that only the job's uid reaches."""
+    a directory of the host's /dev/shm that only the job's uid reaches, named for this
+    daemon and the job's directory (several daemons may share a machine's /dev/shm)."""
     if not SHM.is_dir():
         return None
-    path = SHM / f"swarmd-{name}"
+    path = SHM / name
     _remove_shared_memory(name)
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
@@ -275,7 +276,7 @@ def _shared_memory(name: str, uid: int) -> Path | None:
 
 
 def _remove_shared_memory(name: str) -> None:
-    path = SHM / f"swarmd-{name}"
+    path = SHM / name
     if path.is_symlink():
         path.unlink()
     elif path.exists():
