@@ -214,7 +214,8 @@ def booted(tmp_path):
         swarmd = str(Path(sys.executable).parent / "swarmd")
         (root / "etc/systemd/system/swarmd.service").write_text(UNIT.read_text().replace("/usr/local/bin/swarmd", swarmd))
         console = open(tmp_path / "console.log", "w")  # noqa: SIM115 (closed with the container)
-        nspawn = subprocess.Popen(["systemd-nspawn", "-D", str(root), "--boot", f"--machine=swarmd-test-{os.getpid()}",
+        machine = f"swarmd-test-{os.getpid()}"
+        nspawn = subprocess.Popen(["systemd-nspawn", "-D", str(root), "--boot", f"--machine={machine}",
                                    "--register=no", "--keep-unit", "--link-journal=no", "--private-network"],
                                   stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
         console_text = lambda: (tmp_path / "console.log").read_text()[-2000:]  # noqa: E731
@@ -239,6 +240,8 @@ def booted(tmp_path):
                 nspawn.kill()
                 nspawn.wait()
             console.close()
+            with contextlib.suppress(OSError):  # nspawn leaves it where /run is not a tmpfs, as here
+                (Path("/run/systemd/nspawn/propagate") / machine).rmdir()
         for target in reversed(mounted):
             subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
