@@ -156,6 +156,38 @@ def control_socket(path: str) -> None:
             escape("control_socket", False, f"{why(exc)} {path}")
 
 
+def abstract_socket(name: str) -> None:
+    """An abstract unix socket (no file: named in the network namespace, which jobs share
+    with the host): another job's, here."""
+    try:
+        with open("/proc/net/unix") as f:
+            listed = "listed in /proc/net/unix" if f"@{name}" in f.read() else "not in /proc/net/unix"
+    except OSError as exc:
+        listed = f"/proc/net/unix: {why(exc)}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(CONNECT_TIMEOUT)
+        try:
+            s.connect("\0" + name)
+            escape("abstract_socket", True, f"connected to @{name} ({listed})")
+        except OSError as exc:
+            escape("abstract_socket", False, f"{why(exc)} @{name} ({listed})")
+
+
+def host_write(marker: str) -> None:
+    """Create a file in the host's own directories."""
+    made, refused = [], []
+    for directory in ("/etc", "/usr/local/bin", "/var"):
+        path = os.path.join(directory, f"{marker}-host")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            os.unlink(path)
+            made.append(path)
+        except OSError as exc:
+            refused.append(f"{directory} {why(exc)}")
+    escape("host_write", bool(made), f"created {made}; refused: {refused}")
+
+
 # --- processes ------------------------------------------------------------------------------
 
 
@@ -368,6 +400,9 @@ def main() -> int:
     attempt("state_dir", lambda: state_dir(here["state_dir"]))
     attempt("environ", lambda: environ(targets["secret_name"]))
     attempt("control_socket", lambda: control_socket(here["socket"]))
+    if targets.get("abstract"):
+        attempt("abstract_socket", lambda: abstract_socket(targets["abstract"]))
+    attempt("host_write", lambda: host_write(marker))
     if here.get("victim_pid"):
         attempt("signal_job", lambda: signal_victim(int(here["victim_pid"])))
     attempt("signal_daemon", lambda: signal_daemon(int(here["daemon_pid"])))

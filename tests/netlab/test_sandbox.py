@@ -51,7 +51,11 @@ for target in sys.argv[1:]:
 """
 
 VICTIM = """
-import os, sys, time
+import os, socket, sys, threading, time
+listener = socket.socket(socket.AF_UNIX)
+listener.bind("\\0" + sys.argv[2])  # an abstract socket, as NCCL's proxy and many services use
+listener.listen(8)
+threading.Thread(target=lambda: [listener.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()
 path = os.path.join(os.environ["SWARM_CHECKPOINT_DIR"], "ckpt.bin")
 with open(path, "w") as f:
     f.write(sys.argv[1])
@@ -70,6 +74,8 @@ ESCAPES = {
     "state_dir_list": "listed the daemon's state directory",
     "state_dir_read": "read the daemon's state (its keys)",
     "control_socket": "connected to the daemon's control socket",
+    "abstract_socket": "connected to another job's abstract unix socket",
+    "host_write": "created a file in the host's /etc, /usr/local/bin or /var",
     "signal_job": "signalled another job's rank",
     "signal_daemon": "may signal the daemon",
     "fork": f"forked 200 processes past --job-pids {PIDS}",
@@ -180,8 +186,9 @@ def pids_mentioning(marker: str) -> list[int]:
 def victim(sl):
     """A detached 3-node job with an --env secret and a checkpoint on every host, sleeping."""
     secret, content = f"swordfish-{uuid.uuid4().hex}", f"checkpoint-{uuid.uuid4().hex}"
+    abstract = f"swarmd-victim-{uuid.uuid4().hex[:10]}"
     r = swarmctl(sl, "h1", "jobs", "run", "--detach", "--nodes", "3", "--env", f"SECRET={secret}", "--name", "victim",
-                 "--", "python", "-c", VICTIM, content)
+                 "--", "python", "-c", VICTIM, content, abstract)
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
 
@@ -198,7 +205,7 @@ def victim(sl):
         checkpoints[host] = path
     pids = {h.name: rank_pids(sl, h.name, job) for h in sl.state.hosts}
     assert all(len(p) == 1 for p in pids.values()), f"one victim rank per host: {pids}"
-    yield {"job": job, "secret": secret, "content": content, "checkpoints": checkpoints,
+    yield {"job": job, "secret": secret, "content": content, "checkpoints": checkpoints, "abstract": abstract,
            "pids": {host: p[0] for host, p in pids.items()}}
     swarmctl(sl, "h1", "jobs", "cancel", job)
 
@@ -226,6 +233,7 @@ def hostile(sl, victim, tmp_path_factory):
     shutil.copy(ESCAPE_JOB, work / "escape_job.py")
     (work / "targets.json").write_text(json.dumps({
         "secret_name": "SECRET", "marker": marker, "fork": 200, "kill_all": True, "outlive_s": 600,
+        "abstract": victim["abstract"],
         "overlay_port": OVERLAY_PORT, "hosts": hosts}))
     try:
         r = swarmctl(sl, "h1", "jobs", "run", "--nodes", "3", "--name", "hostile", "--workdir", str(work),
@@ -274,7 +282,14 @@ def test_nothing_the_job_started_outlives_it_not_even_by_setsid(sl, hostile):
           detail=lambda: [Path(f"/proc/{p}/cmdline").read_bytes() for p in pids_mentioning(hostile["marker"])])
 
 
-@pytest.mark.parametrize("name", list(ESCAPES))
+# Known hole, kept visible: abstract unix sockets are named in the network namespace, which
+# jobs share with the host, and nftables never sees them. Landlock's abstract-socket scope
+# (Linux 6.12+) or a network namespace per job would close it.
+OPEN = {"abstract_socket": "a job reaches abstract unix sockets of other jobs and host services"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OPEN[n])) if n in OPEN
+                                  else n for n in ESCAPES])
 def test_escape_is_blocked(sl, hostile, name):
     for h in sl.state.hosts:
         state, detail = outcome(hostile, h.name, "ESCAPE", name)
