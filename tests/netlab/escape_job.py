@@ -332,6 +332,30 @@ def connect(name: str, target: str) -> None:
             escape(name, False, f"{why(exc)} after {time.monotonic() - start:.1f} s to {target}")
 
 
+def udp(name: str, target: str) -> None:
+    """A datagram out: the firewall's drop fails sendto() with EPERM; sent is an escape."""
+    host, _, port = target.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.sendto(b"hello", (host, int(port)))
+            escape(name, True, f"a datagram left for {target}")
+        except OSError as exc:
+            escape(name, False, f"{why(exc)} to {target}")
+
+
+def cgroup_escape() -> None:
+    """Move this process out of its job's cgroup, into the root of each hierarchy."""
+    moved, refused = [], []
+    for procs in sorted(glob.glob("/sys/fs/cgroup/*/cgroup.procs") + glob.glob("/sys/fs/cgroup/cgroup.procs")):
+        try:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+            moved.append(procs)
+        except OSError as exc:
+            refused.append(f"{procs} {why(exc)}")
+    escape("cgroup_escape", bool(moved), f"moved into {moved[:3]}; refused: {refused[:3]}")
+
+
 def overlay(rank: int, ips: list[str], port: int) -> None:
     """Rank 1 listens on its overlay address, rank 0 connects to it: the job's own mesh."""
     if rank == 1:
@@ -408,6 +432,9 @@ def main() -> int:
     attempt("signal_daemon", lambda: signal_daemon(int(here["daemon_pid"])))
     for name, target in here.get("connect", {}).items():
         attempt(name, lambda name=name, target=target: connect(name, target))
+    for name, target in here.get("udp", {}).items():
+        attempt(name, lambda name=name, target=target: udp(name, target))
+    attempt("cgroup_escape", cgroup_escape)
     attempt("mknod", mknod_device)
     attempt("devices", open_devices)
     attempt("fork", lambda: fork_many(int(targets.get("fork", 200))))
