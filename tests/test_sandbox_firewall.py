@@ -57,14 +57,17 @@ def policy(**kw) -> Policy:
     return Policy(**{"uids": RANGE, "egress": "mesh", **kw})
 
 
-def test_base_recreates_the_table_and_drops_uids_without_a_chain():
+def test_base_recreates_the_table_and_leaves_uids_without_a_chain_alone():
     script = firewall.base(policy())
     lines = script.splitlines()
     # idempotent: a table that is there is deleted, in the same transaction that recreates it
     assert lines.index("add table inet swarmd_jobs") < lines.index("delete table inet swarmd_jobs") < lines.index(
         "table inet swarmd_jobs {")
     assert "    type filter hook output priority filter; policy accept;" in lines
-    assert "    meta skuid 61184-61199 drop" in lines
+    # no rule for the range as such: a uid of it without a chain is no job's
+    assert not any("61184" in line for line in lines if not line.lstrip().startswith("#"))
+    assert "  set job_uids { typeof meta skuid; }" in lines
+    assert lines[lines.index("    meta skuid vmap @jobs") + 1] == "  }"  # nothing after a job's own chain
     assert lines.index("    ct direction reply ct mark vmap @opened") < lines.index("    meta skuid vmap @jobs")
     assert "169.254.0.0/16" in script and "10.0.0.0/8" in script and "fc00::/7" in script
     assert "oifname" not in script  # no mesh interface named
@@ -79,7 +82,7 @@ def test_base_sets_allow_resolvers_mesh_and_table_name():
     assert "set allow6 { type ipv6_addr; flags interval; elements = { fd00::/64 }; }" in script
     assert "set resolvers4 { type ipv4_addr; flags interval; elements = { 10.0.0.53 }; }" in script
     assert "set resolvers6 { type ipv6_addr; flags interval; elements = { fd00::53 }; }" in script
-    assert 'oifname "wg-swarm" ct direction reply meta skuid != 61184-61199 drop' in script
+    assert 'oifname "wg-swarm" ct direction reply meta skuid != @job_uids drop' in script
 
 
 def job_rules(script: str, chain: str) -> list[str]:
@@ -101,6 +104,7 @@ def test_add_job_mesh_egress():
     assert not any("@never" in r for r in rules)  # mesh: no public addresses
     assert rules[-2:] == ["meta l4proto tcp reject with tcp reset", "drop"]
     assert job_rules(script, f"opened_{A}")[-1] == f"meta skuid != {A} drop"
+    assert f"add element inet swarmd_jobs job_uids {{ {A} }}" in script
     assert f"add element inet swarmd_jobs jobs {{ {A} : jump job_{A} }}" in script
     assert f"add element inet swarmd_jobs opened {{ {A} : jump opened_{A} }}" in script
 
@@ -117,6 +121,7 @@ def test_remove_job_deletes_map_entries_before_chains():
     lines = firewall.remove_job(policy(), A).splitlines()[1:]
     assert lines == [f"delete element inet swarmd_jobs jobs {{ {A} }}",
                      f"delete element inet swarmd_jobs opened {{ {A} }}",
+                     f"delete element inet swarmd_jobs job_uids {{ {A} }}",
                      f"flush chain inet swarmd_jobs job_{A}", f"delete chain inet swarmd_jobs job_{A}",
                      f"flush chain inet swarmd_jobs opened_{A}", f"delete chain inet swarmd_jobs opened_{A}"]
 
@@ -312,7 +317,8 @@ def test_metadata_private_and_public_addresses_fail_at_once_in_mesh_mode(lab):
     for host in (METADATA, OTHER, OTHER6, PUBLIC):
         assert lab.connect(A, host, PORT, timeout=NO) == REFUSED, host
     assert lab.connect(A, OTHER, 54, proto="udp") == "error EPERM"
-    assert lab.connect(C, NODE, PORT, timeout=NO) == REFUSED  # a job uid with no chain sends nothing
+    # a uid of the range with no chain is no job's (maybe a DynamicUser service's): left alone
+    assert lab.connect(C, METADATA, PORT) == "ok 0"
     assert lab.connect(0, METADATA, PORT) == "ok 0"  # other uids are not this firewall's business
 
 
@@ -338,10 +344,13 @@ def test_a_job_listener_answers_its_nodes_only(lab):
 @real
 def test_nothing_but_a_job_answers_over_the_mesh_interface(lab):
     lab.setup(policy(mesh_ifname=MESH), {A: [NODE]})
-    with listening(lab, (0, "0.0.0.0", 7301), (A, "0.0.0.0", 7302)):
+    with listening(lab, (0, "0.0.0.0", 7301), (A, "0.0.0.0", 7302), (C, "0.0.0.0", 7303)):
         assert lab.connect(0, "10.77.0.1", 7301, source=NODE, ns=lab.peer, timeout=NO) == "timeout"
         assert lab.connect(0, "127.0.0.1", 7301) == "ok 0"  # still served on this host
         assert lab.connect(0, "10.77.0.1", 7302, source=NODE, ns=lab.peer) == f"ok {A}"
+        # a uid of the range with no chain is no job's: like any other service, not over the mesh
+        assert lab.connect(0, "10.77.0.1", 7303, source=NODE, ns=lab.peer, timeout=NO) == "timeout"
+        assert lab.connect(0, "127.0.0.1", 7303) == f"ok {C}"
         lab.setup(policy(), {A: [NODE]})  # without mesh_ifname: served over it again
         assert lab.connect(0, "10.77.0.1", 7301, source=NODE, ns=lab.peer) == "ok 0"
 
@@ -358,17 +367,25 @@ def test_internet_mode_reaches_public_addresses_but_never_the_never_sets(lab):
 
 
 @real
-def test_remove_job_leaves_the_uid_nothing_and_add_job_restores_it(lab):
+def test_remove_job_leaves_the_uid_alone_and_add_job_confines_it_again(lab):
+    """After remove_job the uid is no job's: box.py removes the chain only once the job's
+    cgroup is killed, and uids.py then gives the uid's lock back, so systemd may hand it to
+    a DynamicUser service (the default range is systemd's). A chain-less uid of the range
+    is therefore left alone, as every other uid is: it reaches another uid's listener on
+    this host and a private address. Only add_job confines it again."""
     pol = policy()
     lab.setup(pol, {A: [NODE]})
-    with listening(lab, (A, "127.0.0.1", 7401)):
+    with listening(lab, (0, "127.0.0.1", 7401)):
         assert lab.connect(A, NODE, PORT) == "ok 0"
+        assert lab.connect(A, OTHER, PORT, timeout=NO) == REFUSED
+        assert lab.connect(A, "127.0.0.1", 7401, timeout=RETRY) == REFUSED
         lab.apply(firewall.remove_job(pol, A))
-        assert lab.connect(A, NODE, PORT, timeout=NO) == REFUSED
-        assert lab.connect(A, "127.0.0.1", 7401, timeout=NO) == REFUSED  # not even its own listener
         assert f"job_{A}" not in lab.tables(lab.host)
+        assert lab.connect(A, "127.0.0.1", 7401) == "ok 0"
+        assert lab.connect(A, OTHER, PORT) == "ok 0"
         lab.apply(firewall.add_job(pol, A, [ip(NODE)]))
-        assert lab.connect(A, "127.0.0.1", 7401) == f"ok {A}"
+        assert lab.connect(A, OTHER, PORT, timeout=NO) == REFUSED
+        assert lab.connect(A, "127.0.0.1", 7401, timeout=RETRY) == REFUSED
 
 
 @real
@@ -378,7 +395,8 @@ def test_base_twice_is_a_clean_restart_and_each_namespace_has_its_own_table(lab)
     lab.apply(firewall.base(pol))  # a daemon restart
     lab.apply(firewall.base(pol))
     assert f"job_{A}" not in lab.tables(lab.host)
-    assert lab.connect(A, NODE, PORT, timeout=NO) == REFUSED  # the previous run's job has no chain
+    # the previous run's job uid has no chain: no job's now (its cgroup was killed at start)
+    assert lab.connect(A, OTHER, PORT) == "ok 0"
     other = policy(egress="internet", table="swarmd_other")
     lab.apply(firewall.base(other), ns=lab.peer)  # another daemon, in its own namespace
     lab.apply(firewall.add_job(pol, A, [ip(NODE)]))

@@ -34,22 +34,33 @@ apart, and the conntrack mark records which job uid opened it.
 - A reply from U's socket to a connection someone else opened is allowed only towards
   this host (over `lo`; connections from another job were already checked by their mark)
   or one of U's nodes: a job's listener answers its own ranks, not the world.
-- With `policy.mesh_ifname`, no socket outside the job range answers a connection that
-  came in over the mesh interface: the daemon's libp2p port is not served over the
-  overlay (daemons never talk libp2p over it), so a job on another member cannot reach it.
-- A uid of the range with no chain here (its job ended, `remove_job`) sends nothing.
+- With `policy.mesh_ifname`, no socket but a job's (a uid in the `job_uids` set: one with
+  a chain here) answers a connection that came in over the mesh interface: the daemon's
+  libp2p port is not served over the overlay (daemons never talk libp2p over it), so a job
+  on another member cannot reach it.
+- A uid of the range with no chain here is no job's, and this firewall leaves it alone as
+  it leaves every other uid. The range is by default systemd's DynamicUser range, and
+  systemd may hand any uid of it that uids.py does not hold (its lock) to a service: a
+  catch-all "a uid of the range without a chain sends nothing" would cut such a service off
+  the network. What a job uid may do is decided by its own chain, from `add_job`, before
+  any rank starts, to `remove_job`, after the job's cgroup is killed (box.py); a daemon
+  restart kills the previous run's leftover job cgroups before `base`. Consequence: a job
+  process that outlives `remove_job` (possible only on a host without the cgroup part) is
+  no longer confined.
 
 Rules of this module:
 - `meta skuid` cannot be assigned to `ct mark` (different datatypes), so each job has its
   own chains with its uid written out: `job_<U>` (what U's sockets send) and `opened_<U>`
   (replies to what U opened), reached through the verdict maps `jobs` and `opened`.
-  `remove_job` deletes the map entries and both chains in one transaction.
+  The set `job_uids` names the uids that have chains (for the mesh rule). `remove_job`
+  deletes the map and set entries and both chains in one transaction.
 - `base` deletes the table if present and creates it again: a daemon restart starts from
-  a clean table (jobs of the previous run have no chain, so their uids send nothing).
+  a clean table (the previous run's job uids have no chain, and are no job's any more).
   Several daemons in different network namespaces each have their own table (nftables
   state is per namespace); in one namespace they need different `table` names and
-  disjoint uid ranges (each table drops the uids of its range it has no chain for), and
-  every `base` there wipes that daemon's own jobs' chains.
+  disjoint uid ranges (the conntrack mark is the namespace's: one table's `opened` check
+  would apply to the other's job of the same uid), and every `base` there wipes that
+  daemon's own jobs' chains.
 - Everything written into a script is validated first (addresses through `ipaddress`,
   names against a strict pattern): no value can add a statement.
 - The `conntrack mark` is ours: nothing else on a swarmd host should set it on connections
@@ -168,19 +179,20 @@ def base(policy: Policy) -> str:
         "  map jobs { typeof meta skuid : verdict; }",
         "  # conntrack mark (the job uid that opened a connection) -> the check of its replies",
         "  map opened { typeof ct mark : verdict; }",
+        "  # the job uids with a chain here (add_job)",
+        "  set job_uids { typeof meta skuid; }",
         "  chain output {",
         "    type filter hook output priority filter; policy accept;",
     ]
     if policy.mesh_ifname is not None:
-        lines += ["    # nothing outside the job uids answers a connection that came in over the mesh",
-                  f'    oifname "{policy.mesh_ifname}" ct direction reply meta skuid != {policy.range} drop']
+        lines += ["    # nothing but a job answers a connection that came in over the mesh",
+                  f'    oifname "{policy.mesh_ifname}" ct direction reply meta skuid != @job_uids drop']
     lines += [
         "    # a reply to a connection a job opened: only from that job's own sockets",
         "    ct direction reply ct mark vmap @opened",
+        "    # a job's sockets: its own chain decides; any other uid (one of the range with no chain",
+        "    # here included: no job's, maybe a DynamicUser service's) is left alone",
         "    meta skuid vmap @jobs",
-        "    # a job uid without a chain here sends nothing",
-        f"    meta skuid {policy.range} meta l4proto tcp {REFUSE}",
-        f"    meta skuid {policy.range} drop",
         "  }",
         "}",
     ]
@@ -245,19 +257,22 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
              f"add rule inet {t} {opened} meta l4proto {{ tcp, udp }} th sport 53 ip saddr @resolvers4 return",
              f"add rule inet {t} {opened} meta l4proto {{ tcp, udp }} th sport 53 ip6 saddr @resolvers6 return",
              f"add rule inet {t} {opened} meta skuid != {uid} drop",
+             f"add element inet {t} job_uids {{ {uid} }}",
              f"add element inet {t} jobs {{ {uid} : jump {job} }}",
              f"add element inet {t} opened {{ {uid} : jump {opened} }}"]
     return "\n".join(lines) + "\n"
 
 
 def remove_job(policy: Policy, uid: int) -> str:
-    """The script that takes job uid `uid`'s chains away: from then on it sends nothing."""
+    """The script that takes job uid `uid`'s chains away once its job's processes are gone:
+    from then on the uid is no job's, and this firewall leaves it alone."""
     _check_uid(policy, uid)
     t = policy.table
     return "\n".join([
         f"# job uid {uid} ended",
         f"delete element inet {t} jobs {{ {uid} }}",
         f"delete element inet {t} opened {{ {uid} }}",
+        f"delete element inet {t} job_uids {{ {uid} }}",
         *(f"{verb} chain inet {t} {c}_{uid}" for c in ("job", "opened") for verb in ("flush", "delete")),
     ]) + "\n"
 
