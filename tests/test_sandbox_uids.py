@@ -204,6 +204,22 @@ def test_a_uid_systemd_holds_is_skipped_though_no_process_or_file_shows_it(jobs,
     assert (locks / str(BASE)).read_text() == "some-service\n"  # not touched
 
 
+@root
+def test_a_released_uid_keeps_its_lock_while_a_process_of_it_remains(jobs, locks, systemd, process_as):
+    """A job without a cgroup may leave a stray: systemd must not give its uid to a service."""
+    pool = UidPool(BASE, BASE + 9, jobs, locks=locks)
+    uid = pool.allocate()
+    stray = process_as(uid)
+    pool.release(uid)
+    assert systemd(locks / str(uid)) == "busy"
+    stray.kill()
+    stray.wait()
+    assert pool.allocate() == uid  # gone: the pool takes it again, still locked
+    assert systemd(locks / str(uid)) == "busy"
+    pool.release(uid)
+    assert systemd(locks / str(uid)) == "locked"
+
+
 def test_a_lock_file_nobody_holds_any_more_is_taken(jobs, locks):
     locks.mkdir()
     (locks / str(BASE)).write_text("crashed-service\n")  # its holder died without unlinking it
@@ -233,6 +249,41 @@ def test_two_pools_on_one_host_never_share_a_uid(jobs, locks):
     assert [a.allocate(), b.allocate(), a.allocate()] == [BASE, BASE + 1, BASE + 2]
     a.release(BASE)
     assert b.allocate() == BASE
+
+
+READ_ONLY = """
+import sys
+from pathlib import Path
+from swarmd.compute.sandbox.uids import UidPool
+pool = UidPool(int(sys.argv[1]), int(sys.argv[1]) + 9, Path(sys.argv[2]), locks=Path(sys.argv[3]))
+print(pool.allocate(), pool.allocate(), flush=True)
+print(pool.systemd, flush=True)
+sys.stdin.read()
+"""
+
+
+@root
+def test_a_read_only_lock_directory_still_honours_and_holds_existing_locks(jobs, locks, systemd):
+    """/run under ProtectSystem=strict: systemd's held locks are still seen, an existing
+    unheld lock file is held read-only; a uid with no lock file cannot be protected."""
+    locks.mkdir()
+    assert systemd(locks / str(BASE)) == "locked"
+    (locks / str(BASE + 1)).write_text("stale\n")
+    inner = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f'mount --bind -o ro "$1" "$1" && exec "$2" -c "$3" {BASE} "$4" "$1"', "sh",
+         str(locks), sys.executable, READ_ONLY, str(jobs)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    try:
+        assert inner.stdout.readline().split() == [str(BASE + 1), str(BASE + 2)]
+        assert inner.stdout.readline().strip() == (
+            f"{locks} is read-only here (Read-only file system): systemd may hand a job's uid to a DynamicUser "
+            "service")
+        assert systemd(locks / str(BASE + 1)) == "busy"  # held, read-only
+        assert (locks / str(BASE + 1)).read_text() == "stale\n"
+    finally:
+        inner.stdin.close()
+        inner.wait()
 
 
 def test_without_systemd_uids_are_handed_out_unlocked(jobs, tmp_path):

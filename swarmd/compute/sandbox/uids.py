@@ -24,11 +24,14 @@ Rules:
   pick_uid and unlink_uid_lock). The pool takes part in that protocol: a candidate whose
   lock someone holds is skipped (a service got it, even before any of its processes
   shows), and a handed-out uid's lock is taken the same way and held until `release`,
-  so systemd never hands a service a uid a job holds. systemd makes the directory itself
-  (mode 0755) where /run/systemd exists; so does the pool. The lock is a flock: a POSIX
-  lock (fcntl/lockf) is another kind, invisible to systemd. Where the directory cannot be
-  used (no /run/systemd: no systemd here; or read-only in a sandboxed service), jobs
-  still get uids and `systemd` says why they are not coordinated.
+  so systemd never hands a service a uid a job holds; where a process or a file of the
+  uid remains at `release` (a job without a cgroup leaves a stray), the lock is kept until
+  an `allocate` finds them gone. systemd makes the directory itself (mode 0755) where
+  /run/systemd exists; so does the pool. The lock is a flock: a POSIX lock (fcntl/lockf)
+  is another kind, invisible to systemd. Where the directory cannot be used (no
+  /run/systemd: no systemd here; or read-only, as /run is under ProtectSystem=strict
+  unless the unit makes it writable: existing lock files are still tested and held, new
+  ones cannot be made), jobs still get uids and `systemd` says what is not coordinated.
 - Exhaustion raises RuntimeError saying how many uids are held by whom and what to do.
 - Thread-safe: the worker allocates from trio worker threads.
 """
@@ -68,12 +71,17 @@ class UidPool:
         self.systemd = "not checked yet"  # how uids are coordinated with systemd's DynamicUser (set by allocate)
         self._given: set[int] = set()
         self._held: dict[int, int] = {}  # uid -> the descriptor holding its lock file's flock
+        self._lingering: dict[int, int] = {}  # released uids whose process or file remained: locks kept
         self._lock = threading.Lock()
 
     def allocate(self) -> int:
         with self._lock:
             running = _process_ids(self.proc)
             files = _owners(self.jobs_dir)
+            for uid, fd in list(self._lingering.items()):
+                if uid not in running and uid not in files:
+                    del self._lingering[uid]
+                    self._unlock(uid, fd)
             locking = self._locking()
             busy = 0
             for uid in range(self.low, self.high + 1):
@@ -100,12 +108,20 @@ class UidPool:
         with self._lock:
             self._given.discard(uid)
             fd = self._held.pop(uid, None)
-            if fd is not None:  # as systemd does: unlink while the lock is held, then close
-                try:
-                    os.unlink(self.locks / str(uid))
-                except OSError:
-                    pass  # read-only here, or gone: the closed descriptor frees the uid all the same
-                os.close(fd)
+            if fd is None:
+                return
+            if uid in _process_ids(self.proc) or uid in _owners(self.jobs_dir):
+                self._lingering[uid] = fd  # systemd must not hand it out yet
+            else:
+                self._unlock(uid, fd)
+
+    def _unlock(self, uid: int, fd: int) -> None:
+        """As systemd does: unlink the lock file while the lock is held, then close it."""
+        try:
+            os.unlink(self.locks / str(uid))
+        except OSError:
+            pass  # read-only here, or gone: the closed descriptor frees the uid all the same
+        os.close(fd)
 
     def _locking(self) -> bool:
         """Whether the lock directory can be used; `systemd` says how it stands."""
