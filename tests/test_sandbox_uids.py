@@ -189,7 +189,7 @@ def test_a_handed_out_uid_holds_systemds_lock_until_released(jobs, locks, system
     assert stat.S_IMODE(locks.stat().st_mode) == 0o755  # made as systemd makes it
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600
     assert lock.read_text() == "swarmd-job\n"
-    assert pool.systemd == f"uids locked in {locks}, as systemd's DynamicUser does"
+    assert pool.systemd == pool.coordination() == f"uids locked in {locks}, as systemd's DynamicUser does"
     assert systemd(lock) == "busy"  # systemd would try another uid
     pool.release(uid)
     assert not lock.exists()  # unlinked, as systemd unlinks its own when a service stops
@@ -291,6 +291,7 @@ def test_without_systemd_uids_are_handed_out_unlocked(jobs, tmp_path):
     pool = UidPool(BASE, BASE + 9, jobs, locks=locks)
     assert pool.allocate() == BASE
     assert not locks.parent.exists()  # nothing made where systemd is not
+    assert pool.coordination() == f"no {locks.parent} (no systemd here): no DynamicUser uid to avoid"
     assert pool.systemd == f"no {locks.parent} (no systemd here): no DynamicUser uid to avoid"
     pool.release(BASE)
     assert pool.allocate() == BASE

@@ -115,6 +115,12 @@ class UidPool:
             else:
                 self._unlock(uid, fd)
 
+    def coordination(self) -> str:
+        """How job uids stand with systemd's DynamicUser here (for status), checked now."""
+        with self._lock:
+            self._locking()
+            return self.systemd
+
     def _unlock(self, uid: int, fd: int) -> None:
         """As systemd does: unlink the lock file while the lock is held, then close it."""
         try:
@@ -143,7 +149,7 @@ class UidPool:
 
     def _take_lock(self, uid: int) -> int | None:
         """systemd's lock for `uid`, taken: its descriptor; _BUSY when someone else holds it;
-        None when it cannot be taken here (a read-only lock directory: nothing to coordinate with)."""
+        None when it cannot be taken here (a read-only lock directory without this uid's file)."""
         path = self.locks / str(uid)
         flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
         while True:
