@@ -118,14 +118,14 @@ class Executor:
 
     async def _spawn(self, r: RankProc, creds: dict[str, object]) -> trio.Process:
         try:
-            argv = r.argv
+            argv, env = r.argv, r.env
             if self.box is not None:  # the chain execs the command last: a missing one is found here first
                 if _program(r.argv[0], r.env.get("PATH", ""), r.cwd) is None:
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), r.argv[0])
-                argv = self.box.command(r.argv)
+                argv, env = self.box.command(r.argv, r.env, r.rank)
             return await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=r.cwd, env=r.env, start_new_session=True, close_fds=True, **creds)
+                cwd=r.cwd, env=env, start_new_session=True, close_fds=True, **creds)
         except OSError as exc:
             raise ExecutorError(f"rank {r.rank} cannot start: {exc.strerror}: {exc.filename or r.argv[0]!r}") from None
 

@@ -49,7 +49,7 @@ from ..rpc.framing import FrameTooLarge
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
-from .spec import MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
+from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
 from .torchenv import NodeRole
 from .worker import HEARTBEAT, CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 from .workdir import DEFAULT_LIMIT, WorkdirError, is_digest
@@ -355,8 +355,8 @@ def _env(v: Any) -> dict[str, str]:
     if not isinstance(v, dict) or len(v) > MAX_ENV:
         raise ValueError(f"'env' must map at most {MAX_ENV} names to strings")
     for k, x in v.items():
-        if not isinstance(k, str) or not k or "=" in k or len(k) > 256 or "\0" in k:
-            raise ValueError("'env' names must be non-empty strings without '=' or NUL")
+        if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+            raise ValueError("'env' names must be letters, digits and _, not starting with a digit")
         _text(x, f"env.{k}")
     return v
 

@@ -41,7 +41,7 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     config.jobs_path.chmod(0o711)  # ranks of another user reach their own directory inside
     worker = Worker(ledger=ledger, cache=Cache(state / "workdirs"), jobs_dir=config.jobs_path,
                     user=job_user(config), ifname=lambda: mesh.interface if mesh and mesh.started else None,
-                    changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips),
+                    changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started)),
                     sandbox_later=True)
     gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
                                         gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
@@ -56,23 +56,45 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
                 retention=config.job_retention, sandbox=sandbox)
 
 
-def job_nodes(gossip: Gossip, ips: tuple[str, ...]) -> JobNodes:
-    """What a job whose nodes are at `ips` (a coordinator's word) may reach: only those that
-    are a member's overlay address, or with the mesh off a member's advertised address, with
-    the daemons' ports there closed to it."""
+def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:
+    """What a job whose nodes are at `ips` (a coordinator's word) may reach. With the mesh
+    up: only those that are a member's overlay address (the owner certified it). Without:
+    only those a member is connected from right now (its record's addresses are its own
+    claim: it could name the provider's LAN), with the daemons' ports there closed to it."""
     records = [m.record for m in gossip.view().in_service()]
     if gossip.own_record is not None:
         records.append(gossip.own_record)
-    known: set[str] = set()
+    wanted = {str(ipaddress.ip_address(ip)) for ip in ips}
+    if mesh_up:
+        overlay = {r.wg.addr4 for r in records if r.wg is not None}
+        return JobNodes(addresses=tuple(sorted(wanted & overlay)))
+    known = _connected_ips(gossip, [r.peer for r in records if r.peer != gossip.me])
     ports: set[tuple[str, int]] = set()
     for r in records:
-        if r.wg is not None:
-            known.add(r.wg.addr4)
         for addr in r.addrs:
             parts = addr.split("/")  # /ip4/A/tcp/P[/p2p/...]
             if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4].isdigit():
-                known.add(parts[2])
                 ports.add((parts[2], int(parts[4])))
-    wanted = {str(ipaddress.ip_address(ip)) for ip in ips}
+                if r.peer == gossip.me:
+                    known.add(parts[2])
     return JobNodes(addresses=tuple(sorted(wanted & known)),
                     daemon_ports=tuple(sorted(p for p in ports if p[0] in wanted)))
+
+
+def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:
+    """The remote addresses of our live connections to `peers` (Noise authenticated them)."""
+    from libp2p.peer.id import ID
+
+    found: set[str] = set()
+    network = gossip.host.get_network()
+    for peer in peers:
+        try:
+            conns = network.get_connections(ID.from_base58(peer))
+        except Exception:  # a peer id we cannot parse has no connection
+            continue
+        for conn in conns:
+            try:
+                found.add(str(ipaddress.ip_address(conn.muxed_conn.get_remote_address()[0])))
+            except Exception:  # a transport without addresses
+                continue
+    return found

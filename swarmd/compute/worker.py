@@ -323,7 +323,8 @@ class Worker:
             with self.cache.hold(workdir) as tree:  # not evicted while it is copied
                 shutil.copytree(tree, work, symlinks=False)
         else:
-            os.mkdir(work, 0o755)
+            os.mkdir(work)
+        os.chmod(work, 0o700)  # the workdir's own mode aside: the job's alone
         os.mkdir(checkpoints, 0o700)
         os.mkdir(home, 0o700)
         if uid is not None:

@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shlex
 import shutil
 import signal
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +39,14 @@ import trio
 
 from . import cgroups, firewall, mounts
 from .cgroups import Limits, Usage
+from ..spec import ENV_NAME
 from .uids import UidPool
 
 log = structlog.get_logger("swarmd.sandbox")
 
 PARTS = ("uid", "cgroup", "namespaces", "firewall")
+CHAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # the root stages' only environment
+LOAD_ENV = 'set -a && . "$0" && set +a && exec "$@"'  # as the job: its variables, then its command
 JOIN_CGROUP = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
 # never visible to a job: where other users keep secrets, and the host's services' state
 HIDDEN = ("/root", "/home", "/run", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail", "/srv",
@@ -77,12 +81,34 @@ class Box:
     uid: int | None
     parts: tuple[str, ...]
     prefix: list[str] = field(default_factory=list)  # argv before the rank's command
+    top: Path | None = None  # the job's directory: root's, where each rank's environment file is written
     cgroup: cgroups.JobCgroup | None = None
     usage: Usage | None = None
     memory_limit: int | None = None
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        return [*self.prefix, *argv]
+    def command(self, argv: Sequence[str], env: Mapping[str, str], rank: int) -> tuple[list[str], dict[str, str]]:
+        """The chain that runs `argv` as the job with `env`, and the chain's own environment.
+
+        Nothing of the job's environment reaches the stages that run as root (sh, bwrap,
+        setpriv): LD_PRELOAD, BASH_ENV and their kind would run the job's code there. The
+        rank's variables are written to a file in the job's directory (root's: the job can
+        neither plant nor swap it), which a last shell, already the job's uid, exports
+        before it execs the command."""
+        if not self.prefix:
+            return list(argv), dict(env)
+        assert self.top is not None
+        path = self.top / f".env-{rank}"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "w") as f:
+            for name, value in env.items():
+                if not ENV_NAME.fullmatch(name):
+                    raise ValueError(f"environment variable name {name[:40]!r} is not a shell name")
+                f.write(f"{name}={shlex.quote(value)}\n")
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+        return [*self.prefix, "/bin/sh", "-c", LOAD_ENV, str(path), *argv], dict(CHAIN_ENV)
 
     def describe(self) -> str:
         return ", ".join(self.parts) if self.parts else "none"
@@ -216,7 +242,7 @@ class Sandbox:
             yield Box(uid=None, parts=tuple(p for p in PARTS if not self.parts[p].startswith("off")))
             return
         uid = await trio.to_thread.run_sync(self.pool.allocate)
-        box = Box(uid=uid, parts=("uid",), memory_limit=memory)
+        box = Box(uid=uid, parts=("uid",), memory_limit=memory, top=top)
         devices = _gpu_devices(gpus)
         chain = False
         try:

@@ -21,8 +21,8 @@ Rules:
   host's /dev (disks, kmsg, kvm, other GPUs) exists there. The cgroup device whitelist
   (cgroups.py) is the second fence.
 - The rank has its own pid, IPC and UTS namespaces (it sees and signals only its own
-  processes; no SysV IPC with other jobs) and a new session (no TIOCSTI into a terminal);
-  it dies with bubblewrap (its pid 1).
+  processes; no SysV IPC with other jobs); everything in them dies with bubblewrap's pid 1,
+  which stays in the rank's process group.
 - setpriv then drops to the job's uid and gid with no supplementary groups, an empty
   bounding set, no inheritable or ambient capabilities and no_new_privs: nothing it
   executes can gain a privilege back (setuid binaries included).
@@ -97,8 +97,11 @@ def bwrap_argv(*, bwrap: str, top: Path, cwd: Path, hide: Sequence[Path], expose
     # no --die-with-parent: it follows the thread that spawned bwrap, and trio spawns from a
     # worker thread that exits after 10 s idle (every rank was SIGKILLed 10 s in); a rank
     # outliving the daemon is the job cgroup's to end
-    argv += ["--chdir", str(cwd), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--new-session", "--"]
+    # no --new-session: a rank has no controlling terminal to push input into (the daemon
+    # starts it in a session of its own, stdin /dev/null), and bubblewrap's pid 1 must stay in
+    # the rank's process group, so that the group's SIGKILL when the rank exits takes the
+    # namespace down with what the rank left in it (a setsid'd child holding its stdout)
+    argv += ["--chdir", str(cwd), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--"]
     return argv + setpriv_argv(setpriv, uid, gid)
 
 
@@ -133,7 +136,7 @@ def detect_bwrap(name: str = "bwrap") -> str:
     if os.geteuid() != 0:
         return "swarmd is not root: bubblewrap cannot build a job's view without it"
     probe = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--new-session", "--",
+             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--",
              "/bin/sh", "-c", "exit 0"]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT, check=False)
