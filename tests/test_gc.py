@@ -84,3 +84,26 @@ async def test_collect_removes_what_retention_no_longer_covers_in_its_first_roun
         nursery.cancel_scope.cancel()
     assert [p.name for p in jobs.iterdir()] == ["0123456789ac"], "a job still held here is kept"
     assert list(archive_dir.iterdir()) == [] and len(pruned) == 1
+
+
+def test_a_job_dir_thousands_of_levels_deep_goes_without_taking_the_collector_down(tmp_path):
+    """A job can nest directories 3,000 deep; shutil.rmtree recursed, raised RecursionError out
+    of the collector, and the daemon died of it at every start."""
+    jobs = tmp_path / "jobs"
+    top = jobs / "d212aaaaaaaa-00000000"
+    top.mkdir(parents=True)
+    here = os.getcwd()
+    try:
+        os.chdir(top)
+        for _ in range(3000):
+            os.mkdir("d")
+            os.chdir("d")
+        os.symlink(str(tmp_path / "outside"), "link")
+    finally:
+        os.chdir(here)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "kept").write_text("x")
+    old = time.time() - 10 * 86400
+    os.utime(top, (old, old))
+    assert gc.job_dirs(jobs, keep=set(), before=time.time() - 86400) == [top.name]
+    assert not top.exists() and (tmp_path / "outside" / "kept").exists()

@@ -25,6 +25,8 @@ def test_the_coordinators_role_round_trips():
     ({"master_addr": "rank0.example; rm -rf /"}, "role.master_addr"),
     ({"node_ips": ["10.211.0.1"]}, "role.node_ips"),
     ({"node_ips": ["10.211.0.1", "nope"]}, "role.node_ips"),
+    ({"node_ips": ["10.211.0.1", "fe80::1%eth0"]}, "role.node_ips"),
+    ({"master_addr": "2600::1%lo"}, "role.master_addr"),
     ({"job_id": ""}, "role.job_id"),
     ({"job_id": "../x"}, "role.job_id"),
 ])

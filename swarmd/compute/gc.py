@@ -19,7 +19,6 @@ Rules:
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import structlog
 import trio
 
+from . import trees
 from .ids import is_host_dir, is_job_id
 
 log = structlog.get_logger("swarmd.jobs")
@@ -48,10 +48,7 @@ def job_dirs(jobs_dir: Path, *, keep: Collection[str], before: float) -> list[st
             st = entry.lstat()
             if st.st_mtime >= before:
                 continue
-            if entry.is_symlink() or not entry.is_dir():
-                entry.unlink()
-            else:
-                shutil.rmtree(entry)
+            trees.remove(entry)  # any depth, links not followed
             removed.append(entry.name)
         except OSError as exc:
             log.warning("cannot remove a finished job's directory", path=str(entry), error=str(exc))
@@ -116,7 +113,7 @@ async def collect(*, jobs_dir: Path, archive_dir: Path, retention: float, held: 
             if dirs or pruned or old or stale:
                 log.info("finished jobs collected", dirs=len(dirs), records=len(pruned), archives=len(old),
                          parts=len(stale))
-        except OSError as exc:
-            log.warning("garbage collection failed; trying again later", error=str(exc))
+        except Exception as exc:  # the collector outlives any one bad directory
+            log.warning("garbage collection failed; trying again later", error=f"{exc.__class__.__name__}: {exc}")
         await trio.sleep(period)
 

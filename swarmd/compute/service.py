@@ -375,9 +375,11 @@ def _role(v: Any) -> NodeRole:
 
     def ip(x: Any, name: str) -> str:
         try:
+            if not isinstance(x, str) or "%" in x:  # a scoped address names an interface of this host
+                raise ValueError
             return str(ipaddress.ip_address(x))
         except ValueError:
-            raise ValueError(f"'role.{name}' must be an IP address") from None
+            raise ValueError(f"'role.{name}' must be an IP address (no zone)") from None
 
     nnodes = integer("nnodes", 1, MAX_NODES)
     ips = v.get("node_ips")

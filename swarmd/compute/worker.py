@@ -44,6 +44,7 @@ import structlog
 import trio
 
 from .executor import Executor, RankProc
+from . import trees
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
@@ -300,8 +301,10 @@ class Worker:
             yield Box(uid=None, parts=())
             return
         nodes = self.job_nodes(req.role.node_ips)
-        memory = req.mem_mb * 2**20 if req.mem_mb else self.ledger_share(_memory_total())
-        cpus = req.cpus or self.ledger_share(float(os.cpu_count() or 1))
+        total_memory, cores = _memory_total(), float(os.cpu_count() or 1)
+        # a coordinator's numbers: at most this whole host (placement saw what was free)
+        memory = min(req.mem_mb * 2**20, total_memory) if req.mem_mb else self.ledger_share(total_memory)
+        cpus = min(req.cpus, cores) if req.cpus else self.ledger_share(cores)
         try:
             async with self.sandbox.open(job=req.job, top=top, cwd=top / "work", memory=int(memory), cpus=cpus,
                                          gpus=gpus, nodes=nodes.addresses, blocked=nodes.daemon_ports) as box:
@@ -412,11 +415,8 @@ def stop_orphans(jobs_dir: Path) -> list[int]:
 
 
 def _remove(path: Path) -> None:
-    """Remove what is at `path`, never following a link (rmtree works by file descriptor)."""
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
+    """Remove what is at `path` (a previous run's tree, of any depth), never following a link."""
+    trees.remove(path)
 
 
 def _chown_fresh(root: Path, uid: int, gid: int) -> None:

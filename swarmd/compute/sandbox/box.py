@@ -30,6 +30,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ import trio
 
 from . import cgroups, firewall, mounts
 from .cgroups import Limits, Usage
+from .. import trees
 from ..spec import ENV_NAME
 from .uids import UidPool
 
@@ -165,6 +167,8 @@ class Sandbox:
         else:
             try:  # what a previous life left (ranks outlive a killed daemon) is killed first
                 await trio.to_thread.run_sync(found.discard, settings.name)
+                for left in (SHM / "swarmd").glob(f"{settings.name}-*"):
+                    await trio.to_thread.run_sync(trees.remove, left)
                 await trio.to_thread.run_sync(found.parent, settings.name)
                 hierarchy = found
                 parts["cgroup"] = found.describe()
@@ -290,38 +294,35 @@ class Sandbox:
 
 def _shared_memory(name: str, uid: int) -> Path | None:
     """/dev/shm for a job's ranks on this host to share (each rank has its own namespaces):
-    a directory of the host's /dev/shm that only the job's uid reaches, named for this
-    daemon and the job's directory (several daemons may share a machine's /dev/shm)."""
+    a directory that only the job's uid reaches, named for this daemon and the job's
+    directory (several daemons may share a machine's /dev/shm), under a parent only root
+    writes (a name in /dev/shm itself could be planted by any local user)."""
     if not SHM.is_dir():
         return None
-    path = SHM / name
-    _remove_shared_memory(name)
+    parent = SHM / "swarmd"
+    st = os.lstat(parent) if os.path.lexists(parent) else None
+    if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        if st is not None:
+            trees.remove(parent)
+        os.mkdir(parent, 0o711)
+        os.chmod(parent, 0o711)
+    path = parent / name
+    trees.remove(path)
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
 
 
 def _remove_shared_memory(name: str) -> None:
-    path = SHM / name
-    if path.is_symlink():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path, ignore_errors=True)
+    trees.remove(SHM / "swarmd" / name)
 
 
 def _hand_back(top: Path, uid: int) -> None:
-    """Give what `uid` owns under `top` to the daemon, so that no file keeps the uid taken;
-    the job's processes are gone, so nothing moves under the walk, and no link is followed."""
-    me = os.geteuid()
-    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
-        for name in (*dirnames, *filenames):
-            path = os.path.join(dirpath, name)
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid == uid:
-                    os.chown(path, me, me, follow_symlinks=False)
-    with contextlib.suppress(OSError):
-        if os.lstat(top).st_uid == uid:
-            os.chown(top, me, me, follow_symlinks=False)
+    """Give what `uid` owns under `top` to the daemon, so that no file keeps the uid taken."""
+    try:
+        trees.hand_back(top, uid, os.geteuid())
+    except trees.TreeError as exc:
+        log.warning("a job's files not handed back", path=str(top), error=str(exc))
 
 
 def _gpu_devices(gpus: Sequence[int]) -> list[Path]:
