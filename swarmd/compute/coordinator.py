@@ -110,8 +110,14 @@ class Jobs:
     def status(self) -> dict[str, Any]:
         ledger = self.worker.ledger
         return {"slots": ledger.slots, "slots_free": ledger.slots_free, "gpus_free": list(ledger.gpus_free),
-                "ranks_here": self.worker.ranks, "user": self.worker.user,
+                "ranks_here": self.worker.ranks, "user": self._rank_user(),
                 "coordinating": sorted(self.live), "output_dropped": self.worker.dropped_lines}
+
+    def _rank_user(self) -> str | None:
+        sandbox = self.worker.sandbox
+        if sandbox is not None and sandbox.pool is not None:
+            return f"a uid of its own per job ({sandbox.settings.uids[0]}-{sandbox.settings.uids[1]})"
+        return self.worker.user
 
     def sandbox_status(self) -> dict[str, Any]:
         if self.worker.sandbox is None:
