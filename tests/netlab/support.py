@@ -59,3 +59,13 @@ def swarmctl(lab, host: str, *args: str, timeout: float = 300) -> subprocess.Com
     env = {**os.environ, "SWARMD_SOCKET": lab.state.host(host).socket, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "swarmctl.main", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
+
+
+def rank_lines(stdout: str) -> dict[int, list[str]]:
+    """A job's output as swarmctl prints it (`[rank K] text`), by rank."""
+    out: dict[int, list[str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("[rank "):
+            head, _, text = line.partition("] ")
+            out.setdefault(int(head[6:]), []).append(text)
+    return out

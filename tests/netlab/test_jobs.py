@@ -14,7 +14,7 @@ from sim.netlab import lab as labmod
 from sim.netlab.lab import SWARMD_PORT
 from swarmd.rpc.client import Client, RemoteError
 
-from .support import call, swarmctl, three_hosts, until
+from .support import call, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -57,15 +57,6 @@ def workdir(tmp_path: Path, script: str) -> Path:
     d.mkdir(exist_ok=True)
     (d / "job.py").write_text(script)
     return d
-
-
-def rank_lines(stdout: str) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for line in stdout.splitlines():
-        if line.startswith("[rank "):
-            head, _, text = line.partition("] ")
-            out.setdefault(int(head[6:]), []).append(text)
-    return out
 
 
 def test_all_reduce_over_three_nodes_two_ranks_each(jl, tmp_path):

@@ -24,7 +24,7 @@ import pytest
 from sim.netlab import lab as labmod
 from sim.netlab.lab import SWARMD_PORT
 
-from .support import call, in_netns, swarmctl, three_hosts, until
+from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 ESCAPE_JOB = Path(__file__).with_name("escape_job.py")
@@ -139,15 +139,6 @@ def lan(lab) -> subprocess.Popen:
 
 def jobs_dir(h) -> Path:
     return Path(h.state_dir).with_name("state-jobs")
-
-
-def rank_lines(stdout: str) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for line in stdout.splitlines():
-        if line.startswith("[rank "):
-            head, _, text = line.partition("] ")
-            out.setdefault(int(head[6:]), []).append(text)
-    return out
 
 
 def netns_inode(pid: int) -> int:
