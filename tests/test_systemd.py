@@ -213,6 +213,11 @@ def booted(tmp_path):
             shutil.rmtree(root / d, ignore_errors=True)
         swarmd = str(Path(sys.executable).parent / "swarmd")
         (root / "etc/systemd/system/swarmd.service").write_text(UNIT.read_text().replace("/usr/local/bin/swarmd", swarmd))
+        if Path(swarmd).resolve().is_relative_to("/tmp"):  # a checkout under /tmp (a fresh clone there):
+            # the unit's PrivateTmp would hide this very swarmd from it; the rest stays as shipped
+            dropin = root / "etc/systemd/system/swarmd.service.d"
+            dropin.mkdir(parents=True, exist_ok=True)
+            (dropin / "checkout-in-tmp.conf").write_text("[Service]\nPrivateTmp=no\n")
         console = open(tmp_path / "console.log", "w")  # noqa: SIM115 (closed with the container)
         machine = f"swarmd-test-{os.getpid()}"
         nspawn = subprocess.Popen(["systemd-nspawn", "-D", str(root), "--boot", f"--machine={machine}",
