@@ -220,8 +220,11 @@ def booted(tmp_path):
             (dropin / "checkout-in-tmp.conf").write_text("[Service]\nPrivateTmp=no\n")
         console = open(tmp_path / "console.log", "w")  # noqa: SIM115 (closed with the container)
         machine = f"swarmd-test-{os.getpid()}"
+        in_tmp = Path(swarmd).resolve().is_relative_to("/tmp")  # nspawn gives the container a /tmp of its own
+        checkout = [f"--bind-ro={Path(sys.prefix).parent}"] if in_tmp else []
         nspawn = subprocess.Popen(["systemd-nspawn", "-D", str(root), "--boot", f"--machine={machine}",
-                                   "--register=no", "--keep-unit", "--link-journal=no", "--private-network"],
+                                   "--register=no", "--keep-unit", "--link-journal=no", "--private-network",
+                                   *checkout],
                                   stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT)
         console_text = lambda: (tmp_path / "console.log").read_text()[-2000:]  # noqa: E731
         until(lambda: nspawn.poll() is not None or container_init(nspawn.pid) is not None, 60,
