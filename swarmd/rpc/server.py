@@ -218,23 +218,37 @@ class _Conn:
     async def _run_call(self, call: Call) -> None:
         name = call.method.name
         code: ErrorCode | None = None
+        counted = False
+
+        def count(outcome: ErrorCode | None) -> None:
+            """Once per call, before its answer goes out: a client that reads the metrics
+            after its answer sees its call counted."""
+            nonlocal counted
+            if not counted:
+                counted = True
+                self.server._observer(name, outcome)
+
         try:
             if call.method.streams:
                 async for item in call.method.handler(call.params, call.caller):
                     await self.send(reply(call.id, item, final=False))
+                count(None)
                 await self.send(end_of_stream(call.id))
             else:
                 result = await call.method.handler(call.params, call.caller)
+                count(None)
                 await self.send(reply(call.id, result))
         except RpcError as exc:
             code = exc.code
+            count(code)
             await self.send(error_reply(call.id, exc.code, exc.message))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise
         except Exception as exc:  # a bug: answer, log, keep serving
             code = ErrorCode.INTERNAL_ERROR
             log.exception("rpc handler crashed", method=name)
+            count(code)
             await self.send(error_reply(call.id, code, f"internal error in {name}: {type(exc).__name__}: {exc}"))
         finally:
             self.in_flight -= 1
-            self.server._observer(name, code)
+            count(code)
