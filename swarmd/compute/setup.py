@@ -77,8 +77,8 @@ def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNode
                 ports.add((parts[2], int(parts[4])))
                 if r.peer == gossip.me:
                     known.add(parts[2])
-    return JobNodes(addresses=tuple(sorted(wanted & known)),
-                    daemon_ports=tuple(sorted(p for p in ports if p[0] in wanted)))
+    allowed = wanted & known
+    return JobNodes(addresses=tuple(sorted(allowed)), daemon_ports=tuple(sorted(p for p in ports if p[0] in allowed)))
 
 
 def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:

@@ -1,0 +1,45 @@
+"""setup.job_nodes: a coordinator's `node_ips` open a job's egress only to what membership
+vouches for. A certified member listing the provider's LAN, or an address it merely put in its
+own record, gets nothing opened."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from swarmd.compute.setup import job_nodes
+
+
+def member(peer: str, addr4: str | None, addrs: tuple[str, ...]) -> SimpleNamespace:
+    wg = SimpleNamespace(addr4=addr4) if addr4 else None
+    return SimpleNamespace(peer=peer, wg=wg, addrs=addrs)
+
+
+def gossip(records, own, connected: dict[str, str]) -> SimpleNamespace:
+    views = [SimpleNamespace(record=r) for r in records]
+
+    class Net:
+        def get_connections(self, peer_id):
+            ip = connected.get(str(peer_id))
+            return [SimpleNamespace(muxed_conn=SimpleNamespace(get_remote_address=lambda: (ip, 4001)))] if ip else []
+
+    return SimpleNamespace(view=lambda: SimpleNamespace(in_service=lambda: views), own_record=own, me=own.peer,
+                           host=SimpleNamespace(get_network=lambda: Net()))
+
+
+ME = "12D3KooWEdBirCjWzeQP47EVJnyFirU4agfMYgkFLuaY3BknE5ty"
+OTHER = "12D3KooWQufxqKx7zQbv8bF1SDZqZt32fdAZFPdYoNgy4VzHuuLb"
+
+
+def test_with_the_mesh_up_only_members_overlay_addresses_are_opened():
+    liar = member(OTHER, "10.211.0.2", ("/ip4/192.168.1.10/tcp/4001",))  # claims the provider's LAN box
+    g = gossip([liar], member(ME, "10.211.0.1", ("/ip4/203.0.113.5/tcp/4001",)), {})
+    got = job_nodes(g, ("10.211.0.1", "10.211.0.2", "192.168.1.10", "169.254.169.254"), mesh_up=True)
+    assert got.addresses == ("10.211.0.1", "10.211.0.2") and got.daemon_ports == ()
+
+
+def test_without_the_mesh_only_addresses_a_member_is_connected_from_with_daemon_ports_closed():
+    liar = member(OTHER, None, ("/ip4/192.168.1.10/tcp/4001", "/ip4/10.0.0.2/tcp/4001"))
+    g = gossip([liar], member(ME, None, ("/ip4/10.0.0.1/tcp/4001",)), {OTHER: "10.0.0.2"})
+    got = job_nodes(g, ("10.0.0.1", "10.0.0.2", "192.168.1.10"), mesh_up=False)
+    assert got.addresses == ("10.0.0.1", "10.0.0.2"), "the record's LAN claim is not opened"
+    assert got.daemon_ports == (("10.0.0.1", 4001), ("10.0.0.2", 4001))
