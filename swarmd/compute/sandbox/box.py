@@ -167,13 +167,13 @@ class Sandbox:
         else:
             try:  # what a previous life left (ranks outlive a killed daemon) is killed first
                 await trio.to_thread.run_sync(found.discard, settings.name)
-                for left in (SHM / "swarmd").glob(f"{settings.name}-*"):
-                    await trio.to_thread.run_sync(trees.remove, left)
                 await trio.to_thread.run_sync(found.parent, settings.name)
                 hierarchy = found
                 parts["cgroup"] = found.describe()
             except cgroups.CgroupError as exc:
                 parts["cgroup"] = f"off: {exc}"
+        for left in (SHM / "swarmd").glob(f"{settings.name}-*"):  # a killed daemon's jobs' /dev/shm
+            await trio.to_thread.run_sync(trees.remove, left)
         bwrap = None
         if pool is None:
             parts["namespaces"] = "off: needs the per-job uid"
@@ -289,7 +289,7 @@ class Sandbox:
                         await firewall.apply(firewall.remove_job(self.policy, uid))
                     except firewall.FirewallError as exc:
                         log.warning("job firewall chain not removed", job=job, error=str(exc))
-                self.pool.release(uid)
+                await trio.to_thread.run_sync(self.pool.release, uid)  # it scans /proc and the jobs dir
 
 
 def _shared_memory(name: str, uid: int) -> Path | None:
