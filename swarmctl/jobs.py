@@ -32,7 +32,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     jb = sub.add_parser("jobs", parents=[common], help="run multi-node torch.distributed jobs; list, logs, cancel")
     jsub = jb.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
     run = jsub.add_parser("run", parents=[common], help="run CMD on the swarm: swarmctl jobs run [opts] -- CMD ARGS…")
-    run.add_argument("--nodes", type=int, metavar="N", help="hosts (default 1)")
+    run.add_argument("--nodes", metavar="N|MIN:MAX", help="hosts: N, or MIN:MAX to start on as many as fit up to MAX "
+                     "and go on with at least MIN after a loss (default 1)")
+    run.add_argument("--max-restarts", metavar="K", help="restart the job up to K times after a lost host or a "
+                     "failed rank, from its last checkpoint (default 0)")
     run.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs on each host (default 0)")
     run.add_argument("--procs-per-node", type=int, metavar="P", help="ranks on each host (default G, or 1)")
     run.add_argument("--cpus", type=float, metavar="C", help="free cores each host must have")
@@ -92,7 +95,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
             except OSError as exc:
                 raise UsageError(f"--spec {args.spec}: {exc.strerror}") from None
             file_fields = load_yaml(text, str(args.spec))
-        flags = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
+        flags = {"nodes": args.nodes, "max_restarts": args.max_restarts, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
                  "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
                  "workdir": args.workdir, "cmd": cmd or None,
                  "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env")}

@@ -156,9 +156,11 @@ def test_answers_from_hosts_outside_the_gang_are_ignored():
 # --- a job's life --------------------------------------------------------------------------
 
 
-def running(nodes=("a", "b", "c")) -> Run:
-    run = Run(job="j", procs_per_node=1)
+def running(nodes=("a", "b", "c"), **kw) -> Run:
+    run = Run(job="j", procs_per_node=1, **kw)
+    run.to("reserving")
     run.placed(nodes)
+    run.to("shipping")
     run.to("starting")
     for n in nodes:
         run.node_started(n)
@@ -212,7 +214,7 @@ def test_a_lost_node_fails_the_job_with_the_reason():
     assert run.stop_others
     run.node_exited("a", {0: 143})
     run.node_exited("c", {2: 143})
-    assert run.state == "failed" and run.reason == "node b lost: stream closed"
+    assert run.state == "failed" and run.reason == "host b lost (stream closed)"
 
 
 def test_cancel_stops_everyone_and_is_not_a_failure():

@@ -50,11 +50,20 @@ def test_a_spec_from_flags_alone_needs_only_a_command():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"nodes": "three"}, "spec: 'nodes' must be an integer from 1 to 1024, got 'three'"),
+    ({"nodes": "three"}, "spec: 'nodes' must be an integer from 1 to 1024, or MIN:MAX (e.g. 2:4), got 'three'"),
+    ({"nodes": "4:2"}, "spec: 'nodes' must be N or MIN:MAX with 1 ≤ MIN ≤ MAX ≤ 1024, got '4:2'"),
+    ({"nodes": "0:3"}, "spec: 'nodes' must be N or MIN:MAX with 1 ≤ MIN ≤ MAX ≤ 1024, got '0:3'"),
+    ({"nodes": "2:2000"}, "spec: 'nodes' must be N or MIN:MAX with 1 ≤ MIN ≤ MAX ≤ 1024, got '2:2000'"),
+    ({"nodes": "2:"}, "spec: 'nodes' must be an integer from 1 to 1024, or MIN:MAX (e.g. 2:4), got '2:'"),
+    ({"nodes": "-1:3"}, "spec: 'nodes' must be an integer from 1 to 1024, or MIN:MAX (e.g. 2:4), got '-1:3'"),
+    ({"max_restarts": -1}, "spec: 'max_restarts' must be an integer from 0 to 1000, got -1"),
+    ({"max_restarts": "many"}, "spec: 'max_restarts' must be an integer from 0 to 1000, got 'many'"),
+    ({"max_restarts": 1001}, "spec: 'max_restarts' must be an integer from 0 to 1000, got 1001"),
     ({"nodes": 0}, "spec: 'nodes' must be an integer from 1 to 1024, got 0"),
     ({"nodes": 2.0}, "spec: 'nodes' must be an integer from 1 to 1024, got 2.0"),
     ({"nodes": True}, "spec: 'nodes' must be an integer from 1 to 1024, got True"),
-    ({"nodes": "9" * 5000}, "spec: 'nodes' must be an integer from 1 to 1024, got '999999999999...9999999999999'"),
+    ({"nodes": "9" * 5000}, "spec: 'nodes' must be an integer from 1 to 1024, or MIN:MAX (e.g. 2:4), got "
+                            "'999999999999...9999999999999'"),
     ({"gpus_per_node": 65}, "spec: 'gpus_per_node' must be an integer from 0 to 64, got 65"),
     ({"procs_per_node": -1}, "spec: 'procs_per_node' must be an integer from 1 to 256, got -1"),
     ({"procs_per_node": 257}, "spec: 'procs_per_node' must be an integer from 1 to 256, got 257"),
@@ -100,7 +109,7 @@ def test_every_bad_field_is_named(fields, message):
 
 
 def test_a_bad_flag_is_named_like_a_bad_file_field():
-    with pytest.raises(SpecError, match=r"^spec: 'nodes' must be an integer from 1 to 1024, got 'x'$"):
+    with pytest.raises(SpecError, match=r"^spec: 'nodes' must be an integer from 1 to 1024, or MIN:MAX \(e.g. 2:4\), got 'x'$"):
         build(load_yaml(FILE), {"nodes": "x"})
 
 
@@ -163,11 +172,27 @@ def test_parsers_name_the_field_they_were_given():
     {"cmd": ["torchrun", "x.py", ""], "nodes": 4, "gpus_per_node": 8, "procs_per_node": 2, "cpus": 1.5,
      "mem": "1.5G", "labels": {"region": "eu"}, "env": {"A": "", "B": "ü"}, "workdir": "/home/u/proj",
      "wait": "1m", "python": "/opt/venv/bin/python", "name": "run.1"},
+    {"cmd": ["python", "train.py"], "nodes": "2:4", "max_restarts": 3},
 ])
 def test_wire_round_trip_through_msgpack(fields):
     spec = build(fields, {})
     wire = msgpack.unpackb(msgpack.packb(spec.to_wire(), use_bin_type=True), raw=False)
     assert JobSpec.from_wire(wire) == spec
+
+
+@pytest.mark.parametrize("nodes, least, most, words", [
+    (3, 3, 3, "3 nodes"), ("3", 3, 3, "3 nodes"), ("2:4", 2, 4, "2 to 4 nodes"), (" 1 : 3 ", 1, 3, "1 to 3 nodes"),
+    ("3:3", 3, 3, "3 nodes"), ("1:1", 1, 1, "1 node"),
+])
+def test_nodes_take_torchruns_min_max(nodes, least, most, words):
+    spec = build({"cmd": ["x"], "nodes": nodes, "max_restarts": 2}, {})
+    assert (spec.least_nodes, spec.nodes, spec.elastic, spec.max_restarts) == (least, most, least < most, 2)
+    assert describe(spec) == words
+
+
+def test_a_flag_min_max_overrides_the_files_nodes():
+    spec = build({"cmd": ["x"], "nodes": 3, "max_restarts": 1}, {"nodes": "2:3", "max_restarts": "4"})
+    assert (spec.least_nodes, spec.nodes, spec.max_restarts) == (2, 3, 4)
 
 
 @pytest.mark.parametrize("data, message", [

@@ -1,98 +1,202 @@
-"""A job's life on its coordinator (sans-IO): states, what each node reported, the outcome.
+"""A job's life on its coordinator (sans-IO): states, attempts, what each node reported, the outcome.
 
-States: placing → reserving → shipping → starting → running → succeeded | failed |
-cancelled. Rules:
-- The first rank to exit non-zero fails the job with its exit code; every other node is
-  told to stop (`stop_others` becomes true) so no rank hangs in a collective.
-- A node lost mid-job (its stream broke, its host died) fails the job with that reason.
+States and the moves between them (`MOVES`; a pair not in it raises `IllegalMove`, and a
+finished job absorbs every late move):
+
+    placing → reserving → shipping → starting → running → succeeded
+        ↘ (a refused gang: reserving → reserving with other hosts)
+    starting | running → restarting → … → running     (a loss with restarts left)
+    any live state → failed | cancelled
+
+While `restarting`, the next attempt's placement, reservation, shipping and start are the
+`phase` of that state: the job reads "restarting (1/3): host XaN6WKvN lost" until every rank
+of the new attempt runs.
+
+Rules:
+- The first rank to exit non-zero ends the attempt with its exit code; a node lost mid-job
+  (its stream or heartbeat broke, membership declared it dead) ends it with that reason.
+  Every other node is then told to stop (`stop_others`), so no rank hangs in a collective.
+- An ended attempt restarts the job while `restart_count < max_restarts` and the job was not
+  cancelled; otherwise the job fails, its reason naming how every attempt ended.
+- The attempt is over when every node has reported its ranks' exit codes or was lost
+  (`settled`); only then may the next one be placed (`begin_attempt`), on at least
+  `min_nodes` hosts.
 - Cancel stops every node; the job is cancelled unless it had already failed.
-- The job is over when every node has reported its ranks' exit codes or was lost.
-- `restart_count` is carried for elastic restarts; nothing restarts yet.
+- Timestamps come from the caller (`now`): each attempt keeps when its loss was detected,
+  its gang reserved, its checkpoints were in place and its ranks all ran.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-STATES = ("placing", "reserving", "shipping", "starting", "running", "succeeded", "failed", "cancelled")
+STATES = ("placing", "reserving", "shipping", "starting", "running", "restarting", "succeeded", "failed",
+          "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+PHASES = ("stopping", "placing", "reserving", "shipping", "starting")  # of a restart
+_LIVE = ("placing", "reserving", "shipping", "starting", "running", "restarting")
+
+# (state, requested) -> the state the job is in afterwards
+MOVES: dict[tuple[str, str], str] = {
+    ("placing", "reserving"): "reserving",
+    ("reserving", "reserving"): "reserving",  # the gang was refused: other hosts
+    ("reserving", "shipping"): "shipping",
+    ("shipping", "starting"): "starting",
+    ("starting", "running"): "running",
+    ("starting", "restarting"): "restarting",
+    ("starting", "succeeded"): "succeeded",  # ranks that ended before every node said it started
+    ("running", "restarting"): "restarting",
+    ("running", "succeeded"): "succeeded",
+    **{("restarting", phase): "restarting" for phase in PHASES},
+    ("restarting", "running"): "running",
+    **{(state, "failed"): "failed" for state in _LIVE},
+    **{(state, "cancelled"): "cancelled" for state in _LIVE},
+}
+
+
+class IllegalMove(Exception):
+    """A move the state machine has no row for: a bug in the caller, never a peer's doing."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Attempt:
+    n: int  # 1-based
+    nodes: tuple[str, ...]
+    started: float | None = None  # every rank ran
+    ended: float | None = None  # every node reported or was lost
+    why: str | None = None  # how it ended: None while running or when it succeeded
+    resumed_from: str | None = None  # the checkpoint its ranks found in $SWARM_CHECKPOINT_DIR
+    placed: float | None = None
+    detected: float | None = None  # the loss that ended it was noticed
+    reserved: float | None = None  # the gang was committed
+    checkpoints_ready: float | None = None  # every host held the checkpoints it starts from
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes"] = list(self.nodes)
+        return d
 
 
 @dataclass(slots=True)
 class Run:
     job: str
-    nodes: tuple[str, ...] = ()
     procs_per_node: int = 1
+    min_nodes: int = 1
+    max_restarts: int = 0
     state: str = "placing"
+    phase: str | None = None  # what a restart is doing (PHASES)
     restart_count: int = 0
+    nodes: tuple[str, ...] = ()  # the current attempt's, node_rank order
+    attempts: list[Attempt] = field(default_factory=list)
     node_state: dict[str, str] = field(default_factory=dict)  # starting | running | exited | lost
-    exit_codes: dict[int, int] = field(default_factory=dict)  # global rank -> code
-    failure: tuple[int, int] | None = None  # (rank, exit code) of the first failing rank
+    exit_codes: dict[int, int] = field(default_factory=dict)  # global rank -> code, this attempt
+    failure: tuple[int, int] | None = None  # (rank, exit code) of the first failing rank, this attempt
     reason: str | None = None
     cancelled: bool = False
+    stopping: bool = False  # the current attempt's nodes are being stopped (a failure, a loss, a cancel)
+    verdict: str | None = None  # how the current attempt's end is taken: "restart" | "fail"
+    lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
 
     def to(self, state: str) -> None:
-        if state not in STATES:
+        if state not in STATES and state not in PHASES:
             raise ValueError(f"unknown job state {state!r}")
-        if self.state not in TERMINAL:
-            self.state = state
+        if self.state in TERMINAL:
+            return
+        after = MOVES.get((self.state, state))
+        if after is None:
+            raise IllegalMove(f"job {self.job}: no move from {self.state} to {state}")
+        self.phase = state if after == "restarting" and state in PHASES else None
+        self.state = after
 
-    def placed(self, nodes: tuple[str, ...]) -> None:
+    def placed(self, nodes: tuple[str, ...], now: float | None = None) -> None:
+        """The hosts of the attempt being set up (again, when a gang was refused)."""
         self.nodes = nodes
         self.node_state = {n: "starting" for n in nodes}
+        if not self.attempts or self.attempts[-1].why is not None:  # the last one ended in a restart
+            self.attempts.append(Attempt(n=len(self.attempts) + 1, nodes=nodes, placed=now))
+        else:
+            self.attempts[-1].nodes = nodes
+            self.attempts[-1].placed = now
 
     def fail(self, reason: str) -> None:
-        """Failed before any rank ran (placement, reservation, shipping)."""
-        if self.state not in TERMINAL:
-            self.reason = reason
-            self.state = "failed"
+        """Failed outside a running attempt (placement, reservation, shipping, a restart that found
+        too few hosts)."""
+        if self.state in TERMINAL:
+            return
+        self.reason = f"{reason}; {self.history()}" if self._ended_attempts() else reason
+        self.to("failed")
 
-    def node_started(self, node: str) -> None:
+    def node_started(self, node: str, now: float | None = None) -> None:
         if self.node_state.get(node) == "starting":
             self.node_state[node] = "running"
-        if self.state == "starting" and all(s == "running" for s in self.node_state.values()):
-            self.state = "running"
+        if self.state in ("starting", "restarting") and not self.stopping \
+                and all(s == "running" for s in self.node_state.values()):
+            self.to("running")
+            self.attempts[-1].started = now
 
     def node_exited(self, node: str, codes: dict[int, int], first: tuple[int, int] | None = None,
-                    oom: tuple[int, ...] = (), memory_limit: int | None = None) -> None:
+                    oom: tuple[int, ...] = (), memory_limit: int | None = None, now: float | None = None) -> None:
         """`first`: the rank the node saw fail first (its other ranks were stopped because of it);
         `oom`: ranks the kernel killed for exceeding the job's memory there (`memory_limit`)."""
-        if self.node_state.get(node) in ("exited", "lost"):
+        if self.node_state.get(node) in (None, "exited", "lost"):
             return
         self.node_state[node] = "exited"
         self.exit_codes.update(codes)
         failed = [first] if first else sorted((r, c) for r, c in codes.items() if c != 0)
-        if failed and not self.stop_others:  # the first cause only: later exits are its echo
+        if failed and not self.stopping:  # the first cause only: later exits are its echo
             self.failure = failed[0]
             rank, code = failed[0]
-            self.reason = f"rank {rank} on {node} exited with {code}"
+            why = f"rank {rank} on {node} exited with {code}"
             if rank in oom:
                 limit = f" (limit {size(memory_limit)})" if memory_limit else ""
-                self.reason = f"rank {rank} on {node}: out of memory{limit}"
-        self._settle()
+                why = f"rank {rank} on {node}: out of memory{limit}"
+            self._attempt_over(why, now)
+        self._settle(now)
 
-    def node_lost(self, node: str, why: str) -> None:
-        if self.node_state.get(node) in ("exited", "lost"):
+    def node_lost(self, node: str, why: str, now: float | None = None) -> None:
+        if self.node_state.get(node) in (None, "exited", "lost"):
             return
         self.node_state[node] = "lost"
-        if self.reason is None and not self.cancelled:
-            self.reason = f"node {node} lost: {why}"
-        self._settle()
+        self.lost.add(node)
+        if not self.stopping:
+            self._attempt_over(f"host {short_peer(node)} lost ({why})", now)
+        self._settle(now)
 
     def cancel(self, why: str = "cancelled by the user") -> None:
         if self.state in TERMINAL or self.cancelled:
             return
-        self.cancelled = True
-        if self.failure is None and self.reason is None:
+        self.cancelled = self.stopping = True
+        if self.verdict != "fail":
             self.reason = why
-        if not self.node_state or self.state in ("placing", "reserving", "shipping"):
-            self.state = "cancelled"
+        setting_up = self.state in ("placing", "reserving", "shipping") or \
+            (self.state == "restarting" and self.phase in ("placing", "reserving", "shipping"))
+        if not self.node_state or setting_up or (self.state == "restarting" and self.settled):
+            self.to("cancelled")
         else:
-            self._settle()
+            self._settle(None)
+
+    def begin_attempt(self) -> None:
+        """The ended attempt's hosts have all reported or are lost: the next may be placed."""
+        if self.state != "restarting" or self.verdict != "restart" or not self.settled:
+            raise IllegalMove(f"job {self.job}: a new attempt needs a restart whose last attempt is over")
+        self.to("placing")
+        self.nodes, self.node_state, self.exit_codes = (), {}, {}
+        self.failure, self.stopping, self.verdict = None, False, None
 
     @property
     def stop_others(self) -> bool:
-        return self.cancelled or self.failure is not None or self.reason is not None
+        return self.stopping
+
+    @property
+    def settled(self) -> bool:
+        """No node of the current attempt is still starting or running."""
+        return not any(s in ("starting", "running") for s in self.node_state.values())
+
+    @property
+    def survivors(self) -> tuple[str, ...]:
+        """The current attempt's hosts that were not lost, in node-rank order."""
+        return tuple(n for n in self.nodes if self.node_state.get(n) != "lost")
 
     @property
     def over(self) -> bool:
@@ -100,25 +204,58 @@ class Run:
 
     @property
     def exit_code(self) -> int | None:
-        if self.failure is not None:
-            return self.failure[1]
+        if self.state == "failed":
+            return self.failure[1] if self.failure is not None else 1
         if self.state == "succeeded":
             return 0
-        if self.state in TERMINAL:
-            return 130 if self.state == "cancelled" else 1
+        if self.state == "cancelled":
+            return 130
         return None
 
-    def _settle(self) -> None:
-        if any(s in ("starting", "running") for s in self.node_state.values()):
+    def history(self) -> str:
+        """How each attempt ended, for a failed job's reason."""
+        return "attempts: " + "; ".join(f"#{a.n} {a.why}" for a in self._ended_attempts())
+
+    def _ended_attempts(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.why is not None]
+
+    def _attempt_over(self, why: str, now: float | None) -> None:
+        """The current attempt failed (`why`): its other nodes are stopped; the job restarts if
+        restarts are left and it was not cancelled, else it fails."""
+        self.stopping = True
+        attempt = self.attempts[-1]
+        attempt.why, attempt.detected = why, now
+        if self.cancelled:
             return
-        if self.failure is not None:
-            self.state = "failed"
-        elif self.cancelled:
-            self.state = "cancelled"
-        elif self.reason is not None:
-            self.state = "failed"
+        if self.restart_count < self.max_restarts:
+            self.verdict = "restart"
+            self.restart_count += 1
+            self.reason = why
+            if self.state != "restarting":  # else the attempt of a restart failed while starting
+                self.to("restarting")
+            self.phase = "stopping"
         else:
-            self.state = "succeeded"
+            self.verdict = "fail"
+            self.reason = why if not self.max_restarts else \
+                f"{why}; restarts exhausted ({self.restart_count}/{self.max_restarts}); {self.history()}"
+
+    def _settle(self, now: float | None) -> None:
+        if not self.settled or self.state in TERMINAL:
+            return
+        if self.attempts and self.attempts[-1].ended is None:
+            self.attempts[-1].ended = now
+        if self.cancelled and self.verdict != "fail":
+            self.to("cancelled")
+        elif self.verdict == "fail":
+            self.to("failed")
+        elif self.verdict is None:
+            self.to("succeeded")
+        # "restart": the coordinator places the next attempt (begin_attempt)
+
+
+def short_peer(peer: str) -> str:
+    """How a person sees a host in a job's words: the last 8 characters of its peer id."""
+    return peer[-8:]
 
 
 def size(n: int) -> str:

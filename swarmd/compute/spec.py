@@ -10,6 +10,9 @@ Rules:
   1024, got 'three'`). Strings stay strings: a YAML number or boolean where a string is
   expected (an env value, a cmd argument) is refused with a hint to quote it, because YAML
   reads `1.10` as 1.1 and `yes` as True.
+- `nodes` is N or torchrun's MIN:MAX: the job starts on as many hosts as fit up to MAX, at
+  least MIN, and after a lost host goes on with the survivors while they are at least MIN
+  (run.py). `max_restarts` (default 0) is how many times it is started again.
 - Sizes are binary megabytes (8G = 8192); waits are at most 30 days; procs_per_node
   defaults to gpus_per_node when GPUs are asked for, else 1.
 - Specs from the control socket or a peer take the same path (`from_wire`): they are
@@ -29,8 +32,8 @@ from typing import Any
 from ..gossip.signed import Invalid
 from ..gossip.wire import check_labels
 
-FIELDS = ("name", "nodes", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "env", "workdir",
-          "wait", "python", "cmd")
+FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "env",
+          "workdir", "wait", "python", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -39,7 +42,10 @@ MAX_TEXT = 4096  # characters in one argument, env value or path
 MAX_CPUS = 4096
 MAX_MEM_MB = 1 << 30  # 1 PiB
 MAX_WAIT_S = 30 * 86400
+MAX_NODES = 1024
+MAX_RESTARTS = 1000
 _INT = re.compile(r"\s*[0-9]{1,9}\s*")  # Python refuses int() on more than 4300 digits
+_RANGE = re.compile(r"\s*([0-9]{1,9})\s*:\s*([0-9]{1,9})\s*")  # torchrun's --nnodes MIN:MAX
 _SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,3})\s*")
 _DURATION = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([smhd]?)\s*")
 _MB_PER = {"": 1, "m": 1, "mb": 1, "mi": 1, "mib": 1, "g": 1024, "gb": 1024, "gi": 1024, "gib": 1024,
@@ -56,7 +62,9 @@ class SpecError(ValueError):
 class JobSpec:
     cmd: tuple[str, ...]
     name: str | None = None
-    nodes: int = 1
+    nodes: int = 1  # the most hosts the job runs on (MAX of MIN:MAX)
+    min_nodes: int = 0  # the fewest it may run on; 0: `nodes` (a fixed size)
+    max_restarts: int = 0  # restarts after a lost host or a failed rank before the job fails
     gpus_per_node: int = 0
     procs_per_node: int = 1
     cpus: float = 0.0  # free cores each host must have
@@ -67,9 +75,20 @@ class JobSpec:
     wait_s: float = 0.0  # how long to wait for capacity; 0: fail at once
     python: str | None = None  # interpreter replacing a leading python/python3 in cmd
 
+    @property
+    def least_nodes(self) -> int:
+        return self.min_nodes or self.nodes
+
+    @property
+    def elastic(self) -> bool:
+        return self.least_nodes < self.nodes
+
     def to_wire(self) -> dict[str, Any]:
-        """A msgpack-able map in the file's terms (mem, wait), so `from_wire` is `build`."""
-        return {"cmd": list(self.cmd), "name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+        """A msgpack-able map in the file's terms (mem, wait, nodes as "MIN:MAX"), so
+        `from_wire` is `build`."""
+        nodes: int | str = f"{self.least_nodes}:{self.nodes}" if self.elastic else self.nodes
+        return {"cmd": list(self.cmd), "name": self.name, "nodes": nodes, "max_restarts": self.max_restarts,
+                "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
                 "python": self.python}
@@ -117,6 +136,19 @@ def _string(name: str, value: Any) -> str:
         return value
     hint = " (quote it in YAML)" if isinstance(value, (bool, int, float)) else ""
     raise _fail(name, f"a string of at most {MAX_TEXT} characters{hint}", value)
+
+
+def parse_nodes(value: Any) -> tuple[int, int]:
+    """(MIN, MAX) from `N` or torchrun's `MIN:MAX`; MIN ≤ MAX, both 1-1024."""
+    if isinstance(value, str) and (m := _RANGE.fullmatch(value)):
+        low, high = int(m.group(1)), int(m.group(2))
+        if not 1 <= low <= high <= MAX_NODES:
+            raise _fail("nodes", f"N or MIN:MAX with 1 ≤ MIN ≤ MAX ≤ {MAX_NODES}", value)
+        return low, high
+    if isinstance(value, str) and not _INT.fullmatch(value):
+        raise _fail("nodes", f"an integer from 1 to {MAX_NODES}, or MIN:MAX (e.g. 2:4)", value)
+    n = _int("nodes", value, 1, MAX_NODES)
+    return n, n
 
 
 def parse_size_mb(text: str | int, field: str) -> int:
@@ -196,8 +228,10 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
     if name is not None and (not isinstance(name, str) or not NAME.fullmatch(name)):
         raise _fail("name", "1-64 characters of letters, digits, . _ -", name)
     gpus = _int("gpus_per_node", given.get("gpus_per_node", 0), 0, 64)
+    least, most = parse_nodes(given.get("nodes", 1))
     return JobSpec(
-        cmd=_cmd(given["cmd"]), name=name, nodes=_int("nodes", given.get("nodes", 1), 1, 1024),
+        cmd=_cmd(given["cmd"]), name=name, nodes=most, min_nodes=least if least < most else 0,
+        max_restarts=_int("max_restarts", given.get("max_restarts", 0), 0, MAX_RESTARTS),
         gpus_per_node=gpus, procs_per_node=_int("procs_per_node", given.get("procs_per_node", gpus or 1), 1, 256),
         cpus=_number("cpus", given.get("cpus", 0), MAX_CPUS), mem_mb=parse_size_mb(given.get("mem", 0), "mem"),
         labels=_labels(given.get("labels", {})), env=_env(given.get("env", {})),
@@ -248,5 +282,6 @@ def describe(spec: JobSpec) -> str:
     if spec.mem_mb:
         needs.append(f"≥{spec.mem_mb} MB free")
     needs += [f"{k}={v}" for k, v in sorted(spec.labels.items())]
-    nodes = f"{spec.nodes} node{'s' if spec.nodes != 1 else ''}"
+    count = f"{spec.least_nodes} to {spec.nodes}" if spec.elastic else str(spec.nodes)
+    nodes = f"{count} node{'s' if spec.nodes != 1 else ''}"
     return nodes + (" with " + ", ".join(needs) if needs else "")
