@@ -202,3 +202,43 @@ def test_greedy_with_fewer_seeds_starts_from_the_tightest_neighbourhoods(monkeyp
     monkeypatch.setattr(placement, "GREEDY_WORK", 4 * len(pos))  # one seed
     result = place(spec(nodes=4), [node(p) for p in pos], plane(pos))
     assert result == Placement(("t1", "t0", "t2", "t3"), 3.0)
+
+
+def test_an_elastic_job_takes_as_many_as_fit_up_to_its_max():
+    pos = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 50}
+    assert len(place(spec(nodes="2:4"), [node(p) for p in pos], line(pos)).peers) == 4
+    three = [node("a"), node("b"), node("c"), node("d", slots=0), node("e", state="dead")]
+    assert sorted(place(spec(nodes="2:4"), three, line(pos)).peers) == ["a", "b", "c"]
+    one = [node("a"), node("b", slots=0)]
+    no = place(spec(nodes="2:4"), one, line(pos))
+    assert isinstance(no, NoFit) and no.reason.startswith("need 2 to 4 nodes; 1 alive member fits: a;")
+
+
+def test_a_restart_keeps_the_survivors_and_adds_the_member_nearest_them():
+    pos = {"a": 0, "b": 1, "lost": 2, "near": 3, "far": 40}
+    nodes = [node(p) for p in pos]
+    got = place(spec(nodes=3), nodes, line(pos), exclude={"lost": "lost in attempt 1"}, require=("a", "b"))
+    assert sorted(got.peers) == ["a", "b", "near"]
+    # the survivors' records may still count the slot their last attempt used: they are kept
+    busy = [node("a", slots=0), node("b", slots=0), node("far"), node("near", state="dead")]
+    assert sorted(place(spec(nodes=3), busy, line(pos), require=("a", "b")).peers) == ["a", "b", "far"]
+
+
+def test_a_restart_shrinks_to_the_survivors_when_nothing_else_fits_and_min_allows():
+    pos = {"a": 0, "b": 1, "lost": 2}
+    nodes = [node("a"), node("b"), node("lost", state="dead")]
+    assert sorted(place(spec(nodes="2:3"), nodes, line(pos), require=("a", "b")).peers) == ["a", "b"]
+    no = place(spec(nodes=3), nodes, line(pos), require=("a", "b"))
+    assert isinstance(no, NoFit) and "lost (dead)" in no.reason
+
+
+def test_a_required_survivor_that_is_dead_now_is_no_fit():
+    no = place(spec(nodes="1:2"), [node("a"), node("b", state="dead")], lambda a, b: 1.0, require=("a", "b"))
+    assert isinstance(no, NoFit) and "b (dead)" in no.reason
+
+
+def test_required_members_are_grown_from_when_the_search_is_greedy(monkeypatch):
+    monkeypatch.setattr(placement, "EXACT_LIMIT", 1)
+    pos = {f"p{i}": float(i) for i in range(30)}
+    got = place(spec(nodes=4), [node(p) for p in pos], line(pos), require=("p10", "p11"))
+    assert {"p10", "p11"} <= set(got.peers) and got.worst_rtt_ms == 3.0  # p9-p12 or p10-p13

@@ -21,6 +21,11 @@
    from starving the failure detector's timers.
 5. Inside the set, the member with the smallest worst RTT to the others comes first (it
    hosts rank 0 and the rendezvous), then the rest by peer id.
+6. Elastic sizes: a job of MIN:MAX nodes takes as many fitting members as there are, up to
+   MAX; fewer than MIN is `NoFit`. A restart passes its surviving hosts as `require`: they
+   are in every set considered (alive is all that is asked of them: their records may still
+   count the slot the job's last attempt used, and their reservation answers truly), and
+   the rest is chosen as above, so a replacement is the member nearest the survivors.
 """
 
 from __future__ import annotations
@@ -69,21 +74,31 @@ def short(peer: str) -> str:
 
 
 def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
-          exclude: Collection[str] = ()) -> Placement | NoFit:
+          exclude: Collection[str] = (), require: Collection[str] = ()) -> Placement | NoFit:
     ordered = sorted(candidates, key=lambda c: c.peer)
-    verdicts = [(c, _why_not(spec, c, exclude)) for c in ordered]
+    verdicts = [(c, _why_not(spec, c, exclude, required=c.peer in require)) for c in ordered]
     fit = [c for c, why in verdicts if why is None]
-    if len(fit) < spec.nodes:
-        return NoFit(_explain(spec, fit, [(c, why) for c, why in verdicts if why is not None]))
-    if spec.nodes == 1:
+    missing = set(require) - {c.peer for c in fit}
+    n = min(spec.nodes, len(fit))
+    if n < spec.least_nodes or missing:
+        others = [(c, why) for c, why in verdicts if why is not None]
+        others += [(Candidate(peer=p, state="unknown", gpus_free=0, gpu_model=None, slots_free=0, cpu_free=0.0,
+                              memory_free_mb=0, labels={}), "not a member now") for p in sorted(missing)
+                   if p not in {c.peer for c in ordered}]
+        return NoFit(_explain(spec, fit, others))
+    if n == 1:
         return Placement((min(fit, key=lambda c: (c.load, c.peer)).peer,), 0.0)
     d = _matrix([c.peer for c in fit], rtt_ms)
     load = [c.load for c in fit]
+    kept = tuple(i for i, c in enumerate(fit) if c.peer in require)
+    free = [i for i in range(len(fit)) if i not in kept]
     groups: Iterable[tuple[int, ...]]
-    if math.comb(len(fit), spec.nodes) <= EXACT_LIMIT:
-        groups = itertools.combinations(range(len(fit)), spec.nodes)
+    if math.comb(len(free), n - len(kept)) <= EXACT_LIMIT:
+        groups = (tuple(sorted(kept + g)) for g in itertools.combinations(free, n - len(kept)))
+    elif kept:
+        groups = (_grow(kept, n, d, load),)
     else:
-        groups = (_grow(seed, spec.nodes, d, load) for seed in _seeds(spec.nodes, d))
+        groups = (_grow((seed,), n, d, load) for seed in _seeds(n, d))
     chosen = min(groups, key=lambda g: (_pairs(g, d), math.fsum(load[i] for i in g), g))
     first = min(chosen, key=lambda i: (_rank([d[i][j] for j in chosen if j != i]), i))
     order = (first, *(i for i in chosen if i != first))
@@ -91,9 +106,11 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
     return Placement(tuple(fit[i].peer for i in order), None if unknown else worst)
 
 
-def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str]) -> str | None:
+def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str], required: bool = False) -> str | None:
     if c.state != "alive":
         return c.state
+    if required:
+        return None
     if c.peer in exclude:
         why = exclude[c.peer] if isinstance(exclude, Mapping) else None
         return f"refused: {why.removeprefix(short(c.peer) + ': ')}" if why else "refused the last reservation"
@@ -141,10 +158,17 @@ def _seeds(n: int, d: Matrix) -> Sequence[int]:
     return sorted(range(len(d)), key=lambda i: (radius[i], i))[:count]
 
 
-def _grow(seed: int, n: int, d: Matrix, load: Sequence[float]) -> tuple[int, ...]:
+def _grow(seeds: tuple[int, ...], n: int, d: Matrix, load: Sequence[float]) -> tuple[int, ...]:
     unknown = [0] * len(d)  # per member: its pairs with the set whose RTT is unknown
     far = [0.0] * len(d)  # per member: its worst known RTT to the set
-    group, rest, worst = [seed], set(range(len(d))) - {seed}, 0.0
+    group, rest = list(seeds), set(range(len(d))) - set(seeds)
+    worst = _pairs(seeds, d)[1] if len(seeds) > 1 else 0.0
+    for member in group[:-1]:
+        for j, rtt in enumerate(d[member]):
+            if rtt == math.inf:
+                unknown[j] += 1
+            elif rtt > far[j]:
+                far[j] = rtt
     while True:
         for j, rtt in enumerate(d[group[-1]]):
             if rtt == math.inf:
