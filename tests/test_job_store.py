@@ -197,3 +197,29 @@ def test_prune_forgets_jobs_that_ended_before_a_time_and_keeps_the_rest(tmp_path
     assert store.prune(time.time() - 60) == [old.id]
     assert store.get(old.id) is None and store.ranks(old.id) == [] and not (tmp_path / "jobs" / old.id).exists()
     assert store.get(recent.id) is not None and store.get(going.id) is not None
+
+
+def test_attempts_survive_a_restart_and_the_one_going_is_ended_by_recover(tmp_path):
+    from swarmd.compute.run import Attempt
+
+    store = JobStore(tmp_path)
+    done, going = row(store, "succeeded"), row(store, "restarting")
+    first = Attempt(n=1, nodes=("a", "b", "c"), started=10.0, ended=20.0, why="host bbbbbbbb lost (dead)",
+                    detected=19.5, placed=9.0, reserved=9.5)
+    second = Attempt(n=2, nodes=("a", "c", "d"), started=23.0, ended=50.0, resumed_from="epoch-4.pt",
+                     reserved=21.0, checkpoints_ready=22.0)
+    for a in (first, second):
+        store.set_attempt(done.id, a.to_dict())
+    store.set_attempt(going.id, Attempt(n=1, nodes=("a",), started=5.0).to_dict())
+    store.close()
+    again = JobStore(tmp_path)
+    got = again.attempts(done.id)
+    assert [a["n"] for a in got] == [1, 2]
+    assert got[0] | {"resumed_from": None} == {k: v for k, v in first.to_dict().items()}
+    assert (got[1]["resumed_from"], got[1]["checkpoints_ready"], got[1]["nodes"]) == ("epoch-4.pt", 22.0, ["a", "c", "d"])
+    again.recover("the daemon restarted")
+    lost = again.attempts(going.id)[0]
+    assert lost["why"] == "the daemon restarted" and lost["ended"] is not None
+    assert again.attempts(done.id) == got  # a finished job's history is kept as it was
+    again.update(done.id, ended=1.0)
+    assert again.prune(ended_before=time.time()) and again.attempts(done.id) == []

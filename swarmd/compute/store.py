@@ -10,6 +10,8 @@ Rules:
 - A job's log keeps its newest `output.LOG_CAP` bytes (output.py trims its head): offsets
   stay those of the whole output, and a reader behind the trimmed head skips to it.
 - `prune` deletes jobs that ended before a time, their ranks, hosts and logs.
+- A job's `attempts` rows are its runs, one per (re)start: nodes, start, end, why it ended,
+  the checkpoint it resumed from, and when each step of its restart happened.
 - A job's `hosts` rows hold what each host reported: the sandbox the ranks had there, and
   their peak memory and CPU time.
 - Files are 0600 and directories 0700: they are the daemon's.
@@ -50,6 +52,10 @@ CREATE TABLE IF NOT EXISTS ranks (
     job_id TEXT NOT NULL, rank INTEGER NOT NULL, node TEXT NOT NULL, state TEXT NOT NULL, exit_code INTEGER,
     PRIMARY KEY (job_id, rank)
 );
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL, n INTEGER NOT NULL, nodes TEXT NOT NULL, started REAL, ended REAL, why TEXT,
+    resumed_from TEXT, times TEXT NOT NULL, PRIMARY KEY (job_id, n)
+);
 CREATE TABLE IF NOT EXISTS hosts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, sandbox TEXT, peak_memory INTEGER, cpu_seconds REAL,
     PRIMARY KEY (job_id, node)
@@ -83,6 +89,7 @@ class RankRow:
 
 
 _COLUMNS = [f.name for f in fields(JobRow)]
+_ATTEMPT_TIMES = ("placed", "detected", "reserved", "checkpoints_ready")
 
 
 class JobStore:
@@ -162,6 +169,19 @@ class JobStore:
                                (job_id,)).fetchall()
         return [RankRow(job_id=r[0], rank=r[1], node=r[2], state=r[3], exit_code=r[4]) for r in rows]
 
+    def set_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
+        """An attempt as run.Attempt.to_dict gives it; written again as it changes."""
+        times = {k: attempt.get(k) for k in _ATTEMPT_TIMES}
+        self.db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, attempt["n"], json.dumps(list(attempt["nodes"])), attempt.get("started"),
+                         attempt.get("ended"), attempt.get("why"), attempt.get("resumed_from"), json.dumps(times)))
+
+    def attempts(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT n, nodes, started, ended, why, resumed_from, times FROM attempts "
+                               "WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
+        return [{"n": r[0], "nodes": json.loads(r[1]), "started": r[2], "ended": r[3], "why": r[4],
+                 "resumed_from": r[5], **json.loads(r[6])} for r in rows]
+
     def set_host(self, job_id: str, node: str, **fields: Any) -> None:
         """What a host reported of the job: `sandbox` (the confinement it had), `peak_memory`
         (bytes) and `cpu_seconds`; fields not given keep their value."""
@@ -187,6 +207,7 @@ class JobStore:
             try:
                 self.db.execute("DELETE FROM ranks WHERE job_id = ?", (job,))
                 self.db.execute("DELETE FROM hosts WHERE job_id = ?", (job,))
+                self.db.execute("DELETE FROM attempts WHERE job_id = ?", (job,))
                 self.db.execute("DELETE FROM jobs WHERE id = ?", (job,))
                 self.db.execute("COMMIT")
             except BaseException:
@@ -204,6 +225,8 @@ class JobStore:
             lost = [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE {going} ORDER BY id", terminal)]
             self.db.execute(f"UPDATE ranks SET state = 'lost' WHERE exit_code IS NULL "
                             f"AND job_id IN (SELECT id FROM jobs WHERE {going})", terminal)
+            self.db.execute(f"UPDATE attempts SET why = COALESCE(why, ?), ended = COALESCE(ended, ?) "
+                            f"WHERE job_id IN (SELECT id FROM jobs WHERE {going})", (reason, time.time(), *terminal))
             self.db.execute(f"UPDATE jobs SET state = 'failed', reason = ?, ended = COALESCE(ended, ?) WHERE {going}",
                             (reason, time.time(), *terminal))
             self.db.execute("COMMIT")
