@@ -47,6 +47,11 @@ def parser() -> argparse.ArgumentParser:
     kill.add_argument("--signal", default="TERM", choices=["KILL", "TERM", "STOP", "CONT"])
     start = sub.add_parser("start", parents=[name], help="restart a host's daemon (same identity)")
     start.add_argument("host")
+    crash = sub.add_parser("crash", parents=[name],
+                           help="power a host off silently: links cut (no FIN, no RST), every process SIGKILLed")
+    crash.add_argument("host")
+    revive = sub.add_parser("revive", parents=[name], help="power a crashed host on: links restored, daemon started")
+    revive.add_argument("host")
     st = sub.add_parser("status", parents=[name], help="hosts and links")
     st.add_argument("--json", action="store_true")
     sub.add_parser("down", parents=[name], help="remove everything the lab made")
@@ -151,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start":
             lab.start(args.host)
             return 0
+        if args.command == "crash":
+            killed = lab.crash(args.host)
+            cut = [f"{link.a}-{link.b}" for link in lab.state.links if args.host in (link.a, link.b)]
+            print(f"{args.host} crashed: links {', '.join(cut) or 'none'} cut, {len(killed)} processes killed")
+            return 0
+        if args.command == "revive":
+            lab.revive(args.host)
+            print(f"{args.host} revived" + (": its daemon answers" if lab.state.daemons else ""))
+            return 0
         if args.command == "status":
             status = lab.status()
             if args.json:
@@ -198,7 +212,7 @@ def _render_links(status: dict) -> None:
     for link in status["links"]:
         bw = f"{link['bandwidth_mbit']:g} Mbit/s" if link["bandwidth_mbit"] else "-"
         t.add_row(link["a"], link["b"], link["a_addr"], link["b_addr"], f"{link['rtt_ms']:g}",
-                  f"{link['loss_pct']:g}", bw, "up" if link["up"] else "DOWN")
+                  f"{link['loss_pct']:g}", bw, "CUT (crashed end)" if link.get("cut") else "up" if link["up"] else "DOWN")
     _console().print(t)
 
 

@@ -251,11 +251,80 @@ class Lab:
 
     def start(self, host: str) -> None:
         h = self.state.host(host)
+        if h.crashed:
+            raise LabError(f"{host} is crashed: `swarm-sim lab revive {host}` brings it back", 2)
         if _alive(h.pid):
             raise LabError(f"swarmd on {host} is already running (pid {h.pid})", 2)
         self._spawn(h)
         self.state.save()
         self.wait_ready([h])
+
+    # --- crash and revive --------------------------------------------------------------
+
+    def crash(self, host: str) -> list[int]:
+        """Power the host off silently: its links lose every packet first (no FIN, no RST
+        reaches a peer), then every process in its namespace but the lab's own taps is
+        SIGKILLed: the daemon, its ranks, wireguard-go, whatever `lab exec` left running.
+        The links' own settings stay as they were, for `revive`. The pids killed."""
+        h = self.state.host(host)
+        if h.crashed:
+            raise LabError(f"{host} is already crashed: `swarm-sim lab revive {host}` brings it back", 2)
+        h.crashed = True
+        self.state.save()  # recorded before anything changes: a crash cut short is still known and revivable
+        for link in self._links_of(host):
+            self._apply(link)
+        spared = {os.getpid(), *self._taps_of(host)}
+        killed: list[int] = []
+        deadline = time.monotonic() + 10
+        while victims := [p for p in netns_pids(f"/run/netns/{h.netns}") if p not in spared]:
+            if time.monotonic() > deadline:  # SIGKILL cannot be refused: only a process stuck in the kernel stays
+                raise LabError(f"processes in {h.netns} survived SIGKILL for 10 s: {victims}")
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                if pid not in killed:
+                    killed.append(pid)
+            time.sleep(0.02)  # delivery is asynchronous; what they forked meanwhile is found next round
+        _reap(h.pid)
+        h.pid = None
+        self.state.save()
+        return killed
+
+    def revive(self, host: str) -> None:
+        """Power a crashed host on: its links as they were, its daemon started again with
+        the same identity and state directory (as `lab start`)."""
+        h = self.state.host(host)
+        if not h.crashed:
+            raise LabError(f"{host} is not crashed: `swarm-sim lab crash {host}` first", 2)
+        h.crashed = False
+        for link in self._links_of(host):
+            self._apply(link)
+        self.state.save()
+        if self.state.daemons:
+            self._spawn(h)
+            self.state.save()
+            self.wait_ready([h])
+
+    def _links_of(self, host: str) -> list[Link]:
+        return [link for link in self.state.links if host in (link.a, link.b)]
+
+    def _taps_of(self, host: str) -> list[int]:
+        """The host's ends of its links (vde_plug2tap, by pidfile): plumbing, not the host."""
+        pids = []
+        for link in self._links_of(host):
+            end = "a" if link.a == host else "b"
+            pid = _pidfile_pid(self.dir / "links" / f"p{link.pair}{end}.tap.pid")
+            if pid:
+                pids.append(pid)
+        return pids
+
+    def _cut(self, link: Link) -> bool:
+        return any(self.state.host(end).crashed for end in (link.a, link.b))
+
+    def _apply(self, link: Link) -> None:
+        _wirefilter(self.dir / "links" / f"p{link.pair}.mgmt", wirefilter_commands(link, cut=self._cut(link)))
 
     # --- links -------------------------------------------------------------------------
 
@@ -270,9 +339,7 @@ class Lab:
             link.bandwidth_mbit = bandwidth_mbit
         if up is not None:
             link.up = up
-        commands = [f"delay {link.rtt_ms / 2:g}", f"loss {100 if not link.up else link.loss_pct:g}",
-                    f"bandwidth {int((link.bandwidth_mbit or 0) * 125_000)}"]
-        _wirefilter(self.dir / "links" / f"p{link.pair}.mgmt", commands)
+        self._apply(link)  # a crashed end keeps the link cut; the settings apply at its revive
         self.state.save()
         return link
 
@@ -288,13 +355,39 @@ class Lab:
         hosts = []
         for h in self.state.hosts:
             hosts.append({"host": h.name, "netns": h.netns, "address": h.address, "country": h.country,
-                          "pid": h.pid, "daemon": process_state(h.pid) if self.state.daemons else "none",
+                          "pid": h.pid, "crashed": h.crashed,
+                          "daemon": "crashed" if h.crashed else process_state(h.pid) if self.state.daemons else "none",
                           "socket": h.socket, "peer_id": h.peer_id})
         return {"name": self.state.name, "dir": self.state.dir, "hosts": hosts,
-                "links": [link.to_dict() for link in self.state.links]}
+                "links": [link.to_dict() | {"cut": self._cut(link)} for link in self.state.links]}
 
     def down_quietly(self) -> None:
         down(self.state.name)
+
+
+def wirefilter_commands(link: Link, *, cut: bool = False) -> list[str]:
+    """What a link's wirefilter is told: its settings, or every packet lost while it is down
+    or `cut` (an end crashed); the settings themselves are kept either way."""
+    return [f"delay {link.rtt_ms / 2:g}", f"loss {100 if cut or not link.up else link.loss_pct:g}",
+            f"bandwidth {int((link.bandwidth_mbit or 0) * 125_000)}"]
+
+
+def netns_pids(netns_path: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the processes whose network namespace is the one bound at `netns_path`
+    (`/run/netns/NAME`): same nsfs inode as their /proc/PID/ns/net. Zombies and processes
+    gone meanwhile have no namespace left and are not listed."""
+    want = os.stat(netns_path)
+    pids = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(entry / "ns" / "net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            pids.append(int(entry.name))
+    return pids
 
 
 def _make_swarm(state_dirs: list[Path], peers: list[str], network: IPv4Network = address.DEFAULT_NETWORK) -> None:

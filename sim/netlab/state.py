@@ -29,6 +29,7 @@ class HostState:
     peer_id: str
     country: str | None = None
     pid: int | None = None
+    crashed: bool = False  # `lab crash`: its processes killed, its links cut (their own settings kept) until `lab revive`
 
 
 @dataclass(slots=True, kw_only=True)

@@ -7,11 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sim.netlab import lab as labmod
+
+from .support import call, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 SIM = [sys.executable, "-m", "sim.cli", "lab"]
@@ -112,3 +115,81 @@ def test_missing_tool_names_the_package(monkeypatch):
     monkeypatch.setattr(labmod.shutil, "which", lambda tool: None if tool == "wirefilter" else "/usr/bin/" + tool)
     with pytest.raises(labmod.LabError, match="install the Debian package vde2"):
         labmod.preflight()
+
+
+def _tcp_with(lab, host: str, addr: str) -> list[str]:
+    """The states of `host`'s TCP connections with `addr` (ss's names: ESTAB, CLOSE-WAIT, …)."""
+    out = subprocess.run(["ip", "netns", "exec", lab.state.host(host).netns, "ss", "-Htna"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]  # state, recv-q, send-q, local, peer
+    return [row[0] for row in rows if len(row) >= 5 and row[4].rpartition(":")[0] == addr]
+
+
+def _member_events(log: str, peer: str) -> list[tuple[str, str]]:
+    """(event, reason) of the membership changes a daemon's JSON log records about `peer`."""
+    events = []
+    for line in Path(log).read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("member") == peer and str(entry.get("event", "")).startswith("member "):
+            events.append((entry["event"], entry.get("reason", "")))
+    return events
+
+
+def test_crash_is_a_silent_power_off_and_revive_brings_the_host_back(lab):
+    l = lab(3, 10.0, mesh=True)
+    l.wait_formed()
+    name, h3 = l.state.name, l.state.host("h3")
+    # a rank-like process tree of the lab user in h3's namespace, out of our session
+    tree = subprocess.Popen(["ip", "netns", "exec", h3.netns, "setsid", "runuser", "-u", "nobody", "--",
+                             "sh", "-c", "sleep 600 & exec sleep 600"])
+    ns = f"/run/netns/{h3.netns}"
+    until(lambda: len(labmod.netns_pids(ns)) >= len(l._taps_of("h3")) + 4, 10,
+          "the daemon, wireguard-go and the sleeps in h3's namespace")
+    taps = set(l._taps_of("h3"))
+    assert len(taps) == 2
+    for survivor in ("h1", "h2"):
+        assert "ESTAB" in _tcp_with(l, survivor, h3.address), f"{survivor} has no connection with h3 to watch"
+
+    crashed_at = time.monotonic()
+    proc = sim(name, "crash", "h3")
+    assert proc.returncode == 0, proc.stderr
+    assert "h3 crashed" in proc.stdout
+    # every process of h3 is gone but the lab's taps (ip's own listing, not the lab's)
+    listed = subprocess.run(["ip", "netns", "pids", h3.netns], capture_output=True, text=True).stdout.split()
+    assert {int(p) for p in listed} == taps
+    tree.wait(5)
+    # silent: nothing closed the survivors' connections (a FIN leaves CLOSE-WAIT, a RST removes them)
+    for survivor in ("h1", "h2"):
+        states = _tcp_with(l, survivor, h3.address)
+        assert "ESTAB" in states and "CLOSE-WAIT" not in states, f"{survivor}: {states}"
+    assert ping(l, "h1", h3.address, 2) is None
+    status = json.loads(sim(name, "status", "--json").stdout)
+    assert {h["host"]: h["daemon"] for h in status["hosts"]}["h3"] == "crashed"
+    assert {(k["a"], k["b"]) for k in status["links"] if k["cut"]} == {("h1", "h3"), ("h2", "h3")}
+    assert sim(name, "crash", "h3").returncode == 2  # twice makes no sense
+    assert sim(name, "start", "h3").returncode == 2  # a crashed host comes back by revive
+
+    def state_of_h3(host: str) -> str | None:
+        rows = {p["peer"]: p["state"] for p in call(l, host, "peers")["peers"]}
+        return rows.get(h3.peer_id)
+
+    until(lambda: all(state_of_h3(s) == "dead" for s in ("h1", "h2")), 30, "h1 and h2 declare h3 dead")
+    took = time.monotonic() - crashed_at
+    for survivor in ("h1", "h2"):  # found out by the failure detector, not told by h3 or its TCP stack
+        events = _member_events(l.state.host(survivor).log, h3.peer_id)
+        assert ("member dead", "suspicion timed out") in events, events
+        assert not any(event == "member left" for event, _ in events), events
+    print(f"h3 declared dead by both survivors within {took:.1f} s of the crash")
+
+    assert sim(name, "revive", "h2").returncode == 2  # not crashed
+    proc = sim(name, "revive", "h3")
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(sim(name, "status", "--json").stdout)
+    assert {h["host"]: h["daemon"] for h in status["hosts"]}["h3"] == "running"
+    assert not any(k["cut"] for k in status["links"]) and all(k["loss_pct"] == 0 for k in status["links"])
+    assert call(l, "h3", "status")["peer_id"] == h3.peer_id  # the same identity and state dir
+    until(lambda: all(state_of_h3(s) == "alive" for s in ("h1", "h2")), 60, "h1 and h2 see h3 alive again")
+    until(l.formed, 60, "the swarm formed again, h3 meshed with both")
