@@ -45,6 +45,8 @@ import trio
 
 from .executor import Executor, RankProc
 from . import trees
+from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
+from .ckptcache import CheckpointError, CkptCache, Watcher, clear_job_dir
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
@@ -62,6 +64,9 @@ EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before
 # (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
 START_WITHIN = 660.0
 READY_TIMEOUT = 60.0  # seconds a start waits for the daemon to finish setting up the sandbox
+CHECKPOINT_SCAN = 0.25  # seconds between scans of a rank's checkpoint directory (a rename is seen within 0.5 s)
+CHECKPOINT_MAX = 8 * 1024**3  # bytes of one checkpoint this host copies and stores at most
+MAX_REMEMBERED = 4096  # jobs whose latest start's checkpoints are remembered (and kept in their caches)
 
 
 class WorkerError(Exception):
@@ -91,6 +96,8 @@ class StartRequest:
     workdir: str | None  # digest of a cached tree, or None for an empty directory
     cpus: float = 0.0  # the job's --cpus on this host: its CPU quota (0: this host's share per slot)
     mem_mb: int = 0  # the job's --mem on this host: its memory limit (0: this host's share per slot)
+    # (name, sha256, size) of the checkpoints the ranks find in $SWARM_CHECKPOINT_DIR, from the cache
+    checkpoints: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,7 +113,8 @@ class Worker:
                  ifname: Callable[[], str | None] = lambda: None,
                  changed: Callable[[], None] = lambda: None, sandbox: Sandbox | None = None,
                  job_nodes: Callable[[tuple[str, ...]], JobNodes] = lambda ips: JobNodes(),
-                 sandbox_later: bool = False) -> None:
+                 sandbox_later: bool = False, checkpoint_max: int = CHECKPOINT_MAX,
+                 checkpoint_keep: int = CHECKPOINT_KEEP) -> None:
         self.ledger = ledger
         self.cache = cache
         self.jobs_dir = jobs_dir
@@ -123,6 +131,9 @@ class Worker:
         self.running: dict[tuple[str, str], Executor] = {}  # (coordinator, job) -> its ranks
         self.dropped_lines = 0  # lines left off coordinators' streams (all are in the logs)
         self.pins: dict[tuple[str, str], str] = {}  # (coordinator, job) -> the workdir shipped for it
+        self.checkpoint_max = checkpoint_max  # bytes of one checkpoint, copied or received
+        self.checkpoint_keep = checkpoint_keep  # checkpoints kept per (coordinator, job), beside the latest start's
+        self.checkpoints_started: dict[tuple[str, str], frozenset[str]] = {}  # (coordinator, job) -> shas listed last
 
     # --- reservations --------------------------------------------------------------------
 
@@ -202,6 +213,10 @@ class Worker:
             raise ValueError(f"'role.job_id' is {req.role.job_id[:40]!r}, not the job's id")
         if req.workdir is not None and not self.cache.has(req.workdir):
             raise WorkerError(f"workdir {req.workdir[:12]} is not on this host")
+        if missing := [f"{name} ({sha[:12]})" for name, sha, _ in req.checkpoints
+                       if self.checkpoint_path(req.job, req.coordinator, sha) is None]:
+            raise WorkerError(f"checkpoint {', '.join(missing)} is not on this host")
+        self._started_with(req.job, req.coordinator, req.checkpoints)
         with trio.move_on_after(READY_TIMEOUT):
             await self.ready.wait()
         if not self.ready.is_set():
@@ -223,16 +238,23 @@ class Worker:
                 out.add(rank, line)
                 wake.set()
 
+            sending = trio.Lock()  # the checkpoint watcher sends too: one frame at a time
+
             async def send(event: dict[str, Any]) -> None:
-                with trio.move_on_after(EMIT_TIMEOUT) as slow:
-                    await emit(event)
+                async with sending:
+                    with trio.move_on_after(EMIT_TIMEOUT) as slow:
+                        await emit(event)
                 if slow.cancelled_caught:
                     raise CoordinatorGone(f"the coordinator took no event for {EMIT_TIMEOUT:g} s")
 
             async with self._box(req, top, started.gpus) as box:
                 if box.uid is not None:
                     base |= {"USER": f"job{box.uid}", "LOGNAME": f"job{box.uid}"}
-                cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid)
+                cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid, req.checkpoints)
+                watcher = Watcher(CkptCache(top), top / "checkpoints", job_uid=self._job_uid(box),
+                                  max_size=self.checkpoint_max, keep=self.checkpoint_keep,
+                                  protect=self.checkpoints_started.get((req.coordinator, req.job), ()),
+                                  listed=req.checkpoints)
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
                          for i in range(role.procs_per_node)]
@@ -247,6 +269,8 @@ class Worker:
 
                     await nursery.start(run)
                     nursery.start_soon(_flusher, out)
+                    watching, watched = trio.Event(), trio.Event()
+                    nursery.start_soon(_watch, watcher, send, watching, watched)
                     await send({"started": [r.rank for r in ranks], "sandbox": box.describe()})
                     while not codes or out.pending:
                         with trio.move_on_after(HEARTBEAT) as idle:
@@ -263,6 +287,8 @@ class Worker:
                                 await send({"dropped": dropped})
                             if batch:
                                 await send({"out": batch})
+                    watching.set()  # the ranks are gone: what they completed is told before the exit
+                    await watched.wait()
                     nursery.cancel_scope.cancel()  # the flusher
             out.flush()
             first = executor.first_failure
@@ -283,6 +309,51 @@ class Worker:
             with contextlib.suppress(OSError):
                 os.utime(top)  # finished now: garbage collection counts from here
             self.changed()
+
+    # --- checkpoints (ckptcache.py) ---------------------------------------------------------
+
+    def checkpoint_cache(self, job: str, coordinator: str) -> CkptCache:
+        return CkptCache(self.job_dir(job, coordinator))
+
+    def checkpoint_path(self, job: str, coordinator: str, sha: str) -> Path | None:
+        """The cached checkpoint `sha` of (coordinator, job) on this host, or None."""
+        if not is_sha256(sha):
+            return None
+        return self.checkpoint_cache(job, coordinator).path(sha)
+
+    async def store_checkpoint(self, job: str, coordinator: str, sha: str, size: int, src: Path) -> Path:
+        """Copy the file `src` into (coordinator, job)'s cache as `sha`, verified (its sha256
+        and `size`); the cache is then pruned. WorkerError when it cannot be."""
+        if not 0 <= size <= self.checkpoint_max:
+            raise WorkerError(f"a checkpoint of {size} bytes is over this host's checkpoint_max "
+                              f"of {self.checkpoint_max}")
+        cache = self.checkpoint_cache(job, coordinator)
+
+        def store() -> Path:
+            path = cache.store_file(sha, size, src)
+            cache.prune(self.checkpoint_keep, {sha, *self.checkpoints_started.get((coordinator, job), ())})
+            return path
+
+        try:
+            return await trio.to_thread.run_sync(store)
+        except (CheckpointError, OSError) as exc:
+            raise WorkerError(f"checkpoint {sha[:12]}: {exc}") from None
+
+    def _started_with(self, job: str, coordinator: str, listed: tuple[tuple[str, str, int], ...]) -> None:
+        """Remember the checkpoints of a job's latest start here: its cache keeps them."""
+        key = (coordinator, job)
+        self.checkpoints_started.pop(key, None)
+        self.checkpoints_started[key] = frozenset(sha for _, sha, _ in listed)
+        while len(self.checkpoints_started) > MAX_REMEMBERED:
+            del self.checkpoints_started[next(iter(self.checkpoints_started))]  # the oldest start
+
+    def _job_uid(self, box: Box) -> int | None:
+        """The uid the job's files are owned by, where this host knows it."""
+        if box.uid is not None:
+            return box.uid
+        if os.geteuid() == 0 and self.user:
+            return pwd.getpwnam(self.user).pw_uid
+        return None
 
     def cancel(self, job: str, coordinator: str) -> bool | Refusal:
         """Stop a running job's ranks; only its own coordinator may."""
@@ -316,11 +387,12 @@ class Worker:
         """One slot's share of this host's `total` (memory, cores): a job's limit when it asked for none."""
         return total / max(self.ledger.slots, 1)
 
-    def _prepare(self, top: Path, workdir: str | None, uid: int | None = None) -> Path:
+    def _prepare(self, top: Path, workdir: str | None, uid: int | None = None,
+                 listed: tuple[tuple[str, str, int], ...] = ()) -> Path:
         """The job's directory, made afresh: `home/`, a writable copy of its workdir in
-        `work/`, and `checkpoints/`, handed to the job's uid (or user) once complete."""
-        _remove(top)
-        os.mkdir(top, 0o700)  # nobody else reaches in while it is built
+        `work/`, and `checkpoints/` holding the listed checkpoints, handed to the job's uid
+        (or user) once complete. Its checkpoint cache (ckptcache.py) is kept."""
+        clear_job_dir(top)  # nobody else reaches in while it is built (0700)
         work, checkpoints, home = top / "work", top / "checkpoints", top / "home"
         if workdir is not None:
             with self.cache.hold(workdir) as tree:  # not evicted while it is copied
@@ -337,6 +409,13 @@ class Worker:
             entry = pwd.getpwnam(self.user)
             for d in (work, checkpoints, home):
                 _chown_fresh(d, entry.pw_uid, entry.pw_gid)
+        if listed:  # after the chown: the links stay the daemon's, the job cannot change the cache
+            cache = CkptCache(top)
+            try:
+                cache.install(checkpoints, listed)
+            except CheckpointError as exc:
+                raise WorkerError(str(exc)) from None
+            cache.prune(self.checkpoint_keep, {sha for _, sha, _ in listed})
         os.chmod(top, 0o711)  # the job user passes through to its own directories, reads nothing else
         return work
 
@@ -367,6 +446,24 @@ def _memory_total() -> float:
     import psutil
 
     return float(psutil.virtual_memory().total)
+
+
+async def _watch(watcher: Watcher, send: Callable[[dict[str, Any]], Awaitable[None]], stop: trio.Event,
+                 done: trio.Event) -> None:
+    """Tell each checkpoint as it completes, every CHECKPOINT_SCAN; once `stop` is set (the
+    ranks have exited) two scans more, so a checkpoint renamed just before the end is stable
+    and told; then `done`."""
+    try:
+        while not stop.is_set():
+            with trio.move_on_after(CHECKPOINT_SCAN):
+                await stop.wait()
+            for name, sha, size in await watcher.poll():
+                await send({"ckpt": [name, sha, size]})
+        for _ in range(2):
+            for name, sha, size in await watcher.poll():
+                await send({"ckpt": [name, sha, size]})
+    finally:
+        done.set()
 
 
 async def _flusher(out: RankOutput) -> None:

@@ -1,0 +1,328 @@
+"""Which files are checkpoints (names, the two-scan rule, what a file must be), which host
+keeps a replica, which checkpoints are kept; then the host's cache (ckptcache.py) on real
+files: what it refuses to copy, what a job can and cannot do to what it installs."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import stat
+
+import pytest
+
+from swarmd.compute.checkpoints import (MAX_LISTED, Scan, check_listed, choose_replica, is_checkpoint_name,
+                                        keep_newest, refusal)
+from swarmd.compute.ckptcache import CACHE_DIR, Changed, CheckpointError, CkptCache, Watcher, clear_job_dir, listing
+
+SHA = "a" * 64
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("epoch-3.pt", True), ("ckpt_00012", True), ("model.safetensors", True), ("A" * 128, True), ("a.b-c_d", True),
+    ("", False), ("A" * 129, False), (".hidden", False), ("..", False), (".", False), ("a/b", False),
+    ("../etc", False), ("x\0y", False), ("ép.pt", False), ("a b", False), ("epoch.pt.tmp", False),
+    ("epoch.pt.part", False), ("epoch.pt.partial", False), ("epoch.pt~", False), ("tmpabc123", False),
+    ("tmp", False), (12, False), (None, False), (b"epoch.pt", False),
+])
+def test_checkpoint_names(name, ok):
+    assert is_checkpoint_name(name) is ok
+
+
+def test_two_consecutive_equal_scans_make_a_file_complete_and_it_is_told_once():
+    scan = Scan()
+    assert scan.observe({"e1.pt": (10, 1, 7)}) == [], "seen once: maybe still being written"
+    assert scan.observe({"e1.pt": (10, 1, 7)}) == ["e1.pt"]
+    assert scan.observe({"e1.pt": (10, 1, 7)}) == [], "told already"
+    assert scan.observe({"e1.pt": (20, 2, 8)}) == [], "renamed over: a new file, not stable yet"
+    assert scan.observe({"e1.pt": (20, 2, 8)}) == ["e1.pt"]
+
+
+@pytest.mark.parametrize("scans, told", [
+    # a writer appending: never two equal scans
+    ([{"c": (1, 1, 5)}, {"c": (2, 2, 5)}, {"c": (3, 3, 5)}], [[], [], []]),
+    # rewritten in place between scans (same size, new mtime) is not stable until it stops
+    ([{"c": (4, 1, 5)}, {"c": (4, 2, 5)}, {"c": (4, 2, 5)}], [[], [], ["c"]]),
+    # a temp name is never looked at; the rename to the final name is
+    ([{"c.tmp": (4, 1, 5)}, {"c.tmp": (4, 1, 5)}, {"c": (4, 1, 5)}, {"c": (4, 1, 5)}], [[], [], [], ["c"]]),
+    # a name that vanishes and comes back with a new file
+    ([{"c": (4, 1, 5)}, {}, {"c": (4, 1, 5)}, {"c": (4, 1, 5)}], [[], [], [], ["c"]]),
+    # several at once: oldest (mtime) first
+    ([{"b": (1, 9, 1), "a": (1, 5, 2)}, {"b": (1, 9, 1), "a": (1, 5, 2)}], [[], ["a", "b"]]),
+])
+def test_the_scan_rule(scans, told):
+    scan = Scan()
+    assert [scan.observe(s) for s in scans] == told
+
+
+def test_a_file_known_at_start_is_not_told_and_a_retry_tells_it_again():
+    scan = Scan({"old": (1, 1, 1)})
+    assert scan.observe({"old": (1, 1, 1), "new": (2, 2, 2)}) == []
+    assert scan.observe({"old": (1, 1, 1), "new": (2, 2, 2)}) == ["new"]
+    scan.retry("new")
+    assert scan.observe({"old": (1, 1, 1), "new": (2, 2, 2)}) == ["new"]
+
+
+R, L = stat.S_IFREG | 0o644, stat.S_IFLNK | 0o777
+
+
+@pytest.mark.parametrize("fields, why", [
+    (dict(mode=R, nlink=1, uid=1000, size=10), None),
+    (dict(mode=L, nlink=1, uid=1000, size=10), "not a regular file"),
+    (dict(mode=stat.S_IFIFO | 0o644, nlink=1, uid=1000, size=0), "not a regular file"),
+    (dict(mode=stat.S_IFCHR | 0o644, nlink=1, uid=1000, size=0), "not a regular file"),
+    (dict(mode=stat.S_IFDIR | 0o755, nlink=2, uid=1000, size=0), "not a regular file"),
+    (dict(mode=R, nlink=2, uid=1000, size=10), "hard link"),
+    (dict(mode=R, nlink=1, uid=0, size=10), "not the job's 1000"),
+    (dict(mode=R, nlink=1, uid=1000, size=101), "over this host's checkpoint_max"),
+])
+def test_what_a_checkpoint_file_must_be(fields, why):
+    got = refusal(**fields, job_uid=1000, max_size=100)
+    assert (got is None) if why is None else (why in got)
+    assert refusal(mode=R, nlink=1, uid=0, size=10, job_uid=None, max_size=100) is None, "uid unknown: not checked"
+
+
+def rtt_table(table):
+    return lambda a, b: table.get((a, b), table.get((b, a)))
+
+
+@pytest.mark.parametrize("source, hosts, table, replica", [
+    ("a", ["a", "b", "c"], {("a", "b"): 30.0, ("a", "c"): 10.0}, "c"),
+    ("a", ["a", "b", "c"], {("a", "b"): 10.0, ("a", "c"): 10.0}, "b"),  # a tie: the smaller peer id
+    ("a", ["a", "c", "b"], {}, "b"),  # nothing known: by peer id
+    ("a", ["a", "b", "c"], {("a", "b"): None, ("a", "c"): 500.0}, "c"),  # unknown after any known
+    ("a", ["a", "b", "c"], {("a", "b"): math.nan, ("a", "c"): 500.0}, "c"),
+    ("a", ["a", "b", "c"], {("a", "b"): -1.0, ("a", "c"): 500.0}, "c"),
+    ("a", ["a"], {}, None),  # alone: no replica
+    ("a", [], {}, None),
+    ("z", ["a", "b"], {("z", "a"): 5.0}, "a"),  # the source need not be among them
+])
+def test_the_replica_is_the_nearest_other_host(source, hosts, table, replica):
+    assert choose_replica(source, hosts, rtt_table(table)) == replica
+
+
+@pytest.mark.parametrize("items, keep, kept, dropped", [
+    ([("x", 1), ("y", 3), ("z", 2)], 2, ["y", "z"], ["x"]),
+    ([("x", 1)], 2, ["x"], []),
+    ([], 2, [], []),
+    ([("x", 1), ("y", 1)], 1, ["y"], ["x"]),  # equal times: by key
+    ([("x", 1), ("y", 2)], 0, [], ["y", "x"]),
+])
+def test_keep_newest(items, keep, kept, dropped):
+    assert keep_newest(items, keep) == (kept, dropped)
+    assert keep_newest(list(reversed(items)), keep) == (kept, dropped), "in any order"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("x", "must be a list"),
+    ([["a", SHA, 1]] * (MAX_LISTED + 1), "must be a list of at most"),
+    ([["a", SHA]], r"checkpoints\[0\]' must be"),
+    ([["a/b", SHA, 1]], r"checkpoints\[0\].name"),
+    ([["a.tmp", SHA, 1]], r"checkpoints\[0\].name"),
+    ([["a", "A" * 64, 1]], r"checkpoints\[0\].sha256"),
+    ([["a", SHA, -1]], r"checkpoints\[0\].size"),
+    ([["a", SHA, 101]], r"checkpoints\[0\].size"),
+    ([["a", SHA, True]], r"checkpoints\[0\].size"),
+    ([["a", SHA, 1], ["a", "b" * 64, 2]], "twice"),
+])
+def test_a_peers_checkpoint_list_is_checked(value, why):
+    with pytest.raises(ValueError, match=why):
+        check_listed(value, 100)
+    assert check_listed([["a", SHA, 1]], 100) == (("a", SHA, 1),) and check_listed(None, 100) == ()
+
+
+# --- the cache, on real files ---------------------------------------------------------------
+
+JOB_UID = 4242
+
+
+@pytest.fixture
+def rank_dir(tmp_path):
+    top = tmp_path / "job"
+    top.mkdir(mode=0o711)
+    d = top / "checkpoints"
+    d.mkdir()
+    return top, d
+
+
+def write(path, data: bytes, uid: int | None = JOB_UID):
+    path.write_bytes(data)
+    if uid is not None:
+        os.chown(path, uid, uid)
+
+
+def snap(cache: CkptCache, d, name, *, job_uid=JOB_UID, max_size=1 << 20):
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return cache.snapshot(fd, name, seen=listing(fd).get(name), job_uid=job_uid, max_size=max_size)
+    finally:
+        os.close(fd)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
+
+
+@needs_root
+def test_a_complete_checkpoint_is_copied_by_content_readonly_and_the_daemons(rank_dir):
+    top, d = rank_dir
+    write(d / "e1.pt", b"weights" * 1000)
+    cache = CkptCache(top)
+    sha, size = snap(cache, d, "e1.pt")
+    assert sha == hashlib.sha256(b"weights" * 1000).hexdigest() and size == 7000
+    st = os.lstat(cache.root / sha)
+    assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_uid == os.geteuid()
+    assert stat.S_IMODE(os.lstat(cache.root).st_mode) == 0o700
+    assert cache.path(sha) == cache.root / sha and cache.path("../x") is None and cache.path("b" * 64) is None
+    assert [p.name for p in cache.root.iterdir()] == [sha], "no temporary left"
+
+
+@needs_root
+@pytest.mark.parametrize("plant, why", [
+    ("symlink", "Too many levels"),
+    ("fifo", "not a regular file"),
+    ("hardlink", "hard link"),
+    ("other_uid", "not the job's"),
+    ("oversize", "over this host's checkpoint_max"),
+    ("dir", "not a regular file"),
+])
+def test_what_the_cache_refuses_to_copy(rank_dir, tmp_path, plant, why):
+    top, d = rank_dir
+    secret = tmp_path / "secret"
+    write(secret, b"root's", uid=None)
+    match plant:
+        case "symlink":
+            os.symlink(secret, d / "c")
+        case "fifo":
+            os.mkfifo(d / "c")
+            os.chown(d / "c", JOB_UID, JOB_UID)
+        case "hardlink":
+            write(secret, b"x", uid=JOB_UID)
+            os.link(secret, d / "c")
+        case "other_uid":
+            write(d / "c", b"x", uid=JOB_UID + 1)
+        case "oversize":
+            write(d / "c", b"x" * 2000)
+        case "dir":
+            os.mkdir(d / "c")
+            os.chown(d / "c", JOB_UID, JOB_UID)
+    cache = CkptCache(top)
+    with pytest.raises(CheckpointError, match=why):
+        snap(cache, d, "c", max_size=1000)
+    assert not cache.root.exists() or list(cache.root.iterdir()) == [], "nothing copied, no temporary left"
+    assert secret.read_bytes() in (b"root's", b"x")
+
+
+@needs_root
+def test_names_that_are_not_checkpoint_names_are_never_opened(rank_dir):
+    top, d = rank_dir
+    with pytest.raises(CheckpointError, match="not a checkpoint name"):
+        snap(CkptCache(top), d, "../x")
+    with pytest.raises(CheckpointError, match="not a checkpoint name"):
+        snap(CkptCache(top), d, "e1.pt.tmp")
+
+
+@needs_root
+def test_a_file_changed_since_it_was_seen_stable_is_not_copied(rank_dir):
+    top, d = rank_dir
+    write(d / "c", b"one")
+    cache = CkptCache(top)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        seen = listing(fd)["c"]
+        write(d / "c.tmp", b"two!")
+        os.rename(d / "c.tmp", d / "c")
+        with pytest.raises(Changed):
+            cache.snapshot(fd, "c", seen=seen, job_uid=JOB_UID, max_size=100)
+    finally:
+        os.close(fd)
+    assert cache.shas() == []
+
+
+@needs_root
+def test_installed_checkpoints_are_links_the_job_can_read_and_remove_but_not_change(rank_dir, tmp_path):
+    top, d = rank_dir
+    src = tmp_path / "got"
+    src.write_bytes(b"epoch 3")
+    sha = hashlib.sha256(b"epoch 3").hexdigest()
+    cache = CkptCache(top)
+    cache.store_file(sha, 7, src)
+    fresh = top / "fresh"
+    fresh.mkdir()
+    os.chown(fresh, JOB_UID, JOB_UID)
+    known = cache.install(fresh, [("e3.pt", sha, 7)])
+    st = os.lstat(fresh / "e3.pt")
+    assert st.st_ino == os.lstat(cache.root / sha).st_ino and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o444
+    assert known == {"e3.pt": (7, st.st_mtime_ns, st.st_ino)}
+    with pytest.raises(CheckpointError, match=f"gone.pt \\({'b' * 12}\\) is not on this host"):
+        cache.install(fresh, [("gone.pt", "b" * 64, 7)])
+    with pytest.raises(CheckpointError, match="is 7 bytes here, not 8"):
+        cache.install(fresh, [("e4.pt", sha, 8)])
+
+
+@needs_root
+def test_store_refuses_bytes_that_are_not_the_sha_or_the_size(rank_dir, tmp_path):
+    top, _ = rank_dir
+    src = tmp_path / "got"
+    src.write_bytes(b"epoch 3")
+    cache = CkptCache(top)
+    with pytest.raises(CheckpointError, match="not the"):
+        cache.store_file("c" * 64, 7, src)
+    with pytest.raises(CheckpointError, match="announced"):
+        cache.store_file(hashlib.sha256(b"epoch 3").hexdigest(), 6, src)
+    assert cache.shas() == [] and list(cache.root.iterdir()) == [], "nothing stored, no temporary left"
+
+
+@needs_root
+def test_prune_keeps_the_newest_and_the_protected(rank_dir, tmp_path):
+    top, _ = rank_dir
+    cache = CkptCache(top)
+    shas = []
+    for i in range(4):
+        src = tmp_path / f"s{i}"
+        src.write_bytes(b"%d" % i)
+        sha = hashlib.sha256(b"%d" % i).hexdigest()
+        cache.store_file(sha, 1, src)
+        os.utime(cache.root / sha, ns=(i * 10**9, i * 10**9))
+        shas.append(sha)
+    assert cache.prune(2, protect={shas[0]}) == [shas[1]]
+    assert cache.shas() == sorted([shas[0], shas[2], shas[3]])
+
+
+@needs_root
+def test_a_start_empties_the_job_directory_but_keeps_the_cache(rank_dir, tmp_path):
+    top, d = rank_dir
+    src = tmp_path / "got"
+    src.write_bytes(b"epoch 3")
+    sha = hashlib.sha256(b"epoch 3").hexdigest()
+    CkptCache(top).store_file(sha, 7, src)
+    (d / "e1.pt").write_bytes(b"old")
+    (top / "output.log").write_text("old")
+    clear_job_dir(top)
+    assert [p.name for p in top.iterdir()] == [CACHE_DIR] and CkptCache(top).shas() == [sha]
+    assert stat.S_IMODE(os.lstat(top).st_mode) == 0o700
+    # a cache directory that is not the daemon's own 0700 one is not trusted
+    os.chmod(top / CACHE_DIR, 0o777)
+    clear_job_dir(top)
+    assert list(top.iterdir()) == []
+
+
+@needs_root
+async def test_the_watcher_tells_a_renamed_checkpoint_once_and_ignores_the_temp_and_the_installed(rank_dir,
+                                                                                                  tmp_path):
+    top, d = rank_dir
+    src = tmp_path / "got"
+    src.write_bytes(b"epoch 2")
+    old = hashlib.sha256(b"epoch 2").hexdigest()
+    cache = CkptCache(top)
+    cache.store_file(old, 7, src)
+    cache.install(d, [("e2.pt", old, 7)])
+    w = Watcher(cache, d, job_uid=JOB_UID, max_size=1 << 20, keep=2, listed=[("e2.pt", old, 7)])
+    write(d / "e3.pt.tmp", b"epoch 3 partial")
+    assert await w.poll() == [] and await w.poll() == [], "a temp name is never a checkpoint"
+    write(d / "e3.pt.tmp", b"epoch 3")
+    os.rename(d / "e3.pt.tmp", d / "e3.pt")
+    assert await w.poll() == [], "seen once"
+    new = hashlib.sha256(b"epoch 3").hexdigest()
+    assert await w.poll() == [("e3.pt", new, 7)]
+    assert await w.poll() == [], "told once"
+    assert cache.path(new) is not None and cache.path(old) is not None
