@@ -7,6 +7,19 @@ over the job protocol, retried with other hosts → commit (rank 0's host picks 
 output and exit codes stream back here. The job's states (run.py) and output are written
 to the store as they happen; `watch` lets any number of clients follow a job.
 
+Elastic jobs (run.py has the rules): an attempt ends at the first of a host's stream or
+heartbeat breaking, membership declaring a host dead (`_watch`, every WATCH_EVERY), or a
+rank exiting non-zero; every other host is told to stop at once. With restarts left, the
+survivors are kept (placement's `require`), the lost hosts excluded, the gang reserved
+again, the workdir shipped where it is missing, the job's newest checkpoints put on every
+host (checkpoint replication below), and the ranks started with the next restart count.
+
+Checkpoints: a host announces each complete checkpoint its ranks renamed into
+$SWARM_CHECKPOINT_DIR (``{ckpt: [name, sha256, size]}``); this coordinator copies it into
+its own cache for the job (pulling it from the host), or, when its own host wrote it,
+pushes it to the job's host nearest it, so a checkpoint outlives the host that wrote it.
+One transfer at a time per job, in the background; the newest CHECKPOINT_KEEP are kept.
+
 A host's events are a peer's input (`checked_event`): it speaks only for its own ranks
 (node_rank × procs_per_node + i), starts once, sends lines as strings in batches of at
 most output.MAX_BATCH_LINES (each batch one append to the log); anything else is counted
@@ -20,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,7 +50,8 @@ from . import gc
 from .output import MAX_BATCH_LINES
 from .sandbox.box import Sandbox, Settings
 from .placement import Candidate, NoFit, place
-from .run import TERMINAL, Run
+from .checkpoints import check_name, choose_replica, is_sha256
+from .run import TERMINAL, Run, short_peer
 from .service import HostError, LocalHost, RemoteHost, short
 from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
@@ -49,6 +64,18 @@ KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goe
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
 MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement
+WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
+CHECKPOINT_KEEP = 2  # newest checkpoints of a job kept and put on the hosts of a restart
+MAX_CHECKPOINT_BYTES = 2**50  # what a host may announce; each host bounds its own by checkpoint_max
+
+
+@dataclasses.dataclass(slots=True)
+class _Checkpoint:
+    name: str
+    sha: str
+    size: int
+    source: str  # the host whose ranks wrote it
+    holders: set[str]  # hosts whose cache for this job holds it
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,6 +87,8 @@ class _Live:
     shipped: int = 0
     ship_total: int = 0
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
+    checkpoints: list[_Checkpoint] = dataclasses.field(default_factory=list)  # oldest first
+    replicating: trio.Lock = dataclasses.field(default_factory=trio.Lock)
 
     def touch(self) -> None:
         self.changed.set()
@@ -134,7 +163,8 @@ class Jobs:
         self.store.add(JobRow(id=job, name=spec.name, spec={**spec.to_wire(), "workdir_digest": workdir},
                               state="placing", coordinator=me, submitted_by=uid, created=time.time(),
                               started=None, ended=None, exit_code=None, reason=None, nodes=[]))
-        live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node), spec=spec, workdir=workdir)
+        live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node, min_nodes=spec.least_nodes,
+                             max_restarts=spec.max_restarts), spec=spec, workdir=workdir)
         if workdir is not None:  # archives are evicted least recently used first (gc.py)
             with contextlib.suppress(OSError):
                 os.utime(self.archives / f"{workdir}.tar.gz")
@@ -197,8 +227,13 @@ class Jobs:
     def describe(self, row: JobRow) -> dict[str, Any]:
         live = self.live.get(row.id)
         ended = row.ended or (time.time() if row.started else None)
+        restarts = [live.run.restart_count, live.run.max_restarts] if live else None
+        attempts = self.store.attempts(row.id)
+        if restarts is None and attempts:
+            restarts = [len(attempts) - 1, row.spec.get("max_restarts", 0)]
         return {
             "id": row.id, "name": row.name, "state": row.state, "cmd": row.spec.get("cmd"),
+            "phase": live.run.phase if live else None, "restarts": restarts, "attempts": attempts,
             "nodes": row.nodes, "node_state": dict(live.run.node_state) if live else {},
             "coordinator": row.coordinator, "created": row.created, "started": row.started,
             "ended": row.ended, "exit_code": row.exit_code, "reason": row.reason,
@@ -211,24 +246,34 @@ class Jobs:
     # --- the coordinator ----------------------------------------------------------------
 
     async def _coordinate(self, job: str, live: _Live, workdir: str | None) -> None:
-        run, spec = live.run, live.spec
+        run = live.run
         try:
-            chosen = await self._place_and_hold(job, live)
-            if chosen is None:
-                return
-            peers, gpus, port = chosen
-            if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
-                return
-            run.to("shipping")
-            self._save(job, live)
-            if workdir is not None:
-                await self._ship(job, live, workdir)
-            if run.cancelled:
-                return
-            run.to("starting")
-            self.store.update(job, started=time.time())
-            self._save(job, live)
-            await self._start_all(job, live, peers, port, workdir)
+            while True:
+                chosen = await self._place_and_hold(job, live)
+                if chosen is None:
+                    return
+                peers, gpus, port = chosen
+                run.attempts[-1].reserved = time.time()
+                if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
+                    return
+                run.to("shipping")
+                self._save(job, live)
+                if workdir is not None:
+                    await self._ship(job, live, workdir)
+                if run.cancelled:
+                    return
+                installed = await self._put_checkpoints(job, live, peers)
+                if run.cancelled:
+                    return
+                run.to("starting")
+                if run.restart_count == 0:
+                    self.store.update(job, started=time.time())
+                self._save(job, live)
+                await self._start_all(job, live, peers, port, workdir, installed)
+                if run.state != "restarting":
+                    return
+                run.begin_attempt()  # every host of the ended attempt reported or was lost
+                self._save(job, live)
         except HostError as exc:
             run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
@@ -236,19 +281,24 @@ class Jobs:
             run.fail(f"coordinator error: {exc.__class__.__name__}: {exc}")
         finally:
             with trio.CancelScope(shield=True):
-                for host in live.hosts.values():
-                    await _quietly(host.release, job)
+                for peer, host in live.hosts.items():
+                    if peer not in run.lost:
+                        await _quietly(host.release, job)
                 if not run.over:
                     run.fail("the coordinating daemon stopped")
                 self._save(job, live)
                 self.live.pop(job, None)
                 live.touch()
-                log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason)
+                log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason,
+                         attempts=len(run.attempts))
 
     async def _place_and_hold(self, job: str, live: _Live) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
+        """Place the attempt and hold its gang; a restart keeps its survivors and never places a
+        lost host again. None when the job ended (no fit, cancelled, refused too often)."""
         run, spec = live.run, live.spec
         give_up = trio.current_time() + spec.wait_s
-        refused: dict[str, str] = {}
+        refused: dict[str, str] = {p: "lost in an earlier attempt" for p in run.lost}
+        survivors = run.kept if run.state == "restarting" else ()
         attempts = 0
         while True:
             if run.cancelled:
@@ -259,7 +309,7 @@ class Jobs:
             view = self.gossip.view()
             candidates, rtt_ms = self._candidates(view), functools.partial(_rtt_ms, view)
             placement = await trio.to_thread.run_sync(
-                lambda: place(spec, candidates, rtt_ms, exclude=dict(refused)))
+                lambda: place(spec, candidates, rtt_ms, exclude=dict(refused), require=survivors))
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
                     await trio.sleep(WAIT_POLL)
@@ -267,7 +317,7 @@ class Jobs:
                 run.fail(placement.reason)
                 return None
             run.to("reserving")
-            run.placed(placement.peers)
+            run.placed(placement.peers, now=time.time())
             self._save(job, live)
             hosts = {p: self._host(p) for p in placement.peers}
             live.hosts = hosts
@@ -282,6 +332,7 @@ class Jobs:
                 await _quietly(hosts[peer].release, job)
             live.hosts = {}
             refused |= outcome.refused
+            survivors = tuple(p for p in survivors if p not in outcome.refused)
             attempts += 1
             log.info("reservation refused", job=job, refused=outcome.refused, attempt=attempts)
             if attempts >= gangmod.MAX_ATTEMPTS:
@@ -343,20 +394,29 @@ class Jobs:
         live.shipped = live.ship_total
         live.touch()
 
-    async def _start_all(self, job: str, live: _Live, peers: tuple[str, ...], port: int, workdir: str | None) -> None:
+    async def _start_all(self, job: str, live: _Live, peers: tuple[str, ...], port: int, workdir: str | None,
+                         checkpoints: tuple[tuple[str, str, int], ...] = ()) -> None:
+        """Run the attempt on `peers` until every host reported its ranks' exit or was lost."""
         run, spec = live.run, live.spec
         addrs = [self._address(p) for p in peers]
         for peer in peers:
             for i in range(spec.procs_per_node):
                 self.store.set_rank(RankRow(job_id=job, rank=peers.index(peer) * spec.procs_per_node + i,
                                             node=peer, state="starting", exit_code=None))
+        scopes: dict[str, trio.CancelScope] = {}
+
+        def stop_others(peer: str) -> None:
+            for other, host in live.hosts.items():
+                if other != peer and run.node_state.get(other) in ("starting", "running"):
+                    nursery.start_soon(_quietly, host.cancel, job)
 
         async def node(i: int, peer: str) -> None:
             role = NodeRole(job_id=job, node_rank=i, nnodes=len(peers), procs_per_node=spec.procs_per_node,
                             master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
                             node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count)
             req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
-                               python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb)
+                               python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
+                               checkpoints=checkpoints)
 
             ranks = range(i * spec.procs_per_node, (i + 1) * spec.procs_per_node)
 
@@ -369,21 +429,40 @@ class Jobs:
                 self._event(job, live, peer, checked)
 
             try:
-                await live.hosts[peer].start(req, emit)
-                if live.run.node_state.get(peer) not in ("exited", "lost"):
-                    run.node_lost(peer, "its ranks ended without an exit report")
+                with scopes.setdefault(peer, trio.CancelScope()):
+                    await live.hosts[peer].start(req, emit)
+                if run.node_state.get(peer) not in ("exited", "lost"):
+                    run.node_lost(peer, "its ranks ended without an exit report", now=time.time())
             except HostError as exc:
-                run.node_lost(peer, str(exc))
+                run.node_lost(peer, str(exc), now=time.time())
             finally:
                 self._save(job, live)
                 if run.stop_others:
-                    for other, host in live.hosts.items():
-                        if other != peer and run.node_state.get(other) in ("starting", "running"):
-                            nursery.start_soon(_quietly, host.cancel, job)
+                    stop_others(peer)
 
-        async with trio.open_nursery() as nursery:
-            for i, peer in enumerate(peers):
-                nursery.start_soon(node, i, peer)
+        async def watch() -> None:
+            """Membership's word on the attempt's hosts: one declared dead (or gone from the
+            view) is lost now, whatever its stream still says."""
+            while True:
+                view = self.gossip.view()
+                for peer in peers:
+                    if peer == view.me or run.node_state.get(peer) not in ("starting", "running"):
+                        continue
+                    member = view.get(peer)
+                    state = "gone from the membership view" if member is None else member.state.value
+                    if state in ("dead", "left", "gone from the membership view"):
+                        run.node_lost(peer, f"membership: {state}", now=time.time())
+                        scopes.setdefault(peer, trio.CancelScope()).cancel()
+                        self._save(job, live)
+                        stop_others(peer)
+                await trio.sleep(WATCH_EVERY)
+
+        async with trio.open_nursery() as outer:
+            outer.start_soon(watch)
+            async with trio.open_nursery() as nursery:
+                for i, peer in enumerate(peers):
+                    nursery.start_soon(node, i, peer)
+            outer.cancel_scope.cancel()
 
     def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
         run = live.run
@@ -392,10 +471,10 @@ class Jobs:
         if "usage" in event:
             self.store.set_host(job, peer, **event["usage"])
         if "started" in event:
-            run.node_started(peer)
+            run.node_started(peer, now=time.time())
             for rank in event["started"]:
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="running", exit_code=None))
-            if run.cancelled and self._nursery is not None:  # the cancel crossed the start on the wire
+            if run.stop_others and self._nursery is not None:  # the stop crossed the start on the wire
                 self._nursery.start_soon(_quietly, live.hosts[peer].cancel, job)
         if "out" in event:
             self.store.append_logs(job, [(rank, line.encode("utf-8", "replace")) for rank, line in event["out"]])
@@ -403,24 +482,129 @@ class Jobs:
             self.store.append_logs(job, [(rank, f"[swarmd] {n} line(s) of this rank were not streamed here (this "
                                                 f"daemon fell behind); {short(peer)} keeps them in its copy of the "
                                                 "job's log".encode()) for rank, n in event["dropped"]])
+        if "ckpt" in event:
+            self._checkpointed(job, live, peer, *event["ckpt"])
         if "exit" in event:
             codes = event["exit"]
             for rank, code in codes.items():
                 self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
             oom = event.get("oom") or {}
             run.node_exited(peer, codes, first=event["first"], oom=tuple(oom.get("ranks", ())),
-                            memory_limit=oom.get("limit"))
+                            memory_limit=oom.get("limit"), now=time.time())
         if "started" in event or "exit" in event:
             self._save(job, live)
         else:  # output or a heartbeat: the job's row is unchanged, its followers read the log
             live.touch()
 
+    # --- checkpoints --------------------------------------------------------------------
+
+    def _checkpointed(self, job: str, live: _Live, peer: str, name: str, sha: str, size: int) -> None:
+        """A host announced a complete checkpoint: remember it, and copy it off that host."""
+        known = next((c for c in live.checkpoints if c.sha == sha), None)
+        if known is not None:
+            known.holders.add(peer)
+            return
+        live.checkpoints.append(_Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
+        del live.checkpoints[:-CHECKPOINT_KEEP]
+        log.info("checkpoint", job=job, name=name, sha=sha[:12], size=size, host=short(peer))
+        if self._nursery is not None:
+            self._nursery.start_soon(self._replicate, job, live, sha)
+
+    async def _replicate(self, job: str, live: _Live, sha: str) -> None:
+        """One copy of checkpoint `sha` off the host that wrote it: into this coordinator's cache,
+        or, when this host wrote it, onto the job's host nearest this one."""
+        async with live.replicating:  # one transfer per job at a time: a burst of saves queues here
+            ckpt = next((c for c in live.checkpoints if c.sha == sha), None)
+            if ckpt is None or live.run.over:
+                return  # pruned by a newer one meanwhile
+            me = self.gossip.me
+            try:
+                if ckpt.source != me:
+                    await self._fetch(job, live, ckpt)
+                    return
+                view = self.gossip.view()
+                others = [p for p in live.run.nodes if p != me and p not in live.run.lost]
+                replica = choose_replica(me, others, functools.partial(_rtt_ms, view))
+                if replica is None:
+                    return
+                path = self.worker.checkpoint_path(job, me, sha)
+                if path is None:
+                    return
+                await live.hosts[replica].put_checkpoint(job, ckpt.name, sha, ckpt.size, path)
+                ckpt.holders.add(replica)
+            except (HostError, KeyError) as exc:
+                log.info("checkpoint not replicated", job=job, sha=sha[:12], error=str(exc))
+
+    async def _fetch(self, job: str, live: _Live, ckpt: _Checkpoint) -> None:
+        """`ckpt` into this coordinator's own cache for the job, from a host that holds it."""
+        me = self.gossip.me
+        if me in ckpt.holders and self.worker.checkpoint_path(job, me, ckpt.sha) is not None:
+            return
+        for holder in sorted(ckpt.holders - live.run.lost - {me}):
+            host = live.hosts.get(holder) or self._host(holder)
+            with tempfile.TemporaryDirectory(dir=self.worker.jobs_dir) as tmp:
+                dest = Path(tmp) / ckpt.sha
+                try:
+                    await host.get_checkpoint(job, ckpt.sha, ckpt.size, dest)
+                except HostError as exc:
+                    log.info("checkpoint fetch failed", job=job, sha=ckpt.sha[:12], host=short(holder), error=str(exc))
+                    continue
+                await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
+            ckpt.holders.add(me)
+            return
+        raise HostError(f"no live host holds checkpoint {ckpt.name}")
+
+    async def _put_checkpoints(self, job: str, live: _Live, peers: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
+        """Before an attempt starts: the job's newest checkpoints (those still held by a live host)
+        on every host of the attempt, pushed from this coordinator's cache. Returns what the
+        start requests list; the attempt records the newest as `resumed_from`."""
+        run = live.run
+        usable = []
+        for ckpt in live.checkpoints:
+            try:
+                await self._fetch(job, live, ckpt)
+                usable.append(ckpt)
+            except HostError as exc:  # its host died before anyone copied it: never used
+                log.info("checkpoint lost with its host", job=job, name=ckpt.name, why=str(exc))
+        me = self.gossip.me
+
+        async def put(peer: str, ckpt: _Checkpoint) -> None:
+            path = self.worker.checkpoint_path(job, me, ckpt.sha)
+            if path is None:
+                raise HostError(f"checkpoint {ckpt.name} is missing from this coordinator's cache")
+            await live.hosts[peer].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
+            ckpt.holders.add(peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                for ckpt in usable:
+                    if peer not in ckpt.holders or peer == me:
+                        nursery.start_soon(put, peer, ckpt)
+        attempt = run.attempts[-1]
+        attempt.checkpoints_ready = time.time()
+        attempt.resumed_from = usable[-1].name if usable else None
+        if run.restart_count:
+            self._marker(job, live, peers, attempt.resumed_from)
+        return tuple((c.name, c.sha, c.size) for c in usable)
+
+    def _marker(self, job: str, live: _Live, peers: tuple[str, ...], resumed_from: str | None) -> None:
+        """The line in the job's output where a restart begins."""
+        run = live.run
+        line = (f"[swarmd] restart {run.restart_count}/{run.max_restarts} after {run.reason}: attempt "
+                f"{len(run.attempts)} on {len(peers)} host(s) ({', '.join(short_peer(p) for p in peers)}), "
+                + (f"resuming from checkpoint {resumed_from}" if resumed_from else "from the start (no checkpoint)"))
+        self.store.append_logs(job, [(0, line.encode())])
+
     def _save(self, job: str, live: _Live) -> None:
         run = live.run
-        fields: dict[str, Any] = {"state": run.state, "nodes": list(run.nodes), "reason": run.reason}
+        fields: dict[str, Any] = {"state": run.state, "reason": run.reason}
+        if run.nodes:
+            fields["nodes"] = list(run.nodes)
         if run.over:
             fields |= {"ended": time.time(), "exit_code": run.exit_code}
         self.store.update(job, **fields)
+        if run.attempts:
+            self.store.set_attempt(job, run.attempts[-1].to_dict())
         live.touch()
 
     # --- the view -----------------------------------------------------------------------
@@ -517,6 +701,15 @@ def checked_event(event: Any, ranks: range, *, started: bool) -> dict[str, Any]:
             first = pairs([first], "first", 1)[0]
             first = (rank(first[0], "first"), number(first[1], "first", -2**31, 2**31))
         out["exit"], out["first"] = codes, first
+    if "ckpt" in event:
+        entry = event["ckpt"]
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError("'ckpt' must be [name, sha256, size]")
+        name, sha, size = entry
+        check_name(name, "ckpt.name")
+        if not is_sha256(sha):
+            raise ValueError("'ckpt.sha256' must be 64 lowercase hex digits")
+        out["ckpt"] = (name, sha, number(size, "ckpt.size", 0, MAX_CHECKPOINT_BYTES))
     if "sandbox" in event:
         text = event["sandbox"]
         if not isinstance(text, str) or len(text) > MAX_SANDBOX_TEXT or not text.isprintable():

@@ -97,6 +97,7 @@ class Run:
     stopping: bool = False  # the current attempt's nodes are being stopped (a failure, a loss, a cancel)
     verdict: str | None = None  # how the current attempt's end is taken: "restart" | "fail"
     lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
+    kept: tuple[str, ...] = ()  # the ended attempt's surviving hosts, which the next one keeps
 
     def to(self, state: str) -> None:
         if state not in STATES and state not in PHASES:
@@ -181,6 +182,7 @@ class Run:
         if self.state != "restarting" or self.verdict != "restart" or not self.settled:
             raise IllegalMove(f"job {self.job}: a new attempt needs a restart whose last attempt is over")
         self.to("placing")
+        self.kept = self.survivors
         self.nodes, self.node_state, self.exit_codes = (), {}, {}
         self.failure, self.stopping, self.verdict = None, False, None
 
