@@ -203,6 +203,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
         params["workdir"] = digest
     stream = client.stream("jobs.run", **params)
     job = None
+    shown = None  # the state last told on stderr
     started = time.monotonic()
     status = err.status("placing…") if not args.json and err.is_terminal else None
     if status is not None:
@@ -219,12 +220,16 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                 ctrl_c.named()
             elif "job" in event and not args.json:
                 line = render_jobs.job_progress(event["job"])
+                state = render_jobs.state_text(event["job"])
                 if status is not None:
                     status.update(line)
                     if event["job"]["state"] == "running":
                         status.stop()
                         status = None
                         err.print(line)
+                elif state != shown and event["job"]["state"] in ("restarting", "running"):
+                    err.print(line)  # a restart and the run after it, once each, between the output lines
+                shown = state
             elif "out" in event and not args.json:
                 if status is not None:
                     status.stop()

@@ -12,8 +12,20 @@ def _peer(p: str) -> str:
     return p[-8:]
 
 
+def state_text(job: Mapping[str, Any]) -> str:
+    """The state as a person reads it: "restarting (1/3): host XaN6WKvN lost (…)" during a restart."""
+    state = job["state"]
+    if state == "restarting":
+        done, most = job.get("restarts") or (0, 0)
+        return f"restarting ({done}/{most})" + (f": {job['reason']}" if job.get("reason") else "")
+    return state
+
+
 def job_progress(job: Mapping[str, Any]) -> str:
     state = job["state"]
+    if state == "restarting":
+        phase = job.get("phase")
+        return f"job {job['id']}: {state_text(job)}" + (f" [{phase}]" if phase else "")
     if state == "shipping" and job.get("shipped"):
         done, total = job["shipped"]
         return f"job {job['id']}: shipping workdir {size(done)} / {size(total)}"
@@ -51,7 +63,8 @@ def jobs(rows: list[Mapping[str, Any]]) -> None:
         table.add_column(column, no_wrap=column != "command")
     for j in rows:
         style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}.get(j["state"], "")
-        table.add_row(j["id"], j["name"] or "-", f"[{style}]{j['state']}[/]" if style else j["state"],
+        state = state_text(j)
+        table.add_row(j["id"], j["name"] or "-", f"[{style}]{state}[/]" if style else state,
                       str(len(j["nodes"])), "-" if j["exit_code"] is None else str(j["exit_code"]),
                       "-" if j["wall_s"] is None else duration(j["wall_s"]) if j["wall_s"] >= 60
                       else f"{j['wall_s']:.1f} s", " ".join(j["cmd"] or []))
@@ -64,9 +77,23 @@ def job(j: Mapping[str, Any]) -> None:
     key_values(f"job {j['id']}", [
         ("name", j["name"]), ("state", j["state"]), ("command", " ".join(j["cmd"] or [])),
         ("nodes", [_peer(p) for p in j["nodes"]]), ("exit code", j["exit_code"]), ("why", j["reason"]),
-        ("wall", None if j["wall_s"] is None else f"{j['wall_s']:.1f} s"), ("ranks", ranks),
-        ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
+        ("wall", None if j["wall_s"] is None else f"{j['wall_s']:.1f} s"),
+        ("restarts", None if not j.get("restarts") or not j["restarts"][1] else f"{j['restarts'][0]} of at most "
+                                                                                 f"{j['restarts'][1]}"),
+        ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
+        ("ranks", ranks), ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
     ])
+
+
+def _attempt_line(a: Mapping[str, Any], origin: float | None) -> str:
+    """One attempt: its number, hosts, when it ran (seconds from the job's start), how it ended,
+    and the checkpoint it resumed from."""
+    def at(t: float | None) -> str:
+        return "-" if t is None or origin is None else f"{t - origin:+.1f} s"
+
+    line = f"#{a['n']} on {', '.join(map(_peer, a['nodes'])) or '-'}: ran {at(a.get('started'))} to {at(a.get('ended'))}"
+    line += f"; ended: {a['why']}" if a.get("why") else ("" if a.get("ended") is None else "; ended: ok")
+    return line + (f"; resumed from {a['resumed_from']}" if a.get("resumed_from") else "")
 
 
 def _host_line(peer: str, h: Mapping[str, Any]) -> str:
