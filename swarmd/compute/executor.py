@@ -20,10 +20,17 @@ Rules:
   `grace`); so does `cancel`, and so does cancelling `run`. A rank killed by a signal
   reports 128 + its number, as a shell does. `first_failure` is the first rank to exit
   non-zero before anything was stopped.
+- Ranks never outlive the daemon: before the first rank starts, a reaper (sandbox/reaper.py)
+  is started for the job and told each rank's group as it starts and before it is reaped;
+  if the daemon dies, the reaper kills those groups and the job's cgroup. When `run` ends,
+  the job's cgroup is emptied (what a rank left there with setsid), then the reaper is told
+  `done` and exits killing nothing. A fence that cannot be told something is killed: one
+  that might reach a stranger's reused group is worse than none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -36,12 +43,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
 import trio
+
+from .sandbox import reaper
+from .sandbox.cgroups import CgroupError, JobCgroup
 
 if TYPE_CHECKING:
     from .sandbox.box import Box
 
+log = structlog.get_logger("swarmd.jobs")
+
 MAX_LINE = 64 * 1024
+REAPER_EXIT = 5.0  # seconds the reaper may take to exit after `done` before it is killed
 
 
 class ExecutorError(Exception):
@@ -93,14 +107,17 @@ class Executor:
         self.first_failure: tuple[int, int] | None = None
         self._live: dict[int, trio.Process] = {}  # rank -> process whose leader is not reaped
         self._stopping = trio.Event()
+        self.fence: _Fence | None = None  # the job's reaper while `run` runs
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> dict[int, int]:
         """Start every rank, then wait for all; returns rank -> exit code."""
         creds = _credentials(self.user) if self.box is None else {}
         codes: dict[int, int] = {}
+        self.fence = fence = await _Fence.start(self.job_id, self.box.cgroup if self.box is not None else None)
         try:
             for r in self.ranks:
-                self._live[r.rank] = await self._spawn(r, creds)
+                proc = self._live[r.rank] = await self._spawn(r, creds)
+                fence.tell(reaper.watch(proc.pid))
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._stopper)
                 task_status.started()
@@ -111,6 +128,9 @@ class Executor:
         finally:
             with trio.CancelScope(shield=True):
                 await self._stop_all()
+                if self.box is not None and self.box.cgroup is not None:
+                    await _empty(self.box.cgroup)
+                await fence.close()
         return codes
 
     def cancel(self) -> None:
@@ -136,6 +156,7 @@ class Executor:
             nursery.start_soon(self._read, rank, proc.stdout, read_all)
             await _exited(proc.pid)
             _signal_group(proc, signal.SIGKILL)  # what the rank left behind
+            self._forget(proc)
             code = await proc.wait()
             del self._live[rank]
             code = 128 - code if code < 0 else code
@@ -162,6 +183,11 @@ class Executor:
         finally:
             if pending:
                 self._emit(rank, pending)
+
+    def _forget(self, proc: trio.Process) -> None:
+        """Out of the fence before its leader is reaped: then its number may be a stranger's."""
+        if self.fence is not None:
+            self.fence.tell(reaper.forget(proc.pid))
 
     def _emit(self, rank: int, line: bytes) -> None:
         line = line.removesuffix(b"\r")
@@ -192,10 +218,80 @@ class Executor:
         self._signal_all(signal.SIGKILL)
         for proc in self._live.values():
             _signal_group(proc, signal.SIGKILL)
+            self._forget(proc)
             await proc.wait()
             if proc.stdout is not None:
                 await proc.stdout.aclose()
         self._live.clear()
+
+
+class _Fence:
+    """The daemon's end of the job's reaper: the pipe's write end (close-on-exec, so no
+    rank and no other reaper holds it) and the reaper's process."""
+
+    def __init__(self, job: str, proc: trio.Process, fd: int) -> None:
+        self.job = job
+        self.proc = proc
+        self._fd: int | None = fd
+
+    @classmethod
+    async def start(cls, job: str, cgroup: JobCgroup | None) -> _Fence:
+        read, write = os.pipe()  # both close-on-exec; the reaper gets `read` as its stdin only
+        try:
+            os.set_blocking(write, False)  # a stuck reaper must not stall the event loop
+            proc = await trio.lowlevel.open_process(
+                reaper.command(job, cgroup), stdin=read, stdout=subprocess.DEVNULL, cwd="/",
+                env=reaper.environment(), start_new_session=True, close_fds=True)
+        except OSError as exc:
+            os.close(write)
+            raise ExecutorError(f"the job's reaper cannot start: {exc.strerror}") from None
+        finally:
+            os.close(read)
+        return cls(job, proc, write)
+
+    def tell(self, line: bytes) -> None:
+        if self._fd is None:
+            return
+        try:
+            if os.write(self._fd, line) == len(line):
+                return
+            error = "a short write"
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+        log.warning("job reaper lost: its ranks are not fenced against this daemon's death", job=self.job,
+                    error=error)
+        self._disarm()
+
+    def _disarm(self) -> None:
+        """Kill the reaper before closing its pipe (its end of file would be its cue)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def close(self) -> None:
+        """Every rank is reaped: `done`, and the reaper exits having killed nothing."""
+        self.tell(reaper.DONE)
+        self._close()
+        with trio.move_on_after(REAPER_EXIT):
+            await self.proc.wait()
+        if self.proc.returncode is None:
+            log.warning("job reaper did not exit after done: killed", job=self.job)
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _empty(cgroup: JobCgroup) -> None:
+    """Kill what the job's ranks left in its cgroup (a setsid'd process), so that nothing
+    of the job runs unfenced between `done` and the box's close."""
+    try:
+        await trio.to_thread.run_sync(cgroup.kill)
+    except CgroupError as exc:
+        log.warning("job cgroup not emptied", cgroup=str(cgroup.dirs[0]), error=str(exc))
 
 
 def _program(name: str, path: str, cwd: Path) -> str | None:
