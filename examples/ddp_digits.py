@@ -7,13 +7,24 @@ ranks, so one node or three reach the same accuracy, within noise.
 
     swarmctl jobs run --nodes 3 --workdir examples -- python ddp_digits.py
     torchrun --nproc-per-node 2 examples/ddp_digits.py        # the same script, locally
+
+Elastic: it follows torchrun's checkpoint contract. After every epoch rank 0 saves model,
+optimizer and epoch into $SWARM_CHECKPOINT_DIR (a temporary name, then a rename, so a
+half-written file is never taken for a checkpoint), and at start every rank loads the
+newest one there and prints `resumed from epoch E`. After its first step of an attempt
+rank 0 prints `first step` (the benchmark times a restart by it). So a job that loses a
+host resumes where it was:
+
+    swarmctl jobs run --nodes 2:3 --max-restarts 3 --workdir examples -- python ddp_digits.py
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,13 +44,37 @@ def data(seed: int) -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
 
 
+CHECKPOINT = re.compile(r"epoch-(\d+)\.pt")
+KEEP = 2
+
+
+def newest_checkpoint(directory: Path | None) -> Path | None:
+    if directory is None or not directory.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT.fullmatch(p.name))]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(directory: Path, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write to a temporary name, then rename: the contract swarmd replicates by."""
+    final = directory / f"epoch-{epoch:04d}.pt"
+    temporary = directory / f".{final.name}.tmp"
+    torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, temporary)
+    os.replace(temporary, final)
+    for old in sorted(p for p in directory.iterdir() if CHECKPOINT.fullmatch(p.name))[:-KEEP]:
+        old.unlink(missing_ok=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-epoch-s", type=float, default=0.0,
+                   help="pace each epoch to at least this long (a demo's time to crash a host mid-run)")
     args = p.parse_args()
+    ckpt_dir = Path(os.environ["SWARM_CHECKPOINT_DIR"]) if os.environ.get("SWARM_CHECKPOINT_DIR") else None
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -54,12 +89,22 @@ def main() -> None:
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+    first_epoch = 0
+    if (newest := newest_checkpoint(ckpt_dir)) is not None:
+        state = torch.load(newest, map_location=device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first_epoch = state["epoch"] + 1
+        if rank == 0:
+            print(f"resumed from epoch {state['epoch'] + 1} ({newest.name}, restart "
+                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
 
     if rank == 0:
         print(f"world {world} ({os.environ.get('SWARM_NODE_IPS', 'local')}), {len(train)} train / "
               f"{len(test)} test samples, global batch {args.global_batch}", flush=True)
-    started, seen = time.perf_counter(), 0
-    for epoch in range(args.epochs):
+    started, seen, stepped = time.perf_counter(), 0, False
+    for epoch in range(first_epoch, args.epochs):
+        epoch_started = time.perf_counter()
         sampler.set_epoch(epoch)
         total = torch.zeros(2, device=device)  # summed loss, samples
         for x, y in loader:
@@ -69,11 +114,18 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             total += torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)), device=device)])
+            if not stepped and rank == 0:
+                print(f"first step at {time.time():.3f}", flush=True)
+            stepped = True
         dist.all_reduce(total)
         seen += int(total[1].item())
-        if rank == 0 and (epoch % 5 == 4 or epoch == 0):
+        if rank == 0 and (epoch % 5 == 4 or epoch == first_epoch):
             print(f"epoch {epoch + 1:3d}  loss {total[0].item() / total[1].item():.4f}", flush=True)
-    elapsed = time.perf_counter() - started
+        if rank == 0 and ckpt_dir is not None:
+            save_checkpoint(ckpt_dir, epoch, model, optimizer)
+        if (rest := args.min_epoch_s - (time.perf_counter() - epoch_started)) > 0:
+            time.sleep(rest)
+    elapsed = max(time.perf_counter() - started, 1e-9)
 
     model.eval()
     correct = torch.zeros(2, device=device)
