@@ -81,6 +81,8 @@ def job(j: Mapping[str, Any]) -> None:
         ("restarts", None if not j.get("restarts") or not j["restarts"][1] else f"{j['restarts'][0]} of at most "
                                                                                  f"{j['restarts'][1]}"),
         ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
+        ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
+                         for c in j.get("checkpoints") or []]),
         ("ranks", ranks), ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
     ])
 

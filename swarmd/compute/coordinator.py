@@ -234,6 +234,8 @@ class Jobs:
         return {
             "id": row.id, "name": row.name, "state": row.state, "cmd": row.spec.get("cmd"),
             "phase": live.run.phase if live else None, "restarts": restarts, "attempts": attempts,
+            "checkpoints": [{"name": c.name, "sha256": c.sha, "size": c.size, "source": c.source,
+                             "holders": sorted(c.holders)} for c in live.checkpoints] if live else [],
             "nodes": row.nodes, "node_state": dict(live.run.node_state) if live else {},
             "coordinator": row.coordinator, "created": row.created, "started": row.started,
             "ended": row.ended, "exit_code": row.exit_code, "reason": row.reason,
