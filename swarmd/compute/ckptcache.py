@@ -149,12 +149,16 @@ class CkptCache:
 
     # --- in ------------------------------------------------------------------------------
 
+    def open_incoming(self, size: int) -> Incoming:
+        """A temporary in the cache for `size` bytes, which becomes `<sha>` at
+        `Incoming.finish`; `Incoming.discard` removes it otherwise."""
+        _room(self.ensure(), size)
+        return Incoming(self.root, size)
+
     @contextlib.contextmanager
     def incoming(self, size: int) -> Iterator[Incoming]:
-        """A temporary in the cache that becomes `<sha>` at `Incoming.finish`; removed if
-        the block ends otherwise."""
-        _room(self.ensure(), size)
-        inc = Incoming(self.root, size)
+        """`open_incoming` for a block: discarded if the block ends before `finish`."""
+        inc = self.open_incoming(size)
         try:
             yield inc
         finally:

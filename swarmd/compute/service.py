@@ -14,10 +14,21 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   tree is unpacked and verified; the tree is then kept for that reservation. One upload of
   a digest by a coordinator at a time, its second waits for the first (another
   coordinator's upload of the same digest never holds it up);
-- ``start`` → a second frame ``{role, cmd, env, python, workdir}`` (up to
+- ``start`` → a second frame ``{role, cmd, env, python, workdir, checkpoints}`` (up to
   `MAX_START_FRAME`), then the worker's events, one frame each, until ``{exit}``; ``start``
-  needs the same coordinator's committed reservation and at most the ranks reserved. The
+  needs the same coordinator's committed reservation and at most the ranks reserved.
+  ``checkpoints`` lists at most 16 ``[name, sha256, size]`` (checkpoints.check_listed),
+  each in this host's cache of the (requester, job), else the start fails naming it. The
   stream breaking either way ends the job on that host.
+- ``ckpt_put {name, sha256, size}`` → ``{have: true}``, or ``{have: false}`` then the
+  requester's ``{data}`` chunks and ``{end}`` (each chunk within `CHUNK_TIMEOUT`, all
+  within `transfer_timeout(size)`) and ``{}`` once the bytes match sha256 and size; only
+  while the requester holds a reservation here (leased, committed or running), at most
+  the worker's `checkpoint_max` bytes, `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
+  checkpoint that does not match is refused and nothing of it is kept.
+- ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
+  requester's own cache of that job (ckptcache.py, keyed like the ledger by (requester,
+  job)): another member asking for a coordinator's checkpoint finds its own, empty, cache.
 Before its certificate is checked a stream costs little and is held briefly: its first
 frame and the check within `FIRST_FRAME_TIMEOUT`, at most `MAX_UNCHECKED_PER_PEER` such
 streams a peer (peer ids are free: an outsider must not use up what members need). Only a
@@ -32,8 +43,12 @@ a peer's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import ipaddress
+import os
+import shutil
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
@@ -46,6 +61,8 @@ from libp2p.peer.id import ID
 
 from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
 from ..rpc.framing import FrameTooLarge
+from .checkpoints import check_listed, check_name, is_sha256
+from .ckptcache import CheckpointError, Incoming
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
@@ -69,6 +86,10 @@ MAX_PROCS_PER_NODE = 256
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
 MAX_UPLOADS_PER_PEER = 2  # workdir uploads of one peer at once (each spools up to 64 MiB to disk)
+MAX_CHECKPOINT_TRANSFERS_PER_PEER = 2  # checkpoint puts and gets of one peer at once
+# bytes a second a checkpoint transfer averages at least: an 8 GiB one may take 2.3 hours,
+# and one that trickles is given up (CHUNK_TIMEOUT bounds each pause)
+CHECKPOINT_RATE = 1024 * 1024
 FIRST_FRAME_TIMEOUT = 2.0  # seconds for a small first frame and the certificate check
 MAX_UNCHECKED_PER_PEER = 4  # streams of one peer whose certificate is not yet checked
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
@@ -130,6 +151,7 @@ class JobHandler:
         self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)  # members'
         self._uploading: dict[tuple[str, str], trio.Event] = {}  # (coordinator, digest) -> set when it ends
         self._uploads: Counter[str] = Counter()  # workdir uploads under way, per peer
+        self._transfers: Counter[str] = Counter()  # checkpoint puts and gets under way, per peer
 
     async def handle(self, stream: INetStream) -> None:
         peer = str(stream.muxed_conn.peer_id)
@@ -228,6 +250,10 @@ class JobHandler:
                 return {"found": found}
             case "workdir":
                 return await self._receive_workdir(req, stream, job, coordinator)
+            case "ckpt_put":
+                return await self._put_checkpoint(req, stream, job, coordinator)
+            case "ckpt_get":
+                return await self._get_checkpoint(req, stream, job, coordinator)
             case "start":
                 with trio.move_on_after(REQUEST_TIMEOUT) as scope:
                     body = await read_frame(stream, MAX_START_FRAME)
@@ -240,6 +266,7 @@ class JobHandler:
                                      cmd=tuple(_strings(body.get("cmd"), "cmd")), env=_env(body.get("env")),
                                      python=_text(python, "python") if python is not None else None,
                                      workdir=workdir if isinstance(workdir, str) else None,
+                                     checkpoints=check_listed(body.get("checkpoints"), w.checkpoint_max),
                                      **_limits(body.get("limits")))
 
                 async def emit(event: dict[str, Any]) -> None:
@@ -316,6 +343,116 @@ class JobHandler:
             del self._uploading[key]
             done.set()
         return False
+
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _transfer(self, peer: str) -> Any:
+        if self._transfers[peer] >= MAX_CHECKPOINT_TRANSFERS_PER_PEER:
+            raise _Rejected("too_many_transfers", f"{MAX_CHECKPOINT_TRANSFERS_PER_PEER} checkpoint transfers from "
+                                                  "this peer are already under way")
+        self._transfers[peer] += 1
+        try:
+            yield
+        finally:
+            self._transfers[peer] -= 1
+            if self._transfers[peer] <= 0:
+                del self._transfers[peer]
+
+    async def _put_checkpoint(self, req: dict[str, Any], stream: INetStream, job: str,
+                              coordinator: str) -> dict[str, Any]:
+        """A checkpoint of the requester's job into its cache here: ``{have: true}`` when it
+        is here already, else ``{have: false}``, its chunks, and ``{}`` once verified."""
+        w = self.worker
+        check_name(req.get("name"))
+        sha, size = req.get("sha256"), _uint(req, "size")
+        if not is_sha256(sha):
+            raise ValueError("'sha256' must be 64 lowercase hex digits")
+        if size > w.checkpoint_max:
+            raise _Rejected("too_large", f"a checkpoint of {size} bytes is over this host's checkpoint_max of "
+                                         f"{w.checkpoint_max}")
+        if w.ledger.state_of(job, coordinator) not in ("leased", "committed", "running"):
+            raise Refused(Refusal(f"job {job} holds no reservation on this host to put a checkpoint for",
+                                  "no_reservation"))
+        if w.checkpoint_path(job, coordinator, sha) is not None:
+            return {"have": True}
+        async with self._transfer(coordinator):
+            cache = w.checkpoint_cache(job, coordinator)
+            try:
+                incoming = await trio.to_thread.run_sync(cache.open_incoming, size)
+            except (CheckpointError, OSError) as exc:
+                raise WorkerError(f"checkpoint {sha[:12]}: {exc}") from None
+            try:
+                await write_frame(stream, {"have": False})
+                await self._receive_checkpoint(incoming, stream)
+                try:
+                    await trio.to_thread.run_sync(incoming.finish, sha)
+                except CheckpointError as exc:
+                    raise _Rejected("checkpoint_sha256", str(exc)) from None
+            except OSError as exc:  # this host's disk
+                raise WorkerError(f"checkpoint {sha[:12]}: {exc}") from None
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(incoming.discard)
+            await trio.to_thread.run_sync(cache.prune, w.checkpoint_keep,
+                                          {sha, *w.checkpoints_started.get((coordinator, job), ())})
+        return {}
+
+    async def _receive_checkpoint(self, incoming: Incoming, stream: INetStream) -> None:
+        size = incoming.size
+        with trio.move_on_after(transfer_timeout(size)) as whole:
+            while True:
+                with trio.move_on_after(CHUNK_TIMEOUT) as pause:
+                    frame = await read_frame(stream, MAX_CHUNK_FRAME)
+                if pause.cancelled_caught:
+                    raise _Rejected("timeout", f"no checkpoint chunk for {CHUNK_TIMEOUT:g} s")
+                if not isinstance(frame, dict):
+                    raise ValueError("a checkpoint chunk must be a map")
+                if frame.get("end") is True:
+                    break
+                chunk = frame.get("data")
+                if not isinstance(chunk, bytes) or not chunk:
+                    raise ValueError("a checkpoint chunk must be {data: bytes} or {end: true}")
+                if incoming.received + len(chunk) > size:
+                    raise _Rejected("checkpoint_size", f"the checkpoint's chunks are more than its {size} bytes")
+                await trio.to_thread.run_sync(incoming.write, chunk)
+        if whole.cancelled_caught:
+            raise _Rejected("timeout", f"the checkpoint took more than {transfer_timeout(size):g} s to arrive")
+        if incoming.received != size:
+            raise _Rejected("checkpoint_size", f"the checkpoint ended after {incoming.received} of its {size} bytes")
+
+    async def _get_checkpoint(self, req: dict[str, Any], stream: INetStream, job: str,
+                              coordinator: str) -> dict[str, Any]:
+        """A checkpoint from the requester's own cache of its job: ``{size}``, its chunks,
+        ``{end}``."""
+        sha = req.get("sha256")
+        if not is_sha256(sha):
+            raise ValueError("'sha256' must be 64 lowercase hex digits")
+        path = self.worker.checkpoint_path(job, coordinator, sha)
+        if path is None:
+            raise WorkerError(f"checkpoint {sha[:12]} of job {job} is not on this host")
+        async with self._transfer(coordinator):
+            try:  # the descriptor keeps the file while a prune removes its name
+                fd = await trio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                raise WorkerError(f"checkpoint {sha[:12]} of job {job} is not on this host") from None
+            try:
+                size = os.fstat(fd).st_size
+                await write_frame(stream, {"size": size})
+                with trio.move_on_after(transfer_timeout(size)) as whole:
+                    while chunk := await trio.to_thread.run_sync(os.read, fd, CHUNK):
+                        await write_frame(stream, {"data": chunk})
+                if whole.cancelled_caught:
+                    raise _Rejected("timeout", f"the checkpoint was not taken within {transfer_timeout(size):g} s")
+            finally:
+                os.close(fd)
+        return {"end": True}
+
+
+def transfer_timeout(size: int) -> float:
+    """Seconds a checkpoint of `size` bytes may take to cross, either way."""
+    return REQUEST_TIMEOUT + 2 * CHUNK_TIMEOUT + size / CHECKPOINT_RATE
 
 
 def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
@@ -453,6 +590,28 @@ class LocalHost:
         if isinstance(refusal := self.worker.cancel(job, self.peer), Refusal):
             raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
+    async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
+        """The checkpoint at `path` into this host's cache of the job (the hub's own)."""
+        if self.worker.checkpoint_path(job, self.peer, sha) is None:
+            try:
+                await self.worker.store_checkpoint(job, self.peer, sha, size, path)
+            except WorkerError as exc:
+                raise HostError(f"{short(self.peer)}: {exc}") from None
+
+    async def get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
+        """The cached checkpoint `sha` copied to `dest`."""
+        src = self.worker.checkpoint_path(job, self.peer, sha)
+        if src is None:
+            raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} of job {job} is not on this host")
+
+        def copy() -> None:
+            shutil.copyfile(src, dest, follow_symlinks=False)
+            if (got := os.stat(dest).st_size) != size:
+                dest.unlink(missing_ok=True)
+                raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} is {got} bytes here, not {size}")
+
+        await trio.to_thread.run_sync(copy)
+
 
 class RemoteHost:
     """A peer's worker, over the job protocol."""
@@ -500,6 +659,85 @@ class RemoteHost:
     async def cancel(self, job: str) -> None:
         await self._call("cancel", job)
 
+    async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
+        """Send the checkpoint at `path` (its sha256 and size as given) unless the host has it;
+        it needs a reservation of the job there. HostError naming the host otherwise."""
+        with trio.move_on_after(REQUEST_TIMEOUT + transfer_timeout(size)) as scope:
+            await self._put_checkpoint(job, name, sha, size, path)
+        if scope.cancelled_caught:
+            raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} was not taken within "
+                            f"{REQUEST_TIMEOUT + transfer_timeout(size):g} s")
+
+    async def _put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
+        stream = await self._open("ckpt_put", job, name=name, sha256=sha, size=size)
+        try:
+            with trio.move_on_after(REQUEST_TIMEOUT) as first:
+                have = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
+            if first.cancelled_caught:
+                raise HostError(f"{short(self.peer)}: no answer to ckpt_put within {REQUEST_TIMEOUT:g} s")
+            if have.get("have"):
+                return
+            fd = await trio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                while chunk := await trio.to_thread.run_sync(os.read, fd, CHUNK):
+                    await write_frame(stream, {"data": chunk})
+            finally:
+                os.close(fd)
+            await write_frame(stream, {"end": True})
+            _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
+        except PeerError as exc:
+            raise HostError(f"{short(self.peer)}: putting checkpoint {sha[:12]} failed: {exc}") from None
+        finally:
+            await close_quietly(stream)
+
+    async def get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
+        """The host's cached checkpoint `sha` of the job into the file `dest`, verified (its
+        sha256 and `size`); on any failure `dest` is removed and HostError names the host."""
+        with trio.move_on_after(REQUEST_TIMEOUT + transfer_timeout(size)) as scope:
+            try:
+                await self._get_checkpoint(job, sha, size, dest)
+            except BaseException:
+                dest.unlink(missing_ok=True)
+                raise
+        if scope.cancelled_caught:
+            dest.unlink(missing_ok=True)
+            raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} did not arrive within "
+                            f"{REQUEST_TIMEOUT + transfer_timeout(size):g} s")
+
+    async def _get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
+        stream = await self._open("ckpt_get", job, sha256=sha)
+        try:
+            with trio.move_on_after(REQUEST_TIMEOUT) as first:
+                head = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
+            if first.cancelled_caught:
+                raise HostError(f"{short(self.peer)}: no answer to ckpt_get within {REQUEST_TIMEOUT:g} s")
+            if head.get("size") != size:
+                raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} is {str(head.get('size'))[:20]} bytes "
+                                f"there, not {size}")
+            received = _Received(dest)
+            try:
+                while True:
+                    with trio.move_on_after(CHUNK_TIMEOUT) as pause:
+                        frame = _reply(self.peer, await read_frame(stream, MAX_CHUNK_FRAME))
+                    if pause.cancelled_caught:
+                        raise HostError(f"{short(self.peer)}: no checkpoint chunk for {CHUNK_TIMEOUT:g} s")
+                    if frame.get("end") is True:
+                        break
+                    chunk = frame.get("data")
+                    if not isinstance(chunk, bytes) or received.size + len(chunk) > size:
+                        raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]}: more than its {size} bytes, "
+                                        "or a malformed chunk")
+                    await trio.to_thread.run_sync(received.write, chunk)
+            finally:
+                received.close()
+            if received.size != size or received.hash.hexdigest() != sha:
+                raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} arrived as {received.size} bytes "
+                                f"with sha256 {received.hash.hexdigest()[:12]}")
+        except PeerError as exc:
+            raise HostError(f"{short(self.peer)}: getting checkpoint {sha[:12]} failed: {exc}") from None
+        finally:
+            await close_quietly(stream)
+
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         data = await trio.Path(archive).read_bytes()
         with trio.move_on_after(SHIP_TIMEOUT) as scope:
@@ -535,6 +773,7 @@ class RemoteHost:
             try:
                 await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
                                            "python": req.python, "workdir": req.workdir,
+                                           "checkpoints": [list(c) for c in req.checkpoints],
                                            "limits": {"cpus": req.cpus, "mem_mb": req.mem_mb}})
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
@@ -553,6 +792,29 @@ class RemoteHost:
                 await emit(event)
         finally:
             await close_quietly(stream)
+
+
+class _Received:
+    """A checkpoint arriving into a file of the coordinator's choosing, hashed as written."""
+
+    def __init__(self, dest: Path) -> None:
+        self.fd: int | None = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                      0o600)
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        assert self.fd is not None
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.hash.update(chunk)
+        self.size += len(chunk)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _granted(peer: str, answer: Grant | Refusal) -> tuple[int, ...]:

@@ -12,7 +12,12 @@ path as one placed elsewhere. Rules:
   without following links), owned by the daemon (0711), with `home/`, `work/` (a copy of
   the cached workdir) and `checkpoints/` inside handed to the job user: only what the
   daemon just created is chowned, links never followed, and the job user reaches nothing
-  until it is all in place. `output.log` beside them stays the daemon's.
+  until it is all in place. `output.log` beside them stays the daemon's, and so does
+  `ckpt-cache/` (ckptcache.py), the one thing a start keeps: the job's checkpoints by
+  sha256, of which the start's listed ones are hard-linked into `checkpoints/`.
+- While the ranks run, `checkpoints/` is scanned every CHECKPOINT_SCAN; each checkpoint
+  that completes (checkpoints.py) is copied into the cache and told as ``{"ckpt": [name,
+  sha256, size]}``, the last ones before the exit event.
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
   ``{"dropped": [[rank, n]…]}`` when lines were left off the stream, and last ``{"exit":
   [[rank, code]…], "first": [rank, code] | None}`` (the rank that failed first: the others'
@@ -44,7 +49,6 @@ import structlog
 import trio
 
 from .executor import Executor, RankProc
-from . import trees
 from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
 from .ckptcache import CheckpointError, CkptCache, Watcher, clear_job_dir
 from .ids import check_job_id, host_dir
@@ -509,11 +513,6 @@ def stop_orphans(jobs_dir: Path) -> list[int]:
         except (OSError, ValueError):
             continue  # gone, or not ours to see
     return killed
-
-
-def _remove(path: Path) -> None:
-    """Remove what is at `path` (a previous run's tree, of any depth), never following a link."""
-    trees.remove(path)
 
 
 def _chown_fresh(root: Path, uid: int, gid: int) -> None:

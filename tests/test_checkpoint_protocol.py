@@ -1,0 +1,348 @@
+"""Checkpoints over the job protocol (ckpt_put, ckpt_get, the start frame's `checkpoints`):
+a host's handler driven in-process, the coordinator's RemoteHost talking to it through an
+in-memory duplex stream, and a real start whose ranks find and write checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from swarmd.compute import service
+from swarmd.compute.ckptcache import CkptCache
+from swarmd.compute.ledger import Ledger
+from swarmd.compute.service import HostError, JobHandler, LocalHost, RemoteHost, role_to_wire
+from swarmd.compute.torchenv import NodeRole
+from swarmd.compute.worker import StartRequest, Worker, WorkerError
+from swarmd.compute.workdir import Cache
+from swarmd.rpc.framing import HEADER, encode_frame
+
+JOB = "0123456789ab"
+PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # the host, as the coordinator names it
+
+
+class Pipe:
+    """One end of an in-memory duplex job stream; `peer` is who the other end is."""
+
+    def __init__(self, peer: str, stream: trio.abc.HalfCloseableStream) -> None:
+        self.stream = stream
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+
+    async def read(self, n: int) -> bytes:
+        data = await self.stream.receive_some(n)
+        if not data:
+            raise EOFError("stream closed")
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def close(self) -> None:
+        await self.stream.aclose()
+
+
+class FakeStream:
+    """A job stream from `peer` that has `frames` to read, then ends."""
+
+    def __init__(self, peer: str, frames: list) -> None:
+        self.inbound = bytearray(b"".join(encode_frame(f) for f in frames))
+        self.out = bytearray()
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+
+    async def read(self, n: int) -> bytes:
+        if not self.inbound:
+            raise EOFError("stream closed")
+        chunk = bytes(self.inbound[:n])
+        del self.inbound[:n]
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        self.out += data
+
+    async def close(self) -> None:
+        pass
+
+    def replies(self) -> list:
+        out, data = [], bytes(self.out)
+        while data:
+            (n,) = HEADER.unpack(data[:HEADER.size])
+            out.append(msgpack.unpackb(data[HEADER.size:HEADER.size + n], raw=False))
+            data = data[HEADER.size + n:]
+        return out
+
+
+class Host:
+    """A JobHandler over a real Worker; every peer is a member."""
+
+    def __init__(self, root: Path, *, user: str | None = None, checkpoint_max: int = 64 << 20,
+                 jobs_dir: Path | None = None) -> None:
+        self.jobs_dir = jobs_dir or root / "jobs"
+        self.jobs_dir.mkdir(exist_ok=True)
+        self.worker = Worker(ledger=Ledger(2), cache=Cache(root / "cache"), jobs_dir=self.jobs_dir, user=user,
+                             checkpoint_max=checkpoint_max)
+        self.rejected: Counter[str] = Counter()
+
+        async def member(req, peer, stream) -> bool:
+            return True
+
+        self.handler = JobHandler(self.worker, check_member=member, submitters=(),
+                                  rejected=lambda reason, peer, detail: self.rejected.update([reason]))
+
+    async def ask(self, peer: str, *frames) -> list:
+        stream = FakeStream(peer, list(frames))
+        await self.handler.handle(stream)
+        return stream.replies()
+
+    def remote(self, nursery: trio.Nursery, me: str) -> RemoteHost:
+        """The coordinator `me`'s proxy for this host."""
+        handler = self.handler
+
+        class Net:
+            async def new_stream(self, peer, protocols):
+                a, b = trio.testing.memory_stream_pair()
+                nursery.start_soon(handler.handle, Pipe(me, b))
+                return Pipe(PEER, a)
+
+        return RemoteHost(PEER, Net(), b"cert")  # type: ignore[arg-type]
+
+    def cached(self, coordinator: str) -> list[str]:
+        return CkptCache(self.worker.job_dir(JOB, coordinator)).shas()
+
+    def leftovers(self, coordinator: str) -> list[str]:
+        root = CkptCache(self.worker.job_dir(JOB, coordinator)).root
+        return [p.name for p in root.iterdir()] if root.exists() else []
+
+
+def req(op: str, job: str = JOB, **fields) -> dict:
+    return {"op": op, "job": job, "cert": b"member", **fields}
+
+
+def checkpoint(tmp_path: Path, data: bytes, name: str = "e1.pt") -> tuple[Path, str]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+async def test_a_put_then_a_get_round_trips_the_bytes_and_a_second_put_sends_nothing(tmp_path):
+    host = Host(tmp_path)
+    data = os.urandom(service.CHUNK * 2 + 12345)  # three chunks
+    path, sha = checkpoint(tmp_path, data)
+    async with trio.open_nursery() as nursery:
+        coord = host.remote(nursery, "coord")
+        await coord.reserve(JOB, 0, 1, 60.0)
+        await coord.put_checkpoint(JOB, "e1.pt", sha, len(data), path)
+        assert host.cached("coord") == [sha]
+        dest = tmp_path / "back"
+        await coord.get_checkpoint(JOB, sha, len(data), dest)
+        assert dest.read_bytes() == data
+        sent = host.handler._transfers.copy()
+        assert await host.ask("coord", req("ckpt_put", name="e1.pt", sha256=sha, size=len(data))) == [{"have": True}]
+    assert host.rejected == {} and host.handler._transfers == {} and sent == {}
+
+
+async def test_a_member_that_is_not_the_coordinator_reaches_none_of_its_checkpoints(tmp_path):
+    host = Host(tmp_path)
+    path, sha = checkpoint(tmp_path, b"coord's weights")
+    async with trio.open_nursery() as nursery:
+        coord, mallory = host.remote(nursery, "coord"), host.remote(nursery, "mallory")
+        await coord.reserve(JOB, 0, 1, 60.0)
+        await coord.put_checkpoint(JOB, "e1.pt", sha, 15, path)
+        with pytest.raises(HostError, match="is not on this host"):
+            await mallory.get_checkpoint(JOB, sha, 15, tmp_path / "stolen")
+        assert not (tmp_path / "stolen").exists()
+        with pytest.raises(HostError, match="holds no reservation"):
+            await mallory.put_checkpoint(JOB, "e1.pt", "f" * 64, 15, path)
+        assert host.rejected == {"no_reservation": 1}
+        # holding the same id itself, it puts into its own cache, never the coordinator's
+        await mallory.reserve(JOB, 0, 1, 60.0)
+        bad, bad_sha = checkpoint(tmp_path, b"poisoned", "bad.pt")
+        await mallory.put_checkpoint(JOB, "e1.pt", bad_sha, 8, bad)
+        assert host.cached("coord") == [sha] and host.cached("mallory") == [bad_sha]
+        with pytest.raises(HostError, match="is not on this host"):
+            await coord.get_checkpoint(JOB, bad_sha, 8, tmp_path / "x")
+
+
+async def test_a_put_without_a_hold_is_refused_and_nothing_is_stored(tmp_path):
+    host = Host(tmp_path)
+    path, sha = checkpoint(tmp_path, b"weights")
+    replies = await host.ask("coord", req("ckpt_put", name="e1.pt", sha256=sha, size=7), {"data": b"weights"},
+                             {"end": True})
+    assert len(replies) == 1 and "holds no reservation" in replies[0]["error"]
+    assert host.rejected == {"no_reservation": 1} and list(host.jobs_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("announced, frames, reason, why", [
+    # the bytes of another checkpoint than the sha named
+    (dict(sha256=hashlib.sha256(b"other").hexdigest(), size=7), [{"data": b"weights"}, {"end": True}],
+     "checkpoint_sha256", "not the"),
+    (dict(size=8), [{"data": b"weights"}, {"end": True}], "checkpoint_size", "ended after 7 of its 8 bytes"),
+    (dict(size=6), [{"data": b"weights"}, {"end": True}], "checkpoint_size", "more than its 6 bytes"),
+    (dict(size=7), [{"data": "weights"}, {"end": True}], "malformed", "must be {data: bytes}"),
+    (dict(size=7), [["weights"]], "malformed", "must be a map"),
+    (dict(size=65 << 20), [], "too_large", "over this host's checkpoint_max"),
+    (dict(sha256="A" * 64, size=7), [], "malformed", "'sha256' must be"),
+    (dict(name="e1.pt.tmp", size=7), [], "malformed", "'name' must be"),
+    (dict(name="../../etc/passwd", size=7), [], "malformed", "'name' must be"),
+    (dict(size=-1), [], "malformed", "'size' must be"),
+])
+async def test_a_put_that_does_not_match_is_refused_and_nothing_is_kept(tmp_path, announced, frames, reason, why):
+    host = Host(tmp_path)
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=60.0)) == [{"gpus": []}]
+    fields = dict(name="e1.pt", sha256=hashlib.sha256(b"weights").hexdigest()) | announced
+    replies = await host.ask("coord", req("ckpt_put", **fields), *frames)
+    assert why in replies[-1]["error"]
+    assert host.rejected == {reason: 1}
+    assert host.leftovers("coord") == [], "nothing stored, no temporary left"
+    assert host.handler._transfers == {}
+
+
+@pytest.fixture
+def patient_clock():
+    """Autojump only after 0.2 s of real idleness: the handler's file I/O runs in threads,
+    which a threshold of 0 would jump over (to the transfer's whole timeout)."""
+    return trio.testing.MockClock(autojump_threshold=0.2)
+
+
+async def test_a_stalled_put_is_given_up_after_the_chunk_timeout(tmp_path, patient_clock):
+    host = Host(tmp_path)
+    path, sha = checkpoint(tmp_path, b"weights")
+    async with trio.open_nursery() as nursery:
+        await host.remote(nursery, "coord").reserve(JOB, 0, 1, 60.0)
+        a, b = trio.testing.memory_stream_pair()
+        nursery.start_soon(host.handler.handle, Pipe("coord", b))
+        client = Pipe(PEER, a)
+        await client.write(encode_frame(req("ckpt_put", name="e1.pt", sha256=sha, size=7)))
+        await client.write(encode_frame({"data": b"wei"}))
+        began = trio.current_time()
+        got = await service.read_frame(client, 1024)
+        assert got == {"have": False}
+        got = await service.read_frame(client, 1024)
+        assert "no checkpoint chunk" in got["error"]
+        assert trio.current_time() - began == pytest.approx(service.CHUNK_TIMEOUT)
+    assert host.rejected == {"timeout": 1} and host.leftovers("coord") == []
+
+
+async def test_a_get_that_does_not_match_what_the_coordinator_expects_fails_and_leaves_no_file(tmp_path):
+    host = Host(tmp_path)
+    path, sha = checkpoint(tmp_path, b"weights")
+    async with trio.open_nursery() as nursery:
+        coord = host.remote(nursery, "coord")
+        await coord.reserve(JOB, 0, 1, 60.0)
+        await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+        for sha_ in ("nope", "A" * 64):
+            with pytest.raises(HostError, match="'sha256' must be"):
+                await coord.get_checkpoint(JOB, sha_, 7, tmp_path / "dest")
+        assert host.rejected == {"malformed": 2}
+        with pytest.raises(HostError, match="is 7 bytes there, not 8"):
+            await coord.get_checkpoint(JOB, sha, 8, tmp_path / "dest")
+        assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("listed, why", [
+    ("e1.pt", "'checkpoints' must be a list"),
+    ([["e1.pt", "a" * 64]], r"'checkpoints\[0\]' must be \[name, sha256, size\]"),
+    ([["../e1.pt", "a" * 64, 1]], r"'checkpoints\[0\].name' must be"),
+    ([["e1.pt", "a" * 63, 1]], r"'checkpoints\[0\].sha256' must be"),
+    ([["e1.pt", "a" * 64, 2**40]], r"'checkpoints\[0\].size' must be"),
+    ([["e1.pt", "a" * 64, 1]] * 17, "at most 16"),
+])
+async def test_a_start_with_a_malformed_checkpoint_list_is_refused_saying_what(tmp_path, listed, why):
+    import re
+
+    host = Host(tmp_path)
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=60.0)) == [{"gpus": []}]
+    assert await host.ask("coord", req("commit")) == [{"gpus": []}]
+    role = role_to_wire(NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="10.211.0.1",
+                                 master_port=29500, ifname=None, gpus=(), node_ips=("10.211.0.1",),
+                                 checkpoint_dir=""))
+    body = {"role": role, "cmd": ["true"], "env": {}, "python": None, "workdir": None, "checkpoints": listed}
+    replies = await host.ask("coord", req("start"), body)
+    assert len(replies) == 1 and re.search(why, replies[0]["error"]) and replies[0]["error"].startswith("start: ")
+    assert host.rejected == {"malformed": 1} and host.worker.ledger.state_of(JOB, "coord") == "committed"
+
+
+# --- a real start: the ranks find the listed checkpoints and their new ones are told -------
+
+SCRIPT = """
+import os, sys
+d = os.environ["SWARM_CHECKPOINT_DIR"]
+print("found", sorted(os.listdir(d)), open(os.path.join(d, "e1.pt")).read(), flush=True)
+try:
+    open(os.path.join(d, "e1.pt"), "a").write("tampered")
+except OSError as exc:
+    print("cannot change it:", exc.errno, flush=True)
+with open(os.path.join(d, "e2.pt.tmp"), "w") as f:
+    f.write("epoch 2")
+os.rename(os.path.join(d, "e2.pt.tmp"), os.path.join(d, "e2.pt"))
+os.unlink(os.path.join(d, "e1.pt"))
+"""
+
+
+@pytest.fixture
+def reachable_jobs_dir():
+    """A jobs directory the job user reaches (pytest's own tmp_path is root's, 0700)."""
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-ckpt-"))
+    jobs.chmod(0o711)
+    yield jobs
+    subprocess.run(["rm", "-rf", str(jobs)], check=False)
+
+
+def start_request(listed, cmd) -> StartRequest:
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+    return StartRequest(job=JOB, coordinator="coord", role=role, cmd=tuple(cmd), env={}, python=None,
+                        workdir=None, checkpoints=tuple(listed))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ranks run as a job user only when the daemon is root")
+async def test_a_start_installs_the_listed_checkpoints_and_tells_the_new_one_before_the_exit(tmp_path,
+                                                                                           reachable_jobs_dir):
+    import sys
+
+    host = Host(tmp_path, user="nobody", jobs_dir=reachable_jobs_dir)
+    w = host.worker
+    path, sha = checkpoint(tmp_path, b"epoch 1")
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    await LocalHost("coord", w).put_checkpoint(JOB, "e1.pt", sha, 7, path)
+    w.commit(JOB, "coord")
+    events: list = []
+
+    async def emit(event) -> None:
+        events.append(event)
+
+    with trio.fail_after(30):
+        codes = await w.start(start_request([("e1.pt", sha, 7)], [sys.executable, "-c", SCRIPT]), emit)
+    lines = [line for e in events if "out" in e for _, line in e["out"]]
+    assert codes == {0: 0}, lines
+    assert lines[0] == "found ['e1.pt'] epoch 1" and lines[1].startswith("cannot change it: 13")
+    new = hashlib.sha256(b"epoch 2").hexdigest()
+    told = [e["ckpt"] for e in events if "ckpt" in e]
+    assert told == [["e2.pt", new, 7]], "the new checkpoint, once; never the installed one"
+    assert [i for i, e in enumerate(events) if "ckpt" in e][0] < [i for i, e in enumerate(events) if "exit" in e][0]
+    cache = CkptCache(w.job_dir(JOB, "coord"))
+    assert cache.shas() == sorted([sha, new]) and (cache.root / sha).read_bytes() == b"epoch 1", "not tampered"
+    assert w.checkpoint_path(JOB, "coord", new) == cache.root / new
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ranks run as a job user only when the daemon is root")
+async def test_a_start_naming_a_checkpoint_not_here_fails_naming_it(tmp_path):
+    host = Host(tmp_path, user="nobody")
+    w = host.worker
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    w.commit(JOB, "coord")
+
+    async def emit(event) -> None:
+        pass
+
+    with pytest.raises(WorkerError, match=f"checkpoint e9.pt \\({'d' * 12}\\) is not on this host"):
+        await w.start(start_request([("e9.pt", "d" * 64, 7)], ["true"]), emit)
+    assert w.ledger.state_of(JOB, "coord") == "committed", "nothing started"
