@@ -84,6 +84,11 @@ class Config:
         "doc": "extra read-only paths jobs see where the sandbox hides the host (e.g. a dataset under /srv)"})
     job_pids: int = field(default=4096, metadata={
         "doc": "processes and threads one job may have on this host (a fork bomb stops there)"})
+    checkpoint_max: int = field(default=8 * 1024**3, metadata={
+        "doc": "largest checkpoint this host copies out of a job or takes from a coordinator: bytes, or e.g. "
+               "512M, 8G"})
+    checkpoint_keep: int = field(default=2, metadata={
+        "doc": "checkpoints of a job this host keeps (the newest; those its latest start used are kept too)"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
     log_format: str = field(default="auto", metadata={
         "doc": "json (journald), console, or auto: console on a TTY, json otherwise"})
@@ -224,6 +229,20 @@ def _int_range(low: int, high: int) -> Check:
     return check
 
 
+def _bytes(low: int, high: int) -> Check:
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+    def check(v: Any) -> int:
+        if isinstance(v, str) and v[-1:].upper() in units and v[:-1].isdigit():
+            v = int(v[:-1]) * units[v[-1].upper()]
+        elif isinstance(v, str) and v.isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise _Bad(f"a size of {low} bytes to {high // 1024**4} TiB (bytes, or e.g. 512M, 8G)")
+        return v
+    return check
+
+
 def _duration(low: float, high: float) -> Check:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -333,6 +352,8 @@ _CHECKS: dict[str, Check] = {
     "job_egress_allow": _networks,
     "job_paths": _abs_paths,
     "job_pids": _int_range(16, 1 << 22),
+    "checkpoint_max": _bytes(1024**2, 1024**4),
+    "checkpoint_keep": _int_range(1, 100),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

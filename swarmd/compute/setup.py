@@ -42,7 +42,7 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     worker = Worker(ledger=ledger, cache=Cache(state / "workdirs"), jobs_dir=config.jobs_path,
                     user=job_user(config), ifname=lambda: mesh.interface if mesh and mesh.started else None,
                     changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started)),
-                    sandbox_later=True)
+                    sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep)
     gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
                                         gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
