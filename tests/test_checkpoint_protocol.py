@@ -346,3 +346,43 @@ async def test_a_start_naming_a_checkpoint_not_here_fails_naming_it(tmp_path):
     with pytest.raises(WorkerError, match=f"checkpoint e9.pt \\({'d' * 12}\\) is not on this host"):
         await w.start(start_request([("e9.pt", "d" * 64, 7)], ["true"]), emit)
     assert w.ledger.state_of(JOB, "coord") == "committed", "nothing started"
+
+
+# --- the fuzz: any checkpoint request, any frames after it ---------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+junk = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
+                 st.text(max_size=20), st.binary(max_size=20), st.lists(st.integers(-9, 9), max_size=3),
+                 st.dictionaries(st.text(max_size=5), st.integers(-9, 9), max_size=3))
+WEIGHTS = hashlib.sha256(b"weights").hexdigest()
+ckpt_requests = st.fixed_dictionaries(
+    {"op": st.sampled_from(["ckpt_put", "ckpt_get", "reserve"]), "job": st.sampled_from([JOB, "../x"]),
+     "cert": st.just(b"member")},
+    optional={"name": st.one_of(st.sampled_from(["e1.pt", "e1.pt.tmp", "../e", ".h"]), junk),
+              "sha256": st.one_of(st.just(WEIGHTS), st.just("0" * 64), junk),
+              "size": st.one_of(st.integers(-1, 10), st.just(2**40), junk),
+              "gpus": st.just(0), "ranks": st.just(1), "lease": st.just(60.0)})
+ckpt_frames = st.lists(st.one_of(st.fixed_dictionaries({"data": st.one_of(st.just(b"weights"), st.binary(max_size=9),
+                                                                           junk)}),
+                                 st.just({"end": True}), st.fixed_dictionaries({"end": junk}), junk), max_size=3)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["coordA", "coordB"]), ckpt_requests, ckpt_frames), min_size=1, max_size=6))
+def test_no_checkpoint_message_escapes_the_handler_or_leaves_a_partial_file(sequence):
+    with tempfile.TemporaryDirectory() as tmp:
+        host = Host(Path(tmp))
+
+        async def main() -> None:
+            for peer, first, more in sequence:
+                with trio.fail_after(120):
+                    await host.ask(peer, first, *more)
+            assert host.handler._transfers == {} and host.handler.streams.open == {}
+            for top in host.jobs_dir.iterdir():
+                cache = CkptCache(top)
+                for p in cache.root.iterdir():
+                    assert p.name == WEIGHTS and p.read_bytes() == b"weights", "only whole, verified checkpoints"
+
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.2))

@@ -292,7 +292,11 @@ class Worker:
                             if batch:
                                 await send({"out": batch})
                     watching.set()  # the ranks are gone: what they completed is told before the exit
-                    await watched.wait()
+                    while not watched.is_set():  # a large last copy: the coordinator still hears from us
+                        with trio.move_on_after(HEARTBEAT):
+                            await watched.wait()
+                        if not watched.is_set():
+                            await send({"hb": True})
                     nursery.cancel_scope.cancel()  # the flusher
             out.flush()
             first = executor.first_failure
