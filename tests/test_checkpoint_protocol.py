@@ -146,6 +146,10 @@ async def test_a_put_then_a_get_round_trips_the_bytes_and_a_second_put_sends_not
         assert dest.read_bytes() == data
         sent = host.handler._transfers.copy()
         assert await host.ask("coord", req("ckpt_put", name="e1.pt", sha256=sha, size=len(data))) == [{"have": True}]
+        assert "is 2109497 bytes, not 5" in \
+            (await host.ask("coord", req("ckpt_put", name="e1.pt", sha256=sha, size=5)))[0]["error"]
+        assert host.rejected == {"checkpoint_size": 1}
+        host.rejected.clear()
     assert host.rejected == {} and host.handler._transfers == {} and sent == {}
 
 

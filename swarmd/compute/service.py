@@ -375,8 +375,15 @@ class JobHandler:
         if w.ledger.state_of(job, coordinator) not in ("leased", "committed", "running"):
             raise Refused(Refusal(f"job {job} holds no reservation on this host to put a checkpoint for",
                                   "no_reservation"))
-        if w.checkpoint_path(job, coordinator, sha) is not None:
-            return {"have": True}
+        if (have := w.checkpoint_path(job, coordinator, sha)) is not None:
+            try:
+                here = (await trio.Path(have).stat()).st_size
+            except OSError:
+                here = None  # pruned meanwhile: received afresh
+            if here is not None and here != size:
+                raise _Rejected("checkpoint_size", f"checkpoint {sha[:12]} is {here} bytes, not {size}")
+            if here is not None:
+                return {"have": True}
         async with self._transfer(coordinator):
             cache = w.checkpoint_cache(job, coordinator)
             try:
