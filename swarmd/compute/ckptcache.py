@@ -347,7 +347,10 @@ class Watcher:
             return []  # not made yet, or gone with the job's directory
         out: list[tuple[str, str, int]] = []
         try:
-            seen = listing(dir_fd)
+            try:
+                seen = listing(dir_fd)
+            except OSError:
+                return []
             if self.scan is None:
                 self.scan = Scan(self._installed(seen))
             for name in self.scan.observe(seen):
@@ -365,7 +368,10 @@ class Watcher:
         finally:
             os.close(dir_fd)
         if out:
-            self.cache.prune(self.keep, self.protect | {sha for _, sha, _ in out[-self.keep:]})
+            try:
+                self.cache.prune(self.keep, self.protect | {sha for _, sha, _ in out[-self.keep:]})
+            except OSError as exc:  # the checkpoints are told all the same; the next prune tries again
+                log.warning("a job's checkpoint cache not pruned", path=str(self.cache.root), error=str(exc))
         return out
 
     def _installed(self, seen: dict[str, Observation]) -> dict[str, Observation]:

@@ -250,10 +250,12 @@ class JobHandler:
                 return {"found": found}
             case "workdir":
                 return await self._receive_workdir(req, stream, job, coordinator)
-            case "ckpt_put":
-                return await self._put_checkpoint(req, stream, job, coordinator)
-            case "ckpt_get":
-                return await self._get_checkpoint(req, stream, job, coordinator)
+            case "ckpt_put" | "ckpt_get":
+                serve = self._put_checkpoint if op == "ckpt_put" else self._get_checkpoint
+                try:
+                    return await serve(req, stream, job, coordinator)
+                except OSError as exc:  # this host's disk, not the request
+                    raise WorkerError(f"this host's checkpoint cache: {exc}") from None
             case "start":
                 with trio.move_on_after(REQUEST_TIMEOUT) as scope:
                     body = await read_frame(stream, MAX_START_FRAME)
