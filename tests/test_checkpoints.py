@@ -326,3 +326,17 @@ async def test_the_watcher_tells_a_renamed_checkpoint_once_and_ignores_the_temp_
     assert await w.poll() == [("e3.pt", new, 7)]
     assert await w.poll() == [], "told once"
     assert cache.path(new) is not None and cache.path(old) is not None
+
+
+@needs_root
+async def test_a_flood_of_checkpoints_at_once_costs_only_the_newest_copies(rank_dir):
+    top, d = rank_dir
+    for i in range(50):
+        write(d / f"e{i:02d}.pt", b"%d" % i)
+        os.utime(d / f"e{i:02d}.pt", ns=(i * 10**9, i * 10**9))
+    w = Watcher(CkptCache(top), d, job_uid=JOB_UID, max_size=1 << 20, keep=2)
+    assert await w.poll() == []
+    told = await w.poll()
+    assert [name for name, _, _ in told] == ["e48.pt", "e49.pt"]
+    assert sorted(CkptCache(top).shas()) == sorted(sha for _, sha, _ in told)
+    assert await w.poll() == [], "the older ones are not told later either"

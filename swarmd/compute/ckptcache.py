@@ -322,9 +322,10 @@ def _room(root: Path, size: int) -> None:
 
 class Watcher:
     """A rank directory's checkpoints as they complete: each `poll` lists the directory
-    (checkpoints.Scan), copies what became complete into the cache and prunes it, in a
-    worker thread; it returns the new ones as (name, sha256, size), oldest first. A file
-    refused is logged once per change of it, never retried until it changes."""
+    (checkpoints.Scan), copies what became complete into the cache (the newest `keep` of
+    them) and prunes it, in a worker thread; it returns the new ones as (name, sha256,
+    size), oldest first. A file refused is logged once per change of it, never retried
+    until it changes."""
 
     def __init__(self, cache: CkptCache, directory: Path, *, job_uid: int | None, max_size: int, keep: int,
                  protect: Iterable[str] = (), listed: Iterable[tuple[str, str, int]] = ()) -> None:
@@ -353,7 +354,9 @@ class Watcher:
                 return []
             if self.scan is None:
                 self.scan = Scan(self._installed(seen))
-            for name in self.scan.observe(seen):
+            # only the newest `keep` of those complete at once: the older would be pruned at once
+            # (a job that renames a thousand files costs it, not the host or the coordinator)
+            for name in self.scan.observe(seen)[-self.keep:]:
                 try:
                     sha, size = self.cache.snapshot(dir_fd, name, seen=seen[name], job_uid=self.job_uid,
                                                     max_size=self.max_size)
