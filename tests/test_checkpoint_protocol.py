@@ -390,3 +390,20 @@ def test_no_checkpoint_message_escapes_the_handler_or_leaves_a_partial_file(sequ
                     assert p.name == WEIGHTS and p.read_bytes() == b"weights", "only whole, verified checkpoints"
 
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.2))
+
+
+async def test_the_hub_keeps_what_the_coordinator_asks_however_old_and_prunes_the_rest(tmp_path):
+    w = Host(tmp_path).worker
+    shas = []
+    for i in range(4):
+        path, sha = checkpoint(tmp_path, b"epoch %d" % i, f"e{i}.pt")
+        await w.store_checkpoint(JOB, "coord", sha, 7, path)
+        shas.append(sha)
+        if i == 1:
+            w.keep_checkpoints(JOB, "coord", [shas[0]])
+        os.utime(w.checkpoint_path(JOB, "coord", sha), ns=(i * 10**9, i * 10**9))
+    assert sorted(CkptCache(w.job_dir(JOB, "coord")).shas()) == sorted([shas[0], shas[2], shas[3]])
+    with pytest.raises(WorkerError, match="not the"):
+        await w.store_checkpoint(JOB, "coord", "e" * 64, 7, path)
+    with pytest.raises(WorkerError, match="checkpoint_max"):
+        await w.store_checkpoint(JOB, "coord", "e" * 64, 2**40, path)

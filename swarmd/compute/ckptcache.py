@@ -35,7 +35,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import structlog
@@ -328,13 +328,13 @@ class Watcher:
     until it changes."""
 
     def __init__(self, cache: CkptCache, directory: Path, *, job_uid: int | None, max_size: int, keep: int,
-                 protect: Iterable[str] = (), listed: Iterable[tuple[str, str, int]] = ()) -> None:
+                 protect: Callable[[], Iterable[str]] = tuple, listed: Iterable[tuple[str, str, int]] = ()) -> None:
         self.cache = cache
         self.directory = directory
         self.job_uid = job_uid
         self.max_size = max_size
         self.keep = keep
-        self.protect = frozenset(protect)
+        self.protect = protect  # shas never pruned, asked at each prune (the worker's word may change)
         self.listed = tuple(listed)  # installed by the host: not told back
         self.scan: Scan | None = None
 
@@ -372,7 +372,7 @@ class Watcher:
             os.close(dir_fd)
         if out:
             try:
-                self.cache.prune(self.keep, self.protect | {sha for _, sha, _ in out[-self.keep:]})
+                self.cache.prune(self.keep, {*self.protect(), *(sha for _, sha, _ in out)})
             except OSError as exc:  # the checkpoints are told all the same; the next prune tries again
                 log.warning("a job's checkpoint cache not pruned", path=str(self.cache.root), error=str(exc))
         return out

@@ -405,7 +405,7 @@ class JobHandler:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(incoming.discard)
             await trio.to_thread.run_sync(cache.prune, w.checkpoint_keep,
-                                          {sha, *w.checkpoints_started.get((coordinator, job), ())})
+                                          {sha, *w.kept_checkpoints(job, coordinator)})
         return {}
 
     async def _receive_checkpoint(self, incoming: Incoming, stream: INetStream) -> None:

@@ -40,7 +40,7 @@ import pwd
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,8 @@ class Worker:
         self.pins: dict[tuple[str, str], str] = {}  # (coordinator, job) -> the workdir shipped for it
         self.checkpoint_max = checkpoint_max  # bytes of one checkpoint, copied or received
         self.checkpoint_keep = checkpoint_keep  # checkpoints kept per (coordinator, job), beside the latest start's
-        self.checkpoints_started: dict[tuple[str, str], frozenset[str]] = {}  # (coordinator, job) -> shas listed last
+        # (coordinator, job) -> shas its cache keeps whatever their age: the latest start's, or the hub's list
+        self.checkpoints_kept: dict[tuple[str, str], frozenset[str]] = {}
 
     # --- reservations --------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class Worker:
                 cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid, req.checkpoints)
                 watcher = Watcher(CkptCache(top), top / "checkpoints", job_uid=self._job_uid(box),
                                   max_size=self.checkpoint_max, keep=self.checkpoint_keep,
-                                  protect=self.checkpoints_started.get((req.coordinator, req.job), ()),
+                                  protect=lambda: self.kept_checkpoints(req.job, req.coordinator),
                                   listed=req.checkpoints)
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
@@ -339,7 +340,7 @@ class Worker:
 
         def store() -> Path:
             path = cache.store_file(sha, size, src)
-            cache.prune(self.checkpoint_keep, {sha, *self.checkpoints_started.get((coordinator, job), ())})
+            cache.prune(self.checkpoint_keep, {sha, *self.kept_checkpoints(job, coordinator)})
             return path
 
         try:
@@ -347,13 +348,21 @@ class Worker:
         except (CheckpointError, OSError) as exc:
             raise WorkerError(f"checkpoint {sha[:12]}: {exc}") from None
 
-    def _started_with(self, job: str, coordinator: str, listed: tuple[tuple[str, str, int], ...]) -> None:
-        """Remember the checkpoints of a job's latest start here: its cache keeps them."""
+    def keep_checkpoints(self, job: str, coordinator: str, shas: Iterable[str]) -> None:
+        """Keep `shas` in (coordinator, job)'s cache however old (until the next start or
+        call names others): the hub's own list, which a prune by age must not undercut."""
         key = (coordinator, job)
-        self.checkpoints_started.pop(key, None)
-        self.checkpoints_started[key] = frozenset(sha for _, sha, _ in listed)
-        while len(self.checkpoints_started) > MAX_REMEMBERED:
-            del self.checkpoints_started[next(iter(self.checkpoints_started))]  # the oldest start
+        self.checkpoints_kept.pop(key, None)
+        self.checkpoints_kept[key] = frozenset(shas)
+        while len(self.checkpoints_kept) > MAX_REMEMBERED:
+            del self.checkpoints_kept[next(iter(self.checkpoints_kept))]  # the job heard of longest ago
+
+    def kept_checkpoints(self, job: str, coordinator: str) -> frozenset[str]:
+        return self.checkpoints_kept.get((coordinator, job), frozenset())
+
+    def _started_with(self, job: str, coordinator: str, listed: tuple[tuple[str, str, int], ...]) -> None:
+        """A job's latest start here: its cache keeps the checkpoints it listed."""
+        self.keep_checkpoints(job, coordinator, (sha for _, sha, _ in listed))
 
     def _job_uid(self, box: Box) -> int | None:
         """The uid the job's files are owned by, where this host knows it."""
