@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import stat
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}", re.ASCII)
@@ -136,7 +136,7 @@ def keep_newest(items: Iterable[tuple[K, float]], keep: int) -> tuple[list[K], l
     return keys[:keep], keys[keep:]
 
 
-def choose_replica(source: str, hosts: Sequence[str] | Iterable[str], rtt_ms: Rtt) -> str | None:
+def choose_replica(source: str, hosts: Iterable[str], rtt_ms: Rtt) -> str | None:
     """The host of `hosts` other than `source` nearest `source` by `rtt_ms`; None when
     there is no other."""
     def distance(peer: str) -> tuple[int, float, str]:
