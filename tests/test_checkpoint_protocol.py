@@ -407,3 +407,33 @@ async def test_the_hub_keeps_what_the_coordinator_asks_however_old_and_prunes_th
         await w.store_checkpoint(JOB, "coord", "e" * 64, 7, path)
     with pytest.raises(WorkerError, match="checkpoint_max"):
         await w.store_checkpoint(JOB, "coord", "e" * 64, 2**40, path)
+
+
+async def test_a_checkpoint_crosses_real_libp2p_both_ways(tmp_path):
+    """The same round trip between two in-process libp2p hosts (Noise, yamux): 1 MiB chunks
+    in frames over a real stream, the handler keyed by the peer id Noise authenticated."""
+    from libp2p.peer.peerinfo import PeerInfo
+    from multiaddr import Multiaddr
+
+    from swarmd.gossip.host import make_host
+    from swarmd.identity import load_or_create
+
+    host = Host(tmp_path)
+    h_ident, _ = load_or_create(tmp_path / "h")
+    c_ident, _ = load_or_create(tmp_path / "c")
+    h_p2p, c_p2p = make_host(h_ident, ["/ip4/127.0.0.1/tcp/0"]), make_host(c_ident, ["/ip4/127.0.0.1/tcp/0"])
+    data = os.urandom(3 * service.CHUNK + 1)
+    path, sha = checkpoint(tmp_path, data)
+    async with h_p2p.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]), c_p2p.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        h_p2p.set_stream_handler(service.JOB_PROTOCOL, host.handler.handle)
+        await c_p2p.connect(PeerInfo(h_p2p.get_id(), h_p2p.get_addrs()))
+        coord = str(c_p2p.get_id())
+        remote = RemoteHost(str(h_p2p.get_id()), c_p2p, b"cert")
+        with trio.fail_after(60):
+            await remote.reserve(JOB, 0, 1, 60.0)
+            await remote.put_checkpoint(JOB, "e1.pt", sha, len(data), path)
+            assert host.cached(coord) == [sha]
+            await remote.get_checkpoint(JOB, sha, len(data), tmp_path / "back")
+        assert (tmp_path / "back").read_bytes() == data
+        await c_p2p.disconnect(h_p2p.get_id())
+    assert host.rejected == {}
