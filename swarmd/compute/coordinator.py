@@ -56,7 +56,7 @@ from .service import HostError, LocalHost, RemoteHost, short
 from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole
-from .worker import StartRequest, Worker, stop_orphans
+from .worker import StartRequest, Worker, WorkerError, stop_orphans
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -508,6 +508,7 @@ class Jobs:
             return
         live.checkpoints.append(_Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
         del live.checkpoints[:-CHECKPOINT_KEEP]
+        self.worker.keep_checkpoints(job, self.gossip.me, [c.sha for c in live.checkpoints])
         log.info("checkpoint", job=job, name=name, sha=sha[:12], size=size, host=short(peer))
         if self._nursery is not None:
             self._nursery.start_soon(self._replicate, job, live, sha)
@@ -551,7 +552,11 @@ class Jobs:
                 except HostError as exc:
                     log.info("checkpoint fetch failed", job=job, sha=ckpt.sha[:12], host=short(holder), error=str(exc))
                     continue
-                await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
+                try:
+                    await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
+                except WorkerError as exc:  # this host's disk, or bytes that did not verify
+                    log.info("checkpoint not stored", job=job, sha=ckpt.sha[:12], error=str(exc))
+                    continue
             ckpt.holders.add(me)
             return
         raise HostError(f"no live host holds checkpoint {ckpt.name}")
