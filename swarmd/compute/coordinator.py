@@ -54,6 +54,7 @@ from .checkpoints import check_name, choose_replica, is_sha256
 from .run import TERMINAL, Run, short_peer
 from .service import HostError, LocalHost, RemoteHost, short
 from .spec import JobSpec, describe
+from .ids import host_dir
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole
 from .worker import StartRequest, Worker, WorkerError, stop_orphans
@@ -127,7 +128,7 @@ class Jobs:
             nursery.start_soon(self.worker.sweep)
             nursery.start_soon(functools.partial(
                 gc.collect, jobs_dir=self.worker.jobs_dir, archive_dir=self.archives, retention=self.retention,
-                held=self.worker.busy_dirs,
+                held=lambda: [*self.worker.busy_dirs(), *(host_dir(j, self.gossip.me) for j in self.live)],
                 needed=lambda: [live.workdir for live in self.live.values() if live.workdir],
                 prune=self.store.prune))
             if self.sandbox is not None:  # after the orphans: what they left in cgroups goes too
