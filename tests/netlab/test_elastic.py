@@ -1,0 +1,192 @@
+"""Elastic jobs on a 4-host lab: real daemons, the WireGuard mesh, real torch ranks; a host is
+powered off silently (`lab crash`) or its daemon SIGKILLed mid-training, and the job goes on
+from its last checkpoint, on a replacement host or on the survivors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sim.netlab import lab as labmod
+from sim.netlab import topology
+
+from .support import call, rank_lines, swarmctl, until
+
+pytestmark = [pytest.mark.netlab, pytest.mark.slow]
+EXAMPLES = Path(__file__).parents[2] / "examples"
+DIGITS = ["--workdir", str(EXAMPLES), "--env", "TORCH_CPP_LOG_LEVEL=ERROR", "--", "python", "ddp_digits.py",
+          "--epochs", "14", "--min-epoch-s", "1"]
+
+FAILS_EVERY_TIME = """
+import os, sys, time
+print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], "world", os.environ["WORLD_SIZE"], flush=True)
+if os.environ["RANK"] == "1":
+    sys.exit(1)
+time.sleep(600)
+"""
+
+STUBBORN = """
+import os, signal, sys, time
+if os.environ["RANK"] == "1":
+    print("failing", flush=True)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopped only by the SIGKILL after the grace
+print("stubborn", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def el():
+    if os.geteuid() != 0:
+        pytest.skip("netlab needs root (network namespaces); CI runs as root")
+    name = f"e{uuid.uuid4().hex[:6]}"
+    hosts, links = topology.plan(4, topology.uniform(10.0))
+    lab = labmod.Lab.up(name, hosts, links, mesh=True)
+    try:
+        lab.wait_formed()
+        yield lab
+    finally:
+        labmod.down(name)
+
+
+@pytest.fixture
+def healthy(el):
+    """Every host up and seen alive by h1 after the test (a crashed or killed one comes back)."""
+    yield el
+    for h in el.state.hosts:
+        if h.crashed:
+            el.revive(h.name)
+        elif labmod.process_state(h.pid) == "dead":
+            el.start(h.name)
+    el.wait_formed(timeout=90)
+
+
+def host_of(lab, peer: str) -> str:
+    return next(h.name for h in lab.state.hosts if h.peer_id == peer)
+
+
+def submit(lab, tmp_path: Path | None, *args: str) -> str:
+    r = swarmctl(lab, "h1", "jobs", "run", "--detach", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip()
+
+
+def show(lab, job: str) -> dict:
+    return call(lab, "h1", "jobs.show", id=job)
+
+
+def a_replicated_checkpoint(lab, job: str) -> bool:
+    j = show(lab, job)
+    return j["state"] == "running" and any(len(c["holders"]) >= 2 for c in j["checkpoints"])
+
+
+def wait_end(lab, job: str, timeout: float = 240) -> dict:
+    until(lambda: show(lab, job)["state"] in ("succeeded", "failed", "cancelled"), timeout, f"job {job} ends",
+          interval=0.5, detail=lambda: show(lab, job)["state"])
+    return show(lab, job)
+
+
+def logs(lab, job: str) -> str:
+    return swarmctl(lab, "h1", "jobs", "logs", job).stdout
+
+
+def accuracy(out: str) -> float:
+    line = [t for t in rank_lines(out).get(0, []) if t.startswith("test accuracy")]
+    assert line, out[-3000:]
+    return float(line[-1].split()[2])
+
+
+def a_job_host_not(lab, job: str, *spared: str) -> str:
+    nodes = show(lab, job)["nodes"]
+    return next(host_of(lab, p) for p in nodes if host_of(lab, p) not in spared)
+
+
+def test_a_crashed_host_is_replaced_and_training_resumes_from_its_last_checkpoint(healthy, tmp_path):
+    lab = healthy
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "2", *DIGITS)
+    until(lambda: a_replicated_checkpoint(lab, job), 120, "a checkpoint on two hosts", interval=0.2)
+    first = show(lab, job)
+    victim = a_job_host_not(lab, job, "h1")  # h1 coordinates: its loss ends the job
+    spare = next(h.name for h in lab.state.hosts if h.peer_id not in first["nodes"])
+    lab.crash(victim)
+    j = wait_end(lab, job)
+    out = logs(lab, job)
+    assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
+    assert len(j["attempts"]) == 2, j["attempts"]
+    one, two = j["attempts"]
+    assert one["why"].startswith(f"host {lab.state.host(victim).peer_id[-8:]} lost"), one
+    assert {host_of(lab, p) for p in two["nodes"]} == {host_of(lab, p) for p in first["nodes"]} - {victim} | {spare}
+    assert two["resumed_from"] and two["resumed_from"].startswith("epoch-"), two
+    resumed = [t for t in rank_lines(out)[0] if t.startswith("resumed from epoch")]
+    assert resumed and int(resumed[0].split()[3]) >= 1, out[-3000:]
+    assert "[swarmd] restart 1/2 after host" in out
+    assert accuracy(out) > 0.9  # an uninterrupted run of the same epochs reaches about 0.96
+    assert "world 3" in out.split("[swarmd] restart")[1], "the new attempt has 3 nodes again"
+
+
+def test_with_no_spare_host_the_job_shrinks_to_its_survivors(healthy, tmp_path):
+    lab = healthy
+    job = submit(lab, tmp_path, "--nodes", "2:4", "--max-restarts", "1", *DIGITS)
+    until(lambda: a_replicated_checkpoint(lab, job), 120, "a checkpoint on two hosts", interval=0.2)
+    assert len(show(lab, job)["nodes"]) == 4, "an elastic job starts on as many hosts as fit"
+    lab.crash(a_job_host_not(lab, job, "h1"))
+    j = wait_end(lab, job)
+    out = logs(lab, job)
+    assert j["state"] == "succeeded", (j["reason"], out[-3000:])
+    assert [len(a["nodes"]) for a in j["attempts"]] == [4, 3]
+    assert "world 3" in out.split("[swarmd] restart")[1] and "resumed from epoch" in out
+
+
+def test_a_daemon_killed_with_sigkill_takes_its_ranks_with_it_and_the_job_moves(healthy, tmp_path):
+    lab = healthy
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *DIGITS)
+    until(lambda: a_replicated_checkpoint(lab, job), 120, "a checkpoint on two hosts", interval=0.2)
+    victim = a_job_host_not(lab, job, "h1")
+    netns = lab.state.host(victim).netns
+    lab.kill(victim, signal.SIGKILL)
+
+    def ranks_left() -> list[int]:
+        return [p for p in labmod.netns_pids(f"/run/netns/{netns}")
+                if "ddp_digits" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+
+    until(lambda: not ranks_left(), 10, f"the ranks on {victim} stopped with their daemon", detail=ranks_left)
+    j = wait_end(lab, job)
+    assert j["state"] == "succeeded" and len(j["attempts"]) == 2, (j["reason"], logs(lab, job)[-3000:])
+    assert victim not in {host_of(lab, p) for p in j["attempts"][1]["nodes"]}
+
+
+def test_a_rank_failing_every_attempt_is_restarted_max_restarts_times_then_fails(healthy, tmp_path):
+    lab = healthy
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.py").write_text(FAILS_EVERY_TIME)
+    r = swarmctl(lab, "h1", "jobs", "run", "--nodes", "3", "--max-restarts", "2", "--workdir", str(work), "--",
+                 "python", "job.py", timeout=240)
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    j = call(lab, "h1", "jobs.ls")["jobs"][0]
+    assert j["state"] == "failed" and len(j["attempts"]) == 3
+    assert "restarts exhausted (2/2)" in j["reason"] and "#1 rank 1 on" in j["reason"] and "#3 rank 1" in j["reason"]
+    assert "restarting (1/2)" in r.stderr and "restarting (2/2)" in r.stderr, r.stderr[-3000:]
+    attempts = sorted({t.split()[1] for texts in rank_lines(r.stdout).values() for t in texts if t.startswith("attempt")})
+    assert attempts == ["0", "1", "2"], "TORCHELASTIC_RESTART_COUNT counts the attempts"
+
+
+def test_cancel_during_a_restart_stops_everything(healthy, tmp_path):
+    lab = healthy
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.py").write_text(STUBBORN)
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "3", "--workdir", str(work), "--", "python", "job.py")
+    until(lambda: show(lab, job)["state"] == "restarting", 60, "the job restarting", interval=0.05)
+    assert swarmctl(lab, "h1", "jobs", "cancel", job).returncode == 0
+    j = wait_end(lab, job, timeout=60)
+    assert j["state"] == "cancelled" and j["exit_code"] == 130, j
+    left = subprocess.run(["pgrep", "-f", "job.py"], capture_output=True, text=True).stdout.strip()
+    assert left == "", "no rank of any attempt is left"
+    assert len(j["attempts"]) == 1, "nothing was started after the cancel"
