@@ -71,6 +71,7 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=5, help="print the loss every this many epochs")
     p.add_argument("--min-epoch-s", type=float, default=0.0,
                    help="pace each epoch to at least this long (a demo's time to crash a host mid-run)")
     args = p.parse_args()
@@ -119,7 +120,7 @@ def main() -> None:
             stepped = True
         dist.all_reduce(total)
         seen += int(total[1].item())
-        if rank == 0 and (epoch % 5 == 4 or epoch == first_epoch):
+        if rank == 0 and (epoch % args.log_every == args.log_every - 1 or epoch == first_epoch):
             print(f"epoch {epoch + 1:3d}  loss {total[0].item() / total[1].item():.4f}", flush=True)
         if rank == 0 and ckpt_dir is not None:
             save_checkpoint(ckpt_dir, epoch, model, optimizer)
