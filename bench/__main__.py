@@ -18,7 +18,7 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
-PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox")
+PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -142,13 +142,21 @@ def main() -> None:
 
             print("sandbox: a 3-host lab with the sandbox off, then on: job start and the demo...", file=sys.stderr)
             results |= sandbox.measure()
+        if "elastic" in ONLY:
+            from . import elastic
+
+            print(f"elastic: {elastic.CRASHES} silent crashes per mode and link RTT, then stock torchrun...",
+                  file=sys.stderr)
+            results |= elastic.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
 
     targets = {"status_rtt_p50_ms": 2.0, "swarmctl_help_p50_ms": 300.0, "idle_rss_mb": 120.0, "idle_cpu_pct": 1.0,
                "rtt_error_max_pct": 20.0, "change_excess_p99_ms": 100.0, "kill_detected_by_all_p99_s": 5.0,
                "soak_false_dead": 1.0, "daemon_rss_with_membership_max_mb": 120.0, "job_run_to_running_cached_s": 2.0,
-               "sandbox_added_to_running_ms": 150.0}
+               "sandbox_added_to_running_ms": 150.0, "elastic_replace_10ms_t5_p50_s": 10.0,
+               "elastic_replace_10ms_t5_p95_s": 15.0, "elastic_shrink_10ms_t5_p50_s": 10.0,
+               "elastic_shrink_10ms_t5_p95_s": 15.0}
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets}
