@@ -166,26 +166,29 @@ def _scenario(lab, victim: str, cap_s: float, logdir: Path, run_id: str) -> dict
     resumed_steps = [min((t for t in r["steps"] if t > max(t0 for k, t0 in r["starts"] if k > 0)), default=None)
                      for r in outs.values() if any(k > 0 for k, _ in r["starts"])]
     resumed = [t for t in resumed_steps if t is not None]
-    # how long the survivors hang: until the last of them noticed (said something, exited) or the cap
-    hang = [min([noticed.get(n, cap_s), exits.get(n, cap_s)]) for n in survivors]
+    resumed_s = max(resumed) - crashed_at if resumed and len(resumed) == len(survivors) else None
+    # how long the survivors hang: until training runs again, or until every one of them has given up (exited)
+    given_up = max(exits.values()) if len(exits) == len(survivors) else None
+    hang = min(x for x in (resumed_s, given_up, cap_s) if x is not None)
     figures = {
         "steps_per_s_before": rate,
         "progress_stopped_after_s": max(0.0, last - crashed_at),  # the survivors' last step, after the crash
         "steps_after_crash": float(sum(len(v) for v in after.values())),
-        "survivors_hang_s": min(cap_s, max(hang)),
-        "capped": float(max(hang) >= cap_s),
-        "noticed_s": min(noticed.values()) if noticed else cap_s,
+        "survivors_hang_s": hang,
+        "capped": float(hang >= cap_s),
+        "noticed_s": min(noticed.values()) if noticed else cap_s,  # a survivor printed anything (a warning counts)
         "restarted": float(bool(restarts)),
         "exited": float(len(exits) == len(survivors)),
         "cap_s": cap_s,
     }
-    if resumed and len(resumed) == len(survivors):
-        figures["resumed_s"] = max(resumed) - crashed_at
+    if resumed_s is not None:
+        figures["resumed_s"] = resumed_s
     if exits:
         figures["first_exit_s"] = min(exits.values())
     for n in survivors:  # what torchrun said, for the record (the figures name no text)
-        print(f"--- {n} after the crash of {victim}: " + " | ".join(outs[n]["other"][seen[n]:][:6])[:1500],
-              file=sys.stderr)
+        said = outs[n]["other"][seen[n]:]
+        print(f"--- {n} after the crash of {victim}, within {cap_s:g} s: {len(said)} lines"
+              + (f", first at {noticed.get(n, cap_s):.1f} s: " + " | ".join(said[:4])[:1200] if said else ""), file=sys.stderr)
     return figures
 
 
@@ -201,8 +204,11 @@ def _clear(lab) -> None:
 def measure(cap_s: float = CAP_S, rendezvous: bool = True) -> dict[str, float]:
     """Figures, prefixed `torchrun_crash_worker_` (h3 crashed) and, with `rendezvous`,
     `torchrun_crash_rendezvous_` (h1 crashed): seconds from the crash unless named
-    otherwise; `capped`, `restarted`, `exited` are 1.0 or 0.0; `resumed_s` and
-    `first_exit_s` only when that happened within `cap_s`."""
+    otherwise. `survivors_hang_s`: until training runs again on the survivors or every
+    survivor's torchrun has exited, at most `cap_s` (`capped` 1.0 then); `noticed_s`: the
+    first line any survivor printed after the crash (a warning counts), `cap_s` if none;
+    `restarted`, `exited` are 1.0 or 0.0; `resumed_s` and `first_exit_s` only when that
+    happened within `cap_s`."""
     import tempfile
 
     from sim.netlab import lab as labmod
