@@ -95,10 +95,10 @@ MAX_UNCHECKED_PER_PEER = 4  # streams of one peer whose certificate is not yet c
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
 # The coordinator's patience with a host. Before "started" the host copies the job's
 # workdir into its directory (up to workdir.UNPACKED_LIMIT); after it, an idle host sends a
-# heartbeat every HEARTBEAT, so four missed and a margin mean it is gone or stalling (a
-# silently dead host of an elastic job is noticed this fast, or sooner by membership).
+# heartbeat every HEARTBEAT, so eight missed mean it is gone or stalling (a silently dead
+# host of an elastic job is noticed this fast, or sooner by membership).
 FIRST_EVENT_TIMEOUT = 300.0
-EVENT_TIMEOUT = 4 * HEARTBEAT + 1.0
+EVENT_TIMEOUT = 8 * HEARTBEAT
 SHIP_TIMEOUT = WORKDIR_TIMEOUT + 120.0  # the host's own upload limit, and time to unpack and answer
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 

@@ -60,7 +60,7 @@ from .workdir import Cache
 
 log = structlog.get_logger("swarmd.jobs")
 
-HEARTBEAT = 0.5  # seconds of silent ranks after which the coordinator is still told the host is there
+HEARTBEAT = 0.25  # seconds of silent ranks after which the coordinator is still told the host is there
 OUTPUT_BATCH = 0.05  # seconds output is gathered before it is sent on (and flushed to the log)
 OUTPUT_BATCH_BYTES = 256 * 1024
 EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before it counts as gone
