@@ -99,3 +99,19 @@ def test_without_a_mesh_interface_gloo_and_nccl_choose_their_own():
 ])
 def test_a_leading_python_is_the_jobs_interpreter(cmd, python, argv):
     assert resolve_argv(cmd, python) == argv
+
+
+def test_a_restart_sets_the_contract_afresh_for_the_new_attempt():
+    """After a host was lost the job runs again on fewer nodes, with a new rendezvous: every
+    variable a script reads is the new attempt's, whatever the user's env says."""
+    first = rank_env(role(node_rank=1, nnodes=3, node_ips=("10.7.0.1", "10.7.0.2", "10.7.0.3")), 0,
+                     {"TORCHELASTIC_RESTART_COUNT": "7"}, BASE)
+    again = rank_env(role(node_rank=1, nnodes=2, master_addr="10.7.0.2", master_port=29511,
+                          node_ips=("10.7.0.2", "10.7.0.3"), restart_count=1), 0,
+                     {"TORCHELASTIC_RESTART_COUNT": "7"}, BASE)
+    assert (first["TORCHELASTIC_RESTART_COUNT"], again["TORCHELASTIC_RESTART_COUNT"]) == ("0", "1")
+    assert (first["WORLD_SIZE"], again["WORLD_SIZE"]) == ("6", "4")
+    assert (again["RANK"], again["GROUP_WORLD_SIZE"], again["MASTER_ADDR"], again["MASTER_PORT"]) == \
+        ("2", "2", "10.7.0.2", "29511")
+    assert again["SWARM_NODE_IPS"] == "10.7.0.2,10.7.0.3"
+    assert again["SWARM_CHECKPOINT_DIR"] == first["SWARM_CHECKPOINT_DIR"]  # the same place on a host
