@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables util-linux systemd-container
 STAMP := $(VENV)/.installed
 
-.PHONY: setup apt venv demo test test-fast bench clean
+.PHONY: setup apt venv demo demo-elastic test test-fast bench clean
 
 setup: apt venv
 
@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	BIN=$(BIN) bash examples/demo.sh
+
+demo-elastic: setup
+	BIN=$(BIN) bash examples/demo_elastic.sh
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=15
