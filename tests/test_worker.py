@@ -62,3 +62,47 @@ def test_a_leftover_tree_is_removed_unfollowed_and_only_fresh_dirs_are_chowned(w
     assert {p.name: p.lstat().st_uid for p in top.iterdir()} == {"work": nobody, "checkpoints": nobody,
                                                                   "home": nobody}
     assert top.stat().st_uid == 0 and stat.S_IMODE(top.stat().st_mode) == 0o711, "the job's top stays the daemon's"
+
+
+async def test_ranks_stop_when_membership_declares_their_coordinator_dead(tmp_path):
+    """A coordinator that crashed or was cut off by a partition: its ranks here do not run on
+    unsupervised (the job has been placed elsewhere)."""
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import trio
+
+    from swarmd.compute.torchenv import NodeRole
+    from swarmd.compute.worker import CoordinatorGone, StartRequest
+
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-gone-"))  # reachable by the job user (tmp_path is 0700)
+    jobs.chmod(0o711)
+    verdict: dict[str, str | None] = {"coord": None}
+    w = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
+               user="nobody" if os.geteuid() == 0 else None, coordinator_gone=lambda peer: verdict.get(peer))
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    w.commit(JOB, "coord")
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+    req = StartRequest(job=JOB, coordinator="coord", role=role, env={}, python=None, workdir=None,
+                       cmd=(sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"))
+    pids: list[int] = []
+
+    async def emit(event) -> None:
+        if "out" in event:
+            pids.extend(int(line) for _, line in event["out"])
+            verdict["coord"] = "dead"
+
+    started = time.monotonic()
+    try:
+        with trio.fail_after(30), pytest.raises(CoordinatorGone, match="declared the coordinator dead"):
+            await w.start(req, emit)
+    finally:
+        subprocess.run(["rm", "-rf", str(jobs)], check=False)
+    assert time.monotonic() - started < 15 and pids
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+    assert w.ledger.state_of(JOB, "coord") is None and not w.running, "the slot is free again"

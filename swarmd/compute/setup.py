@@ -42,7 +42,8 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
     worker = Worker(ledger=ledger, cache=Cache(state / "workdirs"), jobs_dir=config.jobs_path,
                     user=job_user(config), ifname=lambda: mesh.interface if mesh and mesh.started else None,
                     changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started)),
-                    sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep)
+                    sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep,
+                    coordinator_gone=lambda peer: coordinator_gone(gossip, peer))
     gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
                                         gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
@@ -98,3 +99,14 @@ def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:
             except Exception:  # a transport without addresses
                 continue
     return found
+
+
+def coordinator_gone(gossip: Gossip, peer: str) -> str | None:
+    """"dead" or "left" when membership says so of `peer`, else None. A coordinator missing
+    from the view is not gone: a member that just joined may start a job before its record
+    reached this host."""
+    view = gossip.view()
+    member = view.get(peer) if peer != view.me else None
+    if member is not None and member.state.value in ("dead", "left"):
+        return member.state.value
+    return None

@@ -67,6 +67,7 @@ EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before
 # seconds a committed hold waits for its start: the longest a workdir upload may take
 # (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
 START_WITHIN = 660.0
+COORDINATOR_WATCH = 0.25  # seconds between looks at what membership says of a running job's coordinator
 READY_TIMEOUT = 60.0  # seconds a start waits for the daemon to finish setting up the sandbox
 CHECKPOINT_SCAN = 0.25  # seconds between scans of a rank's checkpoint directory (a rename is seen within 0.5 s)
 CHECKPOINT_MAX = 8 * 1024**3  # bytes of one checkpoint this host copies and stores at most
@@ -118,13 +119,16 @@ class Worker:
                  changed: Callable[[], None] = lambda: None, sandbox: Sandbox | None = None,
                  job_nodes: Callable[[tuple[str, ...]], JobNodes] = lambda ips: JobNodes(),
                  sandbox_later: bool = False, checkpoint_max: int = CHECKPOINT_MAX,
-                 checkpoint_keep: int = CHECKPOINT_KEEP) -> None:
+                 checkpoint_keep: int = CHECKPOINT_KEEP,
+                 coordinator_gone: Callable[[str], str | None] = lambda peer: None) -> None:
         self.ledger = ledger
         self.cache = cache
         self.jobs_dir = jobs_dir
         self.user = user
         self.sandbox = sandbox  # None: ranks run as `user`, unconfined (tests of the protocol alone)
         self.job_nodes = job_nodes
+        # why membership says a coordinator is gone (dead, left), or None: its ranks here stop
+        self.coordinator_gone = coordinator_gone
         # set once `sandbox` is what it will be: the daemon sets it up after this worker serves
         # requests, and no rank starts before (a start waits, then fails, never runs unconfined)
         self.ready = trio.Event()
@@ -276,6 +280,7 @@ class Worker:
                     nursery.start_soon(_flusher, out)
                     watching, watched = trio.Event(), trio.Event()
                     nursery.start_soon(_watch, watcher, send, watching, watched)
+                    nursery.start_soon(self._watch_coordinator, req.coordinator)
                     await send({"started": [r.rank for r in ranks], "sandbox": box.describe()})
                     while not codes or out.pending:
                         with trio.move_on_after(HEARTBEAT) as idle:
@@ -371,6 +376,13 @@ class Worker:
         if os.geteuid() == 0 and self.user:
             return pwd.getpwnam(self.user).pw_uid
         return None
+
+    async def _watch_coordinator(self, coordinator: str) -> None:
+        """Ranks never run on for a coordinator membership declared dead or gone (a crash, or a
+        partition that cut this host off from it): its job has been placed elsewhere by then."""
+        while (why := self.coordinator_gone(coordinator)) is None:
+            await trio.sleep(COORDINATOR_WATCH)
+        raise CoordinatorGone(f"membership declared the coordinator {why}")
 
     def cancel(self, job: str, coordinator: str) -> bool | Refusal:
         """Stop a running job's ranks; only its own coordinator may."""
