@@ -96,15 +96,15 @@ def _crash_once(lab: labmod.Lab, c: Client, digest: str, nodes: str) -> dict[str
         first_step = next(float(FIRST_STEP.match(x).group(1)) for t, _, x in follower.lines
                           if t > t0 and FIRST_STEP.match(x))
         after_resume = len(follower.lines)
-        _until(lambda: sum(1 for _, _, x in follower.lines[after_resume:] if EPOCH.match(x)) >= 4, 180,
-               "four epochs after the resume")
+        _until(lambda: sum(1 for _, _, x in follower.lines[after_resume:] if EPOCH.match(x)) >= 3, 180,
+               "three epochs after the resume")
         one, two = j["attempts"]
         resumed = int(two["resumed_from"][6:10]) if two["resumed_from"] else -1
         epochs = [(t, int(EPOCH.match(x).group(1))) for t, _, x in follower.lines if EPOCH.match(x)]
         return {"t1": one["detected"] - t0, "t2": two["reserved"] - t0, "t3": two["checkpoints_ready"] - t0,
                 "t4": two["started"] - t0, "t5": first_step - t0, "epochs_lost": newest - resumed,
                 "before": _epoch_rate([e for e in epochs if e[0] < t0][-4:]),
-                "after": _epoch_rate([e for e in epochs if e[0] > first_step][1:5]),
+                "after": _epoch_rate([e for e in epochs if e[0] > first_step][:3]),
                 "nodes_after": len(two["nodes"])}
     finally:
         c.call("jobs.cancel", id=job)
