@@ -41,8 +41,8 @@ if job["state"] == "running" and any(len(c["holders"]) >= 2 for c in job["checkp
 
 crash_a_host() {
   local job="" host=""
-  until [ -n "$job" ]; do sleep 0.5; job=$(running_job); done
-  until [ -n "$host" ]; do sleep 0.5; host=$(victim "$job"); done
+  until [ -n "$job" ]; do sleep 0.5; job=$(running_job) || job=""; done
+  until [ -n "$host" ]; do sleep 0.5; host=$(victim "$job") || host=""; done
   echo "$ swarm-sim lab crash $host   # a silent power-off of a host of the job (not the coordinator h1)"
   "$bin/swarm-sim" lab crash --name $lab "$host"
 }
