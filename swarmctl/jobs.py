@@ -189,6 +189,7 @@ def in_foreground() -> bool:
 def _run(client: Client, args: argparse.Namespace) -> int:
     ctrl_c = CtrlC.install()  # before anything is printed: see the module header
     from rich.console import Console
+    from rich.text import Text
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
@@ -222,13 +223,13 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                 line = render_jobs.job_progress(event["job"])
                 state = render_jobs.state_text(event["job"])
                 if status is not None:
-                    status.update(line)
+                    status.update(Text(line))
                     if event["job"]["state"] == "running":
                         status.stop()
                         status = None
-                        err.print(line)
+                        err.print(line, markup=False)
                 elif state != shown and event["job"]["state"] in ("restarting", "running"):
-                    err.print(line)  # a restart and the run after it, once each, between the output lines
+                    err.print(line, markup=False)  # a restart and the run after it, once each, between the output lines
                 shown = state
             elif "out" in event and not args.json:
                 if status is not None:
@@ -243,7 +244,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                     status = None
                 end = event["end"]
                 if not args.json:
-                    err.print(render_jobs.job_summary(end, time.monotonic() - started))
+                    err.print(render_jobs.job_summary(end, time.monotonic() - started), markup=False)
                 code = end.get("exit_code")
                 return EXIT_FAILED if code is None else min(int(code), 255)
     except KeyboardInterrupt:

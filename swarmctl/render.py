@@ -16,12 +16,13 @@ def as_json(data: Any) -> None:
 def key_values(title: str, rows: Iterable[tuple[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    for key, value in rows:
-        table.add_row(key, _text(value))
+    for key, value in rows:  # values are plain text: a peer's words (a host's error) are never markup
+        table.add_row(key, Text(_text(value)))
     Console().print(table)
 
 

@@ -53,6 +53,7 @@ def job_summary(job: Mapping[str, Any], waited: float) -> str:
 def jobs(rows: list[Mapping[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     if not rows:
@@ -63,11 +64,11 @@ def jobs(rows: list[Mapping[str, Any]]) -> None:
         table.add_column(column, no_wrap=column != "command")
     for j in rows:
         style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}.get(j["state"], "")
-        state = state_text(j)
-        table.add_row(j["id"], j["name"] or "-", f"[{style}]{state}[/]" if style else state,
+        state = Text(state_text(j), style=style)  # a restart's reason quotes a host: never markup
+        table.add_row(Text(j["id"]), Text(j["name"] or "-"), state,
                       str(len(j["nodes"])), "-" if j["exit_code"] is None else str(j["exit_code"]),
                       "-" if j["wall_s"] is None else duration(j["wall_s"]) if j["wall_s"] >= 60
-                      else f"{j['wall_s']:.1f} s", " ".join(j["cmd"] or []))
+                      else f"{j['wall_s']:.1f} s", Text(" ".join(j["cmd"] or [])))
     console.print(table)
 
 

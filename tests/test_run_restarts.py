@@ -179,3 +179,33 @@ def test_a_new_attempt_needs_the_last_one_over():
     run.node_lost(C, "dead")
     with pytest.raises(IllegalMove):
         run.begin_attempt()  # A and B still running
+
+
+def test_a_resumed_job_whose_ranks_end_before_every_start_is_told_succeeds():
+    run = started()
+    run.node_lost(C, "dead")
+    run.node_exited(A, {0: 143})
+    run.node_exited(B, {1: 143})
+    run.begin_attempt()
+    run.to("reserving")
+    run.placed((A, B))
+    run.to("shipping")
+    run.to("starting")
+    run.node_started(A)
+    run.node_exited(A, {0: 0})  # resumed at the last epoch: done before B's start was told
+    run.node_started(B)
+    assert run.state == "running"
+    run.node_exited(B, {1: 0})
+    assert (run.state, run.exit_code) == ("succeeded", 0)
+    run2 = started()
+    run2.node_exited(B, {1: 1})
+    run2.node_exited(A, {0: 143})
+    run2.node_exited(C, {2: 143})
+    run2.begin_attempt()
+    run2.to("reserving")
+    run2.placed((A, B))
+    run2.to("shipping")
+    run2.to("starting")
+    run2.node_exited(A, {0: 0})
+    run2.node_exited(B, {1: 0})  # neither start was told
+    assert run2.state == "succeeded"

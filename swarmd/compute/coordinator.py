@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -89,7 +88,8 @@ class _Live:
     ship_total: int = 0
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
     checkpoints: list[_Checkpoint] = dataclasses.field(default_factory=list)  # oldest first
-    replicating: trio.Lock = dataclasses.field(default_factory=trio.Lock)
+    replicate: trio.Event = dataclasses.field(default_factory=trio.Event)  # set: a new checkpoint to copy
+    setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
 
     def touch(self) -> None:
         self.changed.set()
@@ -182,6 +182,8 @@ class Jobs:
                 raise KeyError(job)
             return row.state
         live.run.cancel()
+        if live.setup is not None:
+            live.setup.cancel()
         live.touch()
         if self._nursery is not None:
             for host in live.hosts.values():
@@ -251,32 +253,10 @@ class Jobs:
     async def _coordinate(self, job: str, live: _Live, workdir: str | None) -> None:
         run = live.run
         try:
-            while True:
-                chosen = await self._place_and_hold(job, live)
-                if chosen is None:
-                    return
-                peers, gpus, port = chosen
-                run.attempts[-1].reserved = time.time()
-                if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
-                    return
-                run.to("shipping")
-                self._save(job, live)
-                if workdir is not None:
-                    await self._ship(job, live, workdir)
-                if run.cancelled:
-                    return
-                installed = await self._put_checkpoints(job, live, peers)
-                if run.cancelled:
-                    return
-                run.to("starting")
-                if run.restart_count == 0:
-                    self.store.update(job, started=time.time())
-                self._save(job, live)
-                await self._start_all(job, live, peers, port, workdir, installed)
-                if run.state != "restarting":
-                    return
-                run.begin_attempt()  # every host of the ended attempt reported or was lost
-                self._save(job, live)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._replicator, job, live)
+                await self._attempts(job, live, workdir)
+                nursery.cancel_scope.cancel()
         except HostError as exc:
             run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
@@ -294,6 +274,38 @@ class Jobs:
                 live.touch()
                 log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason,
                          attempts=len(run.attempts))
+
+    async def _attempts(self, job: str, live: _Live, workdir: str | None) -> None:
+        """Place, hold, ship, put checkpoints and run, once per attempt, until the job is over."""
+        run = live.run
+        while True:
+            chosen = await self._place_and_hold(job, live)
+            if chosen is None:
+                return
+            peers, gpus, port = chosen
+            run.attempts[-1].reserved = time.time()
+            if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
+                return
+            run.to("shipping")
+            self._save(job, live)
+            installed: tuple[tuple[str, str, int], ...] = ()
+            with trio.CancelScope() as live.setup:  # a cancel stops a transfer a slow host holds up
+                if workdir is not None:
+                    await self._ship(job, live, workdir)
+                installed = await self._put_checkpoints(job, live, peers)
+            live.setup = None
+            if run.cancelled:
+                run.to("cancelled")
+                return
+            run.to("starting")
+            if run.restart_count == 0:
+                self.store.update(job, started=time.time())
+            self._save(job, live)
+            await self._start_all(job, live, peers, port, workdir, installed)
+            if run.state != "restarting":
+                return
+            run.begin_attempt()  # every host of the ended attempt reported or was lost
+            self._save(job, live)
 
     async def _place_and_hold(self, job: str, live: _Live) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
         """Place the attempt and hold its gang; a restart keeps its survivors and never places a
@@ -502,65 +514,77 @@ class Jobs:
     # --- checkpoints --------------------------------------------------------------------
 
     def _checkpointed(self, job: str, live: _Live, peer: str, name: str, sha: str, size: int) -> None:
-        """A host announced a complete checkpoint: remember it, and copy it off that host."""
+        """A host announced a complete checkpoint. Only rank 0's host writes the job's checkpoints
+        (torchrun's convention): another host's are ignored, so no host but the one whose state
+        the job resumes from can put files in front of the next attempt's ranks."""
+        run = live.run
+        if not run.nodes or peer != run.nodes[0]:
+            log.info("checkpoint not from rank 0's host ignored", job=job, name=name, host=short(peer))
+            return
+        if size > self.worker.checkpoint_max:
+            log.info("checkpoint over checkpoint_max ignored", job=job, name=name, size=size, host=short(peer))
+            return
         known = next((c for c in live.checkpoints if c.sha == sha), None)
         if known is not None:
-            known.holders.add(peer)
+            if known.size == size:
+                known.holders.add(peer)
             return
         live.checkpoints.append(_Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
         del live.checkpoints[:-CHECKPOINT_KEEP]
         self.worker.keep_checkpoints(job, self.gossip.me, [c.sha for c in live.checkpoints])
         log.info("checkpoint", job=job, name=name, sha=sha[:12], size=size, host=short(peer))
-        if self._nursery is not None:
-            self._nursery.start_soon(self._replicate, job, live, sha)
+        live.replicate.set()
 
-    async def _replicate(self, job: str, live: _Live, sha: str) -> None:
-        """One copy of checkpoint `sha` off the host that wrote it: into this coordinator's cache,
-        or, when this host wrote it, onto the job's host nearest this one."""
-        async with live.replicating:  # one transfer per job at a time: a burst of saves queues here
-            ckpt = next((c for c in live.checkpoints if c.sha == sha), None)
-            if ckpt is None or live.run.over:
-                return  # pruned by a newer one meanwhile
-            me = self.gossip.me
+    async def _replicator(self, job: str, live: _Live) -> None:
+        """One copy of the job's newest checkpoint off the host that wrote it, one transfer at a
+        time: into this coordinator's cache, or, when this host wrote it, onto the job's host
+        nearest this one. Checkpoints announced during a transfer are skipped but the newest."""
+        while True:
+            await live.replicate.wait()
+            live.replicate = trio.Event()
+            if not live.checkpoints:
+                continue
+            ckpt = live.checkpoints[-1]
             try:
-                if ckpt.source != me:
-                    await self._fetch(job, live, ckpt)
-                    return
-                view = self.gossip.view()
-                others = [p for p in live.run.nodes if p != me and p not in live.run.lost]
-                replica = choose_replica(me, others, functools.partial(_rtt_ms, view))
-                if replica is None:
-                    return
-                path = self.worker.checkpoint_path(job, me, sha)
-                if path is None:
-                    return
-                await live.hosts[replica].put_checkpoint(job, ckpt.name, sha, ckpt.size, path)
-                ckpt.holders.add(replica)
-            except (HostError, KeyError) as exc:
-                log.info("checkpoint not replicated", job=job, sha=sha[:12], error=str(exc))
+                await self._replicate(job, live, ckpt)
+            except Exception as exc:  # a host's misbehaviour or this host's disk: never the daemon's end
+                log.info("checkpoint not replicated", job=job, name=ckpt.name, sha=ckpt.sha[:12],
+                         error=f"{exc.__class__.__name__}: {exc}")
+
+    async def _replicate(self, job: str, live: _Live, ckpt: _Checkpoint) -> None:
+        me = self.gossip.me
+        if ckpt.source != me:
+            await self._fetch(job, live, ckpt)
+            return
+        view = self.gossip.view()
+        others = [p for p in live.run.nodes if p != me and p not in live.run.lost]
+        replica = choose_replica(me, others, functools.partial(_rtt_ms, view))
+        path = self.worker.checkpoint_path(job, me, ckpt.sha)
+        if replica is None or path is None or replica in ckpt.holders:
+            return
+        await live.hosts[replica].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
+        ckpt.holders.add(replica)
 
     async def _fetch(self, job: str, live: _Live, ckpt: _Checkpoint) -> None:
-        """`ckpt` into this coordinator's own cache for the job, from a host that holds it."""
+        """`ckpt` into this coordinator's own cache for the job, from a live host that holds it;
+        HostError when none could give it."""
         me = self.gossip.me
-        if me in ckpt.holders and self.worker.checkpoint_path(job, me, ckpt.sha) is not None:
-            return
-        for holder in sorted(ckpt.holders - live.run.lost - {me}):
-            host = live.hosts.get(holder) or self._host(holder)
-            with tempfile.TemporaryDirectory(dir=self.worker.jobs_dir) as tmp:
-                dest = Path(tmp) / ckpt.sha
-                try:
-                    await host.get_checkpoint(job, ckpt.sha, ckpt.size, dest)
-                except HostError as exc:
-                    log.info("checkpoint fetch failed", job=job, sha=ckpt.sha[:12], host=short(holder), error=str(exc))
-                    continue
-                try:
-                    await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
-                except WorkerError as exc:  # this host's disk, or bytes that did not verify
-                    log.info("checkpoint not stored", job=job, sha=ckpt.sha[:12], error=str(exc))
-                    continue
+        if self.worker.checkpoint_path(job, me, ckpt.sha) is not None:
             ckpt.holders.add(me)
             return
-        raise HostError(f"no live host holds checkpoint {ckpt.name}")
+        errors = []
+        for holder in sorted(ckpt.holders - live.run.lost - {me}):
+            host = live.hosts.get(holder) or self._host(holder)
+            try:
+                dest = self.worker.incoming_checkpoint(job, me, ckpt.size)
+                await host.get_checkpoint(job, ckpt.sha, ckpt.size, dest)
+                await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
+            except (HostError, WorkerError) as exc:  # that host, or this host's disk: try another
+                errors.append(str(exc))
+                continue
+            ckpt.holders.add(me)
+            return
+        raise HostError(f"no live host gave checkpoint {ckpt.name}" + (f": {'; '.join(errors)}" if errors else ""))
 
     async def _put_checkpoints(self, job: str, live: _Live, peers: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
         """Before an attempt starts: the job's newest checkpoints (those still held by a live host)
@@ -568,26 +592,33 @@ class Jobs:
         start requests list; the attempt records the newest as `resumed_from`."""
         run = live.run
         usable = []
-        for ckpt in live.checkpoints:
+        for ckpt in list(live.checkpoints):
             try:
                 await self._fetch(job, live, ckpt)
                 usable.append(ckpt)
             except HostError as exc:  # its host died before anyone copied it: never used
                 log.info("checkpoint lost with its host", job=job, name=ckpt.name, why=str(exc))
         me = self.gossip.me
+        failed: list[str] = []
 
         async def put(peer: str, ckpt: _Checkpoint) -> None:
             path = self.worker.checkpoint_path(job, me, ckpt.sha)
-            if path is None:
-                raise HostError(f"checkpoint {ckpt.name} is missing from this coordinator's cache")
-            await live.hosts[peer].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
+            try:
+                if path is None:
+                    raise HostError(f"checkpoint {ckpt.name} is missing from this coordinator's cache")
+                await live.hosts[peer].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
+            except HostError as exc:
+                failed.append(str(exc))
+                return
             ckpt.holders.add(peer)
 
         async with trio.open_nursery() as nursery:
             for peer in peers:
                 for ckpt in usable:
-                    if peer not in ckpt.holders or peer == me:
+                    if peer not in ckpt.holders:
                         nursery.start_soon(put, peer, ckpt)
+        if failed:
+            raise HostError(f"putting the job's checkpoints on its hosts failed: {'; '.join(failed)}")
         attempt = run.attempts[-1]
         attempt.checkpoints_ready = time.time()
         attempt.resumed_from = usable[-1].name if usable else None

@@ -50,6 +50,7 @@ MOVES: dict[tuple[str, str], str] = {
     ("running", "succeeded"): "succeeded",
     **{("restarting", phase): "restarting" for phase in PHASES},
     ("restarting", "running"): "running",
+    ("restarting", "succeeded"): "succeeded",  # a resumed job whose ranks all ended before every start was told
     **{(state, "failed"): "failed" for state in _LIVE},
     **{(state, "cancelled"): "cancelled" for state in _LIVE},
 }
@@ -132,7 +133,7 @@ class Run:
         if self.node_state.get(node) == "starting":
             self.node_state[node] = "running"
         if self.state in ("starting", "restarting") and not self.stopping \
-                and all(s == "running" for s in self.node_state.values()):
+                and all(s in ("running", "exited") for s in self.node_state.values()):
             self.to("running")
             self.attempts[-1].started = now
 

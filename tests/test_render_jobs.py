@@ -1,0 +1,35 @@
+"""How jobs look: a peer's words (a host's error in a restart's reason) are shown as text, never as markup."""
+
+from __future__ import annotations
+
+from swarmctl import render_jobs
+
+HOSTILE = "host X lost ([/] [red]boom)"
+
+
+def job(**changes):
+    j = {"id": "abcd", "name": None, "state": "restarting", "reason": HOSTILE, "restarts": [1, 3], "phase": "placing",
+         "nodes": ["peer1"], "exit_code": None, "wall_s": None, "cmd": ["python", "[bold]x"], "ranks": [], "hosts": {},
+         "attempts": [{"n": 1, "nodes": ["peer1"], "started": 11.0, "ended": 12.5, "why": "[/]", "resumed_from": None},
+                      {"n": 2, "nodes": ["peer2"], "started": 20.0, "ended": None, "why": None,
+                       "resumed_from": "epoch-0004.pt"}],
+         "checkpoints": [{"name": "epoch-0004.pt", "size": 80687, "holders": ["peerA", "peerB"]}],
+         "created": 10.0, "started": 10.0}
+    return j | changes
+
+
+def test_a_restart_reads_restarting_k_of_max_with_its_reason():
+    assert render_jobs.state_text(job()) == f"restarting (1/3): {HOSTILE}"
+    assert render_jobs.job_progress(job()) == f"job abcd: restarting (1/3): {HOSTILE} [placing]"
+    assert render_jobs.state_text(job(state="running")) == "running"
+
+
+def test_ls_and_show_print_a_hosts_words_as_they_are(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    render_jobs.jobs([job()])
+    render_jobs.job(job())
+    out = capsys.readouterr().out
+    assert HOSTILE in out and "python [bold]x" in out
+    assert "#1 on peer1: ran +1.0 s to +2.5 s; ended: [/]" in out
+    assert "#2 on peer2: ran +10.0 s to -; resumed from epoch-0004.pt" in out
+    assert "epoch-0004.pt (78.8 KiB) on peerA, peerB" in out
