@@ -7,6 +7,7 @@ import os
 import time
 
 from swarmd.compute import gc
+from swarmd.compute.ids import host_dir
 
 OLD = time.time() - 30 * 86400
 
@@ -17,14 +18,19 @@ def aged(path, when=OLD):
 
 
 def test_finished_job_dirs_go_after_retention_unless_held_and_other_names_stay(tmp_path):
-    for name in ("0123456789ab", "0123456789ac", "0123456789ad", "0123456789ae-0a1b2c3d", "not-a-job", ".hidden"):
+    current = host_dir("0123456789af", "coord")
+    for name in ("0123456789ab", "0123456789ac", "0123456789ad", "0123456789ae-0a1b2c3d", current, "not-a-job",
+                 ".hidden", "0123456789ag-0a1b2c3", "0123456789ah-" + "0" * 31 + "G"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "work").mkdir()
         aged(tmp_path / name)
     aged((tmp_path / "0123456789ad"), time.time())  # finished a moment ago
     removed = gc.job_dirs(tmp_path, keep={"0123456789ac"}, before=time.time() - 7 * 86400)
-    assert removed == ["0123456789ab", "0123456789ae-0a1b2c3d"], "a bare id (older daemons) and an id-coordinator"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "0123456789ac", "0123456789ad", "not-a-job"]
+    assert removed == sorted(["0123456789ab", "0123456789ae-0a1b2c3d", current]), \
+        "a bare id and an id with 8 hex digits (older daemons), and an id with 32"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", "0123456789ac", "0123456789ad",
+                                                          "0123456789ag-0a1b2c3", "0123456789ah-" + "0" * 31 + "G",
+                                                          "not-a-job"]
 
 
 def test_a_link_in_a_job_dir_is_removed_not_followed(tmp_path):

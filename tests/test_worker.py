@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from swarmd.compute.ids import host_dir
+from swarmd.compute.ids import host_dir, is_host_dir
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.worker import Worker, WorkerError
 from swarmd.compute.workdir import Cache
@@ -42,7 +42,11 @@ def test_a_jobs_dir_that_is_a_link_elsewhere_is_refused(worker, tmp_path):
 def test_two_coordinators_same_id_never_share_a_directory(worker):
     mine, theirs = worker.job_dir(JOB, "coord"), worker.job_dir(JOB, "mallory")
     assert mine != theirs and mine.parent == theirs.parent == worker.jobs_dir.resolve()
-    assert mine.name.startswith(JOB + "-") and len(mine.name) == len(JOB) + 9
+    assert mine.name.startswith(JOB + "-") and len(mine.name) == len(JOB) + 33, \
+        "128 bits of the coordinator's hash: no member makes a peer id that lands in another's directory"
+    assert is_host_dir(mine.name) and worker.busy_dirs() == []
+    worker.ledger.reserve(0.0, JOB, "coord", 0, 1, 60.0)
+    assert worker.busy_dirs() == [mine.name], "gc keeps the directory of a hold by its new name"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")

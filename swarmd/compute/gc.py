@@ -1,8 +1,8 @@
 """Garbage collection of finished jobs: what a host and a coordinator keep, and for how long.
 
 Rules:
-- A host's job directory (`jobs_dir/<job id>-<coordinator hash>`, ids.host_dir, or a bare
-  job id from before) goes `retention` seconds after its job finished (the worker stamps
+- A host's job directory (`jobs_dir/<job id>-<coordinator hash>`, ids.host_dir, with the
+  32 hex digits of today or the 8 of older daemons, or a bare job id from before) goes `retention` seconds after its job finished (the worker stamps
   its mtime then), unless the job still holds a reservation here. Only names of those
   formats are touched: whatever else an operator keeps in
   `jobs_dir` stays. Trees are removed without following links.

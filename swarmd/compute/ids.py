@@ -7,8 +7,12 @@ goes through `check_job_id`: nothing else can name a job, so no id is a path, a 
 slash, an empty string or a look-alike character.
 
 An id is unique only per coordinator (another member may present an id it learned), so a
-host names a job's directory by both: `host_dir(job, coordinator)` is ``<id>-<the first 8
-hex digits of sha256(coordinator)>``, and two coordinators' same id never share one.
+host names a job's directory by both: `host_dir(job, coordinator)` is ``<id>-<the first 32
+hex digits of sha256(coordinator)>``, and two coordinators' same id never share one. 128
+bits, because peer ids are free: with 8 digits (daemons before) a member could make 2^32 keys
+until one's hash matched a coordinator's and share its job's directory on every host.
+`is_host_dir` takes those older 8-digit names too, so a daemon upgraded in place still
+collects what its previous version left (gc.py); none is ever made again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ LENGTH = 12
 RANDOM_BITS = 18
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford's base32, lowercase
 _FORMAT = re.compile(f"[{ALPHABET}]{{{LENGTH}}}", re.ASCII)
-_HOST_DIR = re.compile(f"[{ALPHABET}]{{{LENGTH}}}-[0-9a-f]{{8}}", re.ASCII)
+HOST_HASH = 32  # hex digits of sha256(coordinator) in a job's directory name
+_HOST_DIR = re.compile(f"[{ALPHABET}]{{{LENGTH}}}-(?:[0-9a-f]{{{HOST_HASH}}}|[0-9a-f]{{8}})", re.ASCII)
 
 
 def encode(n: int) -> str:
@@ -48,8 +53,9 @@ def check_job_id(value: Any, name: str = "job") -> str:
 
 def host_dir(job: str, coordinator: str) -> str:
     """The name of a job's directory on a host: its id bound to its coordinator."""
-    return f"{check_job_id(job)}-{hashlib.sha256(coordinator.encode()).hexdigest()[:8]}"
+    return f"{check_job_id(job)}-{hashlib.sha256(coordinator.encode()).hexdigest()[:HOST_HASH]}"
 
 
 def is_host_dir(value: Any) -> bool:
+    """Whether `value` names a job's directory: `host_dir`'s, or an older daemon's (8 digits)."""
     return isinstance(value, str) and _HOST_DIR.fullmatch(value) is not None
