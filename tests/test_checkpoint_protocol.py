@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import tempfile
 from collections import Counter
@@ -437,3 +438,46 @@ async def test_a_checkpoint_crosses_real_libp2p_both_ways(tmp_path):
         assert (tmp_path / "back").read_bytes() == data
         await c_p2p.disconnect(h_p2p.get_id())
     assert host.rejected == {}
+
+
+async def test_a_fetch_into_the_hubs_incoming_file_is_moved_into_the_cache_and_a_bad_one_leaves_nothing(tmp_path):
+    """The coordinator's fetch: `incoming_checkpoint` gives a temporary inside the job's
+    cache, RemoteHost.get_checkpoint fills it, `store_checkpoint` renames it into place (no
+    second copy); a temporary whose bytes do not match is removed, and one left behind (a
+    fetch that died) goes at the cache's next prune once stale."""
+    (tmp_path / "h").mkdir()
+    (tmp_path / "hub").mkdir()
+    host, hub = Host(tmp_path / "h"), Host(tmp_path / "hub")
+    data = os.urandom(service.CHUNK + 7)
+    path, sha = checkpoint(tmp_path, data)
+    w = hub.worker
+    async with trio.open_nursery() as nursery:
+        coord = host.remote(nursery, "hub")
+        await coord.reserve(JOB, 0, 1, 60.0)
+        await coord.commit(JOB, False)
+        await coord.put_checkpoint(JOB, "e1.pt", sha, len(data), path)
+        dest = w.incoming_checkpoint(JOB, "hub", len(data))
+        root = w.checkpoint_cache(JOB, "hub").root
+        assert dest.parent == root and dest.name.startswith(".tmp-") and dest.stat().st_size == 0
+        await coord.get_checkpoint(JOB, sha, len(data), dest)
+        inode = dest.stat().st_ino
+        stored = await w.store_checkpoint(JOB, "hub", sha, len(data), dest)
+        assert stored == root / sha and stored.stat().st_ino == inode, "moved, not copied"
+        assert stored.read_bytes() == data and stat.S_IMODE(stored.stat().st_mode) == 0o444
+        assert sorted(p.name for p in root.iterdir()) == [sha], "no temporary left"
+
+        bad = w.incoming_checkpoint(JOB, "hub", 3)
+        bad.write_bytes(b"abc")
+        with pytest.raises(WorkerError, match="not the"):
+            await w.store_checkpoint(JOB, "hub", "e" * 64, 3, bad)
+        big = w.incoming_checkpoint(JOB, "hub", 3)
+        with pytest.raises(WorkerError, match="checkpoint_max"):
+            await w.store_checkpoint(JOB, "hub", "e" * 64, w.checkpoint_max + 1, big)
+        assert sorted(p.name for p in root.iterdir()) == [sha], "a failed store removes its temporary"
+        with pytest.raises(WorkerError, match="checkpoint_max"):
+            w.incoming_checkpoint(JOB, "hub", w.checkpoint_max + 1)
+
+        left = w.incoming_checkpoint(JOB, "hub", 3)  # a fetch that died: nobody stores it
+        os.utime(left, (1, 1))
+        w.checkpoint_cache(JOB, "hub").prune(2)
+        assert sorted(p.name for p in root.iterdir()) == [sha]

@@ -24,6 +24,9 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
 - `prune` keeps the newest `keep` files (by when they were stored) and those in `protect`
   (the latest start's); temporaries untouched for `TEMP_AGE` are debris of a transfer
   that died with its daemon.
+- `incoming_path` hands out a temporary for a file another part of the daemon writes (the
+  coordinator fetching a checkpoint into its own cache); `store_file` of such a temporary
+  verifies and renames it (no second copy) and removes it when it does not match.
 - A copy is refused when it would leave less than `MIN_FREE` bytes free on the disk.
 """
 
@@ -197,8 +200,30 @@ class CkptCache:
         finally:
             os.close(fd)
 
+    def incoming_path(self, size: int) -> Path:
+        """A fresh, empty temporary in the cache (``.tmp-*``, the daemon's, 0600) for a file of
+        `size` bytes that someone else writes, then gives to `store_file`; `prune` removes it
+        once untouched for TEMP_AGE, and it goes with the job's directory (gc.py)."""
+        root = self.ensure()
+        _room(root, size)
+        path = root / f"{TEMP}{secrets.token_hex(8)}"
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        return path
+
+    def is_incoming(self, path: Path) -> bool:
+        """Whether `path` names a temporary of this cache (`incoming_path`'s)."""
+        return path.name.startswith(TEMP) and os.path.abspath(path.parent) == os.path.abspath(self.root)
+
     def store_file(self, sha: str, size: int, src: Path) -> Path:
-        """Copy `src` into the cache as `sha`, verifying both; the cached file."""
+        """Copy `src` into the cache as `sha`, verifying both; the cached file. A temporary
+        of this cache (`incoming_path`) is verified and renamed instead of copied, and
+        removed when it does not match."""
+        if self.is_incoming(src):
+            try:
+                return self._adopt(sha, size, src)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(src)
         if not is_sha256(sha):
             raise CheckpointError("a checkpoint's sha256 must be 64 lowercase hex digits")
         if (have := self.path(sha)) is not None:
@@ -213,6 +238,31 @@ class CkptCache:
                 return inc.finish(sha)
         finally:
             os.close(fd)
+
+    def _adopt(self, sha: str, size: int, src: Path) -> Path:
+        """The temporary `src` of this cache, verified, renamed to `sha`."""
+        if not is_sha256(sha):
+            raise CheckpointError("a checkpoint's sha256 must be 64 lowercase hex digits")
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise CheckpointError(f"{src.name} is not a regular file of its own")
+            if st.st_size != size:
+                raise CheckpointError(f"{st.st_size} bytes arrived, not the {size} announced")
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, CHUNK):
+                digest.update(chunk)
+            if (got := digest.hexdigest()) != sha:
+                raise CheckpointError(f"the bytes' sha256 is {got[:12]}…, not the {sha[:12]}… announced")
+            os.fchmod(fd, 0o444)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        final = self.root / sha
+        if not os.path.lexists(final):
+            os.rename(src, final)
+        return final
 
     # --- out -----------------------------------------------------------------------------
 

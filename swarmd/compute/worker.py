@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pwd
 import shutil
@@ -335,13 +336,32 @@ class Worker:
             return None
         return self.checkpoint_cache(job, coordinator).path(sha)
 
-    async def store_checkpoint(self, job: str, coordinator: str, sha: str, size: int, src: Path) -> Path:
-        """Copy the file `src` into (coordinator, job)'s cache as `sha`, verified (its sha256
-        and `size`); the cache is then pruned. WorkerError when it cannot be."""
+    def incoming_checkpoint(self, job: str, coordinator: str, size: int) -> Path:
+        """A fresh temporary file in (coordinator, job)'s cache for a checkpoint of `size`
+        bytes that the caller writes (RemoteHost.get_checkpoint) and then hands to
+        `store_checkpoint`, which moves it into place; one left behind is removed by the
+        cache's prune (ckptcache.TEMP_AGE) or with the job's directory. WorkerError when
+        the checkpoint is over checkpoint_max or the disk has no room for it."""
+        self._check_size(size)
+        try:
+            return self.checkpoint_cache(job, coordinator).incoming_path(size)
+        except (CheckpointError, OSError) as exc:
+            raise WorkerError(f"no room for a checkpoint of {size} bytes: {exc}") from None
+
+    def _check_size(self, size: int) -> None:
         if not 0 <= size <= self.checkpoint_max:
             raise WorkerError(f"a checkpoint of {size} bytes is over this host's checkpoint_max "
                               f"of {self.checkpoint_max}")
+
+    async def store_checkpoint(self, job: str, coordinator: str, sha: str, size: int, src: Path) -> Path:
+        """Copy the file `src` into (coordinator, job)'s cache as `sha`, verified (its sha256
+        and `size`); the cache is then pruned. A file of `incoming_checkpoint` is moved into
+        place, not copied, and removed whatever happens. WorkerError when it cannot be."""
         cache = self.checkpoint_cache(job, coordinator)
+        if not 0 <= size <= self.checkpoint_max:
+            if cache.is_incoming(src):
+                await trio.to_thread.run_sync(functools.partial(src.unlink, missing_ok=True))
+            self._check_size(size)
 
         def store() -> Path:
             path = cache.store_file(sha, size, src)
