@@ -481,3 +481,75 @@ async def test_a_fetch_into_the_hubs_incoming_file_is_moved_into_the_cache_and_a
         os.utime(left, (1, 1))
         w.checkpoint_cache(JOB, "hub").prune(2)
         assert sorted(p.name for p in root.iterdir()) == [sha]
+
+
+class Scripted:
+    """An IHost whose every stream reads `frames` then the bytes `raw` (then ends)."""
+
+    def __init__(self, frames: list, raw: bytes = b"") -> None:
+        self.frames, self.raw = frames, raw
+
+    async def new_stream(self, peer, protocols):
+        stream = FakeStream(PEER, self.frames)
+        stream.inbound += self.raw
+        return stream
+
+
+HUGE = HEADER.pack(2**32 - 1)  # a frame header announcing 4 GiB
+
+
+async def test_whatever_a_host_sends_or_a_local_file_does_a_remote_host_raises_only_host_error(tmp_path):
+    """Reviewer's #1: an oversized frame, a malformed answer, or this host's own file gone
+    (a checkpoint pruned between checkpoint_path and the open) leave a RemoteHost method as
+    a HostError naming the host, never FrameTooLarge, KeyError or FileNotFoundError."""
+    shown = f"{PEER[:6]}…{PEER[-4:]}"
+    path, sha = checkpoint(tmp_path, b"weights")
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="10.211.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("10.211.0.1",), checkpoint_dir="")
+    start = StartRequest(job=JOB, coordinator="me", role=role, cmd=("true",), env={}, python=None, workdir=None)
+
+    async def emit(event) -> None:
+        pass
+
+    calls = [
+        (Scripted([], HUGE), lambda r: r.reserve(JOB, 0, 1, 60.0), "reserve: a 4294967295-byte frame"),
+        (Scripted([{}]), lambda r: r.reserve(JOB, 0, 1, 60.0), "'gpus' must be a list"),
+        (Scripted([{"gpus": [True]}]), lambda r: r.reserve(JOB, 0, 1, 60.0), "'gpus' must be a list"),
+        (Scripted([{"gpus": [0], "port": "x"}]), lambda r: r.commit(JOB, True), "'port' must be 1-65535"),
+        (Scripted([], HUGE), lambda r: r.release(JOB), "a 4294967295-byte frame"),
+        (Scripted([], HUGE), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"), "a 4294967295-byte frame"),
+        (Scripted([{"size": 7}], HUGE), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"),
+         "a 4294967295-byte frame"),
+        (Scripted([{"size": 7}]), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "no" / "dest"),
+         "No such file or directory"),
+        (Scripted([], HUGE), lambda r: r.put_checkpoint(JOB, "e1.pt", sha, 7, path), "a 4294967295-byte frame"),
+        (Scripted([{"have": False}]), lambda r: r.put_checkpoint(JOB, "e1.pt", sha, 7, tmp_path / "pruned"),
+         "No such file or directory"),
+        (Scripted([{"have": False}], HUGE), lambda r: r.put_checkpoint(JOB, "e1.pt", sha, 7, path),
+         "a 4294967295-byte frame"),
+        (Scripted([{"started": [0]}], HUGE), lambda r: r.start(start, emit), "a 4294967295-byte frame"),
+        (Scripted([], HUGE), lambda r: r.ship(JOB, "a" * 64, path, lambda n: None), "a 4294967295-byte frame"),
+        (Scripted([{"have": True}]), lambda r: r.ship(JOB, "a" * 64, tmp_path / "gone.tar.gz", lambda n: None),
+         "No such file or directory"),
+    ]
+    for host, call, why in calls:
+        with pytest.raises(HostError, match=why) as raised, trio.fail_after(5):
+            await call(RemoteHost(PEER, host, b"cert"))  # type: ignore[arg-type]
+        assert str(raised.value).startswith(shown)
+    assert not (tmp_path / "dest").exists()
+
+
+async def test_a_local_host_raises_only_host_error_for_its_files(tmp_path):
+    host = Host(tmp_path)
+    path, sha = checkpoint(tmp_path, b"weights")
+    local = LocalHost("coord", host.worker)
+    with pytest.raises(HostError, match="pruned"):
+        await local.put_checkpoint(JOB, "e1.pt", sha, 7, tmp_path / "pruned")
+    await local.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+    with pytest.raises(HostError, match="No such file or directory"):
+        await local.get_checkpoint(JOB, sha, 7, tmp_path / "no" / "dest")
+    with pytest.raises(HostError, match="is 7 bytes here, not 8"):
+        await local.get_checkpoint(JOB, sha, 8, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+    with pytest.raises(HostError, match="No such file or directory"):
+        await local.ship(JOB, "a" * 64, tmp_path / "gone.tar.gz", lambda n: None)

@@ -38,7 +38,10 @@ refused before anything more is read.
 Every refusal of a peer's request is counted by reason and answered with the reason.
 
 `LocalHost` and `RemoteHost` give the coordinator one interface to its own worker and to
-a peer's.
+a peer's. Whatever a peer does (a frame too large or unreadable, a malformed reply, a
+stream that breaks or goes silent) and whatever this host's files do (a checkpoint pruned
+before it is opened, a full disk) leaves their methods as one `HostError` naming the host:
+the coordinator handles a host's failure in one place, never a stray exception type.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ import ipaddress
 import os
 import shutil
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
-from ..rpc.framing import FrameTooLarge
+from ..rpc.framing import FramingError, FrameTooLarge
 from .checkpoints import check_listed, check_name, is_sha256
 from .ckptcache import CheckpointError, Incoming
 from .executor import ExecutorError, free_port
@@ -83,6 +86,7 @@ WORKDIR_TIMEOUT = 600.0  # seconds a whole workdir upload may take (64 MiB at ab
 MAX_LEASE = 300.0
 MAX_NODES = 1024  # as a job spec allows
 MAX_PROCS_PER_NODE = 256
+MAX_GPUS = 1024  # GPU indices a host's answer may name
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
 MAX_UPLOADS_PER_PEER = 2  # workdir uploads of one peer at once (each spools up to 64 MiB to disk)
@@ -581,19 +585,17 @@ class LocalHost:
             raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
-        if not self.worker.cache.has(digest):
-            data = await trio.Path(archive).read_bytes()
-            try:
+        with _host_errors(self.peer, "shipping the workdir"):
+            if not self.worker.cache.has(digest):
+                data = await trio.Path(archive).read_bytes()
                 await trio.to_thread.run_sync(self.worker.cache.put, digest, data)
-            except WorkdirError as exc:
-                raise HostError(f"{short(self.peer)}: {exc}") from None
-        self.worker.pin(job, self.peer, digest)
+            self.worker.pin(job, self.peer, digest)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
         try:
             await self.worker.start(req, emit)
-        except (WorkerError, WorkdirError, ExecutorError) as exc:
-            raise HostError(f"{short(self.peer)}: {exc}") from None
+        except (WorkerError, WorkdirError, ExecutorError, OSError) as exc:
+            raise HostError(f"{short(self.peer)}: {_why(exc)}") from None
 
     async def cancel(self, job: str) -> None:
         if isinstance(refusal := self.worker.cancel(job, self.peer), Refusal):
@@ -601,25 +603,27 @@ class LocalHost:
 
     async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
         """The checkpoint at `path` into this host's cache of the job (the hub's own)."""
-        if self.worker.checkpoint_path(job, self.peer, sha) is None:
-            try:
+        with _host_errors(self.peer, f"putting checkpoint {sha[:12]}"):
+            if self.worker.checkpoint_path(job, self.peer, sha) is None:
                 await self.worker.store_checkpoint(job, self.peer, sha, size, path)
-            except WorkerError as exc:
-                raise HostError(f"{short(self.peer)}: {exc}") from None
 
     async def get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
-        """The cached checkpoint `sha` copied to `dest`."""
-        src = self.worker.checkpoint_path(job, self.peer, sha)
-        if src is None:
-            raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} of job {job} is not on this host")
+        """The cached checkpoint `sha` copied to `dest`; on any failure `dest` is removed."""
+        with _host_errors(self.peer, f"getting checkpoint {sha[:12]}"):
+            src = self.worker.checkpoint_path(job, self.peer, sha)
+            if src is None:
+                raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} of job {job} is not on this host")
 
-        def copy() -> None:
-            shutil.copyfile(src, dest, follow_symlinks=False)
-            if (got := os.stat(dest).st_size) != size:
-                dest.unlink(missing_ok=True)
-                raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} is {got} bytes here, not {size}")
+            def copy() -> None:
+                try:
+                    shutil.copyfile(src, dest, follow_symlinks=False)
+                    if (got := os.stat(dest).st_size) != size:
+                        raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} is {got} bytes here, not {size}")
+                except BaseException:
+                    dest.unlink(missing_ok=True)
+                    raise
 
-        await trio.to_thread.run_sync(copy)
+            await trio.to_thread.run_sync(copy)
 
 
 class RemoteHost:
@@ -646,9 +650,8 @@ class RemoteHost:
         with trio.move_on_after(REQUEST_TIMEOUT) as scope:
             stream = await self._open(op, job, **fields)
             try:
-                reply = await read_frame(stream, MAX_SMALL_FRAME)
-            except PeerError as exc:
-                raise HostError(f"{short(self.peer)}: {exc}") from None
+                with _host_errors(self.peer, op):
+                    reply = await read_frame(stream, MAX_SMALL_FRAME)
             finally:
                 await close_quietly(stream)
         if scope.cancelled_caught:
@@ -656,11 +659,14 @@ class RemoteHost:
         return _reply(self.peer, reply)
 
     async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
-        return tuple((await self._call("reserve", job, gpus=gpus, ranks=ranks, lease=lease))["gpus"])
+        return _gpus(self.peer, await self._call("reserve", job, gpus=gpus, ranks=ranks, lease=lease))
 
     async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
         reply = await self._call("commit", job, port=port)
-        return tuple(reply["gpus"]), reply.get("port")
+        granted = reply.get("port")
+        if port and not (isinstance(granted, int) and not isinstance(granted, bool) and 1 <= granted <= 65535):
+            raise HostError(f"{short(self.peer)}: commit: 'port' must be 1-65535")
+        return _gpus(self.peer, reply), granted if port else None
 
     async def release(self, job: str) -> None:
         await self._call("release", job)
@@ -672,7 +678,8 @@ class RemoteHost:
         """Send the checkpoint at `path` (its sha256 and size as given) unless the host has it;
         it needs a reservation of the job there. HostError naming the host otherwise."""
         with trio.move_on_after(REQUEST_TIMEOUT + transfer_timeout(size)) as scope:
-            await self._put_checkpoint(job, name, sha, size, path)
+            with _host_errors(self.peer, f"putting checkpoint {sha[:12]}"):
+                await self._put_checkpoint(job, name, sha, size, path)
         if scope.cancelled_caught:
             raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} was not taken within "
                             f"{REQUEST_TIMEOUT + transfer_timeout(size):g} s")
@@ -704,7 +711,8 @@ class RemoteHost:
         sha256 and `size`); on any failure `dest` is removed and HostError names the host."""
         with trio.move_on_after(REQUEST_TIMEOUT + transfer_timeout(size)) as scope:
             try:
-                await self._get_checkpoint(job, sha, size, dest)
+                with _host_errors(self.peer, f"getting checkpoint {sha[:12]}"):
+                    await self._get_checkpoint(job, sha, size, dest)
             except BaseException:
                 dest.unlink(missing_ok=True)
                 raise
@@ -748,9 +756,11 @@ class RemoteHost:
             await close_quietly(stream)
 
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
-        data = await trio.Path(archive).read_bytes()
+        with _host_errors(self.peer, "shipping the workdir"):
+            data = await trio.Path(archive).read_bytes()
         with trio.move_on_after(SHIP_TIMEOUT) as scope:
-            await self._ship(job, digest, data, progress)
+            with _host_errors(self.peer, "shipping the workdir"):
+                await self._ship(job, digest, data, progress)
         if scope.cancelled_caught:
             raise HostError(f"{short(self.peer)}: the workdir was not taken within {SHIP_TIMEOUT:g} s")
 
@@ -787,11 +797,8 @@ class RemoteHost:
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:
-                try:
-                    with trio.move_on_after(patience) as quiet:
-                        frame = await read_frame(stream, MAX_EVENT_FRAME)
-                except PeerError as exc:
-                    raise HostError(f"{short(self.peer)}: {exc}") from None
+                with _host_errors(self.peer, "job stream"), trio.move_on_after(patience) as quiet:
+                    frame = await read_frame(stream, MAX_EVENT_FRAME)
                 if quiet.cancelled_caught:
                     raise HostError(f"{short(self.peer)}: silent for {patience:g} s (gone, or not running the job)")
                 patience = EVENT_TIMEOUT
@@ -824,6 +831,32 @@ class _Received:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+@contextlib.contextmanager
+def _host_errors(peer: str, what: str) -> Iterator[None]:
+    """A peer's misbehaviour (a frame too large or unreadable, a broken stream, a refusal of
+    its worker) or this host's own file trouble (gone, unreadable, a full disk) as one
+    HostError naming the host and what was being done."""
+    try:
+        yield
+    except (PeerError, FramingError, WorkerError, WorkdirError, CheckpointError, OSError) as exc:
+        raise HostError(f"{short(peer)}: {what}: {_why(exc)}") from None
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}" + (f" ({os.path.basename(exc.filename)})" if exc.filename else "")
+    return str(exc) or exc.__class__.__name__
+
+
+def _gpus(peer: str, reply: dict[str, Any]) -> tuple[int, ...]:
+    """The GPU indices a host's reserve or commit answer names, checked."""
+    gpus = reply.get("gpus")
+    if (not isinstance(gpus, list) or len(gpus) > MAX_GPUS
+            or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < MAX_GPUS for g in gpus)):
+        raise HostError(f"{short(peer)}: 'gpus' must be a list of GPU indices 0-{MAX_GPUS - 1}")
+    return tuple(gpus)
 
 
 def _granted(peer: str, answer: Grant | Refusal) -> tuple[int, ...]:
