@@ -214,7 +214,7 @@ def test_a_lost_node_fails_the_job_with_the_reason():
     assert run.stop_others
     run.node_exited("a", {0: 143})
     run.node_exited("c", {2: 143})
-    assert run.state == "failed" and run.reason == "host b lost (stream closed)"
+    assert run.state == "failed" and run.reason == "host b lost: stream closed"
 
 
 def test_cancel_stops_everyone_and_is_not_a_failure():

@@ -410,6 +410,13 @@ HOST_RANKS = range(2, 4)  # node 1 of a job with two ranks a node
     ({"oom": {"ranks": [0], "limit": 1}}, "not one of this host's"),
     ({"oom": {"ranks": [2, 2, 3]}}, "'oom' must be a map"),
     ({"oom": {"ranks": [2], "limit": 0}}, "'oom.limit' must be an integer"),
+    ({"ckpt": ["e.pt", "a" * 64]}, "'ckpt' must be \\[name, sha256, size\\]"),
+    ({"ckpt": "e.pt"}, "'ckpt' must be \\[name, sha256, size\\]"),
+    ({"ckpt": ["../../etc/passwd", "a" * 64, 1]}, "'ckpt.name' must be 1-128"),
+    ({"ckpt": [".e.pt.tmp", "a" * 64, 1]}, "'ckpt.name' must be 1-128"),
+    ({"ckpt": ["e.pt", "A" * 64, 1]}, "'ckpt.sha256' must be 64 lowercase hex"),
+    ({"ckpt": ["e.pt", "a" * 64, 2**50 + 1]}, "'ckpt.size' must be an integer"),
+    ({"ckpt": ["e.pt", "a" * 64, True]}, "'ckpt.size' must be an integer"),
 ])
 def test_a_host_speaks_only_for_its_own_ranks_in_bounded_batches(event, why):
     """Finding 4: a host's events naming other hosts' ranks, a huge 'started', a million
@@ -498,3 +505,58 @@ async def test_a_ship_the_host_never_answers_gives_up(tmp_path, autojump_clock):
     remote = RemoteHost(PEER, _FakeHost(FakeStream("x", [{"have": False}], hang=True)), b"cert")
     with pytest.raises(HostError, match="not taken within"):
         await remote.ship(JOB, "a" * 64, archive, lambda n: None)
+
+
+class _Gossip:
+    me = "coordinator"
+
+    def view(self):
+        from swarmd.gossip.membership import View
+        return View.empty(self.me)
+
+
+async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_path):
+    """Reviewer's #1 and #6: a host whose answer to ckpt_get is an oversized frame (or anything
+    else) costs that copy, never the daemon; only rank 0's host's checkpoints count; one
+    over checkpoint_max is ignored."""
+    from swarmd.compute.coordinator import Jobs, _Live
+    from swarmd.compute.ledger import Ledger
+    from swarmd.compute.run import Run
+    from swarmd.compute.spec import JobSpec
+    from swarmd.compute.worker import Worker
+    from swarmd.compute.workdir import Cache
+    from swarmd.rpc.framing import FrameTooLarge
+
+    asked: list[str] = []
+
+    class Hostile:
+        async def get_checkpoint(self, job, sha, size, dest):
+            asked.append(sha)
+            raise FrameTooLarge("a frame of 4294967295 bytes is over the 1048576 allowed")
+
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    worker = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs_dir, user=None,
+                    checkpoint_max=1 << 20)
+    jobs = Jobs(store=JobStore(tmp_path / "state"), worker=worker, gossip=_Gossip(), archives=tmp_path / "a")
+    run = Run(job=JOB, max_restarts=1)
+    run.to("reserving")
+    run.placed(("rank0host", "otherhost"))
+    live = _Live(run=run, spec=JobSpec(cmd=("x",)))
+    live.hosts = {"rank0host": Hostile(), "otherhost": Hostile()}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(jobs._replicator, JOB, live)
+        jobs._checkpointed(JOB, live, "otherhost", "e1.pt", "b" * 64, 10)
+        jobs._checkpointed(JOB, live, "rank0host", "big.pt", "c" * 64, (1 << 20) + 1)
+        assert live.checkpoints == [], "not rank 0's host, or over checkpoint_max: ignored"
+        jobs._checkpointed(JOB, live, "rank0host", "e2.pt", "a" * 64, 10)
+        with trio.fail_after(5):
+            while not asked:
+                await trio.sleep(0.01)
+        jobs._checkpointed(JOB, live, "rank0host", "e3.pt", "d" * 64, 10)
+        with trio.fail_after(5):
+            while len(asked) < 2:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert asked == ["a" * 64, "d" * 64], "each failed copy cost only itself; the replicator went on"
+    assert [c.name for c in live.checkpoints] == ["e2.pt", "e3.pt"]

@@ -235,3 +235,9 @@ def _valid_or_spec_error(data):
         return
     assert spec.cmd and spec.cmd[0] and 1 <= spec.nodes <= 1024 and 1 <= spec.procs_per_node <= 256
     assert JobSpec.from_wire(spec.to_wire()) == spec
+
+
+def test_an_unquoted_min_max_in_yaml_is_not_read_as_a_base_60_number():
+    spec = build(load_yaml("nodes: 2:4\nmax_restarts: 3\ncmd: [python, x.py]\n", "job.yaml"), {})
+    assert (spec.least_nodes, spec.nodes, spec.max_restarts) == (2, 4, 3)  # YAML 1.1 alone: 124 nodes
+    assert load_yaml("a: 0x10\nb: 12\nc: '1:2'\n") == {"a": 16, "b": 12, "c": "1:2"}

@@ -62,12 +62,12 @@ def test_a_lost_host_restarts_the_job_and_the_next_attempt_runs():
     run = started()
     run.node_lost(C, "silent for 2.5 s", now=10.0)
     assert (run.state, run.phase, run.restart_count) == ("restarting", "stopping", 1)
-    assert run.reason == "host CCCCcccc lost (silent for 2.5 s)"
+    assert run.reason == "host CCCCcccc lost: silent for 2.5 s"
     assert run.stop_others and not run.settled
     run.node_exited(A, {0: 143}, now=10.2)  # stopped because of the loss: not a new cause
     run.node_exited(B, {1: 143}, now=10.3)
     assert run.settled and run.state == "restarting" and run.survivors == (A, B)
-    assert run.attempts[0].why == "host CCCCcccc lost (silent for 2.5 s)"
+    assert run.attempts[0].why == "host CCCCcccc lost: silent for 2.5 s"
     assert (run.attempts[0].detected, run.attempts[0].ended) == (10.0, 10.3)
     restart(run, (A, B, D), t=12.0)
     assert run.state == "running" and run.phase is None and not run.stop_others
@@ -110,7 +110,7 @@ def test_a_job_without_restarts_fails_as_before():
     run.node_lost(B, "stream closed")
     run.node_exited(A, {0: 143})
     run.node_exited(C, {2: 143})
-    assert (run.state, run.exit_code, run.reason) == ("failed", 1, "host BBBBbbbb lost (stream closed)")
+    assert (run.state, run.exit_code, run.reason) == ("failed", 1, "host BBBBbbbb lost: stream closed")
 
 
 def test_a_rank_failing_while_a_restart_starts_ends_that_attempt_too():
@@ -138,7 +138,7 @@ def test_too_few_hosts_for_a_restart_fails_naming_every_attempt():
     run.begin_attempt()
     run.fail("fewer than 2 hosts fit")
     assert run.state == "failed"
-    assert run.reason == "fewer than 2 hosts fit; attempts: #1 host CCCCcccc lost (dead)"
+    assert run.reason == "fewer than 2 hosts fit; attempts: #1 host CCCCcccc lost: dead"
 
 
 def test_cancel_while_stopping_for_a_restart_cancels_once_everyone_stopped():

@@ -114,4 +114,5 @@ def test_a_restart_sets_the_contract_afresh_for_the_new_attempt():
     assert (again["RANK"], again["GROUP_WORLD_SIZE"], again["MASTER_ADDR"], again["MASTER_PORT"]) == \
         ("2", "2", "10.7.0.2", "29511")
     assert again["SWARM_NODE_IPS"] == "10.7.0.2,10.7.0.3"
+    assert rank_env(role(max_restarts=3), 0, {}, BASE)["TORCHELASTIC_MAX_RESTARTS"] == "3"
     assert again["SWARM_CHECKPOINT_DIR"] == first["SWARM_CHECKPOINT_DIR"]  # the same place on a host

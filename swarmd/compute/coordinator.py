@@ -18,7 +18,7 @@ Checkpoints: a host announces each complete checkpoint its ranks renamed into
 $SWARM_CHECKPOINT_DIR (``{ckpt: [name, sha256, size]}``); this coordinator copies it into
 its own cache for the job (pulling it from the host), or, when its own host wrote it,
 pushes it to the job's host nearest it, so a checkpoint outlives the host that wrote it.
-One transfer at a time per job, in the background; the newest CHECKPOINT_KEEP are kept.
+One transfer at a time per job, in the background; the newest `checkpoint_keep` are kept.
 
 A host's events are a peer's input (`checked_event`): it speaks only for its own ranks
 (node_rank × procs_per_node + i), starts once, sends lines as strings in batches of at
@@ -65,7 +65,6 @@ WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for ca
 LOST_REASON = "the coordinating daemon restarted while the job was running"
 MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement
 WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
-CHECKPOINT_KEEP = 2  # newest checkpoints of a job kept and put on the hosts of a restart
 MAX_CHECKPOINT_BYTES = 2**50  # what a host may announce; each host bounds its own by checkpoint_max
 
 
@@ -428,7 +427,8 @@ class Jobs:
         async def node(i: int, peer: str) -> None:
             role = NodeRole(job_id=job, node_rank=i, nnodes=len(peers), procs_per_node=spec.procs_per_node,
                             master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
-                            node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count)
+                            node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count,
+                            max_restarts=run.max_restarts)
             req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
                                checkpoints=checkpoints)
@@ -449,7 +449,7 @@ class Jobs:
                 if run.node_state.get(peer) not in ("exited", "lost"):
                     run.node_lost(peer, "its ranks ended without an exit report", now=time.time())
             except HostError as exc:
-                run.node_lost(peer, str(exc), now=time.time())
+                run.node_lost(peer, str(exc).removeprefix(f"{short(peer)}: "), now=time.time())
             finally:
                 self._save(job, live)
                 if run.stop_others:
@@ -530,7 +530,7 @@ class Jobs:
                 known.holders.add(peer)
             return
         live.checkpoints.append(_Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
-        del live.checkpoints[:-CHECKPOINT_KEEP]
+        del live.checkpoints[:-max(self.worker.checkpoint_keep, 1)]
         self.worker.keep_checkpoints(job, self.gossip.me, [c.sha for c in live.checkpoints])
         log.info("checkpoint", job=job, name=name, sha=sha[:12], size=size, host=short(peer))
         live.replicate.set()

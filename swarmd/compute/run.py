@@ -162,7 +162,7 @@ class Run:
         self.node_state[node] = "lost"
         self.lost.add(node)
         if not self.stopping:
-            self._attempt_over(f"host {short_peer(node)} lost ({why})", now)
+            self._attempt_over(f"host {short_peer(node)} lost: {why}", now)
         self._settle(now)
 
     def cancel(self, why: str = "cancelled by the user") -> None:
@@ -252,6 +252,7 @@ class Run:
         elif self.verdict == "fail":
             self.to("failed")
         elif self.verdict is None:
+            self.reason = None  # an earlier attempt's end is in its own record, not the job's outcome
             self.to("succeeded")
         # "restart": the coordinator places the next attempt (begin_attempt)
 

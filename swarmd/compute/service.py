@@ -542,7 +542,8 @@ def _role(v: Any) -> NodeRole:
                     master_addr=ip(v.get("master_addr"), "master_addr"),
                     master_port=integer("master_port", 1, 65535), ifname=None, gpus=(),
                     node_ips=tuple(ip(x, "node_ips") for x in ips), checkpoint_dir="",
-                    restart_count=integer("restart_count", 0, 1_000_000))
+                    restart_count=integer("restart_count", 0, 1_000_000),
+                    max_restarts=integer("max_restarts", 0, 1_000_000) if "max_restarts" in v else 0)
 
 
 def _limits(v: Any) -> dict[str, Any]:

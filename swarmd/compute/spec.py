@@ -245,7 +245,7 @@ def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:
     import yaml  # only swarmctl reads spec files: the daemon never pays for the import
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 (a SafeLoader, below)
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: {_yaml_problem(exc, text)}") from None
     except RecursionError:
@@ -255,6 +255,23 @@ def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a map of fields (nodes: 3, cmd: [...]), got {type(data).__name__}")
     return data
+
+
+def _loader() -> Any:
+    """PyYAML's SafeLoader, except that `2:4` stays the text it is: YAML 1.1 reads an unquoted
+    `nodes: 2:4` as the base-60 integer 124, which would silently ask for 124 nodes."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def integer(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        if ":" in node.value:
+            return loader.construct_scalar(node)
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", integer)
+    return Loader
 
 
 def _yaml_problem(exc: Exception, text: str) -> str:

@@ -37,6 +37,7 @@ class NodeRole:
     node_ips: tuple[str, ...]  # every node's address, in node-rank order
     checkpoint_dir: str
     restart_count: int = 0
+    max_restarts: int = 0
 
 
 def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
@@ -53,7 +54,7 @@ def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
         "NODE_RANK": str(role.node_rank), "GROUP_WORLD_SIZE": str(role.nnodes),
         "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
         "MASTER_ADDR": role.master_addr, "MASTER_PORT": str(role.master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(role.restart_count), "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(role.restart_count), "TORCHELASTIC_MAX_RESTARTS": str(role.max_restarts),
         "TORCHELASTIC_RUN_ID": role.job_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
         "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, role.gpus)),
         "SWARM_JOB_ID": role.job_id, "SWARM_NODE_IPS": ",".join(role.node_ips),
