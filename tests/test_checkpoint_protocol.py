@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from swarmd.compute import service
-from swarmd.compute.ckptcache import CkptCache
+from swarmd.compute.ckptcache import CheckpointError, CkptCache
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.service import HostError, JobHandler, LocalHost, RemoteHost, role_to_wire
 from swarmd.compute.torchenv import NodeRole
@@ -123,6 +123,12 @@ class Host:
         return [p.name for p in root.iterdir()] if root.exists() else []
 
 
+async def hold(remote: RemoteHost) -> None:
+    """A committed reservation of JOB: what a checkpoint put needs."""
+    await remote.reserve(JOB, 0, 1, 60.0)
+    await remote.commit(JOB, False)
+
+
 def req(op: str, job: str = JOB, **fields) -> dict:
     return {"op": op, "job": job, "cert": b"member", **fields}
 
@@ -139,7 +145,7 @@ async def test_a_put_then_a_get_round_trips_the_bytes_and_a_second_put_sends_not
     path, sha = checkpoint(tmp_path, data)
     async with trio.open_nursery() as nursery:
         coord = host.remote(nursery, "coord")
-        await coord.reserve(JOB, 0, 1, 60.0)
+        await hold(coord)
         await coord.put_checkpoint(JOB, "e1.pt", sha, len(data), path)
         assert host.cached("coord") == [sha]
         dest = tmp_path / "back"
@@ -159,16 +165,16 @@ async def test_a_member_that_is_not_the_coordinator_reaches_none_of_its_checkpoi
     path, sha = checkpoint(tmp_path, b"coord's weights")
     async with trio.open_nursery() as nursery:
         coord, mallory = host.remote(nursery, "coord"), host.remote(nursery, "mallory")
-        await coord.reserve(JOB, 0, 1, 60.0)
+        await hold(coord)
         await coord.put_checkpoint(JOB, "e1.pt", sha, 15, path)
         with pytest.raises(HostError, match="is not on this host"):
             await mallory.get_checkpoint(JOB, sha, 15, tmp_path / "stolen")
         assert not (tmp_path / "stolen").exists()
-        with pytest.raises(HostError, match="holds no reservation"):
+        with pytest.raises(HostError, match="holds no committed reservation"):
             await mallory.put_checkpoint(JOB, "e1.pt", "f" * 64, 15, path)
         assert host.rejected == {"no_reservation": 1}
         # holding the same id itself, it puts into its own cache, never the coordinator's
-        await mallory.reserve(JOB, 0, 1, 60.0)
+        await hold(mallory)
         bad, bad_sha = checkpoint(tmp_path, b"poisoned", "bad.pt")
         await mallory.put_checkpoint(JOB, "e1.pt", bad_sha, 8, bad)
         assert host.cached("coord") == [sha] and host.cached("mallory") == [bad_sha]
@@ -181,7 +187,7 @@ async def test_a_put_without_a_hold_is_refused_and_nothing_is_stored(tmp_path):
     path, sha = checkpoint(tmp_path, b"weights")
     replies = await host.ask("coord", req("ckpt_put", name="e1.pt", sha256=sha, size=7), {"data": b"weights"},
                              {"end": True})
-    assert len(replies) == 1 and "holds no reservation" in replies[0]["error"]
+    assert len(replies) == 1 and "holds no committed reservation" in replies[0]["error"]
     assert host.rejected == {"no_reservation": 1} and list(host.jobs_dir.iterdir()) == []
 
 
@@ -202,6 +208,7 @@ async def test_a_put_without_a_hold_is_refused_and_nothing_is_stored(tmp_path):
 async def test_a_put_that_does_not_match_is_refused_and_nothing_is_kept(tmp_path, announced, frames, reason, why):
     host = Host(tmp_path)
     assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=60.0)) == [{"gpus": []}]
+    assert await host.ask("coord", req("commit")) == [{"gpus": []}]
     fields = dict(name="e1.pt", sha256=hashlib.sha256(b"weights").hexdigest()) | announced
     replies = await host.ask("coord", req("ckpt_put", **fields), *frames)
     assert why in replies[-1]["error"]
@@ -221,7 +228,7 @@ async def test_a_stalled_put_is_given_up_after_the_chunk_timeout(tmp_path, patie
     host = Host(tmp_path)
     path, sha = checkpoint(tmp_path, b"weights")
     async with trio.open_nursery() as nursery:
-        await host.remote(nursery, "coord").reserve(JOB, 0, 1, 60.0)
+        await hold(host.remote(nursery, "coord"))
         a, b = trio.testing.memory_stream_pair()
         nursery.start_soon(host.handler.handle, Pipe("coord", b))
         client = Pipe(PEER, a)
@@ -241,7 +248,7 @@ async def test_a_get_that_does_not_match_what_the_coordinator_expects_fails_and_
     path, sha = checkpoint(tmp_path, b"weights")
     async with trio.open_nursery() as nursery:
         coord = host.remote(nursery, "coord")
-        await coord.reserve(JOB, 0, 1, 60.0)
+        await hold(coord)
         await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
         for sha_ in ("nope", "A" * 64):
             with pytest.raises(HostError, match="'sha256' must be"):
@@ -363,7 +370,7 @@ junk = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.fl
                  st.dictionaries(st.text(max_size=5), st.integers(-9, 9), max_size=3))
 WEIGHTS = hashlib.sha256(b"weights").hexdigest()
 ckpt_requests = st.fixed_dictionaries(
-    {"op": st.sampled_from(["ckpt_put", "ckpt_get", "reserve"]), "job": st.sampled_from([JOB, "../x"]),
+    {"op": st.sampled_from(["ckpt_put", "ckpt_get", "reserve", "commit"]), "job": st.sampled_from([JOB, "../x"]),
      "cert": st.just(b"member")},
     optional={"name": st.one_of(st.sampled_from(["e1.pt", "e1.pt.tmp", "../e", ".h"]), junk),
               "sha256": st.one_of(st.just(WEIGHTS), st.just("0" * 64), junk),
@@ -431,7 +438,7 @@ async def test_a_checkpoint_crosses_real_libp2p_both_ways(tmp_path):
         coord = str(c_p2p.get_id())
         remote = RemoteHost(str(h_p2p.get_id()), c_p2p, b"cert")
         with trio.fail_after(60):
-            await remote.reserve(JOB, 0, 1, 60.0)
+            await hold(remote)
             await remote.put_checkpoint(JOB, "e1.pt", sha, len(data), path)
             assert host.cached(coord) == [sha]
             await remote.get_checkpoint(JOB, sha, len(data), tmp_path / "back")
@@ -553,3 +560,87 @@ async def test_a_local_host_raises_only_host_error_for_its_files(tmp_path):
     assert not (tmp_path / "dest").exists()
     with pytest.raises(HostError, match="No such file or directory"):
         await local.ship(JOB, "a" * 64, tmp_path / "gone.tar.gz", lambda n: None)
+
+
+JOB2 = "0123456789ac"
+
+
+async def test_a_put_needs_a_committed_hold_and_a_cache_filled_for_a_hold_that_never_started_goes_with_it(
+        tmp_path, patient_clock):
+    """Reviewer's #4: a lease is not enough to put (a member reserving fresh ids could fill
+    the disk); checkpoints put for a hold released or lapsed before its job started here are
+    removed at once, not kept for gc's retention. A job that ran here keeps its cache, and
+    the hub's own cache (stored, never put) is no peer's to lose."""
+    from swarmd.compute.worker import START_WITHIN
+
+    host = Host(tmp_path)
+    w = host.worker
+    path, sha = checkpoint(tmp_path, b"weights")
+    async with trio.open_nursery() as nursery:
+        coord = host.remote(nursery, "coord")
+        await coord.reserve(JOB, 0, 1, 60.0)
+        with pytest.raises(HostError, match="holds no committed reservation"):
+            await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+        assert host.rejected == {"no_reservation": 1} and not w.job_dir(JOB, "coord").exists()
+        await coord.commit(JOB, False)
+        await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+        assert host.cached("coord") == [sha]
+        await coord.release(JOB)
+        assert not w.job_dir(JOB, "coord").exists(), "released before it started: the cache went with the hold"
+
+        await hold(coord)  # lapses: committed, never started within START_WITHIN
+        await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+        nursery.start_soon(w.sweep)
+        await trio.sleep(START_WITHIN + 1)
+        assert w.ledger.state_of(JOB, "coord") is None and not w.job_dir(JOB, "coord").exists()
+
+        await hold(coord)  # the job ran here before (a start made its work/): its cache stays
+        await coord.put_checkpoint(JOB, "e1.pt", sha, 7, path)
+        (w.job_dir(JOB, "coord") / "work").mkdir()
+        await coord.release(JOB)
+        assert host.cached("coord") == [sha]
+
+        await w.store_checkpoint(JOB2, "me", sha, 7, path)  # the hub's own, its own hold released unstarted
+        await LocalHost("me", w).reserve(JOB2, 0, 1, 60.0)
+        await LocalHost("me", w).release(JOB2)
+        assert w.checkpoint_path(JOB2, "me", sha) is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_all_checkpoint_caches_together_stay_within_the_hosts_budget(tmp_path):
+    """Reviewer's #4: puts, the hub's fetches and the watcher's copies all count against one
+    budget for the host's caches (4 × checkpoint_max); past it each is refused saying why,
+    leaving nothing behind, and room comes back when a cache goes."""
+    host = Host(tmp_path, checkpoint_max=100)
+    w = host.worker
+    assert w.checkpoint_budget.limit == 400
+    files = [checkpoint(tmp_path, bytes([i]) * 100, f"e{i}.pt") for i in range(5)]
+    async with trio.open_nursery() as nursery:
+        coord = host.remote(nursery, "coord")
+        for job in (JOB, JOB2):
+            await coord.reserve(job, 0, 1, 60.0)
+            await coord.commit(job, False)
+        for job, (path, sha) in zip((JOB, JOB, JOB2, JOB2), files):
+            await coord.put_checkpoint(job, "e.pt", sha, 100, path)
+        assert w.checkpoint_budget.used() == 400
+        path, sha = files[4]
+        with pytest.raises(HostError, match="over their budget of 400"):
+            await coord.put_checkpoint(JOB, "e4.pt", sha, 100, path)
+        with pytest.raises(WorkerError, match="over their budget of 400"):
+            w.incoming_checkpoint(JOB, "me", 100)
+        with pytest.raises(WorkerError, match="over their budget of 400"):
+            await w.store_checkpoint(JOB, "me", sha, 100, path)
+        rank_dir = tmp_path / "rank"
+        rank_dir.mkdir()
+        (rank_dir / "e4.pt").write_bytes(bytes([4]) * 100)
+        fd = os.open(rank_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(CheckpointError, match="over their budget of 400"):
+                w.checkpoint_cache(JOB, "coord").snapshot(fd, "e4.pt", seen=None, job_uid=None, max_size=100)
+        finally:
+            os.close(fd)
+        assert w.checkpoint_budget.used() == 400, "no temporary left, no claim kept"
+        assert len(host.leftovers("coord")) == 2
+        await coord.release(JOB2)  # never started: its cache goes, and its bytes with it
+        await coord.put_checkpoint(JOB, "e4.pt", sha, 100, path)
+        assert w.checkpoint_budget.used() == 200 and sha in host.cached("coord")

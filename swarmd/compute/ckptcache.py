@@ -27,7 +27,15 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
 - `incoming_path` hands out a temporary for a file another part of the daemon writes (the
   coordinator fetching a checkpoint into its own cache); `store_file` of such a temporary
   verifies and renames it (no second copy) and removes it when it does not match.
-- A copy is refused when it would leave less than `MIN_FREE` bytes free on the disk.
+- A copy is refused when it would leave less than `MIN_FREE` bytes free on the disk, and
+  when it would take all the host's caches together (`Budget`: every job's, the hub's,
+  transfers under way) over `BUDGET_FACTOR` × checkpoint_max: room for one job's `keep` (2)
+  checkpoints at the largest size, one arriving and one more, or for many jobs with the
+  usual smaller ones. Without it a member could fill any host's disk by putting checkpoints
+  for jobs it never runs; the refusal says why (the coordinator logs it and tries another
+  holder, the watcher logs it). Caches of jobs that finished count until gc removes them
+  (retention); caches a peer put into for a hold that ended before its job ever started
+  here go with the hold (worker.py).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import hashlib
 import os
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -54,6 +63,7 @@ CHUNK = 1024 * 1024
 TEMP = ".tmp-"
 TEMP_AGE = 600.0  # seconds a temporary may go unwritten (a transfer pauses at most 30 s a chunk)
 MIN_FREE = 64 * 1024 * 1024  # bytes a copy leaves free on the disk at least
+BUDGET_FACTOR = 4  # all caches together hold at most this many checkpoint_max (see the header)
 MAX_LISTING = 4096  # entries of a checkpoint directory looked at per scan: a job's flood costs it, not the host
 
 
@@ -110,12 +120,71 @@ def listing(dir_fd: int) -> dict[str, Observation]:
     return out
 
 
-class CkptCache:
-    """The checkpoint cache of one job directory `top` (already checked to be the job's)."""
+class Budget:
+    """Bytes all the checkpoint caches under `jobs_dir` may hold together: files, and what
+    copies under way have been promised (`claim`, by temporary name, until `settle` or the
+    temporary is gone). Blocking (it lists every job's cache): call it from a thread."""
 
-    def __init__(self, top: Path) -> None:
+    def __init__(self, jobs_dir: Path, limit: int) -> None:
+        self.jobs_dir = jobs_dir
+        self.limit = limit
+        self._lock = threading.Lock()  # one check-and-claim at a time, whichever thread
+        self._claims: dict[str, int] = {}  # temporary's name -> bytes promised to it
+
+    def claim(self, tmp: Path, size: int) -> None:
+        """Promise `size` bytes to the temporary `tmp`, or CheckpointError saying why not."""
+        with self._lock:
+            used = self._used(tmp.name)
+            if used + size > self.limit:
+                raise CheckpointError(f"a {size}-byte checkpoint would take this host's checkpoint caches to "
+                                      f"{used + size} bytes, over their budget of {self.limit}")
+            self._claims[tmp.name] = size
+
+    def settle(self, tmp: Path) -> None:
+        with self._lock:
+            self._claims.pop(tmp.name, None)
+
+    def used(self) -> int:
+        with self._lock:
+            return self._used()
+
+    def _used(self, leave: str | None = None) -> int:
+        total, seen = 0, set()
+        for top in _entries(self.jobs_dir):
+            if not top.is_dir(follow_symlinks=False):
+                continue
+            for entry in _entries(Path(top.path) / CACHE_DIR):
+                if entry.name == leave or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+                if entry.name in self._claims:
+                    seen.add(entry.name)
+                    size = max(size, self._claims[entry.name])
+                total += size
+        for gone in set(self._claims) - seen - {leave}:  # the temporary went: its claim with it
+            del self._claims[gone]
+        return total
+
+
+def _entries(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+class CkptCache:
+    """The checkpoint cache of one job directory `top` (already checked to be the job's);
+    copies into it are counted against `budget`, when given."""
+
+    def __init__(self, top: Path, budget: Budget | None = None) -> None:
         self.top = top
         self.root = top / CACHE_DIR
+        self.budget = budget
 
     def ensure(self) -> Path:
         """The cache directory, made where absent (and the job's directory, 0711, with it)."""
@@ -156,7 +225,15 @@ class CkptCache:
         """A temporary in the cache for `size` bytes, which becomes `<sha>` at
         `Incoming.finish`; `Incoming.discard` removes it otherwise."""
         _room(self.ensure(), size)
-        return Incoming(self.root, size)
+        inc = Incoming(self.root, size)
+        if self.budget is not None:
+            try:
+                self.budget.claim(inc.tmp, size)  # type: ignore[arg-type]
+            except BaseException:
+                inc.discard()
+                raise
+            inc.budget = self.budget
+        return inc
 
     @contextlib.contextmanager
     def incoming(self, size: int) -> Iterator[Incoming]:
@@ -208,6 +285,12 @@ class CkptCache:
         _room(root, size)
         path = root / f"{TEMP}{secrets.token_hex(8)}"
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        if self.budget is not None:
+            try:
+                self.budget.claim(path, size)  # settled by store_file, or when the file goes
+            except BaseException:
+                os.unlink(path)
+                raise
         return path
 
     def is_incoming(self, path: Path) -> bool:
@@ -224,6 +307,8 @@ class CkptCache:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(src)
+                if self.budget is not None:
+                    self.budget.settle(src)
         if not is_sha256(sha):
             raise CheckpointError("a checkpoint's sha256 must be 64 lowercase hex digits")
         if (have := self.path(sha)) is not None:
@@ -319,6 +404,7 @@ class Incoming:
         self.received = 0
         self.hash = hashlib.sha256()
         self.tmp: Path | None = root / f"{TEMP}{secrets.token_hex(8)}"
+        self.budget: Budget | None = None  # settled when the temporary is renamed or removed
         self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       0o600)
 
@@ -349,8 +435,13 @@ class Incoming:
             os.unlink(self.tmp)  # had already: the same bytes
         else:
             os.rename(self.tmp, final)
+        self._settle()
         self.tmp = None
         return got
+
+    def _settle(self) -> None:
+        if self.budget is not None and self.tmp is not None:
+            self.budget.settle(self.tmp)
 
     def discard(self) -> None:
         if self.fd is not None:
@@ -359,6 +450,7 @@ class Incoming:
         if self.tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)
+            self._settle()
             self.tmp = None
 
 

@@ -23,9 +23,11 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
 - ``ckpt_put {name, sha256, size}`` → ``{have: true}``, or ``{have: false}`` then the
   requester's ``{data}`` chunks and ``{end}`` (each chunk within `CHUNK_TIMEOUT`, all
   within `transfer_timeout(size)`) and ``{}`` once the bytes match sha256 and size; only
-  while the requester holds a reservation here (leased, committed or running), at most
-  the worker's `checkpoint_max` bytes, `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
-  checkpoint that does not match is refused and nothing of it is kept.
+  while the requester holds a committed or running reservation here (not a mere lease),
+  at most the worker's `checkpoint_max` bytes, within the host's budget for all its
+  checkpoint caches (ckptcache.Budget), `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
+  checkpoint that does not match is refused and nothing of it is kept; a cache filled for
+  a hold that ends before its job starts here goes with the hold (worker.py).
 - ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
   requester's own cache of that job (ckptcache.py, keyed like the ledger by (requester,
   job)): another member asking for a coordinator's checkpoint finds its own, empty, cache.
@@ -378,9 +380,8 @@ class JobHandler:
         if size > w.checkpoint_max:
             raise _Rejected("too_large", f"a checkpoint of {size} bytes is over this host's checkpoint_max of "
                                          f"{w.checkpoint_max}")
-        if w.ledger.state_of(job, coordinator) not in ("leased", "committed", "running"):
-            raise Refused(Refusal(f"job {job} holds no reservation on this host to put a checkpoint for",
-                                  "no_reservation"))
+        if (refusal := w.accept_checkpoint_put(job, coordinator)) is not None:
+            raise Refused(refusal)
         if (have := w.checkpoint_path(job, coordinator, sha)) is not None:
             try:
                 here = (await trio.Path(have).stat()).st_size

@@ -14,7 +14,12 @@ path as one placed elsewhere. Rules:
   daemon just created is chowned, links never followed, and the job user reaches nothing
   until it is all in place. `output.log` beside them stays the daemon's, and so does
   `ckpt-cache/` (ckptcache.py), the one thing a start keeps: the job's checkpoints by
-  sha256, of which the start's listed ones are hard-linked into `checkpoints/`.
+  sha256, of which the start's listed ones are hard-linked into `checkpoints/`. A peer
+  puts checkpoints only for its committed or running hold (`accept_checkpoint_put`); a
+  cache it filled for a hold that went (released, lapsed) before the job ever started
+  here is removed with the hold, and all caches together stay within `checkpoint_budget`
+  (ckptcache.Budget). Which holds were put into is remembered in memory: after a restart
+  of the daemon such a leftover waits for gc's retention, counted in the budget.
 - While the ranks run, `checkpoints/` is scanned every CHECKPOINT_SCAN; each checkpoint
   that completes (checkpoints.py) is copied into the cache and told as ``{"ckpt": [name,
   sha256, size]}``, the last ones before the exit event.
@@ -51,7 +56,8 @@ import trio
 
 from .executor import Executor, RankProc
 from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
-from .ckptcache import CheckpointError, CkptCache, Watcher, clear_job_dir
+from . import trees
+from .ckptcache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCache, Watcher, clear_job_dir
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
@@ -120,7 +126,7 @@ class Worker:
                  changed: Callable[[], None] = lambda: None, sandbox: Sandbox | None = None,
                  job_nodes: Callable[[tuple[str, ...]], JobNodes] = lambda ips: JobNodes(),
                  sandbox_later: bool = False, checkpoint_max: int = CHECKPOINT_MAX,
-                 checkpoint_keep: int = CHECKPOINT_KEEP,
+                 checkpoint_keep: int = CHECKPOINT_KEEP, checkpoint_budget: int | None = None,
                  coordinator_gone: Callable[[str], str | None] = lambda peer: None) -> None:
         self.ledger = ledger
         self.cache = cache
@@ -144,6 +150,11 @@ class Worker:
         self.checkpoint_keep = checkpoint_keep  # checkpoints kept per (coordinator, job), beside the latest start's
         # (coordinator, job) -> shas its cache keeps whatever their age: the latest start's, or the hub's list
         self.checkpoints_kept: dict[tuple[str, str], frozenset[str]] = {}
+        # bytes of every job's checkpoint cache on this host together (ckptcache.Budget)
+        self.checkpoint_budget = Budget(jobs_dir.resolve(), checkpoint_budget if checkpoint_budget is not None
+                                        else BUDGET_FACTOR * checkpoint_max)
+        # holds a peer put checkpoints for before their job started here: their caches go with them
+        self.put_unstarted: set[tuple[str, str]] = set()
 
     # --- reservations --------------------------------------------------------------------
 
@@ -169,9 +180,40 @@ class Worker:
             self.pins[(coordinator, job)] = digest
 
     def _unpin_gone(self) -> None:
-        """Drop the pins of holds that are gone (released, lapsed, finished)."""
+        """Drop the pins of holds that are gone (released, lapsed, finished), and the
+        checkpoint caches a peer filled for holds that went without their job starting."""
         for key in [k for k in self.pins if not self.ledger.holds(k[1], k[0])]:
             self.cache.unpin(self.pins.pop(key))
+        for coordinator, job in [k for k in self.put_unstarted if not self.ledger.holds(k[1], k[0])]:
+            self.put_unstarted.discard((coordinator, job))
+            self._remove_unstarted(job, coordinator)
+
+    def _remove_unstarted(self, job: str, coordinator: str) -> None:
+        """The job's directory, when it holds nothing but a checkpoint cache (no start of
+        the job ever made its work/, home/, checkpoints/ here). A few files: done inline."""
+        try:
+            top = self.job_dir(job, coordinator)
+            if {e.name for e in os.scandir(top)} <= {CACHE_DIR}:
+                trees.remove(top)
+                log.info("checkpoints put for a hold that ended before its job started here removed",
+                         job=job, coordinator=coordinator[-8:])
+        except FileNotFoundError:
+            pass
+        except (OSError, WorkerError) as exc:  # gc removes it after retention
+            log.warning("checkpoints of an unstarted hold not removed", job=job, error=str(exc))
+
+    def accept_checkpoint_put(self, job: str, coordinator: str) -> Refusal | None:
+        """Whether a peer may put a checkpoint into (coordinator, job)'s cache here: only for
+        its committed or running hold (a lease is a minute's promise, not a job that will
+        run here). A put before the job ever started here is remembered: when the hold goes
+        without a start, so does the cache."""
+        state = self.ledger.state_of(job, coordinator)
+        if state not in ("committed", "running"):
+            return Refusal(f"job {job} holds no committed reservation on this host to put a checkpoint for",
+                           "no_reservation")
+        if state == "committed":
+            self.put_unstarted.add((coordinator, job))
+        return None
 
     def release(self, job: str, coordinator: str) -> Refusal | None:
         """Free the job's hold; a running job's ranks are stopped and the hold goes with them."""
@@ -234,6 +276,7 @@ class Worker:
         started = self.ledger.start(req.job, req.coordinator, req.role.procs_per_node)
         if isinstance(started, Refusal):
             raise Refused(started)
+        self.put_unstarted.discard((req.coordinator, req.job))  # started: its cache stays (gc.py)
         codes: dict[int, int] = {}
         executor: Executor | None = None
         out = RankOutput(top / "output.log")
@@ -261,7 +304,7 @@ class Worker:
                 if box.uid is not None:
                     base |= {"USER": f"job{box.uid}", "LOGNAME": f"job{box.uid}"}
                 cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid, req.checkpoints)
-                watcher = Watcher(CkptCache(top), top / "checkpoints", job_uid=self._job_uid(box),
+                watcher = Watcher(CkptCache(top, self.checkpoint_budget), top / "checkpoints", job_uid=self._job_uid(box),
                                   max_size=self.checkpoint_max, keep=self.checkpoint_keep,
                                   protect=lambda: self.kept_checkpoints(req.job, req.coordinator),
                                   listed=req.checkpoints)
@@ -328,7 +371,7 @@ class Worker:
     # --- checkpoints (ckptcache.py) ---------------------------------------------------------
 
     def checkpoint_cache(self, job: str, coordinator: str) -> CkptCache:
-        return CkptCache(self.job_dir(job, coordinator))
+        return CkptCache(self.job_dir(job, coordinator), self.checkpoint_budget)
 
     def checkpoint_path(self, job: str, coordinator: str, sha: str) -> Path | None:
         """The cached checkpoint `sha` of (coordinator, job) on this host, or None."""
