@@ -75,9 +75,14 @@ R, L = stat.S_IFREG | 0o644, stat.S_IFLNK | 0o777
     (dict(mode=R, nlink=2, uid=1000, size=10), "hard link"),
     (dict(mode=R, nlink=1, uid=0, size=10), "not the job's 1000"),
     (dict(mode=R, nlink=1, uid=1000, size=101), "over this host's checkpoint_max"),
+    # sparse: a file with holes (truncate -s) costs the job nothing and a copy its whole length
+    (dict(mode=R, nlink=1, uid=1000, size=8 << 20, blocks=0), "sparse: 8388608 bytes long but 0 on disk"),
+    (dict(mode=R, nlink=1, uid=1000, size=8 << 20, blocks=(4 << 20) // 512 - 1), "sparse"),
+    (dict(mode=R, nlink=1, uid=1000, size=8 << 20, blocks=(4 << 20) // 512), None),
+    (dict(mode=R, nlink=1, uid=1000, size=1 << 20, blocks=0), None),  # small: block accounting is coarse
 ])
 def test_what_a_checkpoint_file_must_be(fields, why):
-    got = refusal(**fields, job_uid=1000, max_size=100)
+    got = refusal(**fields, job_uid=1000, max_size=16 << 20 if "blocks" in fields else 100)
     assert (got is None) if why is None else (why in got)
     assert refusal(mode=R, nlink=1, uid=0, size=10, job_uid=None, max_size=100) is None, "uid unknown: not checked"
 
@@ -269,7 +274,7 @@ def test_store_refuses_bytes_that_are_not_the_sha_or_the_size(rank_dir, tmp_path
         cache.store_file("c" * 64, 7, src)
     with pytest.raises(CheckpointError, match="announced"):
         cache.store_file(hashlib.sha256(b"epoch 3").hexdigest(), 6, src)
-    assert cache.shas() == [] and list(cache.root.iterdir()) == [], "nothing stored, no temporary left"
+    assert cache.shas() == [] and not (cache.root.exists() and list(cache.root.iterdir())), "nothing stored, no temporary left"
 
 
 @needs_root
@@ -340,3 +345,44 @@ async def test_a_flood_of_checkpoints_at_once_costs_only_the_newest_copies(rank_
     assert [name for name, _, _ in told] == ["e48.pt", "e49.pt"]
     assert sorted(CkptCache(top).shas()) == sorted(sha for _, sha, _ in told)
     assert await w.poll() == [], "the older ones are not told later either"
+
+
+def test_a_sparse_file_is_refused_before_a_byte_is_copied(rank_dir):
+    """Reviewer's #8: `truncate -s` makes a file of any length that takes no disk; copying
+    it would cost the host its whole length in disk and time."""
+    top, d = rank_dir
+    with open(d / "ckpt_1", "wb") as f:
+        f.truncate(64 << 20)
+    cache = CkptCache(top)
+    with pytest.raises(CheckpointError, match="sparse: 67108864 bytes long but"):
+        snap(cache, d, "ckpt_1", job_uid=None, max_size=128 << 20)
+    assert cache.shas() == [] and not (cache.root.exists() and list(cache.root.iterdir()))
+    write(d / "ckpt_2", os.urandom(2 << 20), uid=None)  # a real one of its size is copied
+    assert snap(cache, d, "ckpt_2", job_uid=None, max_size=128 << 20)[1] == 2 << 20
+
+
+async def test_the_watcher_copies_at_most_its_rate_a_minute_and_a_checkpoint_over_it_waits_for_room(rank_dir):
+    """Reviewer's #8: a job completing checkpoints faster than the host should copy them
+    (4 × checkpoint_max a minute) gets the rest copied and told once the minute has room,
+    not at once and not never."""
+    top, d = rank_dir
+    now = [1000.0]
+    w = Watcher(CkptCache(top), d, job_uid=None, max_size=100, keep=2, clock=lambda: now[0])
+    assert w.rate == 400
+
+    async def complete(*names: str) -> list[str]:
+        for i, name in enumerate(names):
+            write(d / name, (name.encode() * 20)[:100], uid=None)
+            os.utime(d / name, ns=(int(now[0] * 1e9) + i, int(now[0] * 1e9) + i))
+        assert await w.poll() == []
+        return [name for name, _, _ in await w.poll()]
+
+    assert await complete("a0.pt", "a1.pt") == ["a0.pt", "a1.pt"]
+    now[0] += 30
+    assert await complete("b0.pt", "b1.pt") == ["b0.pt", "b1.pt"]
+    now[0] += 1
+    assert await complete("c0.pt", "c1.pt") == [], "400 bytes copied this minute: they wait"
+    assert await w.poll() == [] and w.waiting == {"c0.pt", "c1.pt"}
+    now[0] += 30  # a0, a1 left the window: room for two
+    assert [name for name, _, _ in await w.poll()] == ["c0.pt", "c1.pt"]
+    assert await w.poll() == [] and w.waiting == set()

@@ -16,8 +16,10 @@ listings, four a second (worker.CHECKPOINT_SCAN). Theory of operation:
 - What the file is (`refusal`): a regular file (never a link, FIFO, socket or device, which
   could block a reader or point outside), with one link (a hard link could be another
   user's file the job cannot read by itself), owned by the job's uid when the host knows
-  it, and at most the host's `checkpoint_max` bytes. The driver checks it on the open
-  file descriptor, not on the name.
+  it, at most the host's `checkpoint_max` bytes, and not sparse (over `SPARSE_MIN` bytes
+  long with under half of them on disk: `truncate -s 8G` costs the job nothing and a copy
+  8 GiB of the host's disk and time; a checkpoint torch or safetensors writes has no
+  holes). The driver checks it on the open file descriptor, not on the name.
 - A replica (`choose_replica`): the other alive host of the job nearest the one that wrote
   the checkpoint, so the copy travels the shortest link; RTTs unknown (None, NaN,
   negative) rank after every known one, ties by peer id so every coordinator picks alike.
@@ -37,6 +39,7 @@ TEMP_SUFFIXES = (".tmp", ".part", ".partial", "~")
 TEMP_PREFIXES = ("tmp",)
 SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 MAX_LISTED = 16  # checkpoints a start request may name (the newest few are all a restart needs)
+SPARSE_MIN = 1024 * 1024  # bytes under which a file is never judged sparse (block rounding, inline data)
 KEEP = 2  # checkpoints of a job kept per host: the newest, and the one before in case it is torn
 
 Observation = tuple[int, int, int]  # size, mtime_ns, inode
@@ -86,8 +89,10 @@ def check_listed(value: object, max_size: int, field: str = "checkpoints") -> tu
     return tuple(out)
 
 
-def refusal(*, mode: int, nlink: int, uid: int, size: int, job_uid: int | None, max_size: int) -> str | None:
-    """Why an open file (its fstat) is not a checkpoint the host copies, or None."""
+def refusal(*, mode: int, nlink: int, uid: int, size: int, job_uid: int | None, max_size: int,
+            blocks: int | None = None) -> str | None:
+    """Why an open file (its fstat; `blocks` in 512-byte units) is not a checkpoint the
+    host copies, or None."""
     if not stat.S_ISREG(mode):
         return "not a regular file"
     if nlink != 1:
@@ -96,6 +101,8 @@ def refusal(*, mode: int, nlink: int, uid: int, size: int, job_uid: int | None, 
         return f"owned by uid {uid}, not the job's {job_uid}"
     if size > max_size:
         return f"{size} bytes, over this host's checkpoint_max of {max_size}"
+    if blocks is not None and size > SPARSE_MIN and blocks * 512 < size // 2:
+        return f"sparse: {size} bytes long but {blocks * 512} on disk (a file with holes is refused)"
     return None
 
 

@@ -15,7 +15,7 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
   changes at will: opened relative to a descriptor of that directory, O_NOFOLLOW (a link
   is not followed, whatever it points at) and O_NONBLOCK (a FIFO does not hold the thread),
   then judged by fstat of what was opened (checkpoints.refusal): a regular file with one
-  link, the job's uid's, at most `max_size`. It must show the observation the scan found
+  link, the job's uid's, at most `max_size`, not sparse. It must show the observation the scan found
   stable before and after the copy, and give exactly its size; else it is `Changed` and
   is looked at again when stable.
 - `install` puts the listed checkpoints in a fresh checkpoint directory as hard links to
@@ -40,6 +40,7 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -63,6 +64,8 @@ CHUNK = 1024 * 1024
 TEMP = ".tmp-"
 TEMP_AGE = 600.0  # seconds a temporary may go unwritten (a transfer pauses at most 30 s a chunk)
 MIN_FREE = 64 * 1024 * 1024  # bytes a copy leaves free on the disk at least
+RATE_WINDOW = 60.0  # seconds over which the watcher's copies of one job are counted
+RATE_FACTOR = 4  # checkpoint_max bytes the watcher copies of one job per RATE_WINDOW at most
 BUDGET_FACTOR = 4  # all caches together hold at most this many checkpoint_max (see the header)
 MAX_LISTING = 4096  # entries of a checkpoint directory looked at per scan: a job's flood costs it, not the host
 
@@ -259,7 +262,7 @@ class CkptCache:
         try:
             st = os.fstat(fd)
             if (why := refusal(mode=st.st_mode, nlink=st.st_nlink, uid=st.st_uid, size=st.st_size,
-                               job_uid=job_uid, max_size=max_size)) is not None:
+                               job_uid=job_uid, max_size=max_size, blocks=st.st_blocks)) is not None:
                 raise CheckpointError(f"{name}: {why}")
             before = (st.st_size, st.st_mtime_ns, st.st_ino)
             if seen is not None and before != seen:
@@ -467,10 +470,14 @@ class Watcher:
     (checkpoints.Scan), copies what became complete into the cache (the newest `keep` of
     them) and prunes it, in a worker thread; it returns the new ones as (name, sha256,
     size), oldest first. A file refused is logged once per change of it, never retried
-    until it changes."""
+    until it changes. At most `rate` bytes are copied per RATE_WINDOW (RATE_FACTOR ×
+    `max_size` by default): a job renaming a fresh 8 GiB file every half second costs the
+    host a few copies a minute, not a disk's bandwidth; a complete file over it waits for
+    the window to have room and is copied and told then."""
 
     def __init__(self, cache: CkptCache, directory: Path, *, job_uid: int | None, max_size: int, keep: int,
-                 protect: Callable[[], Iterable[str]] = tuple, listed: Iterable[tuple[str, str, int]] = ()) -> None:
+                 protect: Callable[[], Iterable[str]] = tuple, listed: Iterable[tuple[str, str, int]] = (),
+                 rate: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache = cache
         self.directory = directory
         self.job_uid = job_uid
@@ -479,6 +486,20 @@ class Watcher:
         self.protect = protect  # shas never pruned, asked at each prune (the worker's word may change)
         self.listed = tuple(listed)  # installed by the host: not told back
         self.scan: Scan | None = None
+        self.rate = rate if rate is not None else RATE_FACTOR * max_size
+        self.clock = clock
+        self.copied: collections.deque[tuple[float, int]] = collections.deque()  # (when, bytes) in the window
+        self.waiting: set[str] = set()  # names held back by the rate, logged once
+
+    def _room(self, size: int) -> bool:
+        """Whether `size` more bytes fit this window's copies (and if so, count them)."""
+        now = self.clock()
+        while self.copied and self.copied[0][0] <= now - RATE_WINDOW:
+            self.copied.popleft()
+        if sum(n for _, n in self.copied) + size > self.rate:
+            return False
+        self.copied.append((now, size))
+        return True
 
     async def poll(self) -> list[tuple[str, str, int]]:
         return await trio.to_thread.run_sync(self._poll)
@@ -496,9 +517,18 @@ class Watcher:
                 return []
             if self.scan is None:
                 self.scan = Scan(self._installed(seen))
+            self.waiting &= seen.keys()
             # only the newest `keep` of those complete at once: the older would be pruned at once
             # (a job that renames a thousand files costs it, not the host or the coordinator)
             for name in self.scan.observe(seen)[-self.keep:]:
+                if not self._room(seen[name][0]):
+                    self.scan.retry(name)  # told again once the window has room, if it is still there
+                    if name not in self.waiting:
+                        self.waiting.add(name)
+                        log.info("a job's checkpoint waits: its copies are over the rate", path=str(self.directory),
+                                 name=name, rate=self.rate, window=RATE_WINDOW)
+                    continue
+                self.waiting.discard(name)
                 try:
                     sha, size = self.cache.snapshot(dir_fd, name, seen=seen[name], job_uid=self.job_uid,
                                                     max_size=self.max_size)
