@@ -4,6 +4,7 @@ files: what it refuses to copy, what a job can and cannot do to what it installs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -386,3 +387,33 @@ async def test_the_watcher_copies_at_most_its_rate_a_minute_and_a_checkpoint_ove
     now[0] += 30  # a0, a1 left the window: room for two
     assert [name for name, _, _ in await w.poll()] == ["c0.pt", "c1.pt"]
     assert await w.poll() == [] and w.waiting == set()
+
+
+def test_the_listing_stats_only_what_the_directory_types_as_a_regular_file(monkeypatch):
+    """Reviewer's #9: a job's FUSE mount at checkpoints/ckpt blocks any stat of it forever;
+    the listing must never stat a directory, FIFO, link or socket, only regular files."""
+    stated: list[str] = []
+
+    class Entry:
+        def __init__(self, name: str, regular: bool) -> None:
+            self.name, self.regular = name, regular
+
+        def is_file(self, *, follow_symlinks: bool = True) -> bool:
+            assert follow_symlinks is False
+            return self.regular
+
+        def stat(self, *, follow_symlinks: bool = True):
+            stated.append(self.name)
+            assert self.regular, f"stat of {self.name}: would block in a FUSE mount"
+            return os.stat_result((stat.S_IFREG | 0o644, 7, 0, 1, 0, 0, 10, 0, 0, 0))
+
+    entries = [Entry("ckpt", False), Entry("fifo.pt", False), Entry("e1.pt", True), Entry("e1.pt.tmp", True)]
+
+    @contextlib.contextmanager
+    def scandir(fd):
+        yield iter(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    got = listing(3)
+    assert list(got) == ["e1.pt"] and got["e1.pt"][0] == 10 and got["e1.pt"][2] == 7
+    assert stated == ["e1.pt"]

@@ -110,3 +110,46 @@ async def test_ranks_stop_when_membership_declares_their_coordinator_dead(tmp_pa
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
     assert w.ledger.state_of(JOB, "coord") is None and not w.running, "the slot is free again"
+
+
+async def test_a_checkpoint_scan_that_never_returns_does_not_hold_the_exit_or_the_slot(tmp_path, monkeypatch):
+    """Reviewer's #9: a scan stuck in the job's file system (a FUSE mount that blocks every
+    lstat) is given up LAST_CHECKPOINT_WAIT after the ranks exit: the exit is told, the slot
+    freed; until then the coordinator hears heartbeats."""
+    import subprocess
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import trio
+
+    from swarmd.compute import worker as worker_module
+    from swarmd.compute.ckptcache import Watcher
+    from swarmd.compute.torchenv import NodeRole
+    from swarmd.compute.worker import StartRequest
+
+    stuck = threading.Event()
+    monkeypatch.setattr(Watcher, "_poll", lambda self: stuck.wait() and [])
+    monkeypatch.setattr(worker_module, "LAST_CHECKPOINT_WAIT", 1.0)
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-stuck-"))
+    jobs.chmod(0o711)
+    w = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
+               user="nobody" if os.geteuid() == 0 else None)
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    w.commit(JOB, "coord")
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+    req = StartRequest(job=JOB, coordinator="coord", role=role, env={}, python=None, workdir=None, cmd=("true",))
+    events: list = []
+
+    async def emit(event) -> None:
+        events.append(event)
+
+    try:
+        with trio.fail_after(20):
+            assert await w.start(req, emit) == {0: 0}
+    finally:
+        stuck.set()  # the abandoned thread ends
+        subprocess.run(["rm", "-rf", str(jobs)], check=False)
+    assert "exit" in events[-1] and any("hb" in e for e in events)
+    assert w.ledger.state_of(JOB, "coord") is None and not w.running, "the slot is free again"

@@ -106,14 +106,16 @@ def _own_dir(path: Path) -> bool:
 
 
 def listing(dir_fd: int) -> dict[str, Observation]:
-    """``{name: (size, mtime_ns, inode)}`` of the checkpoint names in a directory, links
-    not followed, at most MAX_LISTING entries looked at."""
+    """``{name: (size, mtime_ns, inode)}`` of the regular files with checkpoint names in a
+    directory, links not followed, at most MAX_LISTING entries looked at. Only an entry the
+    directory itself types as a regular file is stat'ed: a directory there may be a mount
+    (a job's FUSE file system) whose stat never returns."""
     out: dict[str, Observation] = {}
     with os.scandir(dir_fd) as entries:
         for i, entry in enumerate(entries):
             if i >= MAX_LISTING:
                 break
-            if not is_checkpoint_name(entry.name):
+            if not is_checkpoint_name(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -502,7 +504,8 @@ class Watcher:
         return True
 
     async def poll(self) -> list[tuple[str, str, int]]:
-        return await trio.to_thread.run_sync(self._poll)
+        # a cancel leaves a thread stuck in the job's file system behind, never the job's end
+        return await trio.to_thread.run_sync(self._poll, abandon_on_cancel=True)
 
     def _poll(self) -> list[tuple[str, str, int]]:
         try:

@@ -22,7 +22,8 @@ path as one placed elsewhere. Rules:
   of the daemon such a leftover waits for gc's retention, counted in the budget.
 - While the ranks run, `checkpoints/` is scanned every CHECKPOINT_SCAN; each checkpoint
   that completes (checkpoints.py) is copied into the cache and told as ``{"ckpt": [name,
-  sha256, size]}``, the last ones before the exit event.
+  sha256, size]}``, the last ones before the exit event, which waits for them at most
+  LAST_CHECKPOINT_WAIT (a scan stuck in a job's file system never holds the slot).
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
   ``{"dropped": [[rank, n]…]}`` when lines were left off the stream, and last ``{"exit":
   [[rank, code]…], "first": [rank, code] | None}`` (the rank that failed first: the others'
@@ -78,6 +79,9 @@ COORDINATOR_WATCH = 0.25  # seconds between looks at what membership says of a r
 READY_TIMEOUT = 60.0  # seconds a start waits for the daemon to finish setting up the sandbox
 CHECKPOINT_SCAN = 0.25  # seconds between scans of a rank's checkpoint directory (a rename is seen within 0.5 s)
 CHECKPOINT_MAX = 8 * 1024**3  # bytes of one checkpoint this host copies and stores at most
+# seconds the exit waits, once the ranks are gone, for the last checkpoint copy (checkpoint_max
+# at ~140 MB/s); past it that copy is given up, logged, and the exit told without it
+LAST_CHECKPOINT_WAIT = 60.0
 MAX_REMEMBERED = 4096  # jobs whose latest start's checkpoints are remembered (and kept in their caches)
 
 
@@ -342,12 +346,16 @@ class Worker:
                             if batch:
                                 await send({"out": batch})
                     watching.set()  # the ranks are gone: what they completed is told before the exit
-                    while not watched.is_set():  # a large last copy: the coordinator still hears from us
-                        with trio.move_on_after(HEARTBEAT):
-                            await watched.wait()
+                    give_up = trio.current_time() + LAST_CHECKPOINT_WAIT
+                    while not watched.is_set() and trio.current_time() < give_up:
+                        with trio.move_on_at(min(give_up, trio.current_time() + HEARTBEAT)):
+                            await watched.wait()  # a large last copy: the coordinator still hears from us
                         if not watched.is_set():
                             await send({"hb": True})
-                    nursery.cancel_scope.cancel()  # the flusher
+                    if not watched.is_set():  # stuck (a job's FUSE mount) or too slow: the exit goes without it
+                        log.warning("the last checkpoint copy of a job is given up", job=req.job,
+                                    waited=LAST_CHECKPOINT_WAIT, directory=str(top / "checkpoints"))
+                    nursery.cancel_scope.cancel()  # the flusher, and a watcher still at it
             out.flush()
             first = executor.first_failure
             await send({"exit": sorted(codes.items()), "first": list(first) if first else None,
@@ -545,15 +553,19 @@ async def _watch(watcher: Watcher, send: Callable[[dict[str, Any]], Awaitable[No
     """Tell each checkpoint as it completes, every CHECKPOINT_SCAN; once `stop` is set (the
     ranks have exited) two scans more, so a checkpoint renamed just before the end is stable
     and told; then `done`."""
+    async def tell(name: str, sha: str, size: int) -> None:
+        with trio.CancelScope(shield=True):  # never half a frame on the stream (send is bounded)
+            await send({"ckpt": [name, sha, size]})
+
     try:
         while not stop.is_set():
             with trio.move_on_after(CHECKPOINT_SCAN):
                 await stop.wait()
-            for name, sha, size in await watcher.poll():
-                await send({"ckpt": [name, sha, size]})
+            for checkpoint in await watcher.poll():
+                await tell(*checkpoint)
         for _ in range(2):
-            for name, sha, size in await watcher.poll():
-                await send({"ckpt": [name, sha, size]})
+            for checkpoint in await watcher.poll():
+                await tell(*checkpoint)
     finally:
         done.set()
 
