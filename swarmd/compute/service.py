@@ -848,7 +848,7 @@ def _host_errors(peer: str, what: str) -> Iterator[None]:
 
 def _why(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}" + (f" ({os.path.basename(exc.filename)})" if exc.filename else "")
+        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
     return str(exc) or exc.__class__.__name__
 
 
