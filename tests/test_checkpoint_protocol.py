@@ -322,6 +322,7 @@ async def test_a_start_installs_the_listed_checkpoints_and_tells_the_new_one_bef
 
     host = Host(tmp_path, user="nobody", jobs_dir=reachable_jobs_dir)
     w = host.worker
+    w.hubs.add(("coord", JOB))  # this node coordinates the job: its cache outlives the ranks here
     path, sha = checkpoint(tmp_path, b"epoch 1")
     w.reserve(JOB, "coord", 0, 1, 60.0)
     await LocalHost("coord", w).put_checkpoint(JOB, "e1.pt", sha, 7, path)
@@ -343,6 +344,28 @@ async def test_a_start_installs_the_listed_checkpoints_and_tells_the_new_one_bef
     cache = CkptCache(w.job_dir(JOB, "coord"))
     assert cache.shas() == sorted([sha, new]) and (cache.root / sha).read_bytes() == b"epoch 1", "not tampered"
     assert w.checkpoint_path(JOB, "coord", new) == cache.root / new
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ranks run as a job user only when the daemon is root")
+async def test_a_hosts_cache_of_another_coordinators_job_goes_when_its_ranks_end(tmp_path, reachable_jobs_dir):
+    """The hub (the coordinator) keeps the job's checkpoints and puts them back on any host of
+    a later attempt: a host's own copy would only hold its checkpoint budget for a week."""
+    import sys
+
+    host = Host(tmp_path, user="nobody", jobs_dir=reachable_jobs_dir)
+    w = host.worker
+    path, sha = checkpoint(tmp_path, b"epoch 1")
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    w.commit(JOB, "coord")
+    await LocalHost("coord", w).put_checkpoint(JOB, "e1.pt", sha, 7, path)
+
+    async def emit(event) -> None:
+        pass
+
+    with trio.fail_after(30):
+        assert await w.start(start_request([("e1.pt", sha, 7)], [sys.executable, "-c", SCRIPT]), emit) == {0: 0}
+    assert w.checkpoint_path(JOB, "coord", sha) is None and CkptCache(w.job_dir(JOB, "coord")).shas() == []
+    assert w.checkpoint_budget.used() == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ranks run as a job user only when the daemon is root")

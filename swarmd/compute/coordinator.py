@@ -169,6 +169,7 @@ class Jobs:
             with contextlib.suppress(OSError):
                 os.utime(self.archives / f"{workdir}.tar.gz")
         self.live[job] = live
+        self.worker.hubs.add((me, job))  # its checkpoint cache here lives as long as the job
         self._nursery.start_soon(self._coordinate, job, live, workdir)
         log.info("job submitted", job=job, cmd=list(spec.cmd), nodes=spec.nodes, by_uid=uid)
         return job
@@ -270,6 +271,8 @@ class Jobs:
                     run.fail("the coordinating daemon stopped")
                 self._save(job, live)
                 self.live.pop(job, None)
+                self.worker.hubs.discard((self.gossip.me, job))
+                await trio.to_thread.run_sync(self.worker.drop_checkpoints, job, self.gossip.me)
                 live.touch()
                 log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason,
                          attempts=len(run.attempts))
@@ -612,10 +615,10 @@ class Jobs:
                 return
             ckpt.holders.add(peer)
 
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:  # to every other host: one that still has it answers at once
             for peer in peers:
                 for ckpt in usable:
-                    if peer not in ckpt.holders:
+                    if peer != me:
                         nursery.start_soon(put, peer, ckpt)
         if failed:
             raise HostError(f"putting the job's checkpoints on its hosts failed: {'; '.join(failed)}")

@@ -154,6 +154,9 @@ class Worker:
         self.checkpoint_keep = checkpoint_keep  # checkpoints kept per (coordinator, job), beside the latest start's
         # (coordinator, job) -> shas its cache keeps whatever their age: the latest start's, or the hub's list
         self.checkpoints_kept: dict[tuple[str, str], frozenset[str]] = {}
+        # (coordinator, job) whose cache here is a live job's hub (this node coordinates it): kept
+        # while the job lives; any other job's cache goes when its ranks here end (the hub has them)
+        self.hubs: set[tuple[str, str]] = set()
         # bytes of every job's checkpoint cache on this host together (ckptcache.Budget)
         self.checkpoint_budget = Budget(jobs_dir.resolve(), checkpoint_budget if checkpoint_budget is not None
                                         else BUDGET_FACTOR * checkpoint_max)
@@ -205,6 +208,17 @@ class Worker:
             pass
         except (OSError, WorkerError) as exc:  # gc removes it after retention
             log.warning("checkpoints of an unstarted hold not removed", job=job, error=str(exc))
+
+    def drop_checkpoints(self, job: str, coordinator: str) -> None:
+        """Remove (coordinator, job)'s checkpoint cache here: its ranks here ended, or its hub's
+        job did. The newest checkpoints live on in the hub, which puts them back on any host of
+        a later attempt; caches of finished jobs would hold the host's budget for a week."""
+        try:
+            trees.remove(self.job_dir(job, coordinator) / CACHE_DIR)
+        except FileNotFoundError:
+            pass
+        except (OSError, WorkerError) as exc:  # gc removes it with the directory after retention
+            log.warning("a finished job's checkpoints not removed", job=job, error=str(exc))
 
     def accept_checkpoint_put(self, job: str, coordinator: str) -> Refusal | None:
         """Whether a peer may put a checkpoint into (coordinator, job)'s cache here: only for
@@ -371,6 +385,9 @@ class Worker:
                          lines=out.dropped_total, log=str(out.log))
             self.running.pop((req.coordinator, req.job), None)
             self.ledger.finish(req.job, req.coordinator)
+            if (req.coordinator, req.job) not in self.hubs:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.drop_checkpoints, req.job, req.coordinator)
             self._unpin_gone()
             with contextlib.suppress(OSError):
                 os.utime(top)  # finished now: garbage collection counts from here
