@@ -21,12 +21,24 @@ def started(nodes=(A, B, C), *, max_restarts=2, min_nodes=2, t=0.0) -> Run:
     return run
 
 
-def restart(run: Run, nodes: tuple[str, ...], t: float) -> None:
+def lose_c(run: Run) -> None:
+    """C is lost and the other two stop: the attempt is over."""
+    run.node_lost(C, "dead")
+    run.node_exited(A, {0: 143})
+    run.node_exited(B, {1: 143})
+
+
+def setting_up(run: Run, nodes: tuple[str, ...], t: float | None = None) -> None:
+    """The next attempt placed on `nodes`, its ranks starting (none has said so yet)."""
     run.begin_attempt()
     run.to("reserving")
     run.placed(nodes, now=t)
     run.to("shipping")
     run.to("starting")
+
+
+def restart(run: Run, nodes: tuple[str, ...], t: float) -> None:
+    setting_up(run, nodes, t)
     for n in nodes:
         run.node_started(n, now=t + 1)
 
@@ -115,14 +127,8 @@ def test_a_job_without_restarts_fails_as_before():
 
 def test_a_rank_failing_while_a_restart_starts_ends_that_attempt_too():
     run = started()
-    run.node_lost(C, "dead")
-    run.node_exited(A, {0: 143})
-    run.node_exited(B, {1: 143})
-    run.begin_attempt()
-    run.to("reserving")
-    run.placed((A, B), now=20.0)
-    run.to("shipping")
-    run.to("starting")
+    lose_c(run)
+    setting_up(run, (A, B), 20.0)
     run.node_started(A)
     run.node_exited(B, {1: 2}, now=21.0)  # before every node started
     assert (run.state, run.restart_count, run.attempts[1].why) == ("restarting", 2, "rank 1 on " + B + " exited with 2")
@@ -132,9 +138,7 @@ def test_a_rank_failing_while_a_restart_starts_ends_that_attempt_too():
 
 def test_too_few_hosts_for_a_restart_fails_naming_every_attempt():
     run = started()
-    run.node_lost(C, "dead")
-    run.node_exited(A, {0: 143})
-    run.node_exited(B, {1: 143})
+    lose_c(run)
     run.begin_attempt()
     run.fail("fewer than 2 hosts fit")
     assert run.state == "failed"
@@ -153,9 +157,7 @@ def test_cancel_while_stopping_for_a_restart_cancels_once_everyone_stopped():
 
 def test_cancel_while_a_restart_reserves_is_at_once():
     run = started()
-    run.node_lost(C, "dead")
-    run.node_exited(A, {0: 143})
-    run.node_exited(B, {1: 143})
+    lose_c(run)
     run.begin_attempt()
     run.to("reserving")
     run.placed((A, B))
@@ -183,14 +185,8 @@ def test_a_new_attempt_needs_the_last_one_over():
 
 def test_a_resumed_job_whose_ranks_end_before_every_start_is_told_succeeds():
     run = started()
-    run.node_lost(C, "dead")
-    run.node_exited(A, {0: 143})
-    run.node_exited(B, {1: 143})
-    run.begin_attempt()
-    run.to("reserving")
-    run.placed((A, B))
-    run.to("shipping")
-    run.to("starting")
+    lose_c(run)
+    setting_up(run, (A, B))
     run.node_started(A)
     run.node_exited(A, {0: 0})  # resumed at the last epoch: done before B's start was told
     run.node_started(B)
@@ -201,11 +197,7 @@ def test_a_resumed_job_whose_ranks_end_before_every_start_is_told_succeeds():
     run2.node_exited(B, {1: 1})
     run2.node_exited(A, {0: 143})
     run2.node_exited(C, {2: 143})
-    run2.begin_attempt()
-    run2.to("reserving")
-    run2.placed((A, B))
-    run2.to("shipping")
-    run2.to("starting")
+    setting_up(run2, (A, B))
     run2.node_exited(A, {0: 0})
     run2.node_exited(B, {1: 0})  # neither start was told
     assert run2.state == "succeeded"
