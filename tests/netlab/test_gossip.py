@@ -17,7 +17,7 @@ from .support import call, until
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 COUNTRIES = ["DE", "US", "JP", "BR", "IN"]
 # 3 minutes in `make test` (about 180 probe rounds per member at 5 % loss); `make bench`'s gossip
-# part soaks for 10 (SWARMD_BENCH_SOAK_SECONDS), and SWARMD_SOAK_SECONDS=600 makes this one as long
+# part soaks for 5 (SWARMD_BENCH_SOAK_SECONDS), and SWARMD_SOAK_SECONDS=600 makes this one 10
 SOAK_SECONDS = float(os.environ.get("SWARMD_SOAK_SECONDS", "180"))
 
 
