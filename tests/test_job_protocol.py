@@ -381,7 +381,7 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
 
 # --- the coordinator's side: what it takes from a host -------------------------------------
 
-from swarmd.compute.coordinator import checked_event  # noqa: E402
+from swarmd.compute.events import checked_event  # noqa: E402
 from swarmd.compute import output  # noqa: E402
 from swarmd.compute.output import MAX_BATCH_LINES  # noqa: E402
 from swarmd.compute.service import HostError, RemoteHost  # noqa: E402
@@ -507,22 +507,13 @@ async def test_a_ship_the_host_never_answers_gives_up(tmp_path, autojump_clock):
         await remote.ship(JOB, "a" * 64, archive, lambda n: None)
 
 
-class _Gossip:
-    me = "coordinator"
-
-    def view(self):
-        from swarmd.gossip.membership import View
-        return View.empty(self.me)
-
-
 async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_path):
     """Reviewer's #1 and #6: a host whose answer to ckpt_get is an oversized frame (or anything
     else) costs that copy, never the daemon; only rank 0's host's checkpoints count; one
     over checkpoint_max is ignored."""
-    from swarmd.compute.coordinator import Jobs, _Live
+    from swarmd.compute.hub import Hub
     from swarmd.compute.ledger import Ledger
     from swarmd.compute.run import Run
-    from swarmd.compute.spec import JobSpec
     from swarmd.compute.worker import Worker
     from swarmd.compute.workdir import Cache
     from swarmd.rpc.framing import FrameTooLarge
@@ -538,25 +529,33 @@ async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_pat
     jobs_dir.mkdir()
     worker = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs_dir, user=None,
                     checkpoint_max=1 << 20)
-    jobs = Jobs(store=JobStore(tmp_path / "state"), worker=worker, gossip=_Gossip(), archives=tmp_path / "a")
+    hosts = {"rank0host": Hostile(), "otherhost": Hostile()}
+    hub = Hub(JOB, worker=worker, me="coordinator", host=hosts.__getitem__)
     run = Run(job=JOB, max_restarts=1)
     run.to("reserving")
     run.placed(("rank0host", "otherhost"))
-    live = _Live(run=run, spec=JobSpec(cmd=("x",)))
-    live.hosts = {"rank0host": Hostile(), "otherhost": Hostile()}
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(jobs._replicator, JOB, live)
-        jobs._checkpointed(JOB, live, "otherhost", "e1.pt", "b" * 64, 10)
-        jobs._checkpointed(JOB, live, "rank0host", "big.pt", "c" * 64, (1 << 20) + 1)
-        assert live.checkpoints == [], "not rank 0's host, or over checkpoint_max: ignored"
-        jobs._checkpointed(JOB, live, "rank0host", "e2.pt", "a" * 64, 10)
+        nursery.start_soon(hub.replicator, run, lambda: hosts, lambda: (lambda a, b: None))
+        hub.announced(run, "otherhost", "e1.pt", "b" * 64, 10)
+        hub.announced(run, "rank0host", "big.pt", "c" * 64, (1 << 20) + 1)
+        assert hub.checkpoints == [], "not rank 0's host, or over checkpoint_max: ignored"
+        hub.announced(run, "rank0host", "e2.pt", "a" * 64, 10)
         with trio.fail_after(5):
             while not asked:
                 await trio.sleep(0.01)
-        jobs._checkpointed(JOB, live, "rank0host", "e3.pt", "d" * 64, 10)
+        hub.announced(run, "rank0host", "e3.pt", "d" * 64, 10)
         with trio.fail_after(5):
             while len(asked) < 2:
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert asked == ["a" * 64, "d" * 64], "each failed copy cost only itself; the replicator went on"
-    assert [c.name for c in live.checkpoints] == ["e2.pt", "e3.pt"]
+    assert [c.name for c in hub.checkpoints] == ["e2.pt", "e3.pt"]
+
+
+    class Gone:
+        async def get_checkpoint(self, job, sha, size, dest):
+            raise service.HostError("rank0host: checkpoint get: stream closed")
+
+    with pytest.raises(service.HostError, match="no live host gave checkpoint e3.pt: rank0host: checkpoint get"):
+        await hub.fetch(run, {"rank0host": Gone()}, hub.checkpoints[-1])
+    assert await hub.put_all(run, {"rank0host": Gone()}, ("rank0host",)) == (), "never resumed from a lost copy"

@@ -8,23 +8,15 @@ output and exit codes stream back here. The job's states (run.py) and output are
 to the store as they happen; `watch` lets any number of clients follow a job.
 
 Elastic jobs (run.py has the rules): an attempt ends at the first of a host's stream or
-heartbeat breaking, membership declaring a host dead (`_watch`, every WATCH_EVERY), or a
-rank exiting non-zero; every other host is told to stop at once. With restarts left, the
-survivors are kept (placement's `require`), the lost hosts excluded, the gang reserved
-again, the workdir shipped where it is missing, the job's newest checkpoints put on every
-host (checkpoint replication below), and the ranks started with the next restart count.
+heartbeat breaking, membership declaring a host dead (`watch` in `_start_all`, every
+WATCH_EVERY), or a rank exiting non-zero; every other host is told to stop at once. With
+restarts left, the survivors are kept (placement's `require`), the lost hosts excluded, the
+gang reserved again, the workdir shipped where it is missing, the job's newest checkpoints
+put on every host (hub.py), and the ranks started with the next restart count.
 
-Checkpoints: a host announces each complete checkpoint its ranks renamed into
-$SWARM_CHECKPOINT_DIR (``{ckpt: [name, sha256, size]}``); this coordinator copies it into
-its own cache for the job (pulling it from the host), or, when its own host wrote it,
-pushes it to the job's host nearest it, so a checkpoint outlives the host that wrote it.
-One transfer at a time per job, in the background; the newest `checkpoint_keep` are kept.
-
-A host's events are a peer's input (`checked_event`): it speaks only for its own ranks
-(node_rank × procs_per_node + i), starts once, sends lines as strings in batches of at
-most output.MAX_BATCH_LINES (each batch one append to the log); anything else is counted
-as `job_event` and the host is lost to the job. A host silent past service.EVENT_TIMEOUT
-is lost too, so no host can leave a job running or shipping forever.
+A host's events are a peer's input (events.py): anything malformed is counted as
+`job_event` and the host is lost to the job. A host silent past service.EVENT_TIMEOUT is
+lost too, so no host can leave a job running or shipping forever.
 """
 
 from __future__ import annotations
@@ -46,48 +38,36 @@ from ..gossip.service import Gossip
 from ..gossip.wire import Record
 from . import gang as gangmod
 from . import gc
-from .output import MAX_BATCH_LINES
-from .sandbox.box import Sandbox, Settings
+from .events import checked_event
+from .hub import Hub, Listed
+from .ids import host_dir
 from .placement import Candidate, NoFit, place
-from .checkpoints import check_name, choose_replica, is_sha256
 from .run import TERMINAL, Run, short_peer
+from .sandbox.box import Sandbox, Settings
 from .service import HostError, LocalHost, RemoteHost, short
 from .spec import JobSpec, describe
-from .ids import host_dir
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole
-from .worker import StartRequest, Worker, WorkerError, stop_orphans
+from .worker import StartRequest, Worker, stop_orphans
 
 log = structlog.get_logger("swarmd.jobs")
 
 KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goes on
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
-MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement
 WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
-MAX_CHECKPOINT_BYTES = 2**50  # what a host may announce; each host bounds its own by checkpoint_max
-
-
-@dataclasses.dataclass(slots=True)
-class _Checkpoint:
-    name: str
-    sha: str
-    size: int
-    source: str  # the host whose ranks wrote it
-    holders: set[str]  # hosts whose cache for this job holds it
 
 
 @dataclasses.dataclass(slots=True)
 class _Live:
     run: Run
     spec: JobSpec
+    hub: Hub  # the job's checkpoints
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
     workdir: str | None = None
     shipped: int = 0
     ship_total: int = 0
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
-    checkpoints: list[_Checkpoint] = dataclasses.field(default_factory=list)  # oldest first
-    replicate: trio.Event = dataclasses.field(default_factory=trio.Event)  # set: a new checkpoint to copy
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
 
     def touch(self) -> None:
@@ -164,7 +144,8 @@ class Jobs:
                               state="placing", coordinator=me, submitted_by=uid, created=time.time(),
                               started=None, ended=None, exit_code=None, reason=None, nodes=[]))
         live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node, min_nodes=spec.least_nodes,
-                             max_restarts=spec.max_restarts), spec=spec, workdir=workdir)
+                             max_restarts=spec.max_restarts), spec=spec, workdir=workdir,
+                     hub=Hub(job, worker=self.worker, me=me, host=self._host))
         if workdir is not None:  # archives are evicted least recently used first (gc.py)
             with contextlib.suppress(OSError):
                 os.utime(self.archives / f"{workdir}.tar.gz")
@@ -237,8 +218,7 @@ class Jobs:
         return {
             "id": row.id, "name": row.name, "state": row.state, "cmd": row.spec.get("cmd"),
             "phase": live.run.phase if live else None, "restarts": restarts, "attempts": attempts,
-            "checkpoints": [{"name": c.name, "sha256": c.sha, "size": c.size, "source": c.source,
-                             "holders": sorted(c.holders)} for c in live.checkpoints] if live else [],
+            "checkpoints": live.hub.describe() if live else [],
             "nodes": row.nodes, "node_state": dict(live.run.node_state) if live else {},
             "coordinator": row.coordinator, "created": row.created, "started": row.started,
             "ended": row.ended, "exit_code": row.exit_code, "reason": row.reason,
@@ -254,7 +234,8 @@ class Jobs:
         run = live.run
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._replicator, job, live)
+                nursery.start_soon(live.hub.replicator, run, lambda: live.hosts,
+                                   lambda: functools.partial(_rtt_ms, self.gossip.view()))
                 await self._attempts(job, live, workdir)
                 nursery.cancel_scope.cancel()
         except HostError as exc:
@@ -501,7 +482,7 @@ class Jobs:
                                                 f"daemon fell behind); {short(peer)} keeps them in its copy of the "
                                                 "job's log".encode()) for rank, n in event["dropped"]])
         if "ckpt" in event:
-            self._checkpointed(job, live, peer, *event["ckpt"])
+            live.hub.announced(run, peer, *event["ckpt"])
         if "exit" in event:
             codes = event["exit"]
             for rank, code in codes.items():
@@ -514,120 +495,17 @@ class Jobs:
         else:  # output or a heartbeat: the job's row is unchanged, its followers read the log
             live.touch()
 
-    # --- checkpoints --------------------------------------------------------------------
-
-    def _checkpointed(self, job: str, live: _Live, peer: str, name: str, sha: str, size: int) -> None:
-        """A host announced a complete checkpoint. Only rank 0's host writes the job's checkpoints
-        (torchrun's convention): another host's are ignored, so no host but the one whose state
-        the job resumes from can put files in front of the next attempt's ranks."""
+    async def _put_checkpoints(self, job: str, live: _Live, peers: tuple[str, ...]) -> Listed:
+        """Before an attempt starts: the job's newest checkpoints on every host of it (hub.py); the
+        attempt records the newest as `resumed_from`, and a restart's marker line says so."""
         run = live.run
-        if not run.nodes or peer != run.nodes[0]:
-            log.info("checkpoint not from rank 0's host ignored", job=job, name=name, host=short(peer))
-            return
-        if size > self.worker.checkpoint_max:
-            log.info("checkpoint over checkpoint_max ignored", job=job, name=name, size=size, host=short(peer))
-            return
-        known = next((c for c in live.checkpoints if c.sha == sha), None)
-        if known is not None:
-            if known.size == size:
-                known.holders.add(peer)
-            return
-        live.checkpoints.append(_Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
-        del live.checkpoints[:-max(self.worker.checkpoint_keep, 1)]
-        self.worker.keep_checkpoints(job, self.gossip.me, [c.sha for c in live.checkpoints])
-        log.info("checkpoint", job=job, name=name, sha=sha[:12], size=size, host=short(peer))
-        live.replicate.set()
-
-    async def _replicator(self, job: str, live: _Live) -> None:
-        """One copy of the job's newest checkpoint off the host that wrote it, one transfer at a
-        time: into this coordinator's cache, or, when this host wrote it, onto the job's host
-        nearest this one. Checkpoints announced during a transfer are skipped but the newest."""
-        while True:
-            await live.replicate.wait()
-            live.replicate = trio.Event()
-            if not live.checkpoints:
-                continue
-            ckpt = live.checkpoints[-1]
-            try:
-                await self._replicate(job, live, ckpt)
-            except Exception as exc:  # a host's misbehaviour or this host's disk: never the daemon's end
-                log.info("checkpoint not replicated", job=job, name=ckpt.name, sha=ckpt.sha[:12],
-                         error=f"{exc.__class__.__name__}: {exc}")
-
-    async def _replicate(self, job: str, live: _Live, ckpt: _Checkpoint) -> None:
-        me = self.gossip.me
-        if ckpt.source != me:
-            await self._fetch(job, live, ckpt)
-            return
-        view = self.gossip.view()
-        others = [p for p in live.run.nodes if p != me and p not in live.run.lost]
-        replica = choose_replica(me, others, functools.partial(_rtt_ms, view))
-        path = self.worker.checkpoint_path(job, me, ckpt.sha)
-        if replica is None or path is None or replica in ckpt.holders:
-            return
-        await live.hosts[replica].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
-        ckpt.holders.add(replica)
-
-    async def _fetch(self, job: str, live: _Live, ckpt: _Checkpoint) -> None:
-        """`ckpt` into this coordinator's own cache for the job, from a live host that holds it;
-        HostError when none could give it."""
-        me = self.gossip.me
-        if self.worker.checkpoint_path(job, me, ckpt.sha) is not None:
-            ckpt.holders.add(me)
-            return
-        errors = []
-        for holder in sorted(ckpt.holders - live.run.lost - {me}):
-            host = live.hosts.get(holder) or self._host(holder)
-            try:
-                dest = self.worker.incoming_checkpoint(job, me, ckpt.size)
-                await host.get_checkpoint(job, ckpt.sha, ckpt.size, dest)
-                await self.worker.store_checkpoint(job, me, ckpt.sha, ckpt.size, dest)
-            except (HostError, WorkerError) as exc:  # that host, or this host's disk: try another
-                errors.append(str(exc))
-                continue
-            ckpt.holders.add(me)
-            return
-        raise HostError(f"no live host gave checkpoint {ckpt.name}" + (f": {'; '.join(errors)}" if errors else ""))
-
-    async def _put_checkpoints(self, job: str, live: _Live, peers: tuple[str, ...]) -> tuple[tuple[str, str, int], ...]:
-        """Before an attempt starts: the job's newest checkpoints (those still held by a live host)
-        on every host of the attempt, pushed from this coordinator's cache. Returns what the
-        start requests list; the attempt records the newest as `resumed_from`."""
-        run = live.run
-        usable = []
-        for ckpt in list(live.checkpoints):
-            try:
-                await self._fetch(job, live, ckpt)
-                usable.append(ckpt)
-            except HostError as exc:  # its host died before anyone copied it: never used
-                log.info("checkpoint lost with its host", job=job, name=ckpt.name, why=str(exc))
-        me = self.gossip.me
-        failed: list[str] = []
-
-        async def put(peer: str, ckpt: _Checkpoint) -> None:
-            path = self.worker.checkpoint_path(job, me, ckpt.sha)
-            try:
-                if path is None:
-                    raise HostError(f"checkpoint {ckpt.name} is missing from this coordinator's cache")
-                await live.hosts[peer].put_checkpoint(job, ckpt.name, ckpt.sha, ckpt.size, path)
-            except HostError as exc:
-                failed.append(str(exc))
-                return
-            ckpt.holders.add(peer)
-
-        async with trio.open_nursery() as nursery:  # to every other host: one that still has it answers at once
-            for peer in peers:
-                for ckpt in usable:
-                    if peer != me:
-                        nursery.start_soon(put, peer, ckpt)
-        if failed:
-            raise HostError(f"putting the job's checkpoints on its hosts failed: {'; '.join(failed)}")
+        installed = await live.hub.put_all(run, live.hosts, peers)
         attempt = run.attempts[-1]
         attempt.checkpoints_ready = time.time()
-        attempt.resumed_from = usable[-1].name if usable else None
+        attempt.resumed_from = installed[-1][0] if installed else None
         if run.restart_count:
             self._marker(job, live, peers, attempt.resumed_from)
-        return tuple((c.name, c.sha, c.size) for c in usable)
+        return installed
 
     def _marker(self, job: str, live: _Live, peers: tuple[str, ...], resumed_from: str | None) -> None:
         """The line in the job's output where a restart begins."""
@@ -690,91 +568,6 @@ class Jobs:
             if len(parts) > 2 and parts[1] == "ip4":
                 return parts[2]
         raise HostError(f"{short(peer)} advertises no IPv4 address")
-
-
-def checked_event(event: Any, ranks: range, *, started: bool) -> dict[str, Any]:
-    """A host's event as the coordinator acts on it, or ValueError saying what is wrong: only
-    the host's own `ranks`, `started` once (`started`: it already was), out lines as strings,
-    at most `MAX_BATCH_LINES` of them, integers in range."""
-    if not isinstance(event, dict):
-        raise ValueError("an event must be a map")
-
-    def rank(x: Any, field: str) -> int:
-        if isinstance(x, bool) or not isinstance(x, int) or x not in ranks:
-            raise ValueError(f"'{field}' names rank {str(x)[:20]}, not one of this host's "
-                             f"{ranks.start}-{ranks.stop - 1}")
-        return x
-
-    def number(x: Any, field: str, low: int, high: int) -> int:
-        if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high:
-            raise ValueError(f"'{field}' must be an integer from {low} to {high}")
-        return x
-
-    def pairs(x: Any, field: str, most: int) -> list[Any]:
-        if not isinstance(x, list) or len(x) > most:
-            raise ValueError(f"'{field}' must be a list of at most {most} pairs")
-        if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in x):
-            raise ValueError(f"'{field}' must hold [rank, value] pairs")
-        return x
-
-    out: dict[str, Any] = {}
-    if "started" in event:
-        got = event["started"]
-        if started:
-            raise ValueError("'started' came twice")
-        if not isinstance(got, list) or len(got) != len(ranks):
-            raise ValueError(f"'started' must list this host's {len(ranks)} rank(s)")
-        out["started"] = sorted({rank(r, "started") for r in got})
-        if len(out["started"]) != len(ranks):
-            raise ValueError("'started' names a rank twice")
-    if "out" in event:
-        lines = pairs(event["out"], "out", MAX_BATCH_LINES)
-        if not all(isinstance(line, str) for _, line in lines):
-            raise ValueError("'out' lines must be strings")
-        out["out"] = [(rank(r, "out"), line) for r, line in lines]
-    if "dropped" in event:
-        out["dropped"] = [(rank(r, "dropped"), number(n, "dropped", 0, 2**40))
-                          for r, n in pairs(event["dropped"], "dropped", len(ranks))]
-    if "exit" in event:
-        codes = {rank(r, "exit"): number(c, "exit", -2**31, 2**31)
-                 for r, c in pairs(event["exit"], "exit", len(ranks))}
-        first = event.get("first")
-        if first is not None:
-            first = pairs([first], "first", 1)[0]
-            first = (rank(first[0], "first"), number(first[1], "first", -2**31, 2**31))
-        out["exit"], out["first"] = codes, first
-    if "ckpt" in event:
-        entry = event["ckpt"]
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-            raise ValueError("'ckpt' must be [name, sha256, size]")
-        name, sha, size = entry
-        check_name(name, "ckpt.name")
-        if not is_sha256(sha):
-            raise ValueError("'ckpt.sha256' must be 64 lowercase hex digits")
-        out["ckpt"] = (name, sha, number(size, "ckpt.size", 0, MAX_CHECKPOINT_BYTES))
-    if "sandbox" in event:
-        text = event["sandbox"]
-        if not isinstance(text, str) or len(text) > MAX_SANDBOX_TEXT or not text.isprintable():
-            raise ValueError(f"'sandbox' must be printable text of at most {MAX_SANDBOX_TEXT} characters")
-        out["sandbox"] = text
-    if "usage" in event:
-        usage = event["usage"]
-        if not isinstance(usage, dict) or set(usage) - {"peak_memory", "cpu_seconds"}:
-            raise ValueError("'usage' must be a map of peak_memory and cpu_seconds")
-        peak, cpu = usage.get("peak_memory"), usage.get("cpu_seconds")
-        if peak is not None:
-            number(peak, "usage.peak_memory", 0, 2**50)
-        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 <= cpu <= 1e9):
-            raise ValueError("'usage.cpu_seconds' must be a number from 0 to 1e9")
-        out["usage"] = {"peak_memory": peak, "cpu_seconds": None if cpu is None else float(cpu)}
-    if "oom" in event:
-        oom = event["oom"]
-        if not isinstance(oom, dict) or not isinstance(oom.get("ranks"), list) or len(oom["ranks"]) > len(ranks):
-            raise ValueError("'oom' must be a map with the list of ranks killed")
-        limit = oom.get("limit")
-        out["oom"] = {"ranks": [rank(r, "oom.ranks") for r in oom["ranks"]],
-                      "limit": None if limit is None else number(limit, "oom.limit", 1, 2**50)}
-    return out
 
 
 def _rtt_ms(view: View, a: str, b: str) -> float | None:
