@@ -80,8 +80,9 @@ def _crash_once(lab: labmod.Lab, c: Client, digest: str, nodes: str) -> dict[str
     follower = _Follower(lab.state.host("h1").socket, job)
     follower.start()
     try:
-        _until(lambda: any(len(k["holders"]) >= 2 for k in c.call("jobs.show", id=job)["checkpoints"]),
-               180, "a checkpoint on two hosts")
+        _until(lambda: any(len(k["holders"]) >= 2 for k in c.call("jobs.show", id=job)["checkpoints"])
+               and sum(1 for _, _, x in follower.lines if EPOCH.match(x)) >= 3, 180,
+               "a checkpoint on two hosts and three epochs (the throughput before)")
         before = c.call("jobs.show", id=job)
         newest = max(int(k["name"][6:10]) for k in before["checkpoints"])
         victim = next(h for h in lab.state.hosts if h.peer_id in before["nodes"] and h.name != "h1")
