@@ -716,6 +716,9 @@ class Gossip:
         connection would be stuck in retransmit backoff, and gossip and syncs sent on it after a
         heal would wait many seconds; a fresh dial gets through in one round trip."""
         await self.pinger.forget(pid)
+        if pid in self.host.get_connected_peers() and (proof := self.admission.proof_of_revocation(str(pid))):
+            with trio.move_on_after(2):  # a revoked member learns it now, not when its syncs start failing
+                await self._tell_revoked(pid, proof)
         if pid in self.host.get_connected_peers():
             with trio.move_on_after(1):
                 try:
@@ -723,12 +726,29 @@ class Gossip:
                 except Exception as exc:
                     log.debug("disconnect failed", peer=str(pid), error=f"{exc.__class__.__name__}: {exc}")
 
+    async def _tell_revoked(self, pid: ID, proof: list[bytes]) -> None:
+        """A sync hello that carries the peer's own revocation and ends there (``bye``)."""
+        assert self.swarm is not None
+        try:
+            stream = await open_stream(self.host, pid, SYNC_PROTOCOL)
+        except PeerError:
+            return
+        try:
+            await write_frame(stream, {"cert": self.swarm.cert.blob, "revoked": proof, "bye": True})
+        except PeerError:
+            pass
+        finally:
+            await close_quietly(stream)
+
     async def _handle_sync(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
                 hello = await read_frame(stream, MAX_SMALL_FRAME)  # nothing large before the certificate
                 if not await self.check_member(hello, peer, stream):
+                    return
+                if hello.get("bye") is True:  # a member that just revoked us tells us so, and goes
+                    self.admission.merge(hello.get("revoked"), str(peer))
                     return
                 await write_frame(stream, {"cert": self.swarm.cert.blob})
                 await write_frame(stream, self._sync_payload())
