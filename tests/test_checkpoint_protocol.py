@@ -26,6 +26,7 @@ from swarmd.compute.torchenv import NodeRole
 from swarmd.compute.worker import StartRequest, Worker, WorkerError
 from swarmd.compute.workdir import Cache
 from swarmd.rpc.framing import HEADER, encode_frame
+from fake_stream import FakeStream
 
 JOB = "0123456789ab"
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # the host, as the coordinator names it
@@ -49,36 +50,6 @@ class Pipe:
 
     async def close(self) -> None:
         await self.stream.aclose()
-
-
-class FakeStream:
-    """A job stream from `peer` that has `frames` to read, then ends."""
-
-    def __init__(self, peer: str, frames: list) -> None:
-        self.inbound = bytearray(b"".join(encode_frame(f) for f in frames))
-        self.out = bytearray()
-        self.muxed_conn = SimpleNamespace(peer_id=peer)
-
-    async def read(self, n: int) -> bytes:
-        if not self.inbound:
-            raise EOFError("stream closed")
-        chunk = bytes(self.inbound[:n])
-        del self.inbound[:n]
-        return chunk
-
-    async def write(self, data: bytes) -> None:
-        self.out += data
-
-    async def close(self) -> None:
-        pass
-
-    def replies(self) -> list:
-        out, data = [], bytes(self.out)
-        while data:
-            (n,) = HEADER.unpack(data[:HEADER.size])
-            out.append(msgpack.unpackb(data[HEADER.size:HEADER.size + n], raw=False))
-            data = data[HEADER.size + n:]
-        return out
 
 
 class Host:

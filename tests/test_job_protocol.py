@@ -54,42 +54,10 @@ from swarmd.compute.ledger import Ledger  # noqa: E402
 from swarmd.compute.service import JobHandler  # noqa: E402
 from swarmd.compute.worker import Worker  # noqa: E402
 from swarmd.compute.workdir import Cache, pack  # noqa: E402
+from fake_stream import FakeStream  # noqa: E402
 from swarmd.rpc.framing import HEADER, encode_frame  # noqa: E402
 
 JOB = "0123456789ab"
-
-
-class FakeStream:
-    """A job stream from `peer` that has `frames` to read, then ends (or hangs, if asked)."""
-
-    def __init__(self, peer: str, frames: list, *, raw: bytes = b"", hang: bool = False) -> None:
-        self.inbound = bytearray(b"".join(encode_frame(f) for f in frames) + raw)
-        self.out = bytearray()
-        self.hang = hang
-        self.muxed_conn = SimpleNamespace(peer_id=peer)
-
-    async def read(self, n: int) -> bytes:
-        if not self.inbound:
-            if self.hang:
-                await trio.sleep_forever()
-            raise EOFError("stream closed")
-        chunk = bytes(self.inbound[:n])
-        del self.inbound[:n]
-        return chunk
-
-    async def write(self, data: bytes) -> None:
-        self.out += data
-
-    async def close(self) -> None:
-        pass
-
-    def replies(self) -> list:
-        out, data = [], bytes(self.out)
-        while data:
-            (n,) = HEADER.unpack(data[:HEADER.size])
-            out.append(msgpack.unpackb(data[HEADER.size:HEADER.size + n], raw=False))
-            data = data[HEADER.size + n:]
-        return out
 
 
 class Host:
