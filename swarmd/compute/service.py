@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import ipaddress
 import os
 import shutil
@@ -327,24 +328,7 @@ class JobHandler:
         try:
             await write_frame(stream, {"have": False})
             with cache.spool() as spool:  # on disk, not in memory; removed when closed
-                received = 0
-                with trio.move_on_after(WORKDIR_TIMEOUT) as whole:
-                    while True:
-                        with trio.move_on_after(CHUNK_TIMEOUT) as pause:
-                            frame = await read_frame(stream, MAX_CHUNK_FRAME)
-                        if pause.cancelled_caught:
-                            raise _Rejected("timeout", f"no workdir chunk for {CHUNK_TIMEOUT:g} s")
-                        if not isinstance(frame, dict) or frame.get("end"):
-                            break
-                        chunk = frame.get("data")
-                        if not isinstance(chunk, bytes) or received + len(chunk) > size:
-                            raise ValueError("workdir chunks do not add up to the announced size")
-                        spool.write(chunk)
-                        received += len(chunk)
-                if whole.cancelled_caught:
-                    raise _Rejected("timeout", f"the workdir took more than {WORKDIR_TIMEOUT:g} s to arrive")
-                if received != size:
-                    raise ValueError(f"the workdir ended after {received} of its {size} bytes")
+                await _receive_chunks(stream, size, WORKDIR_TIMEOUT, "workdir", spool.write)
                 spool.flush()
                 await trio.to_thread.run_sync(cache.put_file, digest, Path(spool.name))
         finally:
@@ -414,27 +398,11 @@ class JobHandler:
         return {}
 
     async def _receive_checkpoint(self, incoming: Incoming, stream: INetStream) -> None:
-        size = incoming.size
-        with trio.move_on_after(transfer_timeout(size)) as whole:
-            while True:
-                with trio.move_on_after(CHUNK_TIMEOUT) as pause:
-                    frame = await read_frame(stream, MAX_CHUNK_FRAME)
-                if pause.cancelled_caught:
-                    raise _Rejected("timeout", f"no checkpoint chunk for {CHUNK_TIMEOUT:g} s")
-                if not isinstance(frame, dict):
-                    raise ValueError("a checkpoint chunk must be a map")
-                if frame.get("end") is True:
-                    break
-                chunk = frame.get("data")
-                if not isinstance(chunk, bytes) or not chunk:
-                    raise ValueError("a checkpoint chunk must be {data: bytes} or {end: true}")
-                if incoming.received + len(chunk) > size:
-                    raise _Rejected("checkpoint_size", f"the checkpoint's chunks are more than its {size} bytes")
-                await trio.to_thread.run_sync(incoming.write, chunk)
-        if whole.cancelled_caught:
-            raise _Rejected("timeout", f"the checkpoint took more than {transfer_timeout(size):g} s to arrive")
-        if incoming.received != size:
-            raise _Rejected("checkpoint_size", f"the checkpoint ended after {incoming.received} of its {size} bytes")
+        async def take(chunk: bytes) -> None:
+            await trio.to_thread.run_sync(incoming.write, chunk)
+
+        await _receive_chunks(stream, incoming.size, transfer_timeout(incoming.size), "checkpoint", take,
+                              size_code="checkpoint_size")
 
     async def _get_checkpoint(self, req: dict[str, Any], stream: INetStream, job: str,
                               coordinator: str) -> dict[str, Any]:
@@ -467,6 +435,36 @@ class JobHandler:
 def transfer_timeout(size: int) -> float:
     """Seconds a checkpoint of `size` bytes may take to cross, either way."""
     return REQUEST_TIMEOUT + 2 * CHUNK_TIMEOUT + size / CHECKPOINT_RATE
+
+
+async def _receive_chunks(stream: INetStream, size: int, within: float, what: str,
+                          take: Callable[[bytes], Any], *, size_code: str = "malformed") -> None:
+    """A transfer's ``{data}`` frames until ``{end}``, each handed to `take` (sync or async):
+    exactly `size` bytes, a chunk every CHUNK_TIMEOUT, all within `within` seconds; anything
+    else is refused naming `what` (a size mismatch counted under `size_code`)."""
+    received = 0
+    with trio.move_on_after(within) as whole:
+        while True:
+            with trio.move_on_after(CHUNK_TIMEOUT) as pause:
+                frame = await read_frame(stream, MAX_CHUNK_FRAME)
+            if pause.cancelled_caught:
+                raise _Rejected("timeout", f"no {what} chunk for {CHUNK_TIMEOUT:g} s")
+            if not isinstance(frame, dict):
+                raise ValueError(f"a {what} chunk must be a map")
+            if frame.get("end") is True:
+                break
+            chunk = frame.get("data")
+            if not isinstance(chunk, bytes) or not chunk:
+                raise ValueError(f"a {what} chunk must be {{data: bytes}} or {{end: true}}")
+            if received + len(chunk) > size:
+                raise _Rejected(size_code, f"the {what}'s chunks are more than its {size} bytes")
+            if inspect.isawaitable(taken := take(chunk)):
+                await taken
+            received += len(chunk)
+    if whole.cancelled_caught:
+        raise _Rejected("timeout", f"the {what} took more than {within:g} s to arrive")
+    if received != size:
+        raise _Rejected(size_code, f"the {what} ended after {received} of its {size} bytes")
 
 
 def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
