@@ -23,6 +23,7 @@ from swarmd.compute.ckptcache import CheckpointError, CkptCache
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.service import HostError, JobHandler, LocalHost, RemoteHost, role_to_wire
 from swarmd.compute.torchenv import NodeRole
+from swarmd.compute import worker as worker_mod
 from swarmd.compute.worker import StartRequest, Worker, WorkerError
 from swarmd.compute.workdir import Cache
 from swarmd.rpc.framing import HEADER, encode_frame
@@ -318,7 +319,7 @@ async def test_a_start_installs_the_listed_checkpoints_and_tells_the_new_one_bef
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ranks run as a job user only when the daemon is root")
-async def test_a_hosts_cache_of_another_coordinators_job_goes_when_its_ranks_end(tmp_path, reachable_jobs_dir):
+async def test_a_hosts_cache_of_another_coordinators_job_goes_a_while_after_its_ranks_end(tmp_path, reachable_jobs_dir):
     """The hub (the coordinator) keeps the job's checkpoints and puts them back on any host of
     a later attempt: a host's own copy would only hold its checkpoint budget for a week."""
     import sys
@@ -335,7 +336,13 @@ async def test_a_hosts_cache_of_another_coordinators_job_goes_when_its_ranks_end
 
     with trio.fail_after(30):
         assert await w.start(start_request([("e1.pt", sha, 7)], [sys.executable, "-c", SCRIPT]), emit) == {0: 0}
-    assert w.checkpoint_path(JOB, "coord", sha) is None and CkptCache(w.job_dir(JOB, "coord")).shas() == []
+    cache = CkptCache(w.job_dir(JOB, "coord"))
+    assert len(cache.shas()) == 2, "kept a while: the hub may still be fetching the one told before the exit"
+    assert w.lingered(trio.current_time() + 1) == []
+    due = w.lingered(trio.current_time() + worker_mod.CHECKPOINT_LINGER + 1)
+    assert due == [(JOB, "coord")]
+    w.drop_checkpoints(*due[0])
+    assert w.checkpoint_path(JOB, "coord", sha) is None and cache.shas() == []
     assert w.checkpoint_budget.used() == 0
 
 

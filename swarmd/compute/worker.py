@@ -75,6 +75,9 @@ EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before
 # seconds a committed hold waits for its start: the longest a workdir upload may take
 # (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
 START_WITHIN = 660.0
+# seconds a job's checkpoint cache outlives its ranks on a host that is not its hub: the hub
+# fetches the checkpoint announced just before the ranks' exit (a failed rank) within seconds
+CHECKPOINT_LINGER = 600.0
 COORDINATOR_WATCH = 0.25  # seconds between looks at what membership says of a running job's coordinator
 READY_TIMEOUT = 60.0  # seconds a start waits for the daemon to finish setting up the sandbox
 CHECKPOINT_SCAN = 0.25  # seconds between scans of a rank's checkpoint directory (a rename is seen within 0.5 s)
@@ -157,6 +160,7 @@ class Worker:
         # (coordinator, job) whose cache here is a live job's hub (this node coordinates it): kept
         # while the job lives; any other job's cache goes when its ranks here end (the hub has them)
         self.hubs: set[tuple[str, str]] = set()
+        self.lingering: dict[tuple[str, str], float] = {}  # (coordinator, job) -> when its cache here goes
         # bytes of every job's checkpoint cache on this host together (ckptcache.Budget)
         self.checkpoint_budget = Budget(jobs_dir.resolve(), checkpoint_budget if checkpoint_budget is not None
                                         else BUDGET_FACTOR * checkpoint_max)
@@ -210,8 +214,8 @@ class Worker:
             log.warning("checkpoints of an unstarted hold not removed", job=job, error=str(exc))
 
     def drop_checkpoints(self, job: str, coordinator: str) -> None:
-        """Remove (coordinator, job)'s checkpoint cache here: its ranks here ended, or its hub's
-        job did. The newest checkpoints live on in the hub, which puts them back on any host of
+        """Remove (coordinator, job)'s checkpoint cache here: its ranks here ended CHECKPOINT_LINGER
+        ago, or its hub's job did. The newest checkpoints live on in the hub, which puts them back on any host of
         a later attempt; caches of finished jobs would hold the host's budget for a week."""
         try:
             trees.remove(self.job_dir(job, coordinator) / CACHE_DIR)
@@ -249,11 +253,22 @@ class Worker:
     async def sweep(self) -> None:
         """Give back reservations never committed, and commits never started."""
         while True:
-            deadline = self.ledger.next_deadline()
-            await (trio.sleep_until(deadline) if deadline is not None else trio.sleep(1.0))
+            deadlines = [d for d in (self.ledger.next_deadline(), *self.lingering.values()) if d is not None]
+            await (trio.sleep_until(min(deadlines)) if deadlines else trio.sleep(1.0))
             if self.ledger.expire(trio.current_time()):
                 self._unpin_gone()
                 self.changed()
+            for job, coordinator in self.lingered(trio.current_time()):
+                await trio.to_thread.run_sync(self.drop_checkpoints, job, coordinator)
+
+    def lingered(self, now: float) -> list[tuple[str, str]]:
+        """(job, coordinator) whose checkpoint cache here has outlived its ranks by
+        CHECKPOINT_LINGER and is not held again (a later attempt placed here keeps it)."""
+        due = [k for k, t in self.lingering.items() if t <= now]
+        for key in due:
+            del self.lingering[key]
+        return [(job, coordinator) for coordinator, job in due
+                if not self.ledger.holds(job, coordinator) and (coordinator, job) not in self.hubs]
 
     @property
     def ranks(self) -> int:
@@ -385,9 +400,8 @@ class Worker:
                          lines=out.dropped_total, log=str(out.log))
             self.running.pop((req.coordinator, req.job), None)
             self.ledger.finish(req.job, req.coordinator)
-            if (req.coordinator, req.job) not in self.hubs:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.drop_checkpoints, req.job, req.coordinator)
+            if (req.coordinator, req.job) not in self.hubs:  # the hub may still be fetching the last one
+                self.lingering[(req.coordinator, req.job)] = trio.current_time() + CHECKPOINT_LINGER
             self._unpin_gone()
             with contextlib.suppress(OSError):
                 os.utime(top)  # finished now: garbage collection counts from here
