@@ -232,6 +232,15 @@ def test_a_restart_shrinks_to_the_survivors_when_nothing_else_fits_and_min_allow
     assert isinstance(no, NoFit) and "lost (dead)" in no.reason
 
 
+def test_a_required_survivor_under_suspicion_is_kept():
+    """A crash can make the failure detector suspect a healthy host for a moment: a survivor
+    that just reported its ranks' exit is kept, and its reservation says whether it is there."""
+    got = place(spec(nodes="2:3"), [node("a"), node("b", state="suspect"), node("lost", state="dead")],
+                lambda a, b: 1.0, require=("a", "b"))
+    assert sorted(got.peers) == ["a", "b"]
+    assert isinstance(place(spec(nodes=2), [node("a"), node("b", state="suspect")], lambda a, b: 1.0), NoFit)
+
+
 def test_a_required_survivor_that_is_dead_now_is_no_fit():
     no = place(spec(nodes="1:2"), [node("a"), node("b", state="dead")], lambda a, b: 1.0, require=("a", "b"))
     assert isinstance(no, NoFit) and "b (dead)" in no.reason

@@ -23,8 +23,9 @@
    hosts rank 0 and the rendezvous), then the rest by peer id.
 6. Elastic sizes: a job of MIN:MAX nodes takes as many fitting members as there are, up to
    MAX; fewer than MIN is `NoFit`. A restart passes its surviving hosts as `require`: they
-   are in every set considered (alive is all that is asked of them: their records may still
-   count the slot the job's last attempt used, and their reservation answers truly), and
+   are in every set considered (alive or merely suspect is all that is asked of them: a host
+   lost in the same moment can make the failure detector suspect a healthy one; their records
+   may still count the slot the job's last attempt used, and their reservation answers truly), and
    the rest is chosen as above, so a replacement is the member nearest the survivors.
 """
 
@@ -107,10 +108,10 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
 
 
 def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str], required: bool = False) -> str | None:
+    if required and c.state in ("alive", "suspect"):
+        return None  # a survivor that just reported its ranks' exit; a suspicion is not a death
     if c.state != "alive":
         return c.state
-    if required:
-        return None
     if c.peer in exclude:
         why = exclude[c.peer] if isinstance(exclude, Mapping) else None
         return f"refused: {why.removeprefix(short(c.peer) + ': ')}" if why else "refused the last reservation"
