@@ -140,6 +140,7 @@ def main() -> None:
         print(f"test accuracy {correct[0].item() / correct[1].item():.4f} "
               f"({int(correct[0].item())}/{int(correct[1].item())}); "
               f"{seen / elapsed:.0f} samples/s over {world} rank(s)", flush=True)
+    dist.barrier()  # every rank done with gloo before any tears it down: a rank whose peer left first can abort (SIGABRT)
     dist.destroy_process_group()
 
 
