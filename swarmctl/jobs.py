@@ -48,6 +48,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--python", metavar="PATH", help="interpreter for a leading `python` in CMD")
     run.add_argument("--spec", type=Path, metavar="FILE", help="a YAML job spec; flags override it")
     run.add_argument("--detach", action="store_true", help="print the job id and return")
+    run.add_argument("--ray", action="store_true", default=None,
+                     help="start a Ray cluster for this job alone (a Ray node on each host) and run CMD as its "
+                          "driver on the first host; ray.init() connects with no arguments")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command each rank runs")
     lsp = jsub.add_parser("ls", parents=[common], help="your jobs coordinated by this node (every job for root)")
     lsp.add_argument("--limit", type=int, default=50)
@@ -97,7 +100,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
             file_fields = load_yaml(text, str(args.spec))
         flags = {"nodes": args.nodes, "max_restarts": args.max_restarts, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
                  "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
-                 "workdir": args.workdir, "cmd": cmd or None,
+                 "workdir": args.workdir, "ray": args.ray, "cmd": cmd or None,
                  "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env")}
         return build(file_fields, flags).to_wire()
     except SpecError as exc:

@@ -241,3 +241,27 @@ def test_an_unquoted_min_max_in_yaml_is_not_read_as_a_base_60_number():
     spec = build(load_yaml("nodes: 2:4\nmax_restarts: 3\ncmd: [python, x.py]\n", "job.yaml"), {})
     assert (spec.least_nodes, spec.nodes, spec.max_restarts) == (2, 4, 3)  # YAML 1.1 alone: 124 nodes
     assert load_yaml("a: 0x10\nb: 12\nc: '1:2'\n") == {"a": 16, "b": 12, "c": "1:2"}
+
+
+# --- Ray jobs (issue 14) ---------------------------------------------------------------------
+
+def test_a_ray_job_is_one_ray_node_per_host_even_with_gpus():
+    spec = build({}, {"cmd": ["python", "tune.py"], "ray": True, "gpus_per_node": 2, "nodes": 3})
+    assert spec.ray and spec.procs_per_node == 1 and spec.gpus_per_node == 2
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"ray": True, "procs_per_node": 2}, "one Ray node per host"),
+    ({"ray": True, "max_restarts": 1}, "'max_restarts' must be 0"),
+    ({"ray": "yes"}, "'ray' must be true or false"),
+    ({"ray": 1}, "'ray' must be true or false"),
+])
+def test_a_ray_job_refuses_what_it_cannot_be(fields, says):
+    with pytest.raises(SpecError, match=says):
+        build({"cmd": ["python", "x.py"], **fields}, {})
+
+
+def test_ray_in_a_yaml_spec():
+    spec = build(load_yaml("cmd: [python, serve.py]\nray: true\nnodes: 2\n"), {})
+    assert spec.ray and spec.nodes == 2 and not build({"cmd": ["x"]}, {}).ray

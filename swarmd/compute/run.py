@@ -21,6 +21,10 @@ Rules:
 - The attempt is over when every node has reported its ranks' exit codes or was lost
   (`settled`); only then may the next one be placed (`begin_attempt`), on at least
   `min_nodes` hosts.
+- A job with a `driver` (a Ray job: rank 0 on the first node runs the user's command against
+  a cluster of the others) ends when the driver exits, with its code: the other nodes are
+  then stopped, and their exits are the stop's echo. Another node exiting or lost does not
+  end it (Ray reschedules inside its cluster); the driver's node lost ends it.
 - Cancel stops every node; the job is cancelled unless it had already failed.
 - Timestamps come from the caller (`now`): each attempt keeps when its loss was detected,
   its gang reserved, its checkpoints were in place and its ranks all ran.
@@ -85,6 +89,7 @@ class Run:
     procs_per_node: int = 1
     min_nodes: int = 1
     max_restarts: int = 0
+    driver: bool = False  # rank 0 drives the job (Ray): its exit ends it
     state: str = "placing"
     phase: str | None = None  # what a restart is doing (PHASES)
     restart_count: int = 0
@@ -145,6 +150,9 @@ class Run:
             return
         self.node_state[node] = "exited"
         self.exit_codes.update(codes)
+        if self.driver:
+            self._driver_exited(node, codes, now)
+            return
         failed = [first] if first else sorted((r, c) for r, c in codes.items() if c != 0)
         if failed and not self.stopping:  # the first cause only: later exits are its echo
             self.failure = failed[0]
@@ -161,8 +169,18 @@ class Run:
             return
         self.node_state[node] = "lost"
         self.lost.add(node)
-        if not self.stopping:
+        if not self.stopping and (not self.driver or node == self.nodes[0]):
             self._attempt_over(f"host {short_peer(node)} lost: {why}", now)
+        self._settle(now)
+
+    def _driver_exited(self, node: str, codes: dict[int, int], now: float | None) -> None:
+        """A driven job: only rank 0's exit decides; the rest of the cluster is then stopped."""
+        if 0 in codes and not self.stopping:
+            if codes[0] != 0:
+                self.failure = (0, codes[0])
+                self._attempt_over(f"the driver (rank 0 on {node}) exited with {codes[0]}", now)
+            else:
+                self.stopping = True  # succeeded once the others have stopped
         self._settle(now)
 
     def cancel(self, why: str = "cancelled by the user") -> None:

@@ -13,6 +13,10 @@ Rules:
 - `nodes` is N or torchrun's MIN:MAX: the job starts on as many hosts as fit up to MAX, at
   least MIN, and after a lost host goes on with the survivors while they are at least MIN
   (run.py). `max_restarts` (default 0) is how many times it is started again.
+- `ray: true` runs a Ray cluster for the job alone (one Ray node per host, the command as its
+  driver on the first host; raynode.py): one process per node, and no restarts (Ray handles
+  failures inside its cluster, e.g. Train's FailureConfig), so `procs_per_node` above 1 and
+  `max_restarts` are refused with it.
 - Sizes are binary megabytes (8G = 8192); waits are at most 30 days; procs_per_node
   defaults to gpus_per_node when GPUs are asked for, else 1.
 - Specs from the control socket or a peer take the same path (`from_wire`): they are
@@ -33,7 +37,7 @@ from ..gossip.signed import Invalid
 from ..gossip.wire import check_labels
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "env",
-          "workdir", "wait", "python", "cmd")
+          "workdir", "wait", "python", "ray", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -74,6 +78,7 @@ class JobSpec:
     workdir: str | None = None  # a path on the client
     wait_s: float = 0.0  # how long to wait for capacity; 0: fail at once
     python: str | None = None  # interpreter replacing a leading python/python3 in cmd
+    ray: bool = False  # a Ray cluster for this job, cmd its driver on the first host
 
     @property
     def least_nodes(self) -> int:
@@ -91,7 +96,7 @@ class JobSpec:
                 "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
-                "python": self.python}
+                "python": self.python, "ray": self.ray}
 
     @classmethod
     def from_wire(cls, data: Any) -> JobSpec:
@@ -229,15 +234,25 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
         raise _fail("name", "1-64 characters of letters, digits, . _ -", name)
     gpus = _int("gpus_per_node", given.get("gpus_per_node", 0), 0, 64)
     least, most = parse_nodes(given.get("nodes", 1))
-    return JobSpec(
+    ray = given.get("ray", False)
+    if not isinstance(ray, bool):
+        raise _fail("ray", "true or false", ray)
+    spec = JobSpec(
         cmd=_cmd(given["cmd"]), name=name, nodes=most, min_nodes=least if least < most else 0,
         max_restarts=_int("max_restarts", given.get("max_restarts", 0), 0, MAX_RESTARTS),
-        gpus_per_node=gpus, procs_per_node=_int("procs_per_node", given.get("procs_per_node", gpus or 1), 1, 256),
+        gpus_per_node=gpus, procs_per_node=_int("procs_per_node", given.get("procs_per_node", 1 if ray else gpus or 1), 1, 256),
         cpus=_number("cpus", given.get("cpus", 0), MAX_CPUS), mem_mb=parse_size_mb(given.get("mem", 0), "mem"),
         labels=_labels(given.get("labels", {})), env=_env(given.get("env", {})),
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
         wait_s=parse_duration_s(given.get("wait", 0), "wait"),
-        python=None if given.get("python") is None else _text("python", given["python"]))
+        python=None if given.get("python") is None else _text("python", given["python"]), ray=ray)
+    if ray and spec.procs_per_node != 1:
+        raise SpecError(f"spec: a Ray job runs one Ray node per host, so 'procs_per_node' must be 1, got "
+                        f"{spec.procs_per_node}: give the node its GPUs with gpus_per_node and Ray places the work")
+    if ray and spec.max_restarts:
+        raise SpecError("spec: a Ray job is not restarted by swarmd ('max_restarts' must be 0): Ray handles failures "
+                        "inside its cluster (Tune's and Train's FailureConfig)")
+    return spec
 
 
 def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:
