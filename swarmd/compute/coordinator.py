@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,6 +70,7 @@ class _Live:
     ship_total: int = 0
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
+    ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
 
     def touch(self) -> None:
         self.changed.set()
@@ -144,7 +146,8 @@ class Jobs:
                               state="placing", coordinator=me, submitted_by=uid, created=time.time(),
                               started=None, ended=None, exit_code=None, reason=None, nodes=[]))
         live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node, min_nodes=spec.least_nodes,
-                             max_restarts=spec.max_restarts), spec=spec, workdir=workdir,
+                             max_restarts=spec.max_restarts, driver=spec.ray), spec=spec, workdir=workdir,
+                     ray=secrets.token_hex(32) if spec.ray else None,
                      hub=Hub(job, worker=self.worker, me=me, host=self._host))
         if workdir is not None:  # archives are evicted least recently used first (gc.py)
             with contextlib.suppress(OSError):
@@ -415,7 +418,7 @@ class Jobs:
                             max_restarts=run.max_restarts)
             req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
-                               checkpoints=checkpoints)
+                               checkpoints=checkpoints, ray=live.ray)
 
             ranks = range(i * spec.procs_per_node, (i + 1) * spec.procs_per_node)
 
@@ -453,7 +456,8 @@ class Jobs:
                         run.node_lost(peer, f"membership: {state}", now=time.time())
                         scopes.setdefault(peer, trio.CancelScope()).cancel()
                         self._save(job, live)
-                        stop_others(peer)
+                        if run.stop_others:  # a Ray job goes on without a worker node
+                            stop_others(peer)
                 await trio.sleep(WATCH_EVERY)
 
         async with trio.open_nursery() as outer:

@@ -28,6 +28,11 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   checkpoint caches (ckptcache.Budget), `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
   checkpoint that does not match is refused and nothing of it is kept; a cache filled for
   a hold that ends before its job starts here goes with the hold (worker.py).
+- ``forward {port}`` → ``{port}``, then the stream is a raw byte pipe to the job's
+  listener on that TCP port of this host until either side closes (forward.py has the
+  rules: only a listener of the job's uid, at most 16 at once per job, closed when idle
+  10 minutes or when the job's ranks end here); only for the requester's running hold.
+  Its stream does not count against `MAX_STREAMS_PER_PEER` (forward.MAX_PER_JOB bounds it).
 - ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
   requester's own cache of that job (ckptcache.py, keyed like the ledger by (requester,
   job)): another member asking for a coordinator's checkpoint finds its own, empty, cache.
@@ -56,7 +61,7 @@ import ipaddress
 import os
 import shutil
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +74,11 @@ from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_fra
 from ..rpc.framing import FramingError, FrameTooLarge
 from .checkpoints import check_listed, check_name, is_sha256
 from .ckptcache import CheckpointError, Incoming
+from . import forward as fwd
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
+from .rayhost import TOKEN
 from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
 from .torchenv import NodeRole
 from .worker import HEARTBEAT, CoordinatorGone, Refused, StartRequest, Worker, WorkerError
@@ -146,6 +153,15 @@ class Streams:
         if self.open[peer] <= 0:
             del self.open[peer]
 
+    @contextlib.contextmanager
+    def aside(self, peer: str) -> Iterator[None]:
+        """A stream bounded elsewhere (a forward) stops counting here while it lasts."""
+        self.release(peer)
+        try:
+            yield
+        finally:
+            self.open[peer] += 1
+
 
 class JobHandler:
     def __init__(self, worker: Worker, *, check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
@@ -217,8 +233,12 @@ class JobHandler:
                 if not is_job_id(req.get("job")):
                     check_job_id(req.get("job"))  # raises, naming the format
                 reply = await self._op(op, req["job"], peer, req, stream)
-                await write_frame(stream, reply)
+                if reply is not None:  # None: the op has had the stream (a forward)
+                    await write_frame(stream, reply)
             except _Rejected as exc:
+                self.rejected(exc.code, peer, f"job {shown}: {exc}")
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
+            except fwd.ForwardRefused as exc:  # not the job's listener, too many forwards
                 self.rejected(exc.code, peer, f"job {shown}: {exc}")
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
             except Refused as exc:  # the ledger: not this coordinator's, not committed, too many ranks
@@ -228,7 +248,7 @@ class JobHandler:
                 code = "job_id" if not is_job_id(req.get("job")) else "malformed"
                 self.rejected(code, peer, f"job {shown}: {exc}")
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
-            except (WorkerError, WorkdirError, ExecutorError) as exc:  # well-formed, and this host cannot
+            except (WorkerError, WorkdirError, ExecutorError, fwd.NothingListens) as exc:  # well-formed, and this host cannot
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
             except CoordinatorGone as exc:
                 log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
@@ -237,7 +257,8 @@ class JobHandler:
         except PeerError as exc:
             self.rejected("malformed", peer, f"job request: {exc}")
 
-    async def _op(self, op: Any, job: str, coordinator: str, req: dict[str, Any], stream: INetStream) -> dict[str, Any]:
+    async def _op(self, op: Any, job: str, coordinator: str, req: dict[str, Any],
+                  stream: INetStream) -> dict[str, Any] | None:
         w = self.worker
         match op:
             case "reserve":
@@ -257,6 +278,15 @@ class JobHandler:
                 return {"found": found}
             case "workdir":
                 return await self._receive_workdir(req, stream, job, coordinator)
+            case "forward":
+                port = _port(req.get("port"))
+                async with open_forward(w, job, coordinator, port) as (end, stop):
+                    await write_frame(stream, {"port": port})
+                    with self.streams.aside(coordinator):
+                        piped = await fwd.pipe(fwd.NetEnd(stream), end, stop=stop)
+                log.debug("forward ended", job=job, port=port, sent=piped.sent, received=piped.received,
+                          why=piped.why)
+                return None
             case "ckpt_put" | "ckpt_get":
                 serve = self._put_checkpoint if op == "ckpt_put" else self._get_checkpoint
                 try:
@@ -276,7 +306,7 @@ class JobHandler:
                                      python=_text(python, "python") if python is not None else None,
                                      workdir=workdir if isinstance(workdir, str) else None,
                                      checkpoints=check_listed(body.get("checkpoints"), w.checkpoint_max),
-                                     **_limits(body.get("limits")))
+                                     ray=_ray_token(body.get("ray")), **_limits(body.get("limits")))
 
                 async def emit(event: dict[str, Any]) -> None:
                     try:
@@ -476,6 +506,35 @@ def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
     return reply
 
 
+def _port(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+        raise ValueError("'port' must be an integer from 1 to 65535")
+    return v
+
+
+@contextlib.asynccontextmanager
+async def open_forward(worker: Worker, job: str, coordinator: str,
+                       port: int) -> AsyncIterator[tuple[fwd.StreamEnd, trio.Event]]:
+    """A connection to the job's listener on `port` of this host, for the coordinator whose
+    hold of the job runs here, and the event set when the job's ranks end (forward.py). Refused
+    (`Refused`, `ForwardRefused`) or `NothingListens` otherwise."""
+    if worker.ledger.state_of(job, coordinator) != "running":
+        if (refusal := worker.ledger.check_holder(job, coordinator)) is not None:
+            raise Refused(refusal)
+        raise Refused(Refusal(f"job {job} is not running on this host", "not_running"))
+    key = (coordinator, job)
+    uid = worker.forwards.uid(key)
+    if uid is None:
+        raise Refused(Refusal(f"job {job} is not running on this host", "not_running"))
+    with worker.forwards.slot(key) as stop:
+        tcp = await fwd.connect(port, uid, fwd.interface_addresses(worker.ifname()))
+        end = fwd.StreamEnd(tcp)
+        try:
+            yield end, stop
+        finally:
+            await end.aclose()
+
+
 def _lease(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= MAX_LEASE:
         raise ValueError(f"'lease' must be 1-{MAX_LEASE:g} seconds")
@@ -545,6 +604,15 @@ def _role(v: Any) -> NodeRole:
                     max_restarts=integer("max_restarts", 0, 1_000_000) if "max_restarts" in v else 0)
 
 
+def _ray_token(v: Any) -> str | None:
+    """A Ray job's auth token (rayhost.py), or None for a torch job."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or not TOKEN.fullmatch(v):
+        raise ValueError("'ray' must be the job's Ray token: 64 lowercase hex characters")
+    return v
+
+
 def _limits(v: Any) -> dict[str, Any]:
     """The job's --cpus and --mem for this host, from a peer: its sandbox's CPU quota and
     memory limit (absent: this host's share per slot)."""
@@ -600,6 +668,16 @@ class LocalHost:
     async def cancel(self, job: str) -> None:
         if isinstance(refusal := self.worker.cancel(job, self.peer), Refusal):
             raise HostError(f"{short(self.peer)}: {refusal.reason}")
+
+    @contextlib.asynccontextmanager
+    async def forward(self, job: str, port: int) -> AsyncIterator[tuple[fwd.End, trio.Event | None]]:
+        """The job's listener on `port` here, by the same checks as a peer's request."""
+        try:
+            async with open_forward(self.worker, job, self.peer, port) as (end, stop):
+                yield end, stop
+                return
+        except (Refused, fwd.ForwardRefused, fwd.NothingListens) as exc:
+            raise HostError(f"{short(self.peer)}: forward: {exc}") from None
 
     async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
         """The checkpoint at `path` into this host's cache of the job (the hub's own)."""
@@ -673,6 +751,28 @@ class RemoteHost:
 
     async def cancel(self, job: str) -> None:
         await self._call("cancel", job)
+
+    @contextlib.asynccontextmanager
+    async def forward(self, job: str, port: int) -> AsyncIterator[tuple[fwd.End, trio.Event | None]]:
+        """A stream that is a byte pipe to the job's listener on `port` of the host, once the
+        host said yes; HostError with its reason otherwise."""
+        with trio.move_on_after(REQUEST_TIMEOUT) as scope:
+            stream = await self._open("forward", job, port=port)
+            try:
+                with _host_errors(self.peer, "forward"):
+                    answer = await read_frame(stream, MAX_SMALL_FRAME)
+            except BaseException:
+                await close_quietly(stream)
+                raise
+        if scope.cancelled_caught:
+            await close_quietly(stream)
+            raise HostError(f"{short(self.peer)}: no answer to forward within {REQUEST_TIMEOUT:g} s")
+        try:
+            if _reply(self.peer, answer).get("port") != port:
+                raise HostError(f"{short(self.peer)}: forward: a malformed answer")
+            yield fwd.NetEnd(stream), None
+        finally:
+            await close_quietly(stream)
 
     async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
         """Send the checkpoint at `path` (its sha256 and size as given) unless the host has it;
@@ -793,7 +893,7 @@ class RemoteHost:
                 await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
                                            "python": req.python, "workdir": req.workdir,
                                            "checkpoints": [list(c) for c in req.checkpoints],
-                                           "limits": {"cpus": req.cpus, "mem_mb": req.mem_mb}})
+                                           "limits": {"cpus": req.cpus, "mem_mb": req.mem_mb}, "ray": req.ray})
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:

@@ -62,6 +62,7 @@ from .ckptcache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCa
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .output import RankOutput
+from .rayhost import PortBlocks, NoPorts, RayNode, TEMP_IN_BOX, install_launcher, rank_argv, ray_cpus, ray_env, write_token
 from .sandbox.box import Box, Sandbox, SandboxError
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
@@ -117,6 +118,7 @@ class StartRequest:
     mem_mb: int = 0  # the job's --mem on this host: its memory limit (0: this host's share per slot)
     # (name, sha256, size) of the checkpoints the ranks find in $SWARM_CHECKPOINT_DIR, from the cache
     checkpoints: tuple[tuple[str, str, int], ...] = ()
+    ray: str | None = None  # a Ray job (rayhost.py): its cluster's auth token
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +136,8 @@ class Worker:
                  job_nodes: Callable[[tuple[str, ...]], JobNodes] = lambda ips: JobNodes(),
                  sandbox_later: bool = False, checkpoint_max: int = CHECKPOINT_MAX,
                  checkpoint_keep: int = CHECKPOINT_KEEP, checkpoint_budget: int | None = None,
-                 coordinator_gone: Callable[[str], str | None] = lambda peer: None) -> None:
+                 coordinator_gone: Callable[[str], str | None] = lambda peer: None,
+                 ray_ports: PortBlocks | None = None) -> None:
         self.ledger = ledger
         self.cache = cache
         self.jobs_dir = jobs_dir
@@ -166,6 +169,7 @@ class Worker:
                                         else BUDGET_FACTOR * checkpoint_max)
         # holds a peer put checkpoints for before their job started here: their caches go with them
         self.put_unstarted: set[tuple[str, str]] = set()
+        self.ray_ports = ray_ports or PortBlocks()  # the Ray jobs' port blocks on this host
 
     # --- reservations --------------------------------------------------------------------
 
@@ -341,6 +345,9 @@ class Worker:
                                   max_size=self.checkpoint_max, keep=self.checkpoint_keep,
                                   protect=lambda: self.kept_checkpoints(req.job, req.coordinator),
                                   listed=req.checkpoints)
+                if req.ray is not None:
+                    argv, extra = await trio.to_thread.run_sync(self._ray_node, req, role, top, box)
+                    base |= extra
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
                          for i in range(role.procs_per_node)]
@@ -399,6 +406,7 @@ class Worker:
                 log.info("rank output left off a slow coordinator's stream", job=req.job,
                          lines=out.dropped_total, log=str(out.log))
             self.running.pop((req.coordinator, req.job), None)
+            self.ray_ports.give_back((req.coordinator, req.job))
             self.ledger.finish(req.job, req.coordinator)
             if (req.coordinator, req.job) not in self.hubs:  # the hub may still be fetching the last one
                 self.lingering[(req.coordinator, req.job)] = trio.current_time() + CHECKPOINT_LINGER
@@ -471,6 +479,33 @@ class Worker:
         """A job's latest start here: its cache keeps the checkpoints it listed."""
         self.keep_checkpoints(job, coordinator, (sha for _, sha, _ in listed))
 
+    def _ray_node(self, req: StartRequest, role: NodeRole, top: Path, box: Box) -> tuple[list[str], dict[str, str]]:
+        """A Ray job's rank here (rayhost.py): this host's Ray node, and on the first host the
+        driver; its port block, token file and launcher in the job's directory."""
+        try:
+            base = self.ray_ports.take((req.coordinator, req.job))
+        except NoPorts as exc:
+            raise WorkerError(str(exc)) from None
+        memory, cpus = self._quota(req)
+        uid = self._job_uid(box)
+        token = top / "ray-token"
+        write_token(token, req.ray or "", uid, None if box.uid is not None or uid is None else pwd.getpwuid(uid).pw_gid)
+        head = role.node_rank == 0
+        addr = f"[{role.master_addr}]" if ":" in role.master_addr else role.master_addr
+        node = RayNode(head=head, ip=role.node_ips[role.node_rank], gcs=str(role.master_port) if head else
+                       f"{addr}:{role.master_port}", base=base, nodes=role.nnodes, cpus=ray_cpus(cpus),
+                       gpus=len(role.gpus), memory=memory, temp=TEMP_IN_BOX if "namespaces" in box.parts else "")
+        python = resolve_argv(["python"], req.python)[0]
+        return rank_argv(python, install_launcher(top), node, resolve_argv(req.cmd, req.python)), ray_env(token)
+
+    def _quota(self, req: StartRequest) -> tuple[int, float]:
+        """The job's memory (bytes) and cores on this host: what it asked for, at most this
+        whole host (placement saw what was free), else one slot's share."""
+        total_memory, cores = _memory_total(), float(os.cpu_count() or 1)
+        memory = min(req.mem_mb * 2**20, total_memory) if req.mem_mb else self.ledger_share(total_memory)
+        cpus = min(req.cpus, cores) if req.cpus else self.ledger_share(cores)
+        return int(memory), cpus
+
     def _job_uid(self, box: Box) -> int | None:
         """The uid the job's files are owned by, where this host knows it."""
         if box.uid is not None:
@@ -503,12 +538,9 @@ class Worker:
             yield Box(uid=None, parts=())
             return
         nodes = self.job_nodes(req.role.node_ips)
-        total_memory, cores = _memory_total(), float(os.cpu_count() or 1)
-        # a coordinator's numbers: at most this whole host (placement saw what was free)
-        memory = min(req.mem_mb * 2**20, total_memory) if req.mem_mb else self.ledger_share(total_memory)
-        cpus = min(req.cpus, cores) if req.cpus else self.ledger_share(cores)
+        memory, cpus = self._quota(req)
         try:
-            async with self.sandbox.open(job=req.job, top=top, cwd=top / "work", memory=int(memory), cpus=cpus,
+            async with self.sandbox.open(job=req.job, top=top, cwd=top / "work", memory=memory, cpus=cpus,
                                          gpus=gpus, nodes=nodes.addresses, blocked=nodes.daemon_ports) as box:
                 yield box
         except SandboxError as exc:

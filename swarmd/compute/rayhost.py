@@ -1,0 +1,127 @@
+"""A host's part in a Ray job (issue 14): its port block, its token file, its Ray node's command.
+
+A Ray job's rank on each host is `raynode.py` (the Ray node; on the first host also the
+driver), run like any rank: in the job's sandbox, as the job's uid. This module is what
+the worker needs to start it:
+- `PortBlocks` hands each running Ray job on this host a block of `BLOCK` consecutive ports
+  from the `ray_ports` range, free now (checked by binding) and not another job's, and takes
+  it back when the job's ranks end. raynode.layout says what each port of a block is for.
+- `write_token` puts the job's auth token (from its coordinator: 64 hex characters) in a
+  file of the job's directory readable only by the job's uid.
+- `rank_argv` is the command of the rank; `ray_env` what Ray reads from the environment
+  (token auth on, usage stats off).
+Sizes given to Ray are the job's own on this host: `--num-cpus` its CPUs (at least 1),
+`--num-gpus` its GPUs, the object store `OBJECT_STORE_SHARE` of its memory limit, and the
+rest `--memory` for tasks and actors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import raynode
+
+BLOCK = 100  # ports of one job on one host: raynode.FIXED of its node's, the rest for its workers
+DEFAULT_RANGE = (20000, 29999)  # below Linux's ephemeral ports (32768-60999)
+OBJECT_STORE_SHARE = 0.3  # Ray's own default share of a node's memory
+MIN_OBJECT_STORE = 80 * 2**20  # Ray refuses less than 75 MiB
+TOKEN = re.compile(r"[0-9a-f]{64}")
+TEMP_IN_BOX = "/tmp/ray"  # inside the sandbox /tmp is the job's own tmpfs: short socket paths, gone with it
+WAIT_FOR_CLUSTER = 120.0
+
+
+class NoPorts(Exception):
+    """Every block of this host's Ray port range is taken or in use."""
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+class PortBlocks:
+    """Blocks of ports for the Ray jobs running on this host, keyed by (coordinator, job)."""
+
+    def __init__(self, ports: tuple[int, int] = DEFAULT_RANGE, *, free: Callable[[int], bool] = port_free) -> None:
+        low, high = ports
+        self.bases = list(range(low, high + 1 - BLOCK + 1, BLOCK))
+        self.held: dict[tuple[str, str], int] = {}
+        self.free = free
+
+    def take(self, key: tuple[str, str]) -> int:
+        if key in self.held:
+            return self.held[key]
+        taken = set(self.held.values())
+        for base in self.bases:
+            if base not in taken and all(self.free(p) for p in range(base, base + raynode.FIXED)):
+                self.held[key] = base
+                return base
+        raise NoPorts(f"no free block of {BLOCK} Ray ports on this host ({len(self.held)} Ray jobs hold one)")
+
+    def give_back(self, key: tuple[str, str]) -> None:
+        self.held.pop(key, None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RayNode:
+    """What one host's Ray node of a job is."""
+    head: bool
+    ip: str  # this host's address in the job (its overlay address)
+    gcs: str  # head: its GCS port; worker: the head's ip:port
+    base: int  # this job's port block here
+    nodes: int  # Ray nodes in the job
+    cpus: int
+    gpus: int
+    memory: int  # bytes of the job's memory limit here (0: not limited)
+    temp: str  # Ray's temp dir ("" : a fresh one in /tmp, removed at the end)
+
+
+def install_launcher(top: Path) -> Path:
+    """raynode.py copied into the job's directory (the daemon's, world-readable): the job's
+    uid reads it there wherever swarmd itself is installed."""
+    dest = top / "raynode.py"
+    dest.write_bytes(Path(raynode.__file__).read_bytes())
+    dest.chmod(0o444)
+    return dest
+
+
+def rank_argv(python: str, launcher: Path, node: RayNode, driver: list[str]) -> list[str]:
+    store = max(MIN_OBJECT_STORE, int(node.memory * OBJECT_STORE_SHARE)) if node.memory else 0
+    argv = [python, str(launcher), "--head" if node.head else "--worker", f"--ip={node.ip}", f"--gcs={node.gcs}",
+            f"--ports={node.base}:{BLOCK}", f"--nodes={node.nodes}", f"--cpus={node.cpus}", f"--gpus={node.gpus}",
+            f"--wait={WAIT_FOR_CLUSTER:g}", f"--temp={node.temp}"]
+    if node.memory:
+        argv += [f"--memory={max(node.memory - store, 2**20)}", f"--object-store={store}"]
+    return argv + (["--", *driver] if node.head else [])
+
+
+def ray_cpus(cpus: float) -> int:
+    """Ray counts whole CPUs: the job's share, rounded up, at least one."""
+    return max(1, math.ceil(cpus - 1e-9))
+
+
+def ray_env(token_path: Path) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def write_token(path: Path, token: str, uid: int | None, gid: int | None) -> None:
+    """The token, readable by the job's uid alone (the daemon's, mode 0400, when it has none)."""
+    if not TOKEN.fullmatch(token):
+        raise ValueError("a Ray token is 64 lowercase hex characters")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+    try:
+        os.write(fd, token.encode())
+        if uid is not None and os.geteuid() == 0:
+            os.fchown(fd, uid, gid if gid is not None else uid)
+    finally:
+        os.close(fd)
