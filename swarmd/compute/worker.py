@@ -61,6 +61,7 @@ from . import trees
 from .ckptcache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCache, Watcher, clear_job_dir
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
+from .forward import Forwards
 from .output import RankOutput
 from .rayhost import PortBlocks, NoPorts, RayNode, TEMP_IN_BOX, install_launcher, rank_argv, ray_cpus, ray_env, write_token
 from .sandbox.box import Box, Sandbox, SandboxError
@@ -169,6 +170,8 @@ class Worker:
                                         else BUDGET_FACTOR * checkpoint_max)
         # holds a peer put checkpoints for before their job started here: their caches go with them
         self.put_unstarted: set[tuple[str, str]] = set()
+        # running jobs whose ports `swarmctl jobs forward` may reach, as their ranks' uid (forward.py)
+        self.forwards = Forwards()
         self.ray_ports = ray_ports or PortBlocks()  # the Ray jobs' port blocks on this host
 
     # --- reservations --------------------------------------------------------------------
@@ -354,6 +357,7 @@ class Worker:
                 executor = Executor(req.job, ranks, user=self.user, on_output=on_output,
                                     box=box if box.prefix else None)
                 self.running[(req.coordinator, req.job)] = executor
+                self.forwards.running((req.coordinator, req.job), _uid_or_own(self._job_uid(box)))
                 self.changed()
                 async with _unwrapped(), trio.open_nursery() as nursery:
                     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -406,6 +410,7 @@ class Worker:
                 log.info("rank output left off a slow coordinator's stream", job=req.job,
                          lines=out.dropped_total, log=str(out.log))
             self.running.pop((req.coordinator, req.job), None)
+            self.forwards.ended((req.coordinator, req.job))
             self.ray_ports.give_back((req.coordinator, req.job))
             self.ledger.finish(req.job, req.coordinator)
             if (req.coordinator, req.job) not in self.hubs:  # the hub may still be fetching the last one
@@ -581,6 +586,11 @@ class Worker:
             cache.prune(self.checkpoint_keep, {sha for _, sha, _ in listed})
         os.chmod(top, 0o711)  # the job user passes through to its own directories, reads nothing else
         return work
+
+
+def _uid_or_own(uid: int | None) -> int:
+    """The ranks' uid: the job's, else this daemon's own (not root: ranks run as it)."""
+    return os.geteuid() if uid is None else uid
 
 
 def _confined_gpus(env: dict[str, str], box: Box, gpus: tuple[int, ...]) -> dict[str, str]:
