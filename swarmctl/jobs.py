@@ -62,6 +62,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     logs.add_argument("id")
     cancel = jsub.add_parser("cancel", parents=[common], help="stop a job (SIGTERM, then SIGKILL)")
     cancel.add_argument("id")
+    fw = jsub.add_parser("forward", parents=[common],
+                         help="forward 127.0.0.1:LOCAL_PORT here to REMOTE_PORT on a running job's first host "
+                              "(a Ray job's head) until Ctrl-C")
+    fw.add_argument("id")
+    fw.add_argument("ports", metavar="LOCAL_PORT[:REMOTE_PORT]", help="REMOTE_PORT defaults to LOCAL_PORT")
 
 
 def command(client: Client, args: argparse.Namespace) -> int:
@@ -76,6 +81,10 @@ def command(client: Client, args: argparse.Namespace) -> int:
             render.as_json(result) if args.json else render_jobs.job(result)
         case "logs":
             return _logs(client, args)
+        case "forward":
+            from . import forward
+
+            return forward.command(client, args)
         case "cancel":
             result = client.call("jobs.cancel", id=args.id)
             render.as_json(result) if args.json else print(f"job {result['id']}: {result['state']}, cancelling")

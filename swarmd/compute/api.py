@@ -1,4 +1,4 @@
-"""The control socket's job methods: upload a workdir, run, list, show, follow logs, cancel.
+"""The control socket's job methods: upload a workdir, run, list, show, follow logs, cancel, forward a port.
 
 A job belongs to the uid that submitted it (its SO_PEERCRED uid, stored as `submitted_by`):
 members of the daemon's group run jobs and list, read and cancel only their own; root and the
@@ -13,6 +13,7 @@ that user's least recently written part (another user's are never touched).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError, check_owner
+from ..rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError, Takeover, check_owner
+from .forward import StreamEnd, pipe
+from .service import HostError
 from .spec import JobSpec, SpecError
 from .workdir import DEFAULT_LIMIT, WorkdirError
 
@@ -133,6 +136,31 @@ def methods(get_jobs: Any) -> list[Method]:
         job = own_job(params, "jobs.cancel", jobs, caller).id
         return {"id": job, "state": jobs.cancel(job)}
 
+    async def forward(params: dict[str, Any], caller: Caller) -> dict[str, Any] | Takeover:
+        jobs = jobs_or_error("jobs.forward")
+        job = own_job(params, "jobs.forward", jobs, caller).id
+        port = params["port"]
+        if not 1 <= port <= 65535:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.forward: 'port' must be 1-65535")
+        try:
+            peer, address, host = jobs.head(job)
+        except HostError as exc:
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"jobs.forward: {exc}") from None
+        where = {"id": job, "peer": peer, "address": address, "port": port}
+        if params.get("check"):
+            return where
+        stack = contextlib.AsyncExitStack()
+        try:
+            end, stop = await stack.enter_async_context(host.forward(job, port))
+        except HostError as exc:
+            await stack.aclose()
+            raise RpcError(ErrorCode.OPERATION_FAILED, f"jobs.forward: {exc}") from None
+
+        async def run(stream: trio.SocketStream, leftover: bytes) -> None:
+            await pipe(StreamEnd(stream, leftover), end, stop=stop)
+
+        return Takeover(result=where, run=run, close=stack.aclose)
+
     return [
         Method(name="jobs.upload", handler=upload, access=Access.JOBS, doc="send a packed workdir, in chunks",
                params={"digest": Param(type=str, required=True, doc="sha256 of the whole archive"),
@@ -155,4 +183,10 @@ def methods(get_jobs: Any) -> list[Method]:
                        "follow": Param(type=bool, doc="keep streaming until the job ends")}),
         Method(name="jobs.cancel", handler=cancel, access=Access.JOBS, doc="stop a job: SIGTERM, then SIGKILL",
                params={"id": Param(type=str, required=True, doc="job id or a unique prefix")}),
+        Method(name="jobs.forward", handler=forward, access=Access.JOBS, takeover=True,
+               doc="a TCP connection to `port` on the running job's first host: after the answer ({id, peer, "
+                   "address, port}) this connection is a byte pipe to it (`check`: only the answer)",
+               params={"id": Param(type=str, required=True, doc="job id or a unique prefix"),
+                       "port": Param(type=int, required=True, doc="the TCP port on the job's first host"),
+                       "check": Param(type=bool, doc="only say where the forward would go")}),
     ]

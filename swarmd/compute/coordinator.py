@@ -174,6 +174,24 @@ class Jobs:
                 self._nursery.start_soon(_quietly, host.cancel, job)
         return live.run.state
 
+    def head(self, job: str) -> tuple[str, str, LocalHost | RemoteHost]:
+        """The running job's first host (node rank 0: a Ray job's head), where `jobs forward`
+        connects: (peer, its address, the host). HostError saying why when it is not running."""
+        live = self.live.get(job)
+        if live is None or live.run.state != "running" or not live.run.nodes:
+            row = self.store.get(job)
+            state = live.run.state if live is not None else row.state if row is not None else "unknown"
+            raise HostError(f"job {job} is not running ({state})")
+        peer = live.run.nodes[0]
+        if live.run.node_state.get(peer) != "running" or peer not in live.hosts:
+            raise HostError(f"job {job} is not running on its first host {short_peer(peer)} "
+                            f"({live.run.node_state.get(peer, 'not placed')})")
+        try:
+            address = self._address(peer)
+        except (HostError, KeyError):  # gone from the view this instant: the forward itself will say
+            address = "?"
+        return peer, address, live.hosts[peer]
+
     async def watch(self, job: str, *, progress: bool, output: bool, rank: int | None = None,
                     follow: bool = True) -> AsyncIterator[dict[str, Any]]:
         """A job's progress (``{"job": …}`` when it changes) and output (``{"out": [[rank,

@@ -88,6 +88,16 @@ class Client:
             return result
         raise RemoteError(int(ErrorCode.INTERNAL_ERROR), f"{method}: empty reply")
 
+    def take_over(self, method: str, **params: Any) -> tuple[Any, socket.socket, bytes]:
+        """Call a method that turns the connection into a byte pipe once it answers
+        (`jobs.forward`): its result, the socket (the caller's now: this client lets go of it)
+        and the bytes already read past the answer. RemoteError when refused."""
+        result = self.call(method, **params)
+        sock, rest = self._sock, self._decoder.rest()
+        assert sock is not None
+        self._sock = None
+        return result, sock, rest
+
     def stream(self, method: str, **params: Any) -> Iterator[Any]:
         """Yield each result of a (possibly streaming) call until the final reply."""
         sock = self._connect()

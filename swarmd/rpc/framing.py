@@ -142,6 +142,12 @@ class FrameDecoder:
         """Bytes of an incomplete frame held; non-zero at EOF means a truncated frame."""
         return len(self._buf)
 
+    def rest(self) -> bytes:
+        """Every byte buffered and not yet a frame, handed out and forgotten (a connection
+        that stops being frames: what its peer sent past the last one)."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        return rest
+
     def next_message(self) -> Any:
         """The next decoded message, or ``NOT_YET`` when a whole frame is not buffered."""
         body = self.next_body()

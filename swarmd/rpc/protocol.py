@@ -19,6 +19,10 @@ Wire shapes (msgpack maps):
 - reply    ``{id, result, final: true}``
 - stream   ``{id, result, final: false}`` per item, then ``{id, final: true}`` (no result)
 - error    ``{id, error: {code: int, message: str}, final: true}``
+- takeover a method marked ``takeover`` (``jobs.forward``) must be its connection's only call;
+  its handler returns a ``Takeover``: after its reply the connection is a raw byte pipe both
+  ways, handed to ``Takeover.run``, until either side closes (an error reply, or a plain
+  result, leaves the connection a frame connection).
 
 Error codes follow JSON-RPC 2.0 where it has one, so they mean something to anyone who has
 seen it; the -320xx range is ours.
@@ -99,6 +103,18 @@ class Method:
     params: Mapping[str, Param] = field(default_factory=dict)
     access: Access = Access.ADMIN
     streams: bool = False
+    takeover: bool = False  # its handler may return a Takeover: the connection becomes a byte pipe
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Takeover:
+    """A handler's answer that takes the connection over: ``result`` is sent as the reply,
+    then ``run(stream, leftover)`` has the connection (``leftover``: bytes the client sent past
+    its request), and ``close()`` is awaited whatever happens, the reply not sent included."""
+
+    result: Any
+    run: Callable[[Any, bytes], Any]
+    close: Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,9 @@ Rules:
   unknown method, bad params, a refused call) gets an error reply where one can be sent
   and the connection is closed. A handler's failure is answered and the connection stays.
 - Sends are bounded in time; a client that stops reading is dropped after SEND_TIMEOUT.
+- A `takeover` method (protocol.Takeover) must be the only call on its connection, and it
+  runs in the read loop itself, so no byte after its request is read as a frame: once its
+  reply is sent, the connection is the handler's byte pipe until it ends, then closed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import structlog
 import trio
 
 from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, decode, encode_frame
-from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, access_of, end_of_stream,
+from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, Takeover, access_of, end_of_stream,
                        error_reply, reply)
 
 log = structlog.get_logger("swarmd.rpc")
@@ -197,6 +200,13 @@ class _Conn:
             decoder.feed(data)
             while (message := await self._next_message(decoder)) is not NOT_YET:
                 call = self.server._dispatcher.prepare(message, caller)
+                if call.method.takeover:
+                    if self.in_flight:
+                        raise RpcError(ErrorCode.BUSY, f"{call.method.name} must be the only call on its connection",
+                                       request_id=call.id, method=call.method.name)
+                    if await self._take_over(call, decoder):
+                        return
+                    continue
                 if self.in_flight >= MAX_CALLS_PER_CONNECTION:
                     raise RpcError(ErrorCode.BUSY, f"more than {MAX_CALLS_PER_CONNECTION} calls in flight",
                                    request_id=call.id, method=call.method.name)
@@ -214,6 +224,34 @@ class _Conn:
             raise RpcError(ErrorCode.FRAME_TOO_LARGE, str(exc)) from None
         except FramingError as exc:
             raise RpcError(ErrorCode.PARSE_ERROR, str(exc)) from None
+
+    async def _take_over(self, call: Call, decoder: FrameDecoder) -> bool:
+        """Run a takeover call in the read loop; True when the connection was taken over (or
+        refused) and is done, False when the handler answered as a plain call."""
+        name = call.method.name
+        try:
+            result = await call.method.handler(call.params, call.caller)
+        except RpcError as exc:
+            self.server._observer(name, exc.code)
+            await self.send(error_reply(call.id, exc.code, exc.message))
+            return True  # a refused pipe: whatever the client sent after it is not frames
+        except Exception as exc:  # a bug: answer, log, close
+            log.exception("rpc handler crashed", method=name)
+            self.server._observer(name, ErrorCode.INTERNAL_ERROR)
+            await self.send(error_reply(call.id, ErrorCode.INTERNAL_ERROR,
+                                        f"internal error in {name}: {type(exc).__name__}: {exc}"))
+            return True
+        self.server._observer(name, None)
+        if not isinstance(result, Takeover):
+            await self.send(reply(call.id, result))
+            return False
+        try:
+            await self.send(reply(call.id, result.result))
+            await result.run(self.stream, decoder.rest())
+        finally:
+            with trio.CancelScope(shield=True):
+                await result.close()
+        return True
 
     async def _run_call(self, call: Call) -> None:
         name = call.method.name

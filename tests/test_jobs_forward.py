@@ -1,0 +1,199 @@
+"""`swarmctl jobs forward` on one daemon on loopback (root not needed): a job's HTTP server
+answers through the forward, a listener that is not the job's is refused saying why and the
+forward keeps serving, Ctrl-C ends it with 0, and a job that is not running, or not the
+caller's, is refused before anything listens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import root_only, wait_until
+from test_jobs_local import node, swarmctl  # noqa: F401 - the fixture
+
+SERVER = """
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello from the job, uid %d, path %s" % (os.getuid(), self.path)).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("serving", flush=True)
+s.serve_forever()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Forward:
+    """`swarmctl jobs forward ARGS` in the background: its first line, its stderr as it comes."""
+
+    def __init__(self, d, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), "jobs",
+                                      "forward", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.err: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.err.extend(iter(self.proc.stderr.readline, "")), daemon=True)
+        self.reader.start()
+
+    def first_line(self) -> str:
+        return self.proc.stdout.readline()
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(20)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.reader.join(5)
+        self.proc.stderr.close()
+
+
+def get(port: int, path: str = "/") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=20) as r:
+        return r.read().decode()
+
+
+def refused_through(port: int) -> bytes:
+    """What a client reads through a forward whose daemon side refused: nothing, then the end
+    (a reset: what it sent was not read)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+        c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            return c.recv(1024)
+        except ConnectionResetError:
+            return b""
+
+
+@pytest.fixture
+def server_job(node, tmp_path):  # noqa: F811
+    port = free_port()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "server.py").write_text(SERVER)
+    r = swarmctl(node, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    wait_until(lambda: "serving" in swarmctl(node, "jobs", "logs", job).stdout, 60, "the job's server up")
+    yield job, port
+    node.call("jobs.cancel", id=job)
+
+
+def test_a_jobs_http_server_answers_through_the_forward(node, server_job):  # noqa: F811
+    job, port = server_job
+    local = free_port()
+    fw = Forward(node, job[:6], f"{local}:{port}")
+    try:
+        line = fw.first_line()
+        me = node.call("status")["peer_id"]
+        assert line.startswith(f"forwarding 127.0.0.1:{local} -> job {job} on host ") and \
+            line.rstrip().endswith(f"({me[-8:]}) port {port}; Ctrl-C to stop"), line
+        answers: list[str] = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(get(local, f"/{i}"))) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(a.rsplit(" ", 1)[1] for a in answers) == ["/0", "/1", "/2", "/3"], answers
+        assert all(a.startswith("hello from the job, uid ") for a in answers)
+        assert fw.stop() == 0, fw.err
+    finally:
+        fw.kill()
+
+
+def test_a_port_the_job_does_not_own_is_refused_and_the_forward_keeps_serving(node, server_job):  # noqa: F811
+    job, port = server_job
+    daemon_port = next(int(a.split("/")[4]) for a in node.call("status")["listen_addrs"] if "/tcp/" in a)
+    local = free_port()
+    fw = Forward(node, job, f"{local}:{daemon_port}")
+    try:
+        assert fw.first_line().startswith(f"forwarding 127.0.0.1:{local} -> job {job}")
+        assert refused_through(local) == b""
+        wait_until(lambda: any("refused" in e for e in fw.err), 20, "the refusal told")
+        why = next(e for e in fw.err if "refused" in e)
+        assert "jobs.forward" in why and (f"port {daemon_port} is this daemon's own" in why
+                                          or f"port {daemon_port} is served by uid {os.geteuid()}, not by the job"
+                                          in why), why
+        assert fw.proc.poll() is None, "a refused connection does not end the forward"
+    finally:
+        assert fw.stop() == 0
+        fw.kill()
+    if os.geteuid() == 0:  # a listener of another uid than the job's (the test's own: root)
+        with socket.socket() as mine:
+            mine.bind(("127.0.0.1", 0))
+            mine.listen()
+            fw = Forward(node, job, f"{local}:{mine.getsockname()[1]}")
+            try:
+                fw.first_line()
+                assert refused_through(local) == b""
+                wait_until(lambda: any("served by uid 0, not by the job" in e or "runs as root" in e for e in fw.err),
+                           20, "the refusal told")
+                assert get_through_same(fw, local, port) is None
+            finally:
+                fw.stop()
+                fw.kill()
+
+
+def get_through_same(fw: Forward, local: int, port: int) -> None:
+    """The forward still accepts after a refusal (it answers the next connection)."""
+    with socket.create_connection(("127.0.0.1", local), timeout=20):
+        pass
+    assert fw.proc.poll() is None
+
+
+def test_a_job_that_is_not_running_and_bad_ports_are_refused_before_listening(node, tmp_path):  # noqa: F811
+    r = swarmctl(node, "jobs", "run", "--", "python", "-c", "pass")
+    assert r.returncode == 0, r.stderr
+    job = node.call("jobs.ls")["jobs"][0]["id"]
+    r = swarmctl(node, "jobs", "forward", job, "8000", timeout=30)
+    assert r.returncode == 1 and f"jobs.forward: job {job} is not running (succeeded)" in r.stderr, r.stderr
+    r = swarmctl(node, "jobs", "forward", "nosuchjob", "8000", timeout=30)
+    assert r.returncode == 1 and "no job 'nosuchjob'" in r.stderr, r.stderr
+    for bad in ("0", "65536", "http", "8000:", "8000:0", "-1", ""):
+        r = swarmctl(node, "jobs", "forward", job, bad, timeout=30)
+        assert r.returncode == 2 and "must be a port number from 1 to 65535" in r.stderr, (bad, r.stderr)
+
+
+@root_only()
+def test_another_users_job_cannot_be_forwarded(make_daemon, tmp_path):
+    from test_rpc_access import MEMBER, OTHER_MEMBER, _group, as_user
+
+    from sim.netlab.lab import job_user
+
+    group = _group()
+    d = make_daemon(args=["--job-user", job_user(), "--socket-group", group.gr_name])
+    for parent in d.socket.parents:
+        parent.chmod(parent.stat().st_mode | 0o001)
+        if parent == tmp_path.parent.parent:
+            break
+    d.call("swarm.init")
+    wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
+    outcome = as_user(d, MEMBER, [group.gr_gid], "jobs.run", spec={"cmd": ["sleep", "600"]}, detach=True)
+    assert outcome[0] == "ok", outcome
+    job = outcome[1]["submitted"]
+    try:
+        wait_until(lambda: d.call("jobs.show", id=job)["state"] == "running", 60, "the member's job running")
+        outcome = as_user(d, OTHER_MEMBER, [group.gr_gid], "jobs.forward", id=job, port=8000, check=True)
+        assert outcome[0] == "refused" and outcome[2].startswith(
+            f"jobs.forward: job {job} belongs to uid {MEMBER}; uid {OTHER_MEMBER} may act only on its own"), outcome
+        outcome = as_user(d, MEMBER, [group.gr_gid], "jobs.forward", id=job, port=8000, check=True)
+        assert outcome[0] == "ok" and outcome[1]["id"] == job and outcome[1]["port"] == 8000, outcome
+    finally:
+        d.call("jobs.cancel", id=job)
