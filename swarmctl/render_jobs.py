@@ -85,7 +85,16 @@ def job(j: Mapping[str, Any]) -> None:
         ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
                          for c in j.get("checkpoints") or []]),
         ("ranks", ranks), ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
+        ("Ray nodes", [_ray_line(p, h["ray"], p == (j["nodes"] or [None])[0])
+                       for p, h in (j.get("hosts") or {}).items() if h.get("ray")]),
     ])
+
+
+def _ray_line(peer: str, node: Mapping[str, Any], head: bool) -> str:
+    """A Ray job's node: its host, overlay address and what Ray was given there."""
+    gpus = f", {node['gpus']} GPU{'s' if node['gpus'] != 1 else ''}" if node.get("gpus") else ""
+    return (f"{_peer(peer)} {node.get('address')}{' (head)' if head else ''}: {node['cpus']} CPU{gpus}, "
+            f"memory {size(node['memory'])}, object store {size(node['object_store'])}")
 
 
 def _attempt_line(a: Mapping[str, Any], origin: float | None) -> str:

@@ -491,6 +491,8 @@ class Jobs:
             self.store.set_host(job, peer, sandbox=event["sandbox"])
         if "usage" in event:
             self.store.set_host(job, peer, **event["usage"])
+        if "ray" in event:
+            self.store.set_host(job, peer, ray={"address": self._address(peer), **event["ray"]})
         if "started" in event:
             run.node_started(peer, now=time.time())
             for rank in event["started"]:

@@ -83,6 +83,14 @@ def checked_event(event: Any, ranks: range, *, started: bool) -> dict[str, Any]:
         if not isinstance(text, str) or len(text) > MAX_SANDBOX_TEXT or not text.isprintable():
             raise ValueError(f"'sandbox' must be printable text of at most {MAX_SANDBOX_TEXT} characters")
         out["sandbox"] = text
+    if "ray" in event:  # a Ray job's node on this host (rayhost.py)
+        node = event["ray"]
+        if not isinstance(node, dict) or set(node) != {"cpus", "gpus", "memory", "object_store"}:
+            raise ValueError("'ray' must be a map of cpus, gpus, memory and object_store")
+        out["ray"] = {"cpus": number(node["cpus"], "ray.cpus", 0, 1 << 20),
+                      "gpus": number(node["gpus"], "ray.gpus", 0, 1 << 10),
+                      "memory": number(node["memory"], "ray.memory", 0, 2**50),
+                      "object_store": number(node["object_store"], "ray.object_store", 0, 2**50)}
     if "usage" in event:
         usage = event["usage"]
         if not isinstance(usage, dict) or set(usage) - {"peak_memory", "cpu_seconds"}:

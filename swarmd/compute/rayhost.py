@@ -95,13 +95,27 @@ def install_launcher(top: Path) -> Path:
     return dest
 
 
+def split_memory(memory: int) -> tuple[int, int]:
+    """(bytes for tasks and actors, bytes of object store) of a node with `memory` (0: Ray's defaults)."""
+    if not memory:
+        return 0, 0
+    store = max(MIN_OBJECT_STORE, int(memory * OBJECT_STORE_SHARE))
+    return max(memory - store, 2**20), store
+
+
+def describe(node: RayNode) -> dict[str, int]:
+    """What Ray is given on this host, for the coordinator's `jobs show`."""
+    tasks, store = split_memory(node.memory)
+    return {"cpus": node.cpus, "gpus": node.gpus, "memory": tasks, "object_store": store}
+
+
 def rank_argv(python: str, launcher: Path, node: RayNode, driver: list[str]) -> list[str]:
-    store = max(MIN_OBJECT_STORE, int(node.memory * OBJECT_STORE_SHARE)) if node.memory else 0
+    tasks, store = split_memory(node.memory)
     argv = [python, str(launcher), "--head" if node.head else "--worker", f"--ip={node.ip}", f"--gcs={node.gcs}",
             f"--ports={node.base}:{BLOCK}", f"--nodes={node.nodes}", f"--cpus={node.cpus}", f"--gpus={node.gpus}",
             f"--wait={WAIT_FOR_CLUSTER:g}", f"--temp={node.temp}"]
     if node.memory:
-        argv += [f"--memory={max(node.memory - store, 2**20)}", f"--object-store={store}"]
+        argv += [f"--memory={tasks}", f"--object-store={store}"]
     return argv + (["--", *driver] if node.head else [])
 
 

@@ -178,7 +178,7 @@ class Run:
         if 0 in codes and not self.stopping:
             if codes[0] != 0:
                 self.failure = (0, codes[0])
-                self._attempt_over(f"the driver (rank 0 on {node}) exited with {codes[0]}", now)
+                self._attempt_over(f"the driver (rank 0 on {short_peer(node)}) exited with {codes[0]}", now)
             else:
                 self.stopping = True  # succeeded once the others have stopped
         self._settle(now)

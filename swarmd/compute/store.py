@@ -104,6 +104,8 @@ class JobStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: consistent after any crash, durable past a killed process
         self.db.executescript(_SCHEMA)
+        if "ray" not in {r[1] for r in self.db.execute("PRAGMA table_info(hosts)")}:  # a store from before Ray jobs
+            self.db.execute("ALTER TABLE hosts ADD COLUMN ray TEXT")
         self._last = 0  # ids only grow: two jobs in one millisecond still differ
         self._trimmed: dict[str, int] = {}  # job -> bytes trimmed from its log's head in this run
 
@@ -184,17 +186,21 @@ class JobStore:
 
     def set_host(self, job_id: str, node: str, **fields: Any) -> None:
         """What a host reported of the job: `sandbox` (the confinement it had), `peak_memory`
-        (bytes) and `cpu_seconds`; fields not given keep their value."""
+        (bytes), `cpu_seconds`, and a Ray job's node there (`ray`: a map); fields not given keep
+        their value."""
         self.db.execute("INSERT OR IGNORE INTO hosts (job_id, node) VALUES (?, ?)", (job_id, node))
-        for name in ("sandbox", "peak_memory", "cpu_seconds"):
+        if "ray" in fields:
+            fields = {**fields, "ray": json.dumps(fields["ray"])}
+        for name in ("sandbox", "peak_memory", "cpu_seconds", "ray"):
             if name in fields:
                 self.db.execute(f"UPDATE hosts SET {name} = ? WHERE job_id = ? AND node = ?",
                                 (fields[name], job_id, node))
 
     def hosts(self, job_id: str) -> dict[str, dict[str, Any]]:
-        rows = self.db.execute("SELECT node, sandbox, peak_memory, cpu_seconds FROM hosts WHERE job_id = ? "
+        rows = self.db.execute("SELECT node, sandbox, peak_memory, cpu_seconds, ray FROM hosts WHERE job_id = ? "
                                "ORDER BY node", (job_id,)).fetchall()
-        return {r[0]: {"sandbox": r[1], "peak_memory": r[2], "cpu_seconds": r[3]} for r in rows}
+        return {r[0]: {"sandbox": r[1], "peak_memory": r[2], "cpu_seconds": r[3],
+                       **({"ray": json.loads(r[4])} if r[4] else {})} for r in rows}
 
     def prune(self, ended_before: float) -> list[str]:
         """Forget jobs that ended before `ended_before`: rows, ranks and logs."""

@@ -63,7 +63,8 @@ from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .forward import Forwards
 from .output import RankOutput
-from .rayhost import PortBlocks, NoPorts, RayNode, TEMP_IN_BOX, install_launcher, rank_argv, ray_cpus, ray_env, write_token
+from .rayhost import (TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, rank_argv, ray_cpus,
+                      ray_env, write_token)
 from .sandbox.box import Box, Sandbox, SandboxError
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
@@ -348,8 +349,9 @@ class Worker:
                                   max_size=self.checkpoint_max, keep=self.checkpoint_keep,
                                   protect=lambda: self.kept_checkpoints(req.job, req.coordinator),
                                   listed=req.checkpoints)
+                ray: dict[str, Any] = {}
                 if req.ray is not None:
-                    argv, extra = await trio.to_thread.run_sync(self._ray_node, req, role, top, box)
+                    argv, extra, ray["ray"] = await trio.to_thread.run_sync(self._ray_node, req, role, top, box)
                     base |= extra
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
@@ -369,7 +371,7 @@ class Worker:
                     watching, watched = trio.Event(), trio.Event()
                     nursery.start_soon(_watch, watcher, send, watching, watched)
                     nursery.start_soon(self._watch_coordinator, req.coordinator)
-                    await send({"started": [r.rank for r in ranks], "sandbox": box.describe()})
+                    await send({"started": [r.rank for r in ranks], "sandbox": box.describe(), **ray})
                     while not codes or out.pending:
                         with trio.move_on_after(HEARTBEAT) as idle:
                             await wake.wait()
@@ -484,7 +486,8 @@ class Worker:
         """A job's latest start here: its cache keeps the checkpoints it listed."""
         self.keep_checkpoints(job, coordinator, (sha for _, sha, _ in listed))
 
-    def _ray_node(self, req: StartRequest, role: NodeRole, top: Path, box: Box) -> tuple[list[str], dict[str, str]]:
+    def _ray_node(self, req: StartRequest, role: NodeRole, top: Path,
+                  box: Box) -> tuple[list[str], dict[str, str], dict[str, int]]:
         """A Ray job's rank here (rayhost.py): this host's Ray node, and on the first host the
         driver; its port block, token file and launcher in the job's directory."""
         try:
@@ -501,7 +504,8 @@ class Worker:
                        f"{addr}:{role.master_port}", base=base, nodes=role.nnodes, cpus=ray_cpus(cpus),
                        gpus=len(role.gpus), memory=memory, temp=TEMP_IN_BOX if "namespaces" in box.parts else "")
         python = resolve_argv(["python"], req.python)[0]
-        return rank_argv(python, install_launcher(top), node, resolve_argv(req.cmd, req.python)), ray_env(token)
+        argv = rank_argv(python, install_launcher(top), node, resolve_argv(req.cmd, req.python))
+        return argv, ray_env(token), describe(node)
 
     def _quota(self, req: StartRequest) -> tuple[int, float]:
         """The job's memory (bytes) and cores on this host: what it asked for, at most this

@@ -4,11 +4,13 @@ in its job's sandbox, driven by the real `swarmctl jobs run --ray` as a user wou
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from .support import call, rank_lines, swarmctl, three_hosts, until
+from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -29,6 +31,52 @@ print("RESULT " + json.dumps({"nodes": sorted(n["NodeManagerAddress"] for n in n
       "uids": sorted({uid for _, uid in seen}), "driver_uid": os.getuid(), "address": os.environ["RAY_ADDRESS"]}),
       flush=True)
 sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+HOLD = """
+import json, os, time
+import ray
+ray.init()
+print("RESULT " + json.dumps({"address": os.environ["RAY_ADDRESS"], "uid": os.getuid()}), flush=True)
+time.sleep(600)
+"""
+
+GCS_CLIENT = """
+import sys
+from ray._raylet import GcsClient
+try:
+    print("ANSWERED", len(GcsClient(address=sys.argv[1]).get_all_node_info(timeout=5)))
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc)[:200])
+"""
+
+INTRUDER = """
+import json, os, socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+try:
+    socket.create_connection((host, int(port)), timeout=3).close()
+    tcp = "connected"
+except OSError as exc:
+    tcp = type(exc).__name__
+try:
+    from ray._raylet import GcsClient
+    GcsClient(address=sys.argv[1]).get_all_node_info(timeout=5)
+    ray = "answered"
+except Exception as exc:
+    ray = type(exc).__name__
+me = os.environ["SWARM_NODE_IPS"].split(",")[int(os.environ["NODE_RANK"])]
+print("INTRUDER " + json.dumps({"me": me, "tcp": tcp, "ray": ray}), flush=True)
+"""
+
+CONNECT = """
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+try:
+    socket.create_connection((host, int(port)), timeout=3).close()
+    print("CONNECTED")
+except OSError as exc:
+    print("REFUSED", type(exc).__name__)
 """
 
 
@@ -61,3 +109,64 @@ def test_a_ray_job_gets_a_cluster_of_its_hosts_and_its_drivers_exit_code(rl, tmp
     assert got["ips"] == overlay, "tasks ran on every node"
     assert 0 not in got["uids"] and got["driver_uid"] != 0, "Ray runs as the job's uid, never root"
     assert got["address"].split(":")[0] in overlay
+
+
+def job_uid_processes() -> list[str]:
+    """Processes of any job uid (the lab's hosts draw theirs from 61184-65519)."""
+    ps = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if 61184 <= int(line.split()[0]) <= 65519]
+
+
+def test_a_ray_cluster_is_its_jobs_alone_and_cancel_leaves_nothing(rl, tmp_path):
+    shm_before = set(Path("/dev/shm").iterdir())
+    r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "2", "--detach",
+                 "--workdir", str(workdir(tmp_path, HOLD)), "--", "python", "job.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job = r.stdout.split()[-1]
+    until(lambda: "RESULT " in swarmctl(rl, "h1", "jobs", "logs", job).stdout, 90, "the driver connected", interval=1)
+    got = result(swarmctl(rl, "h1", "jobs", "logs", job).stdout)
+    shown = call(rl, "h1", "jobs.show", id=job)
+    addresses = {h.name: call(rl, h.name, "status")["mesh"]["address"] for h in rl.state.hosts}
+    members = {h.name: call(rl, h.name, "status")["peer_id"] for h in rl.state.hosts}
+    inside = [name for name, peer in members.items() if peer in shown["nodes"]]
+    outside = next(name for name in members if name not in inside)
+    head = next(name for name, peer in members.items() if peer == shown["nodes"][0])
+    assert got["address"] == f"{addresses[head]}:{got['address'].rsplit(':', 1)[1]}"
+
+    # `jobs show` lists the Ray nodes: host, overlay address, what Ray was given
+    text = swarmctl(rl, "h1", "jobs", "show", job).stdout
+    assert "Ray nodes" in text and f"{addresses[head]} (head): 1 CPU" in text, text
+    assert all(shown["hosts"][members[n]]["ray"]["address"] == addresses[n] for n in inside)
+
+    # a driver without the job's token is refused, on the head's own host (root, past the firewall)
+    wrong = in_netns(rl, head, "env", "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN=" + "0" * 64,
+                     str(Path(__import__("sys").executable)), "-c", GCS_CLIENT, got["address"])
+    none = in_netns(rl, head, "env", "-u", "RAY_AUTH_MODE", str(Path(__import__("sys").executable)), "-c",
+                    GCS_CLIENT, got["address"])
+    assert "REFUSED" in wrong.stdout and "ANSWERED" not in wrong.stdout, wrong.stdout + wrong.stderr
+    assert "REFUSED" in none.stdout and "ANSWERED" not in none.stdout, none.stdout + none.stderr
+
+    # a host outside the job reaches none of its ports, over the overlay or the underlay
+    for target in (got["address"], f"{rl.state.host(head).address}:{got['address'].rsplit(':', 1)[1]}"):
+        out = in_netns(rl, outside, str(Path(__import__("sys").executable)), "-c", CONNECT, target)
+        assert "REFUSED" in out.stdout, (target, out.stdout, out.stderr)
+
+    # another job's process on every host: Ray refuses it (no token) everywhere; the firewall
+    # refuses its TCP on the head's host and on a host outside the job. From a host the two jobs
+    # share, TCP gets through to the overlay: the sandbox's known gap (overlay addresses name
+    # hosts, not jobs; README), which the token closes for Ray.
+    other = swarmctl(rl, "h1", "jobs", "run", "--nodes", "3", "--workdir", str(workdir(tmp_path, INTRUDER)),
+                     "--", "python", "job.py", got["address"])
+    assert other.returncode == 0, other.stderr[-2000:]
+    tries = {t["me"]: t for t in (json.loads(x.removeprefix("INTRUDER ")) for texts in
+                                  rank_lines(other.stdout).values() for x in texts if x.startswith("INTRUDER "))}
+    assert set(tries) == set(addresses.values()), other.stdout
+    assert all(t["ray"] != "answered" for t in tries.values()), tries
+    assert tries[addresses[head]]["tcp"] == "ConnectionRefusedError", tries
+    assert tries[addresses[outside]]["tcp"] in ("TimeoutError", "ConnectionRefusedError"), tries
+
+    # cancel: no process of the job left anywhere, nothing in /dev/shm
+    assert swarmctl(rl, "h1", "jobs", "cancel", job).returncode == 0
+    until(lambda: call(rl, "h1", "jobs.show", id=job)["state"] == "cancelled", 30, "the Ray job cancelled")
+    until(lambda: not job_uid_processes(), 15, "no process of a job uid left", detail=job_uid_processes)
+    assert set(Path("/dev/shm").iterdir()) <= shm_before
