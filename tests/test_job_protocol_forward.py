@@ -1,0 +1,141 @@
+"""The job protocol's `forward` op against hostile members: a member that is not the job's
+coordinator, a port of the wrong type or range, a job not running here, a listener that is
+not the job's: each refused with its reason and counted, and the handler goes on serving.
+And the coordinator's side (RemoteHost.forward) over an in-memory stream to a real handler:
+bytes cross to the job's listener, and the forward ends when the job's ranks do."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from swarmd.compute.service import HostError, RemoteHost
+from swarmd.rpc.framing import HEADER
+from fake_stream import FakeStream
+from test_forward import echo  # noqa: F401 - the fixture
+from test_job_protocol import JOB, Host, req
+
+COORD = "peerC"
+PEER = "12D3KooWEdBirCjWzeQP47EVJnyFirU4agfMYgkFLuaY3BknE5ty"  # the host, as the coordinator names it
+
+
+def run_here(host: Host, uid: int, coordinator: str = COORD) -> None:
+    """The job's ranks run on `host` for `coordinator`, as `uid` (what Worker.start records)."""
+    ledger, now = host.worker.ledger, trio.current_time()
+    ledger.reserve(now, JOB, coordinator, 0, 1, 30.0)
+    ledger.commit(now, JOB, coordinator, 600.0)
+    ledger.start(JOB, coordinator, 1)
+    host.worker.forwards.running((coordinator, JOB), uid)
+
+
+def split(out: bytes) -> tuple[dict, bytes]:
+    """The host's first frame, and the raw bytes after it."""
+    (n,) = HEADER.unpack(out[:HEADER.size])
+    return msgpack.unpackb(out[HEADER.size:HEADER.size + n], raw=False), out[HEADER.size + n:]
+
+
+@pytest.mark.parametrize("port", ["8000", True, 8000.0, None, 0, 65536, -1, [8000], 2**63, -2**63])
+async def test_a_port_of_the_wrong_type_or_range_is_refused(tmp_path, port):
+    host = Host(tmp_path)
+    run_here(host, 61185)
+    assert await host.ask(COORD, req("forward", port=port)) == [
+        {"error": "forward: 'port' must be an integer from 1 to 65535"}]
+    assert host.rejected == {"malformed": 1}
+
+
+async def test_a_job_not_running_here_or_not_the_requesters_is_refused_and_counted(tmp_path, echo):  # noqa: F811
+    uid, port = echo
+    host = Host(tmp_path)
+    assert await host.ask(COORD, req("forward", port=port)) == [
+        {"error": f"forward: job {JOB} is not running on this host"}]
+    host.worker.ledger.reserve(trio.current_time(), JOB, COORD, 0, 1, 30.0)
+    host.worker.ledger.commit(trio.current_time(), JOB, COORD, 600.0)
+    assert await host.ask(COORD, req("forward", port=port)) == [
+        {"error": f"forward: job {JOB} is not running on this host"}], "committed is not running"
+    assert host.rejected == {"not_running": 2}
+    host.worker.ledger.start(JOB, COORD, 1)
+    host.worker.forwards.running((COORD, JOB), uid)
+    replies = await host.ask("intruder", req("forward", port=port))
+    assert replies == [{"error": f"forward: job {JOB} is held for another coordinator"}] and COORD not in str(replies)
+    assert host.rejected["not_holder"] == 1, "another member learned the id: refused, the holder not named"
+
+
+async def test_a_listener_that_is_not_the_jobs_is_refused_and_the_handler_goes_on(tmp_path, echo):  # noqa: F811
+    uid, port = echo
+    host = Host(tmp_path)
+    run_here(host, uid + 1)
+    assert await host.ask(COORD, req("forward", port=port)) == [
+        {"error": f"forward: port {port} is served by uid {uid}, not by the job (uid {uid + 1})"}]
+    assert host.rejected == {"forward_target": 1}
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        free = unused.getsockname()[1]
+        assert await host.ask(COORD, req("forward", port=free)) == [
+            {"error": f"forward: nothing listens on port {free} of this host"}]
+    assert host.rejected == {"forward_target": 1}, "nothing listening is not the requester's fault"
+
+    host.worker.forwards.running((COORD, JOB), uid)  # the same handler, the job's own listener now
+    stream = FakeStream(COORD, [req("forward", port=port)], raw=b"ping")
+    await host.handler.handle(stream)  # the fake's end is passed on, the echo server closes: done
+    assert split(bytes(stream.out)) == ({"port": port}, b"ping")
+    assert host.worker.forwards.open((COORD, JOB)) == 0 and host.handler.streams.open == {}
+
+
+class PairStream:
+    """One end of an in-memory duplex stream, shaped like a libp2p stream."""
+
+    def __init__(self, stream: trio.testing.StapledStream, peer: str) -> None:
+        self.stream = stream
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+
+    async def read(self, n: int) -> bytes:
+        return await self.stream.receive_some(n)
+
+    async def write(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def close_write(self) -> None:
+        await self.stream.send_eof()
+
+    async def close(self) -> None:
+        await self.stream.aclose()
+
+
+class OneHost:
+    """A libp2p host whose every new stream is served by `handler` as coming from `me`."""
+
+    def __init__(self, nursery: trio.Nursery, handler, me: str) -> None:
+        self.nursery, self.handler, self.me = nursery, handler, me
+
+    async def new_stream(self, peer_id, protocols):
+        ours, theirs = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.handler.handle, PairStream(theirs, self.me))
+        return PairStream(ours, str(peer_id))
+
+
+async def test_the_coordinator_forwards_through_the_host_until_the_jobs_ranks_end(tmp_path, echo):  # noqa: F811
+    uid, port = echo
+    host = Host(tmp_path)
+    run_here(host, uid)
+    async with trio.open_nursery() as nursery:
+        remote = RemoteHost(PEER, OneHost(nursery, host.handler, COORD), b"member")
+        async with remote.forward(JOB, port) as (end, stop):
+            assert stop is None  # the host ends it: its stream closes
+            await end.send(b"hello over the swarm")
+            got = b""
+            while len(got) < 20:
+                got += await end.receive(1024)
+            assert got == b"hello over the swarm"
+            assert host.worker.forwards.open((COORD, JOB)) == 1
+            host.worker.forwards.ended((COORD, JOB))  # the job's ranks ended on the host
+            with trio.fail_after(5):
+                assert await end.receive(1024) == b""
+        with pytest.raises(HostError, match=f"job {JOB} is not running on this host"):
+            async with remote.forward(JOB, port):
+                pass
+    assert host.rejected == {"not_running": 1}
