@@ -197,3 +197,43 @@ def test_another_users_job_cannot_be_forwarded(make_daemon, tmp_path):
         assert outcome[0] == "ok" and outcome[1]["id"] == job and outcome[1]["port"] == 8000, outcome
     finally:
         d.call("jobs.cancel", id=job)
+
+
+def test_a_forward_is_its_connections_only_call_and_a_check_leaves_it_a_frame_connection(node, server_job):  # noqa: F811
+    from swarmd.rpc.framing import FrameDecoder, encode_frame
+    from swarmd.rpc.protocol import ErrorCode
+
+    job, port = server_job
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(20)
+        s.connect(str(node.socket))
+        decoder = FrameDecoder(bounded=False)
+
+        def receive() -> dict:
+            while (m := decoder.next_message()).__class__ is not dict:
+                decoder.feed(s.recv(65536))
+            return m
+
+        s.sendall(encode_frame({"id": 1, "method": "jobs.forward", "params": {"id": job, "port": port, "check": True}}))
+        assert receive()["result"]["id"] == job
+        s.sendall(encode_frame({"id": 2, "method": "status.watch", "params": {"interval": 5.0}}))
+        assert receive()["id"] == 2  # a stream under way on this connection
+        s.sendall(encode_frame({"id": 3, "method": "jobs.forward", "params": {"id": job, "port": port}}))
+        while (m := receive())["id"] != 3:
+            pass
+        assert m["error"] == {"code": ErrorCode.BUSY, "message": "jobs.forward must be the only call on its connection"}
+
+    with socket.socket(socket.AF_UNIX) as s:  # alone on its connection: the answer, then the job's bytes
+        s.settimeout(20)
+        s.connect(str(node.socket))
+        s.sendall(encode_frame({"id": 7, "method": "jobs.forward", "params": {"id": job, "port": port}})
+                  + b"GET /early HTTP/1.0\r\n\r\n")  # sent before the answer: still the job's
+        decoder = FrameDecoder(bounded=False)
+        while (m := decoder.next_message()).__class__ is not dict:
+            decoder.feed(s.recv(65536))
+        assert m == {"id": 7, "result": {"id": job, "peer": node.call("status")["peer_id"], "address": m["result"]["address"],
+                                         "port": port}, "final": True}
+        raw = decoder.rest()
+        while chunk := s.recv(65536):
+            raw += chunk
+        assert raw.startswith(b"HTTP/1.0 200") and raw.endswith(b"path /early"), raw

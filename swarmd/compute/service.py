@@ -70,7 +70,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
+from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ..rpc.framing import FramingError, FrameTooLarge
 from .checkpoints import check_listed, check_name, is_sha256
 from .ckptcache import CheckpointError, Incoming
@@ -286,6 +286,8 @@ class JobHandler:
                         piped = await fwd.pipe(fwd.NetEnd(stream), end, stop=stop)
                 log.debug("forward ended", job=job, port=port, sent=piped.sent, received=piped.received,
                           why=piped.why)
+                if piped.why != "closed":  # not both ends done: the coordinator must not write on into it
+                    await reset_quietly(stream)
                 return None
             case "ckpt_put" | "ckpt_get":
                 serve = self._put_checkpoint if op == "ckpt_put" else self._get_checkpoint
@@ -771,8 +773,8 @@ class RemoteHost:
             if _reply(self.peer, answer).get("port") != port:
                 raise HostError(f"{short(self.peer)}: forward: a malformed answer")
             yield fwd.NetEnd(stream), None
-        finally:
-            await close_quietly(stream)
+        finally:  # the pipe is over: both ends done, or one failed or idled (then the host must stop too)
+            await reset_quietly(stream)
 
     async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
         """Send the checkpoint at `path` (its sha256 and size as given) unless the host has it;
