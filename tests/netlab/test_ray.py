@@ -170,3 +170,15 @@ def test_a_ray_cluster_is_its_jobs_alone_and_cancel_leaves_nothing(rl, tmp_path)
     until(lambda: call(rl, "h1", "jobs.show", id=job)["state"] == "cancelled", 30, "the Ray job cancelled")
     until(lambda: not job_uid_processes(), 15, "no process of a job uid left", detail=job_uid_processes)
     assert set(Path("/dev/shm").iterdir()) <= shm_before
+
+
+def test_the_tune_example_spreads_its_trials_over_every_node(rl):
+    r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "3", "--workdir", str(EXAMPLES), "--",
+                 "python", "tune_digits.py", "--trials", "12", "--max-epochs", "6", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    text = "\n".join(t for texts in rank_lines(r.stdout).values() for t in texts)
+    by_node = dict(kv.split("=") for kv in text.split("trials by node: ", 1)[1].splitlines()[0].split(", "))
+    overlay = {call(rl, h.name, "status")["mesh"]["address"] for h in rl.state.hosts}
+    assert set(by_node) == overlay and sum(map(int, by_node.values())) == 12, by_node
+    accuracy = float(text.split("best test accuracy: ", 1)[1].split()[0])
+    assert accuracy > 0.85, text[-2000:]
