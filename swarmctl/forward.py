@@ -94,7 +94,7 @@ def relay(a: socket.socket, b: socket.socket, leftover: bytes = b"") -> None:
 
 def _serve_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float, job: str, port: int) -> None:
     try:
-        with Client(socket_path, timeout=timeout) as client:
+        with Client(socket_path, timeout=max(timeout, 30.0)) as client:  # the daemon asks the host (10 s at most)
             _, daemon, leftover = client.take_over("jobs.forward", id=job, port=port)
     except (RemoteError, DaemonUnreachable) as exc:
         print(f"swarmctl: connection from {peer[0]}:{peer[1]} refused: {getattr(exc, 'message', exc)}",

@@ -197,6 +197,7 @@ def test_another_users_job_cannot_be_forwarded(make_daemon, tmp_path):
         assert outcome[0] == "ok" and outcome[1]["id"] == job and outcome[1]["port"] == 8000, outcome
     finally:
         d.call("jobs.cancel", id=job)
+        subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
 
 
 def test_a_forward_is_its_connections_only_call_and_a_check_leaves_it_a_frame_connection(node, server_job):  # noqa: F811
@@ -237,3 +238,44 @@ def test_a_forward_is_its_connections_only_call_and_a_check_leaves_it_a_frame_co
         while chunk := s.recv(65536):
             raw += chunk
         assert raw.startswith(b"HTTP/1.0 200") and raw.endswith(b"path /early"), raw
+
+
+def test_without_the_sandbox_the_job_users_listener_is_forwarded_and_never_roots(make_daemon, tmp_path):
+    """No per-job uid: the job's ranks run as the job user (root's daemon) or as the daemon's own
+    user; that uid's listener is forwarded, root's never."""
+    from sim.netlab.lab import job_user
+
+    user = job_user() if os.geteuid() == 0 else ""
+    import tempfile
+
+    jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))  # outside pytest's 0700 dirs: the job user's
+    jobs_dir.chmod(0o711)
+    d = make_daemon(args=["--sandbox", "off", "--jobs-dir", str(jobs_dir)] + (["--job-user", user] if user else []))
+    d.call("swarm.init")
+    wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
+    port, local = free_port(), free_port()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "server.py").write_text(SERVER)
+    r = swarmctl(d, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    try:
+        wait_until(lambda: "serving" in swarmctl(d, "jobs", "logs", job).stdout, 60, "the job's server up")
+        fw = Forward(d, job, f"{local}:{port}")
+        try:
+            fw.first_line()
+            if os.geteuid() == 0 and not user:  # nobody cannot run this checkout's python: the job runs as root
+                assert refused_through(local) == b""
+                wait_until(lambda: any("runs as root on this host" in e for e in fw.err), 20, "the refusal told")
+            else:
+                import pwd
+
+                uid = pwd.getpwnam(user).pw_uid if user else os.geteuid()
+                assert get(local, "/x") == f"hello from the job, uid {uid}, path /x"
+            assert fw.stop() == 0
+        finally:
+            fw.kill()
+    finally:
+        d.call("jobs.cancel", id=job)
+        subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
