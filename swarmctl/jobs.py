@@ -1,4 +1,5 @@
-"""`swarmctl jobs …`: run a job across the swarm and follow it; list, show, logs, cancel.
+"""`swarmctl jobs …`: run a job across the swarm and follow it; list, show, logs, cancel;
+forward a port of a running job (forward.py).
 
 `jobs run` packs the workdir here (the daemon may not be able to read it), uploads it in
 chunks unless the daemon already has that digest, then streams progress to stderr and the

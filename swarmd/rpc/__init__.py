@@ -7,10 +7,11 @@ re-exported so that importing the client never imports trio.
 
 from .client import Client, DaemonUnreachable, RemoteError
 from .framing import MAX_FRAME, FrameDecoder, FramingError, FrameTooLarge, MalformedFrame, encode_frame
-from .protocol import Access, Call, Caller, Dispatcher, ErrorCode, Method, Param, RpcError, check_owner, failed
+from .protocol import (Access, Call, Caller, Dispatcher, ErrorCode, Method, Param, RpcError, Takeover, check_owner,
+                       failed)
 
 __all__ = [
     "MAX_FRAME", "Access", "Call", "Caller", "Client", "DaemonUnreachable", "Dispatcher", "ErrorCode",
     "FrameDecoder", "FrameTooLarge", "FramingError", "MalformedFrame", "Method", "Param",
-    "RemoteError", "RpcError", "check_owner", "encode_frame", "failed",
+    "RemoteError", "RpcError", "Takeover", "check_owner", "encode_frame", "failed",
 ]
