@@ -53,8 +53,10 @@ def _listen(local: int) -> list[socket.socket]:
             s.listen(64)
         except OSError as exc:
             s.close()
-            if family == socket.AF_INET6 and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
-                continue  # no ::1 here
+            if family == socket.AF_INET6:  # 127.0.0.1 is what matters; ::1 is a courtesy
+                if exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):  # not merely "no ::1 here"
+                    print(f"swarmctl: not listening on [::1]:{local}: {exc.strerror or exc}", file=sys.stderr)
+                continue
             for other in out:
                 other.close()
             raise UsageError(f"cannot listen on {addr}:{local}: {exc.strerror or exc}") from None
