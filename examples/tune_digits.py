@@ -112,8 +112,8 @@ def main() -> None:
             # Stop a trial at epoch 2, 6, 18, ... when it is not in the top third there.
             scheduler=ASHAScheduler(max_t=args.max_epochs, grace_period=2, reduction_factor=3),
         ),
-        # Each host's temp dir: Tune writes its experiment state there, which no other
-        # node needs since no trial saves a checkpoint.
+        # Tune's files stay in each host's own temp dir (the driver's experiment state, each
+        # trial's results where it ran): no node needs another's, since no trial checkpoints.
         run_config=tune.RunConfig(name="tune_digits", storage_path=os.path.join(tempfile.gettempdir(), "ray_results"),
                                   verbose=0),
     )
@@ -133,7 +133,7 @@ def main() -> None:
         print(f"  trial {m['trial_id']}: {m['training_iteration']:2d} epochs, validation accuracy {m['accuracy']:.4f}, "
               f"node {ip_of[m['node_id']]} ({m['node_id'][:8]})")
     best = results.get_best_result()
-    best_config = {k: v for k, v in best.config.items() if k != "seed"}
+    best_config = {k: float(f"{v:.3g}") if isinstance(v, float) else v for k, v in best.config.items() if k != "seed"}
     print(f"{len(results)} trials in {elapsed:.1f} s")
     print("trials by node: " + ", ".join(f"{ip}={n}" for ip, n in sorted(by_node.items())))
     print(f"best config: {best_config}")
