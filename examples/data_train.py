@@ -5,8 +5,8 @@ in blocks). Every epoch, Ray Data runs `preprocess` over those blocks as tasks o
 nodes have a free CPU (here it only scales the pixels to 0-1; a real pipeline would decode,
 augment, tokenize) and streams the batches to the training workers as they are ready, each
 worker reading its own share. The workers are
-ray.train.torch.TorchTrainer's: one per node by default (SPREAD), each with one CPU so the
-node's other CPU is left to Ray Data, training the MLP of ddp_digits.py with
+ray.train.torch.TorchTrainer's: one per node by default (SPREAD), each with half a CPU so
+the node's other half is left to Ray Data, training the MLP of ddp_digits.py with
 DistributedDataParallel over gloo (on the swarm GLOO_SOCKET_IFNAME, already in the
 environment, keeps gloo on the job's mesh interface).
 
@@ -111,8 +111,9 @@ def main() -> None:
     test = ray.data.from_items([{"image": x, "label": y} for x, y in zip(x_test, y_test)], override_num_blocks=4)
     datasets = {
         # Lazy: nothing runs until the workers iterate, and then again every epoch.
-        "train": train.map_batches(preprocess, batch_format="numpy"),
-        "test": test.map_batches(preprocess, batch_format="numpy"),
+        # A quarter of a CPU per task: they are light, and fit beside the training workers.
+        "train": train.map_batches(preprocess, batch_format="numpy", num_cpus=0.25),
+        "test": test.map_batches(preprocess, batch_format="numpy", num_cpus=0.25),
     }
 
     # Rank 0 sends each epoch's figures to the driver through this queue (an actor). Ray Train
@@ -123,8 +124,9 @@ def main() -> None:
         train_loop,
         train_loop_config={"epochs": args.epochs, "global_batch": args.global_batch, "lr": args.lr,
                            "progress": progress},
-        # One CPU per worker, spread one per node: the node's other CPU runs Ray Data's tasks.
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1},
+        # Half a CPU per worker, spread one per node: the other half runs Ray Data's tasks, so
+        # the job fits a node of one CPU (a Ray job's default share of a host).
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5},
                                                placement_strategy="SPREAD"),
         datasets=datasets,
         run_config=ray.train.RunConfig(

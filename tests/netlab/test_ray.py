@@ -182,3 +182,48 @@ def test_the_tune_example_spreads_its_trials_over_every_node(rl):
     assert set(by_node) == overlay and sum(map(int, by_node.values())) == 12, by_node
     accuracy = float(text.split("best test accuracy: ", 1)[1].split()[0])
     assert accuracy > 0.85, text[-2000:]
+
+
+def test_the_data_example_streams_into_a_torch_trainer_on_every_node(rl):
+    r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "3", "--workdir", str(EXAMPLES), "--",
+                 "python", "data_train.py", "--epochs", "5", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    text = "\n".join(t for texts in rank_lines(r.stdout).values() for t in texts)
+    by_node = dict(kv.split("=") for kv in text.split("train workers by node: ", 1)[1].splitlines()[0].split(", "))
+    overlay = {call(rl, h.name, "status")["mesh"]["address"] for h in rl.state.hosts}
+    assert set(by_node) == overlay, by_node
+    assert float(text.split("test accuracy: ", 1)[1].split()[0]) > 0.85, text[-2000:]
+
+
+def test_the_serve_example_answers_through_jobs_forward_with_replicas_on_several_nodes(rl, tmp_path):
+    r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "3", "--detach", "--workdir", str(EXAMPLES), "--",
+                 "python", "serve_digits.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job = r.stdout.split()[-1]
+    try:
+        until(lambda: "serving on port 8000" in swarmctl(rl, "h1", "jobs", "logs", job).stdout, 240,
+              "the Serve app deployed", interval=2,
+              detail=lambda: swarmctl(rl, "h1", "jobs", "logs", job).stdout[-3000:])
+        text = swarmctl(rl, "h1", "jobs", "logs", job).stdout
+        by_node = dict(kv.split("=") for kv in text.split("replicas by node: ", 1)[1].splitlines()[0].split(", "))
+        assert len(by_node) >= 2, by_node
+        env = {**__import__("os").environ, "SWARMD_SOCKET": rl.state.host("h1").socket}
+        forward = subprocess.Popen([__import__("sys").executable, "-m", "swarmctl.main", "jobs", "forward", job,
+                                    "18000:8000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert "forwarding 127.0.0.1:18000" in forward.stdout.readline()
+            import urllib.request
+            for path in ("batched", "plain"):
+                answer = json.loads(urllib.request.urlopen(f"http://127.0.0.1:18000/{path}?i=7", timeout=30).read())
+                assert answer["digit"] == answer["label"], answer
+            load = subprocess.run([__import__("sys").executable, str(EXAMPLES / "load.py"),
+                                   "http://127.0.0.1:18000/batched", "--concurrency", "4", "--requests", "40"],
+                                  capture_output=True, text=True, timeout=120)
+            assert load.returncode == 0 and "40 requests" in load.stdout and "errors 0" in load.stdout, load.stdout
+        finally:
+            forward.terminate()
+            forward.wait(10)
+    finally:
+        swarmctl(rl, "h1", "jobs", "cancel", job)
+    until(lambda: call(rl, "h1", "jobs.show", id=job)["state"] == "cancelled", 30, "the Serve job cancelled")
+    until(lambda: not job_uid_processes(), 15, "no process of a job uid left", detail=job_uid_processes)
