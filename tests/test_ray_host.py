@@ -1,0 +1,114 @@
+"""A host's part in a Ray job (rayhost.py, raynode.py) and what a peer may send for one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from swarmd.compute import raynode
+from swarmd.compute.events import checked_event
+from swarmd.compute.rayhost import (BLOCK, MIN_OBJECT_STORE, NoPorts, PortBlocks, RayNode, describe, install_launcher,
+                                    rank_argv, ray_cpus, split_memory, write_token)
+
+from test_job_protocol import HOST_RANKS, JOB, Host, req, start_body
+
+TOKEN = "ab" * 32
+
+
+def test_port_blocks_are_disjoint_per_job_skip_ports_in_use_and_come_back():
+    blocks = PortBlocks((20000, 20399))
+    a, b = blocks.take(("c", "j1")), blocks.take(("c", "j2"))
+    assert (a, b) == (20000, 20100) and blocks.take(("c", "j1")) == a, "a job keeps its block"
+    blocks.give_back(("c", "j1"))
+    assert blocks.take(("c", "j3")) == 20000
+
+
+def test_a_block_with_a_port_already_bound_is_skipped_and_a_full_range_says_so():
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        port = busy.getsockname()[1]
+        blocks = PortBlocks((port, port + 2 * BLOCK - 1))
+        assert blocks.take(("c", "j")) == port + BLOCK, "the block holding a bound port is passed over"
+        with pytest.raises(NoPorts, match="no free block of 100 Ray ports"):
+            blocks.take(("c", "k"))
+
+
+def test_the_layout_pins_every_port_inside_the_block():
+    ports = raynode.layout(25000, BLOCK)
+    assert len(set(ports.values())) == len(ports)
+    assert all(25000 <= p < 25000 + BLOCK for p in ports.values())
+    assert ports["min_worker"] == 25000 + raynode.FIXED and ports["max_worker"] == 25099
+    with pytest.raises(ValueError):
+        raynode.layout(25000, 5)
+
+
+def node(head: bool, memory: int = 8 << 30) -> RayNode:
+    return RayNode(head=head, ip="10.211.0.1", gcs="41000" if head else "10.211.0.1:41000", base=25000, nodes=3,
+                   cpus=2, gpus=0, memory=memory, temp="/tmp/ray")
+
+
+def test_the_head_runs_ray_start_then_the_driver_and_a_worker_only_ray_start(tmp_path):
+    launcher = install_launcher(tmp_path)
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o444
+    head = rank_argv("/venv/bin/python", launcher, node(True), ["/venv/bin/python", "tune.py", "--", "x"])
+    worker = rank_argv("/venv/bin/python", launcher, node(False), ["/venv/bin/python", "tune.py"])
+    assert head[-4:] == ["--", "/venv/bin/python", "tune.py", "--", "x"][-4:] and "tune.py" not in worker
+    args = raynode.parse(head[2:])
+    assert args.head and args.cmd == ["/venv/bin/python", "tune.py", "--", "x"] and args.nodes == 3
+    argv = raynode.start_argv(args, tmp_path)
+    assert "--head" in argv and "--port=41000" in argv and "--include-dashboard=false" in argv
+    assert "--node-ip-address=10.211.0.1" in argv and "--disable-usage-stats" in argv and "--block" in argv
+    wargs = raynode.parse(worker[2:])
+    wargv = raynode.start_argv(wargs, tmp_path)
+    assert "--address=10.211.0.1:41000" in wargv and "--head" not in wargv
+    # every port Ray takes is named, and from the block
+    named = [a for a in argv if a.split("=")[0].endswith("-port") and a != "--port=41000"]
+    assert len(named) == 9 and all(25000 <= int(a.split("=")[1]) < 25100 for a in named)
+    env = raynode.node_env(args)
+    assert env["AUTOSCALER_METRIC_PORT"] == "25007" and env["DASHBOARD_METRIC_PORT"] == "25008"
+
+
+def test_ray_gets_the_jobs_share_of_the_host():
+    tasks, store = split_memory(10 << 30)
+    assert store == 3 << 30 and tasks + store == 10 << 30
+    assert split_memory(100 << 20)[1] == MIN_OBJECT_STORE and split_memory(0) == (0, 0)
+    assert describe(node(True, 10 << 30)) == {"cpus": 2, "gpus": 0, "memory": tasks, "object_store": store}
+    assert [ray_cpus(c) for c in (0.25, 1.0, 1.5, 2)] == [1, 1, 2, 2]
+
+
+def test_the_token_file_is_the_jobs_alone_and_never_follows_a_link(tmp_path):
+    write_token(tmp_path / "t", TOKEN, None, None)
+    assert (tmp_path / "t").read_text() == TOKEN and stat.S_IMODE((tmp_path / "t").stat().st_mode) == 0o400
+    os.symlink("/etc/passwd", tmp_path / "link")
+    with pytest.raises(OSError):
+        write_token(tmp_path / "link", TOKEN, None, None)
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        write_token(tmp_path / "u", "AB" * 32, None, None)
+
+
+@pytest.mark.parametrize("token", ["", "ab" * 31, "AB" * 32, "ab" * 33, "zz" * 32, 12, ["ab" * 32], True])
+async def test_a_malformed_ray_token_from_a_member_is_refused_and_counted(tmp_path, token):
+    host = Host(tmp_path)
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+    assert await host.ask("coord", req("commit")) == [{"gpus": []}]
+    replies = await host.ask("coord", req("start"), {**start_body(), "ray": token})
+    assert len(replies) == 1 and "'ray' must be the job's Ray token" in replies[0]["error"]
+    assert host.rejected == {"malformed": 1} and list(host.jobs_dir.iterdir()) == []
+    assert host.worker.ledger.state_of(JOB, "coord") == "committed", "the hold is untouched"
+
+
+@pytest.mark.parametrize("event, why", [
+    ({"ray": {"cpus": 1, "gpus": 0, "memory": 1}}, "'ray' must be a map"),
+    ({"ray": {"cpus": -1, "gpus": 0, "memory": 1, "object_store": 1}}, "'ray.cpus'"),
+    ({"ray": {"cpus": 1, "gpus": True, "memory": 1, "object_store": 1}}, "'ray.gpus'"),
+    ({"ray": {"cpus": 1, "gpus": 0, "memory": 2**51, "object_store": 1}}, "'ray.memory'"),
+    ({"ray": "4 CPUs"}, "'ray' must be a map"),
+])
+def test_a_hosts_account_of_its_ray_node_is_checked(event, why):
+    with pytest.raises(ValueError, match=why):
+        checked_event({"started": [2, 3], **event}, HOST_RANKS, started=False)
+    ok = {"cpus": 2, "gpus": 1, "memory": 7 << 30, "object_store": 3 << 30}
+    assert checked_event({"started": [2, 3], "ray": ok}, HOST_RANKS, started=False)["ray"] == ok
