@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,14 @@ def swarmctl(lab, host: str, *args: str, timeout: float = 300) -> subprocess.Com
     env = {**os.environ, "SWARMD_SOCKET": lab.state.host(host).socket, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "swarmctl.main", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
+
+
+def workdir(tmp_path: Path, script: str) -> Path:
+    """A job's workdir holding `script` as job.py."""
+    d = tmp_path / "work"
+    d.mkdir(exist_ok=True)
+    (d / "job.py").write_text(script)
+    return d
 
 
 def rank_lines(stdout: str) -> dict[int, list[str]]:

@@ -14,7 +14,7 @@ from sim.netlab import lab as labmod
 from sim.netlab.lab import SWARMD_PORT
 from swarmd.rpc.client import Client, RemoteError
 
-from .support import call, rank_lines, swarmctl, three_hosts, until
+from .support import call, rank_lines, swarmctl, three_hosts, until, workdir
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -50,13 +50,6 @@ time.sleep(600)
 def jl():
     with three_hosts("j", mesh=True) as lab:
         yield lab
-
-
-def workdir(tmp_path: Path, script: str) -> Path:
-    d = tmp_path / "work"
-    d.mkdir(exist_ok=True)
-    (d / "job.py").write_text(script)
-    return d
 
 
 def test_all_reduce_over_three_nodes_two_ranks_each(jl, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until
+from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until, workdir
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -84,13 +84,6 @@ except OSError as exc:
 def rl():
     with three_hosts("r", mesh=True) as lab:
         yield lab
-
-
-def workdir(tmp_path: Path, script: str) -> Path:
-    d = tmp_path / "work"
-    d.mkdir(exist_ok=True)
-    (d / "job.py").write_text(script)
-    return d
 
 
 def result(stdout: str) -> dict:
