@@ -18,7 +18,7 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
-PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic")
+PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -148,6 +148,12 @@ def main() -> None:
             print(f"elastic: {elastic.CRASHES} silent crashes per mode and link RTT, then stock torchrun...",
                   file=sys.stderr)
             results |= elastic.measure()
+        if "ray" in ONLY:
+            from . import ray
+
+            print("ray: a 3-host lab, Ray jobs' start-up (and stock Ray's), idle usage, Tune on 1 and 3 hosts, "
+                  "Serve through jobs forward...", file=sys.stderr)
+            results |= ray.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
 
@@ -156,7 +162,7 @@ def main() -> None:
                "soak_false_dead": 1.0, "daemon_rss_with_membership_max_mb": 120.0, "job_run_to_running_cached_s": 2.0,
                "sandbox_added_to_running_ms": 150.0, "elastic_replace_10ms_t5_p50_s": 10.0,
                "elastic_replace_10ms_t5_p95_s": 15.0, "elastic_shrink_10ms_t5_p50_s": 10.0,
-               "elastic_shrink_10ms_t5_p95_s": 15.0}
+               "elastic_shrink_10ms_t5_p95_s": 15.0, "ray_run_to_driver_connected_p50_s": 15.0}
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets}
