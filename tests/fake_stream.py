@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import msgpack
 import trio
+from libp2p.network.stream.exceptions import StreamEOF
 
 from swarmd.rpc.framing import HEADER, encode_frame
 
@@ -23,7 +24,7 @@ class FakeStream:
         if not self.inbound:
             if self.hang:
                 await trio.sleep_forever()
-            raise EOFError("stream closed")
+            raise StreamEOF("stream closed")  # what a yamux stream raises at the peer's end (an EOFError)
         chunk = bytes(self.inbound[:n])
         del self.inbound[:n]
         return chunk
