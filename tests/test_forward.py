@@ -228,3 +228,19 @@ def test_forwards_only_for_a_running_job_at_most_16_and_they_end_with_it():
     with pytest.raises(ForwardRefused):
         with f.slot(key):
             pass
+
+
+def test_one_coordinators_jobs_together_stay_under_the_per_coordinator_cap():
+    """Four jobs of one coordinator cannot hold 64 forwards (every stream the gossip guard lets
+    that peer have to this host): its starts and cancels keep room."""
+    forwards = Forwards(per_job=16, per_coordinator=24)
+    for j in range(4):
+        forwards.running(("coord", f"job{j}"), 61184 + j)
+    forwards.running(("other", "job9"), 61190)
+    with contextlib.ExitStack() as held:
+        for n in range(24):
+            held.enter_context(forwards.slot(("coord", f"job{n % 4}")))
+        with pytest.raises(ForwardRefused, match="already have 24 forwards") as refused:
+            held.enter_context(forwards.slot(("coord", "job0")))
+        assert refused.value.code == "too_many_forwards"
+        held.enter_context(forwards.slot(("other", "job9")))  # another coordinator is not counted

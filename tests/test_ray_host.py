@@ -73,7 +73,7 @@ def test_the_head_runs_ray_start_then_the_driver_and_a_worker_only_ray_start(tmp
 
 def test_ray_gets_the_jobs_share_of_the_host():
     tasks, store = split_memory(10 << 30)
-    assert store == 3 << 30 and tasks + store == 10 << 30
+    assert store == 3 << 30 and tasks == 5 << 30, "the rest after 20 % for Ray's own processes"
     assert split_memory(100 << 20)[1] == MIN_OBJECT_STORE and split_memory(0) == (0, 0)
     assert describe(node(True, 10 << 30)) == {"cpus": 2, "gpus": 0, "memory": tasks, "object_store": store}
     assert [ray_cpus(c) for c in (0.25, 1.0, 1.5, 2)] == [1, 1, 2, 2]

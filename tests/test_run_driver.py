@@ -62,3 +62,18 @@ def test_a_cancel_of_a_driven_job_cancels_it():
     for n, r in ((HEAD, 0), (W1, 1), (W2, 2)):
         run.node_exited(n, {r: 143})
     assert run.state == "cancelled" and run.exit_code == 130
+
+
+def test_a_worker_host_lost_while_starting_does_not_hold_the_job_in_starting_and_is_named():
+    run = Run(job="j", driver=True)
+    run.to("reserving")
+    run.placed((HEAD, W1, W2), now=0.0)
+    run.to("shipping")
+    run.to("starting")
+    run.node_started(HEAD, now=1.0)
+    run.node_lost(W2, "no free block of 100 Ray ports on this host")
+    run.node_started(W1, now=1.5)
+    assert run.state == "running", "a forward or a cancel sees a running job"
+    run.node_exited(HEAD, {0: 1})
+    run.node_exited(W1, {1: 143})
+    assert run.state == "failed" and "no free block of 100 Ray ports" in run.reason, run.reason

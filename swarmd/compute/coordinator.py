@@ -71,6 +71,7 @@ class _Live:
     hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
+    addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
 
     def touch(self) -> None:
         self.changed.set()
@@ -418,6 +419,7 @@ class Jobs:
         """Run the attempt on `peers` until every host reported its ranks' exit or was lost."""
         run, spec = live.run, live.spec
         addrs = [self._address(p) for p in peers]
+        live.addresses = dict(zip(peers, addrs))
         for peer in peers:
             for i in range(spec.procs_per_node):
                 self.store.set_rank(RankRow(job_id=job, rank=peers.index(peer) * spec.procs_per_node + i,
@@ -492,7 +494,7 @@ class Jobs:
         if "usage" in event:
             self.store.set_host(job, peer, **event["usage"])
         if "ray" in event:
-            self.store.set_host(job, peer, ray={"address": self._address(peer), **event["ray"]})
+            self.store.set_host(job, peer, ray={"address": live.addresses.get(peer), **event["ray"]})
         if "started" in event:
             run.node_started(peer, now=time.time())
             for rank in event["started"]:

@@ -36,6 +36,10 @@ from typing import Any
 import trio
 
 MAX_PER_JOB = 16  # forwards of one job at once on its head host (each holds a TCP and a stream)
+# forwards of one coordinator's jobs together on a host: well below the gossip guard's 64
+# streams per peer, so forwards alone never leave that coordinator's start and cancel streams
+# to this host without room (another user's cancel among them)
+MAX_PER_COORDINATOR = 24
 IDLE_TIMEOUT = 600.0  # seconds without a byte either way after which a forward is closed
 CHUNK = 64 * 1024  # bytes read at most per step: a pipe holds at most this per direction
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a listener on this host
@@ -381,8 +385,9 @@ class Forwards:
     """The jobs whose ports this host forwards (their ranks run here, as `uid`), and their
     forwards under way: at most `per_job` each; all end when the job's ranks do."""
 
-    def __init__(self, per_job: int = MAX_PER_JOB) -> None:
+    def __init__(self, per_job: int = MAX_PER_JOB, per_coordinator: int = MAX_PER_COORDINATOR) -> None:
         self.per_job = per_job
+        self.per_coordinator = per_coordinator
         self._jobs: dict[Key, _Job] = {}
 
     def running(self, key: Key, uid: int) -> None:
@@ -412,6 +417,9 @@ class Forwards:
             raise ForwardRefused("not_running", f"job {key[1]} is not running on this host")
         if job.open >= self.per_job:
             raise ForwardRefused("too_many_forwards", f"job {key[1]} already has {self.per_job} forwards on this host")
+        if sum(j.open for k, j in self._jobs.items() if k[0] == key[0]) >= self.per_coordinator:
+            raise ForwardRefused("too_many_forwards", f"this coordinator's jobs already have {self.per_coordinator} "
+                                 "forwards on this host")
         job.open += 1
         try:
             yield job.ended

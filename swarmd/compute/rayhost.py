@@ -11,15 +11,18 @@ the worker needs to start it:
 - `rank_argv` is the command of the rank; `ray_env` what Ray reads from the environment
   (token auth on, usage stats off).
 Sizes given to Ray are the job's own on this host: `--num-cpus` its CPUs (at least 1),
-`--num-gpus` its GPUs, the object store `OBJECT_STORE_SHARE` of its memory limit, and the
-rest `--memory` for tasks and actors.
+`--num-gpus` its GPUs, the object store `OBJECT_STORE_SHARE` of its memory limit, and what
+is left after Ray's own processes (`SYSTEM_SHARE`, at least `SYSTEM_MIN`) `--memory` for tasks
+and actors.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+import shutil
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +33,14 @@ from . import raynode
 BLOCK = 100  # ports of one job on one host: raynode.FIXED of its node's, the rest for its workers
 DEFAULT_RANGE = (20000, 29999)  # below Linux's ephemeral ports (32768-60999)
 OBJECT_STORE_SHARE = 0.3  # Ray's own default share of a node's memory
+# left out of what Ray may schedule: its own processes (GCS, raylet, agents: ~850 MiB on a head,
+# ~510 MiB on a worker, measured) and the driver, so tasks at Ray's limit do not meet the cgroup's
+SYSTEM_SHARE, SYSTEM_MIN = 0.2, 1 << 30
 MIN_OBJECT_STORE = 80 * 2**20  # Ray refuses less than 75 MiB
 TOKEN = re.compile(r"[0-9a-f]{64}")
 TEMP_IN_BOX = "/tmp/ray"  # inside the sandbox /tmp is the job's own tmpfs: short socket paths, gone with it
 WAIT_FOR_CLUSTER = 120.0
+RAY_STOP_GRACE = 15.0  # a stopped Ray job's driver and nodes get this long before SIGKILL (5 s for ranks)
 
 
 class NoPorts(Exception):
@@ -86,6 +93,22 @@ class RayNode:
     temp: str  # Ray's temp dir ("" : a fresh one in /tmp, removed at the end)
 
 
+def ray_temp_dir(top: Path) -> Path:
+    """Ray's temp dir for a job without the sandbox's private /tmp: short (Unix socket paths
+    take 107 bytes; the job's own directory is too deep), named for the job's directory, made
+    by the daemon for the job's uid and removed by it when the ranks end, whatever killed them."""
+    return Path("/tmp") / f"swarmd-ray-{hashlib.sha256(str(top).encode()).hexdigest()[:12]}"
+
+
+def make_temp_dir(top: Path, uid: int | None) -> Path:
+    path = ray_temp_dir(top)
+    shutil.rmtree(path, ignore_errors=True)  # a leftover of a daemon killed with the job
+    os.mkdir(path, 0o700)
+    if uid is not None and os.geteuid() == 0:
+        os.chown(path, uid, uid)
+    return path
+
+
 def install_launcher(top: Path) -> Path:
     """raynode.py copied into the job's directory (the daemon's, world-readable): the job's
     uid reads it there wherever swarmd itself is installed."""
@@ -100,7 +123,8 @@ def split_memory(memory: int) -> tuple[int, int]:
     if not memory:
         return 0, 0
     store = max(MIN_OBJECT_STORE, int(memory * OBJECT_STORE_SHARE))
-    return max(memory - store, 2**20), store
+    system = max(SYSTEM_MIN, int(memory * SYSTEM_SHARE))
+    return max(memory - store - system, 2**20), store
 
 
 def describe(node: RayNode) -> dict[str, int]:

@@ -104,6 +104,7 @@ class Run:
     verdict: str | None = None  # how the current attempt's end is taken: "restart" | "fail"
     lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
     kept: tuple[str, ...] = ()  # the ended attempt's surviving hosts, which the next one keeps
+    lost_workers: list[str] = field(default_factory=list)  # a driven job's worker hosts lost, and why
 
     def to(self, state: str) -> None:
         if state not in STATES and state not in PHASES:
@@ -137,8 +138,13 @@ class Run:
     def node_started(self, node: str, now: float | None = None) -> None:
         if self.node_state.get(node) == "starting":
             self.node_state[node] = "running"
+        self._maybe_running(now)
+
+    def _maybe_running(self, now: float | None) -> None:
+        """Running once no node is still starting (a driven job's lost worker nodes aside)."""
+        done = ("running", "exited", "lost") if self.driver else ("running", "exited")
         if self.state in ("starting", "restarting") and not self.stopping \
-                and all(s in ("running", "exited") for s in self.node_state.values()):
+                and all(s in done for s in self.node_state.values()):
             self.to("running")
             self.attempts[-1].started = now
 
@@ -169,7 +175,10 @@ class Run:
             return
         self.node_state[node] = "lost"
         self.lost.add(node)
-        if not self.stopping and (not self.driver or node == self.nodes[0]):
+        if self.driver and node != self.nodes[0]:
+            self.lost_workers.append(f"host {short_peer(node)} lost: {why}")  # Ray goes on without it
+            self._maybe_running(now)
+        elif not self.stopping:
             self._attempt_over(f"host {short_peer(node)} lost: {why}", now)
         self._settle(now)
 
@@ -178,7 +187,8 @@ class Run:
         if 0 in codes and not self.stopping:
             if codes[0] != 0:
                 self.failure = (0, codes[0])
-                self._attempt_over(f"the driver (rank 0 on {short_peer(node)}) exited with {codes[0]}", now)
+                lost = f" (while {'; '.join(self.lost_workers)})" if self.lost_workers else ""
+                self._attempt_over(f"the driver (rank 0 on {short_peer(node)}) exited with {codes[0]}{lost}", now)
             else:
                 self.stopping = True  # succeeded once the others have stopped
         self._settle(now)

@@ -758,6 +758,7 @@ class RemoteHost:
     async def forward(self, job: str, port: int) -> AsyncIterator[tuple[fwd.End, trio.Event | None]]:
         """A stream that is a byte pipe to the job's listener on `port` of the host, once the
         host said yes; HostError with its reason otherwise."""
+        stream = None
         with trio.move_on_after(REQUEST_TIMEOUT) as scope:
             stream = await self._open("forward", job, port=port)
             try:
@@ -767,7 +768,8 @@ class RemoteHost:
                 await close_quietly(stream)
                 raise
         if scope.cancelled_caught:
-            await close_quietly(stream)
+            if stream is not None:
+                await close_quietly(stream)
             raise HostError(f"{short(self.peer)}: no answer to forward within {REQUEST_TIMEOUT:g} s")
         try:
             if _reply(self.peer, answer).get("port") != port:

@@ -63,8 +63,8 @@ from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
 from .forward import Forwards
 from .output import RankOutput
-from .rayhost import (TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, rank_argv, ray_cpus,
-                      ray_env, write_token)
+from .rayhost import (RAY_STOP_GRACE, TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, make_temp_dir, rank_argv,
+                      ray_cpus, ray_env, ray_temp_dir, write_token)
 from .sandbox.box import Box, Sandbox, SandboxError
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
@@ -351,13 +351,18 @@ class Worker:
                                   listed=req.checkpoints)
                 ray: dict[str, Any] = {}
                 if req.ray is not None:
-                    argv, extra, ray["ray"] = await trio.to_thread.run_sync(self._ray_node, req, role, top, box)
+                    try:  # in this thread: the blocks are the trio side's alone
+                        block = self.ray_ports.take((req.coordinator, req.job))
+                    except NoPorts as exc:
+                        raise WorkerError(str(exc)) from None
+                    argv, extra, ray["ray"] = await trio.to_thread.run_sync(self._ray_node, req, role, top, box,
+                                                                            block)
                     base |= extra
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
                          for i in range(role.procs_per_node)]
                 executor = Executor(req.job, ranks, user=self.user, on_output=on_output,
-                                    box=box if box.prefix else None)
+                                    box=box if box.prefix else None, grace=RAY_STOP_GRACE if req.ray else 5.0)
                 self.running[(req.coordinator, req.job)] = executor
                 self.forwards.running((req.coordinator, req.job), _uid_or_own(self._job_uid(box)))
                 self.changed()
@@ -414,6 +419,8 @@ class Worker:
             self.running.pop((req.coordinator, req.job), None)
             self.forwards.ended((req.coordinator, req.job))
             self.ray_ports.give_back((req.coordinator, req.job))
+            if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp
+                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, ray_temp_dir(top), ignore_errors=True))
             self.ledger.finish(req.job, req.coordinator)
             if (req.coordinator, req.job) not in self.hubs:  # the hub may still be fetching the last one
                 self.lingering[(req.coordinator, req.job)] = trio.current_time() + CHECKPOINT_LINGER
@@ -486,14 +493,10 @@ class Worker:
         """A job's latest start here: its cache keeps the checkpoints it listed."""
         self.keep_checkpoints(job, coordinator, (sha for _, sha, _ in listed))
 
-    def _ray_node(self, req: StartRequest, role: NodeRole, top: Path,
-                  box: Box) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    def _ray_node(self, req: StartRequest, role: NodeRole, top: Path, box: Box,
+                  base: int) -> tuple[list[str], dict[str, str], dict[str, int]]:
         """A Ray job's rank here (rayhost.py): this host's Ray node, and on the first host the
-        driver; its port block, token file and launcher in the job's directory."""
-        try:
-            base = self.ray_ports.take((req.coordinator, req.job))
-        except NoPorts as exc:
-            raise WorkerError(str(exc)) from None
+        driver; its token file and launcher in the job's directory, `base` its port block."""
         memory, cpus = self._quota(req)
         uid = self._job_uid(box)
         token = top / "ray-token"
@@ -502,7 +505,8 @@ class Worker:
         addr = f"[{role.master_addr}]" if ":" in role.master_addr else role.master_addr
         node = RayNode(head=head, ip=role.node_ips[role.node_rank], gcs=str(role.master_port) if head else
                        f"{addr}:{role.master_port}", base=base, nodes=role.nnodes, cpus=ray_cpus(cpus),
-                       gpus=len(role.gpus), memory=memory, temp=TEMP_IN_BOX if "namespaces" in box.parts else "")
+                       gpus=len(role.gpus), memory=memory,
+                       temp=TEMP_IN_BOX if "namespaces" in box.parts else str(make_temp_dir(top, uid)))
         python = resolve_argv(["python"], req.python)[0]
         argv = rank_argv(python, install_launcher(top), node, resolve_argv(req.cmd, req.python))
         return argv, ray_env(token), describe(node)
