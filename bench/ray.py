@@ -18,12 +18,13 @@ submitted with the real `swarmctl jobs run --ray`, each Ray node one CPU of its 
 3. The Tune example (`tune_digits.py --trials 12 --max-epochs 6`) on 1 host and on 3:
    wall time of `swarmctl jobs run` and the example's own `N trials in X s`.
 4. Serve: `serve_digits.py` on 3 hosts, detached, reached through `swarmctl jobs forward`;
-   `examples/load.py --concurrency 16 --duration LOAD_S --json` against /batched, then
-   /plain: req/s, p50, p99, errors. The forward, the load generator and the lab share the
-   machine's cores.
+   `examples/load.py --concurrency 16 --duration LOAD_S --json` against /batched and
+   /plain, LOAD_ROUNDS rounds in alternating order: req/s, p50, p99 (means of the rounds),
+   errors (all rounds), and the connections `jobs forward` refused (it says why on stderr).
+   The forward, the load generator and the lab share the machine's cores.
 
 Knobs: SWARMD_BENCH_RAY_RUNS (3), SWARMD_BENCH_RAY_SETTLE (20 s), SWARMD_BENCH_RAY_LOAD_S
-(10 s), SWARMD_BENCH_RAY_STEPS (connect,stock,idle,tune,serve: which of them run).
+(10 s), SWARMD_BENCH_RAY_LOAD_ROUNDS (2), SWARMD_BENCH_RAY_STEPS (connect,stock,idle,tune,serve: which of them run).
 Stock Ray is stopped by the pids it started (SIGTERM, then SIGKILL), never `ray stop`,
 which kills every Ray process on the machine.
 
@@ -54,6 +55,7 @@ RUNS = int(os.environ.get("SWARMD_BENCH_RAY_RUNS", "3"))
 SETTLE_S = float(os.environ.get("SWARMD_BENCH_RAY_SETTLE", "20"))
 WINDOW_S = 10.0
 LOAD_S = float(os.environ.get("SWARMD_BENCH_RAY_LOAD_S", "10"))
+LOAD_ROUNDS = int(os.environ.get("SWARMD_BENCH_RAY_LOAD_ROUNDS", "2"))
 CONCURRENCY = 16
 STEPS = os.environ.get("SWARMD_BENCH_RAY_STEPS", "connect,stock,idle,tune,serve").split(",")
 TUNE_ARGS = ("--trials", "12", "--max-epochs", "6")
@@ -407,7 +409,7 @@ def _idle(lab: labmod.Lab, work: Path) -> dict[str, float]:
     out = {f"ray_idle_head_{k}": used[head][k] for k in ("cpu_pct", "rss_mb", "pss_mb", "processes")}
     out |= {f"ray_idle_worker_{k}": statistics.fmean(w[k] for w in workers)
             for k in ("cpu_pct", "rss_mb", "pss_mb", "processes")}
-    out |= {"ray_idle_driver_rss_mb": used["driver"]["rss_mb"],
+    out |= {"ray_idle_driver_rss_mb": used["driver"]["rss_mb"], "ray_idle_driver_pss_mb": used["driver"]["pss_mb"],
             "ray_idle_cpu_pct_all_hosts": sum(u["cpu_pct"] for u in used.values())}
     return out
 
@@ -459,6 +461,8 @@ def _serve(lab: labmod.Lab) -> tuple[dict[str, float], dict]:
         _until(lambda: "serving on port 8000" in _swarmctl(lab, "jobs", "logs", job).stdout, 300,
                "the Serve app deployed", interval=2)
         deployed = time.monotonic() - t0
+        shown = _call(lab, "jobs.show", id=job)
+        head = next(h.name for h in lab.state.hosts if h.peer_id == shown["nodes"][0])
         text = _swarmctl(lab, "jobs", "logs", job).stdout
         by_node = text.split("replicas by node: ", 1)[1].splitlines()[0] if "replicas by node: " in text else ""
         env = {**os.environ, "SWARMD_SOCKET": lab.state.host("h1").socket}
@@ -474,19 +478,30 @@ def _serve(lab: labmod.Lab) -> tuple[dict[str, float], dict]:
             for path in ("batched", "plain"):  # the first answers of a replica are slow (warm-up)
                 for i in range(8):
                     urllib.request.urlopen(f"http://127.0.0.1:{FORWARD_PORT}/{path}?i={i}", timeout=60).read()
-            raw = {path: _load(path) for path in ("batched", "plain")}
+            # alternating, so that neither side always runs second (the machine's load drifts)
+            order = [("batched", "plain") if i % 2 == 0 else ("plain", "batched") for i in range(LOAD_ROUNDS)]
+            raw["rounds"] = [{path: _load(path) for path in paths} for paths in order]
         finally:
             forward.terminate()
-            forward.wait(10)
+            try:
+                _, said = forward.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                forward.kill()
+                _, said = forward.communicate()
+            raw["forward_refused"] = [x for x in said.splitlines() if " refused: " in x]
     finally:
         _swarmctl(lab, "jobs", "cancel", job)
     _until(lambda: _call(lab, "jobs.show", id=job)["state"] == "cancelled", 60, "the Serve job cancelled")
     _no_job_left(lab)
-    out = {"ray_serve_run_to_serving_s": deployed + 0.0}
-    for path, got in raw.items():
-        out |= {f"ray_serve_{path}_req_per_s": got["req_per_s"], f"ray_serve_{path}_p50_ms": got["p50_ms"],
-                f"ray_serve_{path}_p99_ms": got["p99_ms"], f"ray_serve_{path}_errors": float(got["errors"])}
-    raw["replicas_by_node"] = by_node
+    out = {"ray_serve_run_to_serving_s": deployed}
+    for path in ("batched", "plain"):
+        got = [r[path] for r in raw["rounds"]]
+        out |= {f"ray_serve_{path}_req_per_s": statistics.fmean(g["req_per_s"] for g in got),
+                f"ray_serve_{path}_p50_ms": statistics.fmean(g["p50_ms"] for g in got),
+                f"ray_serve_{path}_p99_ms": statistics.fmean(g["p99_ms"] for g in got),
+                f"ray_serve_{path}_errors": float(sum(g["errors"] for g in got))}
+    out["ray_serve_forward_refused"] = float(len(raw["forward_refused"]))
+    raw |= {"replicas_by_node": by_node, "head": head, "forward_refused": raw["forward_refused"][-5:]}
     return out, raw
 
 
@@ -494,7 +509,7 @@ def _serve(lab: labmod.Lab) -> tuple[dict[str, float], dict]:
 
 def measure() -> dict[str, float]:
     results: dict[str, float] = {}
-    raw: dict = {"runs": RUNS, "settle_s": SETTLE_S, "window_s": WINDOW_S, "load_s": LOAD_S,
+    raw: dict = {"runs": RUNS, "settle_s": SETTLE_S, "window_s": WINDOW_S, "load_s": LOAD_S, "load_rounds": LOAD_ROUNDS,
                  "concurrency": CONCURRENCY}
     name = "benchr"
     hosts, links = topology.plan(3, topology.uniform(10.0))
