@@ -7,7 +7,8 @@ submitted with the real `swarmctl jobs run --ray`, each Ray node one CPU of its 
    Anchor, in the same lab: stock Ray started by hand as root in the hosts' namespaces
    (`ray start --head --block` on h1, `ray start --address` on h2 and h3 as soon as the
    head's GCS port answers, every port pinned to a block the swarm does not use, a temp dir
-   of its own), until a driver on h1 that waits for 3 alive nodes is connected. Stock Ray
+   of its own), until a driver on h1 that waits for 3 alive nodes is connected; and from
+   SIGTERM to its three `ray start --block` leaders until all have exited. Stock Ray
    runs on the hosts' underlay addresses: the mesh interface answers only jobs' sockets
    (the job firewall), and root is no job.
 2. Idle: a detached Ray job on 3 hosts whose driver sleeps; after SETTLE_S, CPU (% of one
@@ -296,6 +297,7 @@ class StockRay:
         self.lab, self.root = lab, root
         self.leaders: dict[str, subprocess.Popen[bytes]] = {}
         self.seen: set[int] = set()
+        self.stopped_in: float | None = None  # SIGTERM to every leader exited (None: some had to be killed)
         self.before = {h.name: set(labmod.netns_pids(f"/run/netns/{h.netns}")) for h in lab.state.hosts}
 
     def start(self) -> float:
@@ -335,12 +337,15 @@ class StockRay:
         for p in self.leaders.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
+        t0 = time.monotonic()
+        deadline = t0 + 30
         for p in self.leaders.values():
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        if all(p.poll() is not None for p in self.leaders.values()):
+            self.stopped_in = time.monotonic() - t0
         # anything left: what the leaders started, and root's Ray processes that appeared in
         # the lab's namespaces since (a worker reparented to init is no leader's child any more)
         left = set(self.seen)
@@ -365,8 +370,9 @@ class StockRay:
         self.leaders.clear()
 
 
-def _stock(lab: labmod.Lab, runs: int, idle: bool) -> tuple[list[float], dict[str, dict[str, float]] | None]:
-    took, used = [], None
+def _stock(lab: labmod.Lab, runs: int, idle: bool) -> tuple[list[float], list[float | None],
+                                                              dict[str, dict[str, float]] | None]:
+    took, stopped, used = [], [], None
     for i in range(runs):
         root = Path(tempfile.mkdtemp(prefix="swarmd-bench-ray-"))
         stock = StockRay(lab, root)
@@ -379,8 +385,9 @@ def _stock(lab: labmod.Lab, runs: int, idle: bool) -> tuple[list[float], dict[st
                 used = usage(stock.groups(), WINDOW_S)
         finally:
             stock.stop()
+            stopped.append(stock.stopped_in)
             shutil.rmtree(root, ignore_errors=True)
-    return took, used
+    return took, stopped, used
 
 
 # --- 2. idle -------------------------------------------------------------------------------------
@@ -532,9 +539,11 @@ def measure() -> dict[str, float]:
                             "ray_head_cluster_up_p50_s": statistics.median(r["cluster_up"] for r in runs),
                             "ray_run_to_end_trivial_driver_p50_s": statistics.median(r["end"] for r in runs)}
             if "stock" in STEPS:
-                took, used = _stock(lab, RUNS, idle="idle" in STEPS)
-                raw["stock_connect"] = took
+                took, stopped, used = _stock(lab, RUNS, idle="idle" in STEPS)
+                raw |= {"stock_connect": took, "stock_sigterm_to_exit": stopped}
                 results["ray_stock_start_to_driver_connected_p50_s"] = statistics.median(took)
+                if all(x is not None for x in stopped):
+                    results["ray_stock_sigterm_to_all_exited_p50_s"] = statistics.median(stopped)
                 if used:
                     raw["stock_idle"] = used
                     head = used[lab.state.hosts[0].name]
