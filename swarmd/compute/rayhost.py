@@ -40,7 +40,7 @@ MIN_OBJECT_STORE = 80 * 2**20  # Ray refuses less than 75 MiB
 TOKEN = re.compile(r"[0-9a-f]{64}")
 TEMP_IN_BOX = "/tmp/ray"  # inside the sandbox /tmp is the job's own tmpfs: short socket paths, gone with it
 WAIT_FOR_CLUSTER = 120.0
-RAY_STOP_GRACE = 15.0  # a stopped Ray job's driver and nodes get this long before SIGKILL (5 s for ranks)
+RAY_STOP_GRACE = 10.0  # a stopped Ray job's rank (raynode: driver, then node) gets this long before SIGKILL
 
 
 class NoPorts(Exception):

@@ -19,7 +19,7 @@ until the cluster is up (then `ray._raylet.GcsClient` to count nodes), and it ne
 - A worker waits for the head's GCS port, starts `ray start --address --block` and lives
   as long as it does; the coordinator stops it when the driver has exited.
 - SIGTERM or SIGINT (a cancel, or the end of the job): the driver first, then `ray start`
-  (SIGTERM, SIGKILL after STOP_GRACE); the daemon then kills the job's cgroup anyway.
+  (SIGTERM, SIGKILL after STOP_GRACE each); the daemon then kills the job's cgroup anyway.
 - `ray start` writes to `ray-start.log` in the temp dir; what it said is shown only when it
   fails. Lines of our own start with `[swarmd]`.
 """
@@ -38,7 +38,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-STOP_GRACE = 10.0  # seconds `ray start --block` gets to stop its node after SIGTERM
+# seconds the driver, then `ray start --block`, get after SIGTERM before SIGKILL: a node whose
+# GCS is already gone (the head stops first) can take 10-20 s to give up on it, and the
+# cluster is over anyway; what SIGKILL leaves goes with the job's cgroup and namespaces
+STOP_GRACE = 3.0
 POLL = 0.2
 FIXED = 10  # ports of a block before the worker ports (`layout`)
 
@@ -94,6 +97,15 @@ class Node:
         self.leader: subprocess.Popen[bytes] | None = None
         self.driver: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.stop_asked = 0.0  # when SIGTERM came (monotonic)
+
+    def wait(self, proc: subprocess.Popen[bytes]) -> int:
+        """`proc`'s exit status; once a stop was asked, SIGKILL after STOP_GRACE."""
+        while (status := proc.poll()) is None:
+            if self.stopping and time.monotonic() - self.stop_asked > STOP_GRACE:
+                proc.kill()
+            time.sleep(POLL / 2)
+        return status
 
     def start(self) -> None:
         with open(self.log, "wb") as out:
@@ -172,7 +184,7 @@ def run_head(args: argparse.Namespace, node: Node) -> int:
         return 143 if node.stopping else 1
     say(f"Ray cluster up: {args.nodes} node(s), head {gcs}, in {time.monotonic() - began:.1f} s")
     node.driver = subprocess.Popen(args.cmd, env={**os.environ, "RAY_ADDRESS": gcs})
-    code = exit_code(node.driver.wait())
+    code = exit_code(node.wait(node.driver))
     node.stop()
     return code
 
@@ -188,7 +200,7 @@ def run_worker(args: argparse.Namespace, node: Node) -> int:
             return 1
         time.sleep(POLL)
     node.start()
-    code = exit_code(node.leader.wait()) if node.leader else 1
+    code = exit_code(node.wait(node.leader)) if node.leader else 1
     if code and not node.stopping:
         node.tell_failure(f"this Ray node exited with {code}")
     return code
@@ -227,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def stop(signum: int, frame: object) -> None:
         """Signals only (the main flow waits): the driver first, the node once it has exited."""
-        node.stopping = True
+        if not node.stopping:
+            node.stopping, node.stop_asked = True, time.monotonic()
         for proc in (node.driver, node.leader):
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

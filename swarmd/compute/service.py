@@ -106,6 +106,10 @@ MAX_CHECKPOINT_TRANSFERS_PER_PEER = 2  # checkpoint puts and gets of one peer at
 CHECKPOINT_RATE = 1024 * 1024
 FIRST_FRAME_TIMEOUT = 2.0  # seconds for a small first frame and the certificate check
 MAX_UNCHECKED_PER_PEER = 4  # streams of one peer whose certificate is not yet checked
+# forwards a coordinator opens to one host at once, until the host answered: a burst of local
+# connections (a load generator) must not meet that host's cap on unchecked streams
+FORWARD_OPENS_PER_HOST = 2
+_forward_opens: dict[str, trio.Semaphore] = {}
 MAX_EVENT_FRAME = 4 * 1024 * 1024  # an output batch (worker.OUTPUT_BATCH_BYTES) of lines up to 64 KiB, escaped
 # The coordinator's patience with a host. Before "started" the host copies the job's
 # workdir into its directory (up to workdir.UNPACKED_LIMIT); after it, an idle host sends a
@@ -759,14 +763,16 @@ class RemoteHost:
         """A stream that is a byte pipe to the job's listener on `port` of the host, once the
         host said yes; HostError with its reason otherwise."""
         stream = None
+        opens = _forward_opens.setdefault(self.peer, trio.Semaphore(FORWARD_OPENS_PER_HOST))
         with trio.move_on_after(REQUEST_TIMEOUT) as scope:
-            stream = await self._open("forward", job, port=port)
-            try:
-                with _host_errors(self.peer, "forward"):
-                    answer = await read_frame(stream, MAX_SMALL_FRAME)
-            except BaseException:
-                await close_quietly(stream)
-                raise
+            async with opens:
+                stream = await self._open("forward", job, port=port)
+                try:
+                    with _host_errors(self.peer, "forward"):
+                        answer = await read_frame(stream, MAX_SMALL_FRAME)
+                except BaseException:
+                    await close_quietly(stream)
+                    raise
         if scope.cancelled_caught:
             if stream is not None:
                 await close_quietly(stream)
