@@ -94,7 +94,20 @@ def relay(a: socket.socket, b: socket.socket, leftover: bytes = b"") -> None:
         b.close()
 
 
+# connections relayed at once: the job's host takes 16 forwards of a job; more wait in the
+# listen backlog instead of each costing a thread and a control connection of the daemon's
+MAX_RELAYS = 16
+_relays = threading.BoundedSemaphore(MAX_RELAYS)
+
+
 def _serve_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float, job: str, port: int) -> None:
+    try:
+        _relay_one(conn, peer, socket_path, timeout, job, port)
+    finally:
+        _relays.release()
+
+
+def _relay_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float, job: str, port: int) -> None:
     try:
         with Client(socket_path, timeout=max(timeout, 30.0)) as client:  # the daemon asks the host (10 s at most)
             _, daemon, leftover = client.take_over("jobs.forward", id=job, port=port)
@@ -130,9 +143,11 @@ def command(client: Client, args: argparse.Namespace) -> int:
         while True:
             readable, _, _ = select.select(listeners, [], [])
             for listener in readable:
+                _relays.acquire()  # at most MAX_RELAYS at once; the rest wait in the backlog
                 try:
                     conn, peer = listener.accept()
                 except OSError:
+                    _relays.release()
                     continue
                 threading.Thread(target=_serve_one, args=(conn, peer, client.path, args.timeout, where["id"], remote),
                                  daemon=True).start()
