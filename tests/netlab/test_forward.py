@@ -3,6 +3,7 @@ host is another member (h2), over the job protocol's libp2p stream, as a user wo
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -65,6 +66,15 @@ def test_a_forward_reaches_a_job_on_another_host_and_ends_with_it(fl, tmp_path):
             with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=30) as got:
                 body = got.read()
             assert body.startswith(f"hello from {job} uid ".encode()) and len(body) > 300_000, body[:100]
+
+        def fetch(_: int) -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=60) as got:
+                return got.read().startswith(f"hello from {job}".encode())
+
+        # a load generator's burst: 16 new connections at once, all to a head on another host
+        # (whose cap on one peer's unchecked streams is 4) each answered
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            assert all(pool.map(fetch, range(16)))
         call(fl, "h1", "jobs.cancel", id=job)
         until(lambda: call(fl, "h1", "jobs.show", id=job)["state"] == "cancelled", 30, "the job cancelled")
         try:
