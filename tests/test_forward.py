@@ -244,3 +244,16 @@ def test_one_coordinators_jobs_together_stay_under_the_per_coordinator_cap():
             held.enter_context(forwards.slot(("coord", "job0")))
         assert refused.value.code == "too_many_forwards"
         held.enter_context(forwards.slot(("other", "job9")))  # another coordinator is not counted
+
+
+async def test_a_port_with_none_of_the_jobs_listeners_is_refused_without_connecting(echo, monkeypatch):
+    """The daemon never opens a connection to a listener that is not the job's (sshd, say)."""
+    uid, port = echo
+
+    def no_socket(*args, **kwargs):
+        raise AssertionError("the daemon connected to a listener that is not the job's")
+
+    monkeypatch.setattr(trio.socket, "socket", no_socket)
+    with pytest.raises(ForwardRefused, match=f"port {port} is served by uid {uid}, not by the job") as refused:
+        await forward.connect(port, uid + 1, [])
+    assert refused.value.code == "forward_target"

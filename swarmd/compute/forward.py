@@ -151,6 +151,11 @@ def own_inodes(proc: Path = Path("/proc")) -> set[int]:
     return found
 
 
+def listeners(port: int, proc: Path = Path("/proc")) -> set[int]:
+    """The uids of the sockets listening on TCP `port` of this host, at any address (blocking)."""
+    return {s.uid for s in read_tables(proc) if s.state == TCP_LISTEN and s.local[1] == port}
+
+
 def check_owner(ours: tuple[str, int], theirs: tuple[str, int], uid: int, *, daemon_uid: int,
                 proc: Path = Path("/proc")) -> str | None:
     """None when the listener that accepted our connection belongs to `uid`, else why not
@@ -190,6 +195,15 @@ async def connect(port: int, uid: int, addresses: list[str], *, daemon_uid: int 
     daemon_uid = os.geteuid() if daemon_uid is None else daemon_uid
     if uid == 0:
         raise ForwardRefused("forward_root", "the job runs as root on this host: its ports are not forwarded")
+    # before any connection: a port whose listeners are none of the job's is refused without
+    # the daemon ever connecting to it (no member pokes sshd through us); the check after the
+    # connection below is what decides, a listener may change in between
+    listening = await trio.to_thread.run_sync(listeners, port)
+    if not listening:
+        raise NothingListens(f"nothing listens on port {port} of this host")
+    if uid not in listening:
+        raise ForwardRefused("forward_target", f"port {port} is served by uid {min(listening)}, not by the job "
+                                               f"(uid {uid})")
     refused: str | None = None
     for addr in dict.fromkeys(["127.0.0.1", "::1", *addresses]):
         family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
