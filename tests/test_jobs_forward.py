@@ -85,15 +85,21 @@ def refused_through(port: int) -> bytes:
 @pytest.fixture
 def server_job(node, tmp_path):  # noqa: F811
     port = free_port()
+    job = start_server(node, tmp_path, port)
+    yield job, port
+    node.call("jobs.cancel", id=job)
+
+
+def start_server(daemon, tmp_path: Path, port: int) -> str:
+    """A detached job serving HTTP on `port` of its host, once it says it serves; its id."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "server.py").write_text(SERVER)
-    r = swarmctl(node, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
+    r = swarmctl(daemon, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    wait_until(lambda: "serving" in swarmctl(node, "jobs", "logs", job).stdout, 60, "the job's server up")
-    yield job, port
-    node.call("jobs.cancel", id=job)
+    wait_until(lambda: "serving" in swarmctl(daemon, "jobs", "logs", job).stdout, 60, "the job's server up")
+    return job
 
 
 def test_a_jobs_http_server_answers_through_the_forward(node, server_job):  # noqa: F811
@@ -253,14 +259,8 @@ def test_without_the_sandbox_the_job_users_listener_is_forwarded_and_never_roots
     d.call("swarm.init")
     wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
     port, local = free_port(), free_port()
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "server.py").write_text(SERVER)
-    r = swarmctl(d, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip()
+    job = start_server(d, tmp_path, port)
     try:
-        wait_until(lambda: "serving" in swarmctl(d, "jobs", "logs", job).stdout, 60, "the job's server up")
         fw = Forward(d, job, f"{local}:{port}")
         try:
             fw.first_line()
