@@ -28,7 +28,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[compute,ray,test]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[compute,ray,sim,test]'
 	@touch $@
 
 demo: setup
