@@ -13,15 +13,19 @@ import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from swarmd.gossip.membership import (Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor,
                                       State, Sync, Timing)
 from swarmd.gossip.wire import Record, Rumor
 
 
+INFINITE_CERT = SimpleNamespace(expires=float("inf"))
+
+
 def record(peer: str, seq: int, addrs: tuple[str, ...] = ("/ip4/10.0.0.1/tcp/4001",)) -> Record:
     return Record(swarm="s", peer=peer, seq=seq, issued=0.0, ttl=120.0, addrs=addrs, resources=None,  # type: ignore[arg-type]
-                  labels={}, wg=None, cert=None, blob=b"")  # type: ignore[arg-type]
+                  labels={}, wg=None, cert=INFINITE_CERT, blob=b"")  # type: ignore[arg-type]
 
 
 @dataclass
@@ -115,7 +119,11 @@ class Cluster:
     def _deliver(self, to: str, msg: Record | Rumor, src: str) -> None:
         def arrive() -> None:  # a message already sent arrives even if its sender died since
             if to not in self.down and frozenset((src, to)) not in self.cut:
-                self.nodes[to].receive(self.now, msg)
+                node = self.nodes[to]
+                if isinstance(msg, Record):
+                    node.receive_record(self.now, msg)
+                elif node.screen(msg) is None:  # the daemon's gossip validator
+                    node.receive_rumor(self.now, msg)
                 self._drain(to)
         if src not in self.down and not self._lost():
             self._at(self.now + self.latency, arrive)
@@ -131,9 +139,7 @@ class Cluster:
         for x, y in ((a, b), (b, a)):
             nx, ny = self.nodes[x], self.nodes[y]
             own = record(x, nx.seq, self.addrs[x])
-            for r in [m.record for m in nx.members.values()] + [own]:
-                ny.receive(self.now, r)
-            ny.claims(self.now, nx.down_claims(), by=x)
+            ny.merge_sync(self.now, [m.record for m in nx.members.values()] + [own], nx.sync_claims(), by=x)
             self._drain(y)
 
     def _drain(self, name: str) -> None:

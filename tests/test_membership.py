@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmd.gossip.membership import Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State, Timing
-from swarmd.gossip.wire import MAX_SEQ, Rumor
+from swarmd.gossip.membership import (MAX_SEQ, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor,
+                                      State, Sync, SyncMerge, Timing)
+from swarmd.gossip.wire import Rumor
 
 from cluster import Cluster, record
 
@@ -68,7 +69,7 @@ def test_a_suspect_refutes_and_is_never_declared_dead():
     seq = c.nodes["c"].seq
     rumor = Rumor(kind="suspect", swarm="s", sender="a", about="c", incarnation=seq, issued=0.0, blob=b"")
     for o in ("a", "b", "d", "e"):
-        c.nodes[o].receive(c.now, rumor)
+        c.nodes[o].receive_rumor(c.now, rumor)
     assert all_see(c, "c", State.SUSPECT)
     c._deliver("c", rumor, "a")
     c.wait_for(lambda: all_see(c, "c", State.ALIVE), limit=1.0)
@@ -90,19 +91,19 @@ def test_a_restarted_node_rejoins_with_its_new_address():
 
 def test_replayed_and_equal_records_change_nothing():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
-    assert node.receive(0.0, record("x", 10)) == "new"
-    assert node.receive(0.1, record("x", 12)) == "updated"
-    assert node.receive(0.2, record("x", 12)) == "duplicate"
-    assert node.receive(0.3, record("x", 11)) == "old"
+    assert node.receive_record(0.0, record("x", 10)) == "new"
+    assert node.receive_record(0.1, record("x", 12)) == "updated"
+    assert node.receive_record(0.2, record("x", 12)) == "duplicate"
+    assert node.receive_record(0.3, record("x", 11)) == "old"
     assert node.members["x"].record.seq == 12
     assert node.counters.records_old == 1
 
 
 def test_rumors_about_an_older_incarnation_are_ignored():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
-    node.receive(0.0, record("x", 10))
+    node.receive_record(0.0, record("x", 10))
     old = Rumor(kind="dead", swarm="s", sender="y", about="x", incarnation=9, issued=0.0, blob=b"")
-    assert node.receive(0.1, old) == "old"
+    assert node.receive_rumor(0.1, old) == "old"
     assert node.members["x"].state is State.ALIVE
 
 
@@ -111,7 +112,7 @@ def test_a_dead_rumor_about_ourselves_is_refuted():
     node.take_actions()
     seq = node.seq
     rumor = Rumor(kind="dead", swarm="s", sender="y", about="me", incarnation=seq, issued=0.0, blob=b"")
-    assert node.receive(1.0, rumor) == "refuted"
+    assert node.receive_rumor(1.0, rumor) == "refuted"
     published = [a for a in node.take_actions() if isinstance(a, PublishRecord)]
     assert published and published[-1].seq == seq + 1
     assert node.awareness.score == 1  # being suspected makes us doubt our own health
@@ -148,7 +149,7 @@ def test_publishes_are_rate_limited():
 
 def test_leaving_publishes_left_and_stops_probing():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
-    node.receive(0.0, record("x", 10))
+    node.receive_record(0.0, record("x", 10))
     node.take_actions()
     node.leave(1.0)
     assert PublishRumor("left", "me", node.seq) in node.take_actions()
@@ -174,8 +175,8 @@ def test_a_rumor_about_a_future_incarnation_of_ours_is_refused(inc):
     seq = node.seq
     node.take_actions()
     for kind in ("suspect", "dead"):
-        assert node.receive(1.0, rumor(kind, "me", inc)) == "future_incarnation"
-    assert node.claims(1.0, [("me", "dead", inc)], by="y") == ["future_incarnation"]
+        assert node.receive_rumor(1.0, rumor(kind, "me", inc)) == "future_incarnation"
+    assert node.merge_sync(1.0, [], [("me", "dead", inc)], by="y").claims == ["future_incarnation"]
     assert node.seq == seq and published(node) == []
     node.handle_timeout(1000.0)  # refreshes go on from our own seq
     assert published(node) == [seq + 1]
@@ -185,25 +186,69 @@ def test_a_claim_at_our_current_incarnation_is_refuted_once():
     node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
     node.take_actions()
     seq = node.seq
-    assert node.claims(1.0, [("me", "suspect", seq), ("other", "dead", 7)], by="y") == ["refuted"]
+    assert node.merge_sync(1.0, [], [("me", "suspect", seq), ("other", "dead", 7)], by="y").claims == ["refuted"]
     assert published(node) == [seq + 1]
-    assert node.claims(1.1, [("me", "suspect", seq)], by="y") == ["old"]
+    assert node.merge_sync(1.1, [], [("me", "suspect", seq)], by="y").claims == ["old"]
+
+
+# --- push-pull sync merge (issue 15: the rules moved from the driver into the core) ----
+
+def test_a_sync_merge_takes_records_in_order_and_only_claims_about_us():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.receive_record(0.0, record("x", 10))
+    node.take_actions()
+    merged = node.merge_sync(1.0, [record("x", 11), record("y", 3), record("x", 9), record("me", node.seq)],
+                             [("x", "dead", 11), ("y", "suspect", 3), ("me", "alive", node.seq)], by="y")
+    assert merged == SyncMerge(records=["updated", "new", "old", "self"], claims=[], refuted=False)
+    assert node.members["x"].state is State.ALIVE, "claims about others are not verdicts"
+    assert not [a for a in node.take_actions() if isinstance(a, (Sync, PublishRecord))]
+
+
+def test_a_sync_that_makes_us_refute_is_answered_by_a_sync_with_our_new_record():
+    """The peer holds us suspect: it must get our new record at once, not by gossip it may not
+    be part of yet (a healed partition). The record is published before the resync is asked."""
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.take_actions()
+    seq = node.seq
+    merged = node.merge_sync(1.0, [record("x", 10)], [("me", "suspect", seq)], by="x")
+    assert merged == SyncMerge(records=["new"], claims=["refuted"], refuted=True)
+    actions = [a for a in node.take_actions() if isinstance(a, (Sync, PublishRecord))]
+    assert actions == [PublishRecord(seq + 1), Sync("x")]
+    again = node.merge_sync(1.1, [], [("me", "suspect", seq)], by="x")  # its old claim, before our record arrived
+    assert again == SyncMerge(records=[], claims=["old"], refuted=False) and node.take_actions() == []
+
+
+def test_our_own_record_from_an_older_life_in_a_sync_also_resyncs():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.take_actions()
+    merged = node.merge_sync(1.0, [record("me", (5 << 32) + 50)], [], by="x")
+    assert merged.refuted and merged.records == ["refuted"]
+    assert [a for a in node.take_actions() if isinstance(a, (Sync, PublishRecord))] == \
+        [PublishRecord((5 << 32) + 51), Sync("x")]
+
+
+def test_a_lie_in_a_sync_is_refused_and_asks_for_no_resync():
+    node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
+    node.take_actions()
+    merged = node.merge_sync(1.0, [], [("me", "dead", node.seq + 1)], by="x")
+    assert merged == SyncMerge(records=[], claims=["future_incarnation"], refuted=False)
+    assert node.take_actions() == []
 
 
 def test_our_own_record_from_an_older_life_that_got_further_is_jumped_past_within_range():
     node = Membership("me", 5 << 32, Timing.wan(), random.Random(1), 0.0)
     node.take_actions()
-    assert node.receive(1.0, record("me", (5 << 32) + 1000)) == "refuted"
+    assert node.receive_record(1.0, record("me", (5 << 32) + 1000)) == "refuted"
     assert published(node) == [(5 << 32) + 1001]
-    node.receive(2.0, record("me", MAX_SEQ - 1))  # our own signature at the very top of the range
+    node.receive_record(2.0, record("me", MAX_SEQ - 1))  # our own signature at the very top of the range
     assert published(node) == [] and node.counters.seq_exhausted == 1 and node.seq < MAX_SEQ
 
 
 def test_one_members_dead_rumor_is_an_accusation_that_our_probe_clears():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
-    node.receive(0.0, record("x", 10))
+    node.receive_record(0.0, record("x", 10))
     node.take_actions()
-    assert node.receive(1.0, rumor("dead", "x", 10, sender="liar")) == "suspect"
+    assert node.receive_rumor(1.0, rumor("dead", "x", 10, sender="liar")) == "suspect"
     assert node.members["x"].state is State.SUSPECT  # in the mesh still: SWIM keeps suspects
     probes = [a for a in node.take_actions() if isinstance(a, Probe) and a.peer == "x"]
     assert probes, "the accused is probed at once"
@@ -216,13 +261,13 @@ def test_a_lone_accusation_waits_the_longest_timeout_before_death():
     t = Timing.wan()
     node = Membership("me", 1 << 32, t, random.Random(1), 0.0)
     for p in ("x", "a", "b", "c", "d"):
-        node.receive(0.0, record(p, 10))
-    node.receive(1.0, rumor("dead", "x", 10, sender="liar"))
+        node.receive_record(0.0, record(p, 10))
+    node.receive_rumor(1.0, rumor("dead", "x", 10, sender="liar"))
     suspicion = node.members["x"].suspicion
     assert suspicion is not None and suspicion.deadline == pytest.approx(1.0 + suspicion.high)
     node.handle_timeout(1.0 + suspicion.high - 0.01)
     assert node.members["x"].state is State.SUSPECT
-    confirmed = node.receive(1.5, rumor("suspect", "x", 10, sender="a"))  # an independent member agrees
+    confirmed = node.receive_rumor(1.5, rumor("suspect", "x", 10, sender="a"))  # an independent member agrees
     assert confirmed == "confirmed" and node.members["x"].suspicion.deadline < 1.0 + suspicion.high
 
 
@@ -230,12 +275,12 @@ def test_accusations_are_rate_limited_per_accuser():
     t = Timing.wan()
     node = Membership("me", 1 << 32, t, random.Random(1), 0.0)
     for i in range(100):
-        node.receive(0.0, record(f"p{i}", 10))
-    results = [node.receive(1.0, rumor("dead", f"p{i}", 10, sender="liar")) for i in range(100)]
+        node.receive_record(0.0, record(f"p{i}", 10))
+    results = [node.receive_rumor(1.0, rumor("dead", f"p{i}", 10, sender="liar")) for i in range(100)]
     assert results.count("suspect") == t.accusation_burst
     assert results.count("accusation_rate") == 100 - t.accusation_burst
-    assert node.receive(1.0, rumor("dead", "p99", 10, sender="honest")) == "suspect", "per accuser"
-    assert node.receive(1.0 + 2 / t.accusation_rate, rumor("dead", "p98", 10, sender="liar")) == "suspect"
+    assert node.receive_rumor(1.0, rumor("dead", "p99", 10, sender="honest")) == "suspect", "per accuser"
+    assert node.receive_rumor(1.0 + 2 / t.accusation_rate, rumor("dead", "p98", 10, sender="liar")) == "suspect"
 
 
 def test_a_burst_of_false_dead_rumors_flaps_nobody():
@@ -255,7 +300,7 @@ def test_a_burst_of_false_dead_rumors_flaps_nobody():
 def test_a_record_goes_stale_at_its_ttl_and_fresh_with_a_new_one():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     r = dataclasses.replace(record("x", 10), issued=1000.0, ttl=120.0)
-    node.receive(0.0, r, wall=1100.0)  # 100 s old when it arrived: 20 s left
+    node.receive_record(0.0, r, wall=1100.0)  # 100 s old when it arrived: 20 s left
     assert not node.view().get("x").stale
     node.handle_timeout(19.9)
     assert not node.view().get("x").stale
@@ -263,36 +308,36 @@ def test_a_record_goes_stale_at_its_ttl_and_fresh_with_a_new_one():
     x = node.view().get("x")
     assert x.stale and x.state is State.ALIVE and not x.in_service
     assert any(isinstance(a, Changed) and a.reason.startswith("stale") for a in node.take_actions())
-    node.receive(21.0, dataclasses.replace(r, seq=11, issued=1121.0), wall=1121.0)
+    node.receive_record(21.0, dataclasses.replace(r, seq=11, issued=1121.0), wall=1121.0)
     assert node.view().get("x").in_service
 
 
 def test_a_member_leaves_the_view_when_its_certificate_expires():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     cert = SimpleNamespace(expires=1005.0)
-    assert node.receive(0.0, dataclasses.replace(record("x", 10), issued=1000.0, cert=cert), wall=1000.0) == "new"
+    assert node.receive_record(0.0, dataclasses.replace(record("x", 10), issued=1000.0, cert=cert), wall=1000.0) == "new"
     node.handle_timeout(4.9)
     assert "x" in node.view()
     node.handle_timeout(5.0)
     assert "x" not in node.view() and node.counters.certs_expired == 1
     late = dataclasses.replace(record("x", 11), issued=1006.0, cert=cert)
-    assert node.receive(6.0, late, wall=1006.0) == "cert_expired"
+    assert node.receive_record(6.0, late, wall=1006.0) == "cert_expired"
 
 
 def test_an_excluded_member_is_dropped_and_refused_until_readmitted():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     for p in ("x", "y"):
-        node.receive(0.0, record(p, 10))
+        node.receive_record(0.0, record(p, 10))
     node.take_actions()
     node.exclude(1.0, "x", "revoked by the owner")
     assert "x" not in node.view()
     assert Changed("x", State.ALIVE, None, "excluded: revoked by the owner") in node.take_actions()
-    assert node.receive(2.0, record("x", 11)) == "excluded"
-    assert node.receive(2.0, rumor("dead", "y", 10, sender="x")) == "excluded"
+    assert node.receive_record(2.0, record("x", 11)) == "excluded"
+    assert node.receive_rumor(2.0, rumor("dead", "y", 10, sender="x")) == "excluded"
     node.handle_timeout(100.0)
     assert not [a for a in node.take_actions() if isinstance(a, (Probe, ProbeVia)) and "x" in (a.peer if isinstance(a, Probe) else a.target)]
     node.readmit("x")
-    assert node.receive(101.0, record("x", 12)) == "new"
+    assert node.receive_record(101.0, record("x", 12)) == "new"
 
 
 def test_a_lie_about_us_is_screened_before_it_is_passed_on():
@@ -300,4 +345,3 @@ def test_a_lie_about_us_is_screened_before_it_is_passed_on():
     assert node.screen(rumor("suspect", "me", node.seq + 1)) == "future_incarnation"
     assert node.screen(rumor("suspect", "me", node.seq)) is None  # refuted, and passed on: others should hear
     assert node.screen(rumor("dead", "x", 2**62)) is None  # about others: their own record decides
-    assert node.screen(record("x", 2**62)) is None

@@ -102,14 +102,20 @@ def test_no_message_from_a_member_breaks_the_core(script, seed):
             case ("lost", i):
                 core.connection_lost(now, PEERS[i])
             case ("claims", i, claimed):
-                core.claims(now, list(claimed), by=PEERS[i])
+                merged = core.merge_sync(now, [], list(claimed), by=PEERS[i])
+                assert merged.refuted == any(isinstance(a, Sync) and a.peer == PEERS[i] for a in core._actions)
             case _:
                 try:
                     msg = VERIFIER.decode(blob(event, wall), wall)
                 except Invalid as exc:
                     assert exc.reason in ("malformed", "stale"), exc
                     continue
-                result = core.receive(now, msg, wall)
+                if isinstance(msg, Record):
+                    result = core.receive_record(now, msg, wall)
+                else:
+                    why = core.screen(msg)  # the daemon drops a screened rumor; the core refuses it too
+                    result = core.receive_rumor(now, msg)
+                    assert why is None or result == why
                 assert isinstance(result, str)
         probes += [a.id for a in core._actions if isinstance(a, Probe)]
         encodes(core, wall)
@@ -134,8 +140,9 @@ def test_the_issue_11_crash_replayed_through_the_wire():
         VERIFIER.decode(blob(("suspect", 1, 0, 2**64 - 2), wall), wall)
     assert exc.value.reason == "malformed"
     lie = VERIFIER.decode(blob(("suspect", 1, 0, MAX_SEQ - 1), wall), wall)
-    assert core.receive(now, lie, wall) == "future_incarnation"
-    assert core.claims(now, [(ME, "dead", 2**64 - 1)], by=PEERS[1]) == ["future_incarnation"]
+    assert core.screen(lie) == "future_incarnation"
+    assert core.receive_rumor(now, lie) == "future_incarnation"
+    assert core.merge_sync(now, [], [(ME, "dead", 2**64 - 1)], by=PEERS[1]).claims == ["future_incarnation"]
     for t in (31.0, 62.0):  # refreshes, where the daemon died
         core.handle_timeout(t)
         encodes(core, wall + t)

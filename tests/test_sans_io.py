@@ -3,6 +3,7 @@ they import (the check follows the project's own imports transitively: `membersh
 psutil through `wire` and `capacity`)."""
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,14 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signe
          "swarmd/wg/address.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
          "swarmd/compute/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/gang.py", "swarmd/compute/run.py",
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py"]
-FORBIDDEN = {"trio", "socket", "time", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",
+FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",
              "subprocess", "threading"}
+# Known imports of a forbidden module by a file some core reaches, with why it is there; each is
+# a debt to pay (the file should move the I/O out), and anything not listed fails.
+KNOWN = {("os", "swarmd/gossip/cert.py"): "os.urandom for an invite's nonce (secrets.token_bytes would do)",
+         ("os", "swarmd/compute/output.py"): "events.py imports MAX_BATCH_LINES from the output files' module",
+         ("os", "swarmd/wg/keys.py"): "wire.py imports verify_proof from the key files' module",
+         ("os", "swarmd/atomic.py"): "the same: wg/keys.py writes key files with it"}
 
 
 def _module_path(module: str) -> Path | None:
@@ -57,27 +64,47 @@ def _imports(path: Path) -> tuple[set[str], set[Path]]:
     return outside, ours
 
 
-def reached(path: Path) -> dict[str, Path]:
-    """Every outside package ``path`` reaches through this project's modules -> the file importing it."""
-    seen, todo, out = set(), [path], {}
+def _walk(path: Path) -> tuple[set[tuple[str, Path]], set[Path]]:
+    """(every (outside package, file of ours importing it) ``path`` reaches, every file of this
+    project it reaches, itself included), following this project's imports transitively."""
+    seen: set[Path] = set()
+    todo, out = [path], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
         outside, ours = _imports(p)
-        for name in outside:
-            out.setdefault(name, p)
+        out |= {(name, p) for name in outside}
         todo += ours - seen
-    return out
+    return out, seen
+
+
+def reached(path: Path) -> dict[str, Path]:
+    """Every outside package ``path`` reaches through this project's modules -> a file importing it."""
+    return {name: where for name, where in sorted(_walk(path)[0], reverse=True)}
 
 
 @pytest.mark.parametrize("path", CORES)
 def test_core_imports_no_io(path):
-    bad = {name: str(where.relative_to(ROOT)) for name, where in reached(ROOT / path).items() if name in FORBIDDEN}
+    bad = sorted((name, str(where.relative_to(ROOT))) for name, where in _walk(ROOT / path)[0] if name in FORBIDDEN)
+    bad = [b for b in bad if b not in KNOWN]
     assert not bad, f"{path} reaches {bad}"
 
 
 def test_the_check_follows_imports():
-    assert "psutil" in reached(ROOT / "swarmd/gossip/service.py") or "trio" in reached(ROOT / "swarmd/gossip/service.py")
-    assert reached(ROOT / "swarmd/gossip/membership.py").keys() >= {"msgpack", "nacl"}  # through wire and signed
+    assert "trio" in reached(ROOT / "swarmd/gossip/service.py")
+    assert {"msgpack", "nacl"} <= reached(ROOT / "swarmd/gossip/wire.py").keys()  # through signed and cert
+
+
+@pytest.mark.parametrize("core", ["swarmd/gossip/membership.py", "swarmd/gossip/suspicion.py"])
+def test_the_membership_core_reaches_only_the_standard_library(core):
+    """The simulator runs thousands of these cores: no wire format, no crypto, no system probes
+    (membership once reached msgpack, nacl and psutil through ``wire``)."""
+    outside, files = _walk(ROOT / core)
+    assert not {name for name, _ in outside} & {"msgpack", "nacl", "psutil"}
+    assert [(name, str(where.relative_to(ROOT))) for name, where in sorted(outside)
+            if name not in sys.stdlib_module_names and name != "__future__"] == []
+    assert not {name for name, _ in outside} & FORBIDDEN
+    assert {str(f.relative_to(ROOT)) for f in files} <= {"swarmd/gossip/membership.py", "swarmd/gossip/suspicion.py",
+                                                       "swarmd/gossip/__init__.py", "swarmd/__init__.py"}

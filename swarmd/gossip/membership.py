@@ -29,7 +29,7 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   ``epoch << 32``, above every older one), so a rumor or claim above it is a lie: it is
   refused and counted (``future_incarnation``), never adopted (a seq jumped to 2^64 - 1
   could not even be encoded), and not passed on (``screen``, for gossip validation). A record of ours with a higher seq is our own signature
-  (an older life that got further): we jump past it, within ``wire.MAX_SEQ``.
+  (an older life that got further): we jump past it, within ``MAX_SEQ``.
 - A lost connection is a hint, not a verdict: the member is probed at once.
 - Records expire (the README's promise): a member's record is good until ``issued + ttl``
   (wall clock, converted to this core's monotonic clock when the record arrives, its age
@@ -44,14 +44,22 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   build and sign it.
 - Anti-entropy: every ``sync_interval`` a push-pull ``Sync`` with a random alive member;
   every ``reconnect_interval`` one with a random dead member, which is how both sides of a
-  healed partition find each other again.
+  healed partition find each other again. Each side sends every record it holds and its
+  ``sync_claims()`` (the members it holds suspect or dead); ``merge_sync`` takes the other
+  side's. A merge that made us refute (the peer holds us suspect or dead) emits
+  ``Sync(peer)`` at once: the peer gets our new record now, not by gossip it may not be part
+  of yet (a healed partition), and the driver runs that sync right after the current one.
 - Readers outside this module (the mesh, placement, the control API, the driver) see the
   view only through ``view()``: an immutable, versioned snapshot, rebuilt only after a
   change, safe to hand to another thread. ``members`` is this core's own.
 
 Inputs are method calls with ``now`` (monotonic seconds; ``wall`` where a wall-clock time
-is needed, for records' and certificates' expiry); outputs are actions collected until
-``take_actions()``. No clock, no I/O; randomness from the ``random.Random`` given.
+is needed, for records' and certificates' expiry), split by what arrived: ``receive_record``,
+``receive_rumor`` (after ``screen``), ``merge_sync``, ``probe_result``, ``via_result``;
+outputs are actions collected until ``take_actions()``. No clock, no I/O, no wire format:
+the core is generic over the record it carries and reads only what ``Carried`` and
+``Rumored`` name (the daemon's signed ``wire.Record``, the simulator's small records).
+Randomness from the ``random.Random`` given.
 """
 
 from __future__ import annotations
@@ -59,12 +67,49 @@ from __future__ import annotations
 import enum
 import itertools
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Generic, Protocol, TypeVar
 
 from .suspicion import Awareness, Suspicion, expected_confirmations, suspicion_bounds
-from .wire import MAX_SEQ, Record, Rumor
+
+# Every seq and incarnation on the wire is below this: a node adds one to a seq it has seen (to
+# refute), and msgpack encodes no integer above 2^64 - 1; 2^63 leaves room and fits an int64.
+# The wire (``wire.MAX_SEQ``) refuses anything at or above it; this is the one definition.
+MAX_SEQ = 2**63
+
+
+class Carried(Protocol):
+    """What the core reads of a record it carries (``wire.Record``, the simulator's records):
+    ``issued`` (wall clock) and ``cert_expires`` only when an input gives ``wall``."""
+
+    @property
+    def peer(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def issued(self) -> float: ...
+    @property
+    def cert_expires(self) -> float: ...
+
+
+class Rumored(Protocol):
+    """What the core reads of a rumor (``wire.Rumor``): ``kind`` is suspect, dead or left."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def sender(self) -> str: ...
+    @property
+    def about(self) -> str: ...
+    @property
+    def incarnation(self) -> int: ...
+
+
+R = TypeVar("R", bound=Carried)
 
 
 class State(enum.Enum):
@@ -167,12 +212,12 @@ Action = PublishRecord | PublishRumor | Probe | ProbeVia | Sync | Changed
 # --- the snapshot ---------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MemberView:
+class MemberView(Generic[R]):
     """One member as the view shows it. Times are the core's monotonic clock."""
     peer: str
     state: State
     stale: bool  # its newest record is past its ttl
-    record: Record
+    record: R
     since: float  # when it entered ``state``
     heard: float  # when its newest record arrived
     expires: float  # when that record goes stale
@@ -187,30 +232,30 @@ class MemberView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class View:
+class View(Generic[R]):
     """An immutable snapshot of the membership: safe to keep, compare by ``version``, and
     hand to another thread. ``members`` is read-only and never changes after creation."""
     version: int
     me: str
-    members: Mapping[str, MemberView]
+    members: Mapping[str, MemberView[R]]
 
     @classmethod
-    def empty(cls, me: str) -> View:
+    def empty(cls, me: str) -> View[R]:
         return cls(version=0, me=me, members=MappingProxyType({}))
 
-    def get(self, peer: str) -> MemberView | None:
+    def get(self, peer: str) -> MemberView[R] | None:
         return self.members.get(peer)
 
     def __contains__(self, peer: object) -> bool:
         return peer in self.members
 
-    def __iter__(self) -> Iterator[MemberView]:
+    def __iter__(self) -> Iterator[MemberView[R]]:
         return iter(self.members.values())
 
     def __len__(self) -> int:
         return len(self.members)
 
-    def in_service(self) -> list[MemberView]:
+    def in_service(self) -> list[MemberView[R]]:
         return [m for m in self.members.values() if m.in_service]
 
     def counts(self) -> dict[str, int]:
@@ -223,8 +268,8 @@ class View:
 # --- state ----------------------------------------------------------------------------
 
 @dataclass(slots=True)
-class Member:
-    record: Record
+class Member(Generic[R]):
+    record: R
     state: State
     since: float
     heard: float  # when the newest record arrived
@@ -276,11 +321,21 @@ class Counters:
     seq_exhausted: int = 0  # publishes skipped: the seq would leave the wire's range
 
 
-# receive() results that mean "refused": the driver counts them as rejected input
+# receive_record/receive_rumor/merge_sync results that mean "refused": the driver counts them
+# as rejected input
 REFUSED = ("future_incarnation", "accusation_rate", "excluded", "cert_expired")
 
 
-class Membership:
+@dataclass(frozen=True, slots=True)
+class SyncMerge:
+    """What ``merge_sync`` did: one ``receive_record`` result per record, in order; one result
+    per claim about us; whether it made us refute (then a ``Sync(by)`` action follows)."""
+    records: list[str]
+    claims: list[str]
+    refuted: bool
+
+
+class Membership(Generic[R]):
     def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float) -> None:
         if not 0 <= seq < MAX_SEQ:
             raise ValueError(f"seq {seq} is outside 0..2^63")
@@ -288,7 +343,7 @@ class Membership:
         self.seq = seq  # the seq of the newest own record; the next one is seq + 1
         self.timing = timing
         self.rng = rng
-        self.members: dict[str, Member] = {}  # this module's own: others read view()
+        self.members: dict[str, Member[R]] = {}  # this module's own: others read view()
         self.awareness = Awareness(timing.awareness_limit)
         self.counters = Counters()
         self.leaving = False
@@ -310,12 +365,14 @@ class Membership:
 
     # --- inputs -------------------------------------------------------------------------
 
-    def receive(self, now: float, msg: Record | Rumor, wall: float | None = None) -> str:
-        """Merge a verified message; the result names what it did (for metrics and tests).
-        ``wall``: the wall-clock time now, for a record's age and its certificate's expiry
+    def receive_record(self, now: float, record: R, wall: float | None = None) -> str:
+        """Merge a verified record; the result names what it did (for metrics and tests).
+        ``wall``: the wall-clock time now, for the record's age and its certificate's expiry
         (None: the record is taken as just issued, as in simulations)."""
-        if isinstance(msg, Record):
-            return self._receive_record(now, msg, wall)
+        return self._receive_record(now, record, wall)
+
+    def receive_rumor(self, now: float, msg: Rumored) -> str:
+        """Merge a verified rumor; the result names what it did."""
         if msg.sender in self._excluded or msg.about in self._excluded:
             return "excluded"
         if msg.kind == "left":
@@ -331,11 +388,11 @@ class Membership:
             return "accusation_rate"
         return self._accuse(now, m, by=msg.sender)
 
-    def screen(self, msg: Record | Rumor) -> str | None:
-        """Why a message must not even be passed on (gossip validation), or None. Pure: a lie
+    def screen(self, msg: Rumored) -> str | None:
+        """Why a rumor must not even be passed on (gossip validation), or None. Pure: a lie
         about an incarnation of ours we never issued stops here instead of reaching the whole
-        swarm through us."""
-        if isinstance(msg, Rumor) and msg.about == self.me and msg.kind != "left" and msg.incarnation > self.seq:
+        swarm through us. (Records need no screening: any seq below MAX_SEQ is a signature.)"""
+        if msg.about == self.me and msg.kind != "left" and msg.incarnation > self.seq:
             return "future_incarnation"
         return None
 
@@ -377,14 +434,21 @@ class Membership:
         if m is not None and m.state in PROBED and not self._probing(peer) and not self.leaving:
             self._start_probe(now, peer)
 
-    def claims(self, now: float, claims: list[tuple[str, str, int]], by: str) -> list[str]:
-        """A sync peer's view of members it thinks are down; only claims about us matter (about
-        others, our own probes decide). One result per claim about us, as ``receive`` names them."""
-        results = []
-        for peer, state, inc in claims:
-            if peer == self.me and state in ("suspect", "dead"):
-                results.append(self._accused_me(now, inc, by))
-        return results
+    def merge_sync(self, now: float, records: Iterable[R], claims: Iterable[tuple[str, str, int]], by: str,
+                   wall: float | None = None) -> SyncMerge:
+        """Merge a push-pull sync from member ``by``: its records (verified by the driver) and its
+        claims ``(peer, state, incarnation)`` about members it holds down (type-checked by the
+        driver). Only claims about us matter: about others our own probes decide. If the merge
+        made us refute, ``by`` holds us suspect or dead and may not hear our gossip yet: a
+        ``Sync(by)`` action follows, so it gets our new record at once (refute, then resync)."""
+        seq = self.seq
+        results = [self._receive_record(now, r, wall) for r in records]
+        said = [self._accused_me(now, inc, by) for peer, state, inc in claims
+                if peer == self.me and state in ("suspect", "dead")]
+        refuted = self.seq != seq
+        if refuted:
+            self._actions.append(Sync(by))
+        return SyncMerge(results, said, refuted)
 
     def local_change(self, now: float) -> None:
         """Own labels or resources changed: re-advertise (rate-limited)."""
@@ -491,13 +555,14 @@ class Membership:
             out[m.state.value] += 1
         return out
 
-    def down_claims(self) -> list[tuple[str, str, int]]:
+    def sync_claims(self) -> list[tuple[str, str, int]]:
+        """Our claims for a push-pull sync: the members we hold suspect or dead."""
         return [(m.peer, m.state.value, m.incarnation) for m in self.members.values()
                 if m.state in (State.SUSPECT, State.DEAD)]
 
     # --- internals ----------------------------------------------------------------------
 
-    def _receive_record(self, now: float, r: Record, wall: float | None) -> str:
+    def _receive_record(self, now: float, r: R, wall: float | None) -> str:
         if r.peer == self.me:
             if r.seq > self.seq and not self.leaving:  # an older life of ours got further: jump past it
                 self._refute(now, r.seq)
@@ -509,11 +574,9 @@ class Membership:
         age = 0.0
         if wall is not None:
             age = min(max(0.0, wall - r.issued), r.ttl)  # a clock ahead of ours (skew) counts as fresh
-            cert = r.cert
-            if cert is not None:
-                cert_left = cert.expires - wall
-                if cert_left <= 0:
-                    return "cert_expired"
+            cert_left = r.cert_expires - wall
+            if cert_left <= 0:
+                return "cert_expired"
         expires = now - age + r.ttl
         m = self.members.get(r.peer)
         if m is None:
@@ -539,7 +602,7 @@ class Membership:
             self._set_state(now, m, State.ALIVE, reason)
         return "updated"
 
-    def _left(self, now: float, msg: Rumor) -> str:
+    def _left(self, now: float, msg: Rumored) -> str:
         m = self.members.get(msg.about)
         if m is None or msg.about == self.me:
             return "unknown" if m is None else "old"

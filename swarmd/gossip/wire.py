@@ -45,6 +45,7 @@ from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
 from ..wg.keys import verify_proof
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
+from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
 from .signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
@@ -57,9 +58,6 @@ MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairw
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
 RUMOR_KINDS = ("suspect", "dead", "left")
-# Every seq and incarnation on the wire is below this: a node adds one to a seq it has seen (to
-# refute), and msgpack encodes no integer above 2^64 - 1; 2^63 leaves room and fits an int64.
-MAX_SEQ = 2**63
 MAX_RECORD_TTL = 86400.0  # ours is 120 s; a day is generous, and a stopped member goes stale within it
 WG_PROOF_DOMAIN = b"swarmd wg key proof\0"
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # RFC 1122 "this network": not a destination
@@ -160,6 +158,11 @@ class Record:
     @property
     def expires(self) -> float:
         return self.issued + self.ttl
+
+    @property
+    def cert_expires(self) -> float:
+        """When the signer's certificate runs out (wall clock): the membership core reads it."""
+        return self.cert.expires
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
