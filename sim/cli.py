@@ -1,4 +1,4 @@
-"""`swarm-sim`: the network lab (and later the simulator). Thin: parse, act, render."""
+"""`swarm-sim`: the network lab and the simulator (`run`). Thin: parse, act, render."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -55,6 +56,14 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", parents=[name], help="hosts and links")
     st.add_argument("--json", action="store_true")
     sub.add_parser("down", parents=[name], help="remove everything the lab made")
+
+    run = top.add_parser("run", help="a scenario: the daemon's membership core on thousands of simulated nodes",
+                         description="Run a scenario (sim/scenarios/*.toml are examples): prints a summary, "
+                                     "writes DIR/report.json (the same bytes for the same seed) and PNG plots.")
+    run.add_argument("scenario", type=Path, metavar="SCENARIO.toml")
+    run.add_argument("--seed", type=int, default=None, metavar="S", help="overrides the scenario's seed")
+    run.add_argument("--out", type=Path, default=None, metavar="DIR", help="default: sim-out/<scenario name>")
+    run.add_argument("--no-plots", action="store_true", help="report.json and the summary only")
     return p
 
 
@@ -104,6 +113,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.area == "run":
+        return _run(args)
     from .netlab import lab as labmod
     from .netlab import topology
     from .netlab.state import LabState
@@ -182,10 +193,85 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _console():
+def _run(args: argparse.Namespace) -> int:
+    from . import report
+    from .scenario import ScenarioError, load
+
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        print(f"swarm-sim: --seed must be 0..2^63-1, got {args.seed}", file=sys.stderr)
+        return 2
+    try:
+        scenario = load(args.scenario)
+        if args.seed is not None:
+            scenario = scenario.with_seed(args.seed)
+        out = args.out if args.out is not None else Path("sim-out") / scenario.name
+        out.mkdir(parents=True, exist_ok=True)
+    except ScenarioError as exc:
+        print(f"swarm-sim: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"swarm-sim: --out {out}: cannot make the directory: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    console = _console(stderr=True)
+    try:
+        outcome = _simulate(scenario, console)
+    except ScenarioError as exc:  # what only the placement can tell (a partition's country got no node)
+        print(f"swarm-sim: {exc}", file=sys.stderr)
+        return 2
+    data = report.build(outcome)
+    written = [out / "report.json"]
+    report.write(written[0], data)
+    if not args.no_plots:
+        try:
+            from . import plots
+            written += plots.write_all(outcome, out)
+        except ImportError as exc:
+            print(f"swarm-sim: no plots ({exc.name} is not installed: pip install 'swarmd[sim]')", file=sys.stderr)
+    _render_summary(data, outcome, written)
+    return 0
+
+
+def _simulate(scenario, console):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .runner import run
+
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed:,.0f} / {task.total:,.0f} simulated s"),
+               TextColumn("wall"), TimeElapsedColumn(),
+               TextColumn("{task.fields[speed]}"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(scenario.name, total=scenario.seconds, speed="")
+        started = time.monotonic()
+
+        def progress(now: float) -> None:
+            wall = time.monotonic() - started
+            bar.update(task, completed=now, speed=f"{now / wall:,.1f}x" if wall > 0 else "")
+        return run(scenario, progress)
+
+
+def _render_summary(data: dict, outcome, written: list[Path]) -> None:
+    from rich.table import Table
+
+    from .report import rows
+
+    t = Table(title=f"swarm-sim run {data['scenario']['name']}")
+    for col in ("figure", "value", "what"):
+        t.add_column(col, overflow="fold")
+    for figure, value, what in rows(data):
+        t.add_row(figure, value, what)
+    console = _console()
+    console.print(t)
+    speed = outcome.scenario.seconds / outcome.wall_s if outcome.wall_s > 0 else float("inf")
+    events = f", {outcome.sim_events:,} events" if outcome.sim_events else ""
+    console.print(f"{outcome.scenario.seconds:g} simulated s in {outcome.wall_s:.1f} s wall ({speed:,.1f}x{events})")
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    console = Console()
+    console = Console(stderr=stderr)
     if not console.is_terminal:
         console.width = 160  # logs and pipes: do not squeeze the table to 80 columns
     return console
