@@ -1,0 +1,67 @@
+"""`swarm-sim run` end to end, as a person runs it: the small scenario, its summary, its files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "sim" / "scenarios" / "small.toml"
+
+
+def swarm_sim(*words: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.cli", *words], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_run_small_prints_a_summary_and_writes_the_report_and_plots(tmp_path):
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = swarm_sim("run", str(SMALL), "--seed", "2", "--out", str(out))
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert took < 30, f"the CI scenario took {took:.1f} s"
+    for figure in ("detection p50 / p99 / max", "false dead", "change reached 100 %", "bytes sent /node/s",
+                   "core counters"):
+        assert figure in r.stdout
+    assert "60 simulated s in" in r.stdout and "wall" in r.stdout
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["bandwidth.png", "convergence.png", "detection_cdf.png", "false_positives.png", "report.json"]
+    data = json.loads((out / "report.json").read_text())
+    assert data["scenario"]["name"] == "small" and data["scenario"]["seed"] == 2
+    assert data["detection"]["crashes"] == 2
+    assert "wall" not in json.dumps(data)  # the wall time is the summary's, never the report's
+
+
+@pytest.mark.parametrize("text, field", [
+    ("nodes = 10\nseconds = 60\n[network\n", "not TOML"),
+    ("nodes = 10\nseconds = 60\nspeed = 3\n", "speed: unknown key"),
+    ("nodes = 10\nseconds = 60\n[network]\ncountries = [\"ZZ\"]\n", "[network] countries: unknown country code 'ZZ'"),
+    ("nodes = 10\nseconds = 60\n[network]\ncountries = [\"DE\", \"US\"]\n[[events]]\nat = 1\nuntil = 2\n"
+     "partition = [[\"DE\"], [\"FR\"]]\n", "[[events]] #1 partition: no nodes in FR"),
+])
+def test_bad_input_is_one_line_on_stderr_exit_2_and_no_traceback(tmp_path, text, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    r = swarm_sim("run", str(path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"swarm-sim: {path}: ") and field in r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_a_missing_scenario_file(tmp_path):
+    r = swarm_sim("run", str(tmp_path / "nope.toml"))
+    assert (r.returncode, r.stderr) == (2, f"swarm-sim: {tmp_path / 'nope.toml'}: no such file\n")
+
+
+def test_an_out_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("")
+    r = swarm_sim("run", str(SMALL), "--out", str(tmp_path / "f"))
+    assert r.returncode == 2 and r.stderr.startswith(f"swarm-sim: --out {tmp_path / 'f'}: cannot make the directory")
