@@ -84,7 +84,8 @@ class ScenarioError(ValueError):
 class Network:
     countries: tuple[str, ...] = ()  # listed: node i in countries[i % len]
     weighted: bool = False  # countries drawn from the data, weighted by its sample counts
-    top: int | None = None  # with weighted: only the N countries with the most samples
+    top: int | None = None  # with weighted: only the N countries with the most samples (default: all
+    # those between which the data has every RTT: the 91 heaviest)
     latency: tuple[tuple[float, ...], ...] = ()  # a latency CSV's RTTs in ms: node i on row i % rows
     latency_csv: str | None = None  # its path, as given (for the report)
     rtt_ms: float | None = None  # one RTT on every link
@@ -246,9 +247,8 @@ class _Table:
         return value
 
 
-def load(path: str | Path, *, countries: Mapping[str, float] | None = None) -> Scenario:
-    """Read and check a scenario file. ``countries``: code -> weight (default: the bundled
-    data's sample counts); used to check codes. Raises :class:`ScenarioError`."""
+def load(path: str | Path) -> Scenario:
+    """Read and check a scenario file. Raises :class:`ScenarioError`."""
     path = Path(path)
     file = str(path)
     try:
@@ -265,11 +265,10 @@ def load(path: str | Path, *, countries: Mapping[str, float] | None = None) -> S
         raise ScenarioError(file, "", "not TOML: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(file, "", f"not TOML: {exc}") from None
-    return parse(raw, file=file, base=path.parent, countries=countries)
+    return parse(raw, file=file, base=path.parent)
 
 
-def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("."),
-          countries: Mapping[str, float] | None = None) -> Scenario:
+def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path(".")) -> Scenario:
     top = _Table(file, "", dict(raw), _TOP)
     mode = top.choice("mode", MODES, "membership")
     nodes = top.number("nodes", 2, MAX_NODES[mode], whole=True)
@@ -277,7 +276,7 @@ def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("
     scenario = dict(
         name=top.text("name", Path(file).stem), file=file, mode=mode, nodes=nodes, seconds=seconds,
         timing=top.choice("timing", TIMINGS, "wan"), seed=top.number("seed", 0, 2**63 - 1, 1, whole=True))
-    table = country_weights() if countries is None else countries
+    table = country_weights()
     network = _network(_Table(file, "[network]", raw.get("network", {}), _NETWORK), base, table, mode)
     events = raw.get("events", [])
     if not isinstance(events, list):
@@ -306,9 +305,14 @@ def _network(t: _Table, base: Path, table: Mapping[str, float], mode: str) -> Ne
         value = t.raw["countries"]
         if value == "weighted":
             out["weighted"] = True
-            out["top"] = t.number("top", 1, len(table), None, whole=True)
+            most = complete_top()  # beyond it the data lacks the RTT of some pair
+            out["top"] = t.number("top", 1, most, most, whole=True)
         elif isinstance(value, list) and value and all(isinstance(c, str) for c in value):
             out["countries"] = tuple(_country(t, "countries", c, table) for c in value)
+            gap = missing_pair(out["countries"])
+            if gap:
+                raise t.fail("countries", f"the RTT data has no measurement between {gap[0]} and {gap[1]}: "
+                                          f"list countries it measured between (the weighted draw does)")
         else:
             raise t.fail("countries", f"must be a list of country codes (e.g. [\"DE\", \"US\"]) or \"weighted\", "
                                       f"got {_show(value)}")
@@ -432,23 +436,61 @@ def _regions(t: _Table, network: Network) -> tuple[tuple[str, ...], tuple[str, .
 
 # --- placement ------------------------------------------------------------------------
 
-_WEIGHTS: dict[str, float] | None = None
+_DATA: tuple[dict[str, float], set[frozenset[str]]] | None = None
+
+
+def _data() -> tuple[dict[str, float], set[frozenset[str]]]:
+    global _DATA
+    if _DATA is None:
+        import gzip
+
+        weights: dict[str, float] = {}
+        pairs: set[frozenset[str]] = set()
+        with gzip.open(COUNTRY_DATA, "rt", newline="") as f:
+            for r in csv.DictReader(f):
+                a, b = r["cty1"], r["cty2"]
+                if len(a) != 2 or len(b) != 2:  # "None": probes of unknown country, no place to put a node
+                    continue
+                pairs.add(frozenset((a, b)))
+                for c in (a, b):
+                    weights[c] = weights.get(c, 0.0) + float(r["rtt_cnt"])
+        _DATA = dict(sorted(weights.items())), pairs
+    return _DATA
 
 
 def country_weights() -> dict[str, float]:
     """Country code -> its sample count in the bundled RTT data (pairs it takes part in)."""
-    global _WEIGHTS
-    if _WEIGHTS is None:
-        import gzip
+    return _data()[0]
 
-        weights: dict[str, float] = {}
-        with gzip.open(COUNTRY_DATA, "rt", newline="") as f:
-            for r in csv.DictReader(f):
-                for c in (r["cty1"], r["cty2"]):
-                    if len(c) == 2:  # the data has "None" (probes of unknown country): no place to put a node
-                        weights[c] = weights.get(c, 0.0) + float(r["rtt_cnt"])
-        _WEIGHTS = dict(sorted(weights.items()))
-    return _WEIGHTS
+
+def by_weight() -> list[str]:
+    weights = country_weights()
+    return sorted(weights, key=lambda c: (-weights[c], c))
+
+
+def missing_pair(codes: Sequence[str]) -> tuple[str, str] | None:
+    """A pair of distinct countries among ``codes`` the data has no RTT for (the data has
+    6,827 of the 14,535 pairs: the rest were never measured), or None."""
+    pairs = _data()[1]
+    unique = list(dict.fromkeys(codes))
+    for i, a in enumerate(unique):
+        for b in unique[i + 1:]:
+            if frozenset((a, b)) not in pairs:
+                return a, b
+    return None
+
+
+def complete_top() -> int:
+    """The most countries, taken by weight, between all of which the data has RTTs."""
+    order = by_weight()
+    low, high = 1, len(order)
+    while low < high:  # a prefix missing a pair stays missing it: bisect
+        mid = (low + high + 1) // 2
+        if missing_pair(order[:mid]) is None:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def place(scenario: Scenario, rng: random.Random, total: int | None = None) -> list[str] | None:
@@ -463,7 +505,7 @@ def place(scenario: Scenario, rng: random.Random, total: int | None = None) -> l
         placed = [net.countries[i % len(net.countries)] for i in range(total)]
     else:
         weights = country_weights()
-        codes = sorted(weights, key=lambda c: (-weights[c], c))[:net.top or len(weights)]
+        codes = by_weight()[:net.top or len(weights)]
         placed = rng.choices(codes, weights=[weights[c] for c in codes], k=total)
     present = set(placed[:scenario.nodes])
     for i, ev in enumerate(scenario.events, 1):
