@@ -236,6 +236,9 @@ def _simulate(scenario, console):
 
     from .runner import run
 
+    if scenario.mode == "disseminate":  # one record, no clock to show: a spinner
+        with console.status(f"{scenario.name}: one record to {scenario.nodes:,} nodes"):
+            return run(scenario)
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed:,.0f} / {task.total:,.0f} simulated s"),
                TextColumn("wall"), TimeElapsedColumn(),
@@ -262,9 +265,12 @@ def _render_summary(data: dict, outcome, written: list[Path]) -> None:
         t.add_row(figure, value, what)
     console = _console()
     console.print(t)
-    speed = outcome.scenario.seconds / outcome.wall_s if outcome.wall_s > 0 else float("inf")
-    events = f", {outcome.sim_events:,} events" if outcome.sim_events else ""
-    console.print(f"{outcome.scenario.seconds:g} simulated s in {outcome.wall_s:.1f} s wall ({speed:,.1f}x{events})")
+    if outcome.metrics is None:
+        console.print(f"one record to {outcome.scenario.nodes:,} nodes in {outcome.wall_s:.1f} s wall")
+    else:
+        speed = outcome.scenario.seconds / outcome.wall_s if outcome.wall_s > 0 else float("inf")
+        console.print(f"{outcome.scenario.seconds:g} simulated s in {outcome.wall_s:.1f} s wall "
+                      f"({speed:,.1f}x, {outcome.sim_events:,} events)")
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 

@@ -76,7 +76,7 @@ def convergence(o: Outcome, path: Path) -> Path:
             ax.text(0.5, 0.5, "no change in this scenario", ha="center", va="center", transform=ax.transAxes)
     ax.axvline(o.max_one_way_s, color="C3", linestyle="--", linewidth=1,
                label=f"longest one-way delay {o.max_one_way_s * 1e3:.0f} ms")
-    ax.set_xlabel("seconds after the change")
+    ax.set_xlabel("seconds after the publish" if o.arrivals is not None else "seconds after the change")
     ax.set_ylabel("fraction of nodes with the record")
     ax.set_ylim(0, 1.02)
     ax.legend(loc="lower right")

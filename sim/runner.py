@@ -93,8 +93,6 @@ def _disseminate(s: sc.Scenario, progress: Progress | None, wall0: float) -> Out
     source = rng(s.seed, "picks").randrange(s.nodes)
     arrivals = np.asarray(disseminate(lat, source=source, loss=s.network.loss, jitter_ms=s.network.jitter_ms,
                                       seed=s.seed), dtype=np.float64)
-    if progress is not None:
-        progress(s.seconds)
     reached = np.isfinite(arrivals)
     times = np.sort(arrivals[reached])
     others = s.nodes - 1  # the source has it at 0

@@ -14,7 +14,7 @@ Schema (sim/scenarios/*.toml are examples)::
 
     name = "lab-5-countries"
     mode = "membership"      # membership (the cores on the network) | disseminate (one record, no cores)
-    seconds = 600            # simulated
+    seconds = 600            # simulated (membership mode)
     nodes = 5
     timing = "wan"           # wan | lan  (membership.Timing presets)
     seed = 1                 # --seed overrides
@@ -272,7 +272,9 @@ def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("
     top = _Table(file, "", dict(raw), _TOP)
     mode = top.choice("mode", MODES, "membership")
     nodes = top.number("nodes", 2, MAX_NODES[mode], whole=True)
-    seconds = top.number("seconds", 0, MAX_SECONDS, 600.0 if mode == "disseminate" else _MISSING, above=True)
+    if mode == "disseminate" and top.has("seconds"):
+        raise top.fail("seconds", "mode = \"disseminate\" follows one record until it is everywhere: no seconds")
+    seconds = 0.0 if mode == "disseminate" else top.number("seconds", 0, MAX_SECONDS, above=True)
     scenario = dict(
         name=top.text("name", Path(file).stem), file=file, mode=mode, nodes=nodes, seconds=seconds,
         timing=top.choice("timing", TIMINGS, "wan"), seed=top.number("seed", 0, 2**63 - 1, 1, whole=True))

@@ -161,6 +161,8 @@ ERRORS = [
     ("mode = \"disseminate\"\nnodes = 10\n", "[network] countries: missing (mode = \"disseminate\" needs countries"),
     ("mode = \"disseminate\"\nnodes = 10\n[network]\ncountries = [\"DE\"]\n[[events]]\nat = 1\ncrash = 1\n",
      "[[events]]: mode = \"disseminate\" takes no events"),
+    ("mode = \"disseminate\"\nnodes = 10\nseconds = 5\n[network]\ncountries = [\"DE\"]\n",
+     "seconds: mode = \"disseminate\" follows one record until it is everywhere: no seconds"),
     ("nodes = 10\nseconds = 60\n[network\n", "not TOML: "),
 ]
 
