@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 import trio
+import trio.testing
 from nacl.signing import SigningKey
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
@@ -17,7 +18,8 @@ from swarmd.gossip import swarmstate
 from swarmd.gossip.limits import Recent, TokenBuckets
 from swarmd.gossip.membership import Membership, Timing
 from swarmd.gossip.revocation import make_revocation
-from swarmd.gossip.service import RECORD_BURST, Gossip
+from swarmd.gossip.inbound import RECORD_BURST
+from swarmd.gossip.service import Gossip
 from swarmd.gossip.cert import issue_cert
 from swarmd.gossip.signed import peer_from_key, peer_str
 from swarmd.gossip.swarmstate import SwarmMembership
@@ -51,7 +53,7 @@ def published(g: Gossip) -> list[bytes]:
     out = []
     while True:
         try:
-            out.append(g._publish_recv.receive_nowait())
+            out.append(g.loop.publish_recv.receive_nowait())
         except trio.WouldBlock:
             return out
 
@@ -59,11 +61,11 @@ def published(g: Gossip) -> list[bytes]:
 def flush(g: Gossip, later: float) -> None:
     """Let the core's deadlines up to ``later`` s from now pass (own records are paced)."""
     g.core.handle_timeout(trio.current_time() + later)
-    g._perform()
+    g.loop.perform()
 
 
 async def running(g: Gossip, nursery: trio.Nursery) -> None:
-    g._nursery = nursery
+    g.nursery = nursery
     g.core = Membership(g.me, g.seq, g.timing, random.Random(1), trio.current_time())
 
 
@@ -133,7 +135,7 @@ async def test_the_gossip_read_loop_goes_on_when_saving_a_revocation_fails(tmp_p
     sub = Subscription([revocation.blob, other_record(5, ["/ip4/192.0.2.7/tcp/4001"])])
     async with trio.open_nursery() as nursery:
         await running(g, nursery)
-        nursery.start_soon(g._read, sub)
+        nursery.start_soon(g.inbound.read, sub)
         with trio.fail_after(5):
             while peer_str(OTHER_PEER) not in g.view():
                 await trio.sleep(0.01)
@@ -155,10 +157,10 @@ async def test_the_timer_loop_goes_on_after_an_exception(monkeypatch):
             real(now)
 
         monkeypatch.setattr(g.core, "handle_timeout", flaky)
-        nursery.start_soon(g._timers)
+        nursery.start_soon(g.loop.timers)
         with trio.fail_after(5):
             while len(calls) < 2:
-                g._wake.set()
+                g.loop.wake()
                 await trio.sleep(0.05)
         assert g.rejected["internal"] == 1
         nursery.cancel_scope.cancel()
@@ -169,11 +171,11 @@ async def test_the_timer_loop_goes_on_after_an_exception(monkeypatch):
 async def test_records_over_a_publishers_rate_are_dropped_quietly_and_counted():
     g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
     blobs = [other_record(10 + i, ["/ip4/192.0.2.7/tcp/4001"]) for i in range(int(RECORD_BURST) + 5)]
-    dropped = [g._quiet_drop(ID(b"x"), SimpleNamespace(data=b)) for b in blobs]
+    dropped = [g.inbound.quiet_drop(ID(b"x"), SimpleNamespace(data=b)) for b in blobs]
     assert dropped.count(False) == RECORD_BURST and dropped[-5:] == [True] * 5
     assert g.rejected["record_rate"] == 5
     await trio.sleep(1.0)  # 4 tokens a second come back
-    assert g._quiet_drop(ID(b"x"), SimpleNamespace(data=other_record(99, []))) is False
+    assert g.inbound.quiet_drop(ID(b"x"), SimpleNamespace(data=other_record(99, []))) is False
 
 
 async def test_a_lie_about_us_relayed_by_an_honest_member_is_dropped_without_blaming_the_relay():
@@ -189,8 +191,8 @@ async def test_a_lie_about_us_relayed_by_an_honest_member_is_dropped_without_bla
                          cert=cert_for(OTHER_PEER, issued=time.time() - 10, ttl=3600))
         msg = SimpleNamespace(data=lie)
         relay = ID(b"honest relay")
-        assert g._quiet_drop(relay, msg) is True, "dropped and not passed on"
-        assert g._validate(relay, msg) is True, "nothing in the message itself is invalid"
+        assert g.inbound.quiet_drop(relay, msg) is True, "dropped and not passed on"
+        assert g.inbound.validate(relay, msg) is True, "nothing in the message itself is invalid"
         assert g.rejected["future_incarnation"] == 1 and sum(g.rejected.values()) == 1
         nursery.cancel_scope.cancel()
 
@@ -201,8 +203,8 @@ async def test_a_new_record_replaces_the_addresses_of_the_old_one():
     async with trio.open_nursery() as nursery:
         await running(g, nursery)
         pid = ID.from_base58(peer_str(OTHER_PEER))
-        g._accept(g.verifier.decode(other_record(5, ["/ip4/192.0.2.7/tcp/4001"]), time.time()))
-        g._accept(g.verifier.decode(other_record(6, ["/ip4/192.0.2.8/tcp/4001"]), time.time()))
+        g.inbound.accept(g.verifier.decode(other_record(5, ["/ip4/192.0.2.7/tcp/4001"]), time.time()))
+        g.inbound.accept(g.verifier.decode(other_record(6, ["/ip4/192.0.2.8/tcp/4001"]), time.time()))
         assert [str(a) for a in store.addrs(pid)] == ["/ip4/192.0.2.8/tcp/4001"]
         nursery.cancel_scope.cancel()
 
@@ -238,7 +240,70 @@ def test_a_message_is_verified_once_for_the_rate_check_and_the_validator(monkeyp
     monkeypatch.setattr(g.verifier, "decode", lambda blob, now: calls.append(1) or real(blob, now))
 
     async def check():
-        assert g._quiet_drop(ID(b"x"), msg) is False and g._validate(ID(b"x"), msg) is True
+        assert g.inbound.quiet_drop(ID(b"x"), msg) is False and g.inbound.validate(ID(b"x"), msg) is True
 
     trio.run(check)
     assert len(calls) == 1
+
+
+# --- refute, then sync again (the core's Sync(by)) -------------------------------------------
+
+async def test_a_sync_that_made_us_refute_runs_once_more_and_no_more():
+    """The peer holds us dead: the merge refutes and the core asks for a sync with it, which
+    runs right after the one under way, so the peer gets our new record at once. A peer that
+    keeps claiming us dead at every incarnation gets one more sync, not a loop."""
+    for liar in (False, True):
+        g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+        other = peer_str(OTHER_PEER)
+        async with trio.open_nursery() as nursery:
+            await running(g, nursery)
+            first = g.core.seq
+            runs = []
+
+            async def connected(pid):
+                pass
+
+            async def once(pid):
+                runs.append(str(pid))
+                claim = [ME, "dead", g.core.seq if liar else first]
+                return "refuted" if g.syncs.merge({"records": [], "claims": [claim]}, pid) else "done"
+
+            g.peers.ensure_connected, g.syncs._once = connected, once
+            await g.syncs.sync(other)
+            assert runs == [other, other], "once more after the refute, then no more"
+            assert g.core.seq == first + (2 if liar else 1) and g.own_record.seq == g.core.seq
+            assert not g.syncs.busy(other)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_sync_request_that_made_us_refute_starts_a_sync_back():
+    """As the responder: the requester's payload holds us suspect, so our answer (already
+    sent) carried the record it refuted; we start a sync with it."""
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    other = peer_str(OTHER_PEER)
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        started = []
+
+        async def sync(peer):
+            started.append(peer)
+
+        g.syncs.sync = sync
+        assert g.syncs.merge({"records": [], "claims": [[ME, "suspect", g.core.seq]]}, ID.from_base58(other))
+        await trio.testing.wait_all_tasks_blocked()
+        assert started == [other]
+        assert not g.syncs.merge({"records": [], "claims": [[ME, "alive", g.core.seq]]}, ID.from_base58(other))
+        await trio.testing.wait_all_tasks_blocked()
+        assert started == [other], "no refute, no sync"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_sync_claim_is_counted_with_what_it_claimed():
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        lie = [ME, "dead", g.core.seq + 5]
+        assert not g.syncs.merge({"records": [], "claims": [[ME, "alive", 1], lie, "junk"]},
+                                 ID.from_base58(peer_str(OTHER_PEER)))
+        assert g.rejected == {"future_incarnation": 1, "malformed": 1}
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,161 @@
+"""Gossip from the swarm topic: checked before it is passed on, then merged into the core.
+
+Each message meets three steps, in py-libp2p pubsub's order:
+
+1. ``quiet_drop``, before validation (pubsub.GatedPubsub.quiet_drop): what an honest relay
+   may well forward because it depends on this node's own view is dropped, not passed on,
+   and not held against the relay: a record over its publisher's rate (``RECORD_RATE``,
+   ``RECORD_BURST``), a record this view refuses (a revoked signer, a WireGuard key another
+   member holds here), a rumor about an incarnation of ours we never issued. Penalizing the
+   relay (the validator's 10 points per message) would let one member's burst of lies make
+   honest members graylist each other and split the gossip mesh.
+2. ``validate``: what every node judges alike (a bad signature, a malformed body) fails
+   validation, and costs the forwarder.
+3. ``read``: each delivered message is merged (``accept``): a revocation goes to
+   admission, a record or rumor to the core. A new record's addresses replace those its
+   peer had in the peerstore. A failure here (a disk error saving a revocation, a bug) is
+   counted and the next message is read.
+
+Verifier.decode runs once per message for steps 1 and 2 (kept by its bytes). Every
+refusal is counted under its reason (rejects.py); the core's refusals (``REFUSED``) too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+from .limits import TokenBuckets
+from .membership import REFUSED, State
+from .revocation import Revocation
+from .signed import Invalid
+from .wire import Record, Rumor
+
+if TYPE_CHECKING:
+    from .service import Gossip
+
+ADDR_TTL = 3600
+# Valid records per publisher: an honest member publishes on a change and its refresh; the
+# burst covers a restart or a partition heal. The excess is dropped, not passed on, counted
+# ``record_rate``, and not held against the member that relayed it.
+RECORD_RATE, RECORD_BURST = 4.0, 20.0
+
+
+class Inbound:
+    def __init__(self, gossip: Gossip) -> None:
+        self.g = gossip
+        self._record_rate = TokenBuckets(RECORD_RATE, RECORD_BURST)
+        self._decoded: tuple[bytes, Any] | None = None  # the last message decoded before validation
+
+    def decode(self, data: bytes) -> Any:
+        """Verifier.decode, once per message for quiet_drop and the validator that follows it."""
+        if self._decoded is not None and self._decoded[0] == data:  # protobuf hands out a new bytes each read
+            return self._decoded[1]
+        decoded = self.g.verifier.decode(data, time.time())  # type: ignore[union-attr]
+        self._decoded = (data, decoded)
+        return decoded
+
+    def quiet_drop(self, forwarder: ID, msg: Any) -> bool:
+        """Whether to drop ``msg`` before validation without counting it against ``forwarder``."""
+        g = self.g
+        try:
+            decoded = self.decode(msg.data)
+        except Invalid:
+            return False  # the validator counts it
+        if isinstance(decoded, Rumor):
+            if g.core is not None and (why := g.core.screen(decoded)):
+                g.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
+                                              f"{decoded.incarnation}")
+                return True
+            return False
+        if not isinstance(decoded, Record) or decoded.peer == g.me:
+            return False
+        if self.refused(decoded):
+            return True
+        if self._record_rate.allow(decoded.peer, trio.current_time()):
+            return False
+        g.reject("record_rate", decoded.peer,
+                 f"more than {RECORD_RATE:g} records/s (burst {RECORD_BURST:g}); record seq {decoded.seq} dropped")
+        return True
+
+    def validate(self, forwarder: ID, msg: Any) -> bool:
+        try:
+            self.decode(msg.data)
+        except Invalid as exc:
+            self.g.reject(exc.reason, str(forwarder), exc.detail)
+            return False
+        return True
+
+    async def read(self, subscription: Any) -> None:
+        while True:
+            msg = await subscription.get()
+            self.g.rejects.carried("in", len(msg.data))
+            try:
+                decoded = self.g.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
+            except Invalid:
+                continue  # counted by the validator
+            try:
+                self.accept(decoded)
+            except Exception as exc:  # a disk error saving a revocation, a bug: the next message is read
+                sender = getattr(decoded, "peer", None) or getattr(decoded, "sender", "?")
+                self.g.rejects.internal("handler", str(sender), f"gossip {decoded.__class__.__name__}", exc)
+
+    def accept(self, msg: Record | Rumor | Revocation) -> str:
+        """Merge a verified message; the core's result (or ``revocation``, ``refused``)."""
+        g = self.g
+        if isinstance(msg, Revocation):
+            g.admission.received(msg)
+            return "revocation"
+        if isinstance(msg, Record):
+            if self.refused(msg):
+                return "refused"
+            result = g.core.receive_record(trio.current_time(), msg, time.time())
+            self.merged(msg, result)
+        else:
+            result = g.core.receive_rumor(trio.current_time(), msg)
+            if result in REFUSED:
+                g.reject(result, msg.sender, f"{msg.kind} rumor about {msg.about} at incarnation {msg.incarnation}")
+        g.loop.input()
+        return result
+
+    def refused(self, record: Record, keys: list[tuple[str, bytes]] | None = None) -> bool:
+        """Whether admission refuses ``record`` (counted), given the WireGuard keys held (``keys``;
+        by default those of this node and the view)."""
+        if refused := self.g.admission.refuse_record(record, self.wg_keys() if keys is None else keys):
+            self.g.reject(refused[0], record.peer, refused[1])
+            return True
+        return False
+
+    def merged(self, record: Record, result: str) -> None:
+        """Count what the core said of ``record``; a newer record's addresses replace its old ones."""
+        g = self.g
+        if result == "old":  # a replay, or overtaken in flight
+            g.rejects.count("old_seq")
+        elif result in REFUSED:
+            g.reject(result, record.peer, f"record seq {record.seq}")
+        if result in ("new", "updated"):
+            addrs = [Multiaddr(a) for a in record.addrs if parses(a)]
+            if addrs and record.peer != g.me:  # the record's addresses replace the ones it replaces
+                store, pid = g.host.get_peerstore(), ID.from_base58(record.peer)
+                store.clear_addrs(pid)
+                store.add_addrs(pid, addrs, ADDR_TTL)
+            g.changed()
+
+    def wg_keys(self) -> list[tuple[str, bytes]]:
+        """(peer, WireGuard key) of this node and the members in the view that advertise one."""
+        own = self.g.mesh_info()
+        return [(m.peer, m.record.wg.public) for m in self.g.view()
+                if m.record.wg is not None and m.state in (State.ALIVE, State.SUSPECT)] + \
+            ([(self.g.me, own.public)] if own is not None else [])
+
+
+def parses(addr: str) -> bool:
+    try:
+        Multiaddr(addr)
+        return True
+    except Exception:
+        return False

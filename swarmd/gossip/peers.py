@@ -1,0 +1,138 @@
+"""Connections: their events, dialling members, and hanging up on those gone.
+
+- A new connection is watched by the gate (gate.py: a member shows its certificate or is
+  hung up on) and, if its peer is not in the view yet, synced with at once.
+- A lost connection is a hint for the core: it probes the member at once.
+- A member gone dead or left, or excluded, has our connections to it closed: were it only
+  cut off, its TCP connection would sit in retransmit backoff and gossip after a heal would
+  wait many seconds; a fresh dial gets through in one round trip. A revoked member still
+  connected is told of its revocation first.
+- Members are dialled at the addresses of their signed record (the authority on where a
+  member listens); bootstrap addresses (from the invite) are dialled, and synced with, with
+  a growing, jittered backoff until their peer is in the view.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+from libp2p.abc import INetConn, INetStream, INetwork, INotifee
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from multiaddr import Multiaddr
+
+from .inbound import parses
+from .join import JOIN_TIMEOUT
+from .streams import PeerError
+
+if TYPE_CHECKING:
+    from .service import Gossip
+
+log = structlog.get_logger("swarmd.gossip")
+
+
+class Notifee(INotifee):
+    """py-libp2p's connection events, onto a channel the driver reads."""
+
+    def __init__(self, send: trio.MemorySendChannel) -> None:
+        self.send = send
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self.send.send_nowait(("connected", conn.muxed_conn.peer_id))
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self.send.send_nowait(("disconnected", conn.muxed_conn.peer_id))
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+
+class Peers:
+    def __init__(self, gossip: Gossip) -> None:
+        self.g = gossip
+        self.events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](float("inf"))
+
+    async def events(self) -> None:
+        g = self.g
+        assert g.core is not None
+        gated: set[ID] = set()
+        async for kind, pid in self._events_recv:
+            peer = str(pid)
+            if kind == "disconnected":
+                if pid not in g.host.get_connected_peers():
+                    g.gate.checked.pop(peer, None)
+                    if g.pubsub is not None:
+                        g.pubsub.forget(pid)
+                    g.core.connection_lost(trio.current_time(), peer)
+                    g.loop.input()
+                continue
+            if pid not in gated and g.nursery:
+                gated.add(pid)
+                g.nursery.start_soon(g.gate.watch, pid, gated)
+            if peer not in g.view() and not g.syncs.busy(peer) and peer not in g.excluded and g.nursery:
+                g.nursery.start_soon(g.syncs.sync, peer)  # a new peer: exchange views at once
+
+    async def hang_up(self, pid: ID) -> None:
+        """Close what we hold to a member gone dead, left or excluded (or never checked)."""
+        g = self.g
+        await g.pinger.forget(pid)
+        if pid in g.host.get_connected_peers() and (proof := g.admission.proof_of_revocation(str(pid))):
+            with trio.move_on_after(2):  # a revoked member learns it now, not when its syncs start failing
+                await g.syncs.tell_revoked(pid, proof)
+        if pid in g.host.get_connected_peers():
+            with trio.move_on_after(1):
+                try:
+                    await g.host.disconnect(pid)
+                except Exception as exc:
+                    log.debug("disconnect failed", peer=str(pid), error=f"{exc.__class__.__name__}: {exc}")
+
+    async def ensure_connected(self, peer: ID) -> None:
+        g = self.g
+        if peer in g.host.get_connected_peers():
+            return
+        m = g.view().get(str(peer))
+        addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if parses(a)]
+        if addrs:  # the signed record is the authority on where a member listens
+            g.host.get_peerstore().clear_addrs(peer)
+        try:
+            await g.host.connect(PeerInfo(peer, addrs))
+        except Exception as exc:
+            raise PeerError(f"cannot connect ({cause(exc)})") from None
+
+    async def dial_bootstrap(self, addr: str) -> None:
+        g = self.g
+        info = info_from_p2p_addr(Multiaddr(addr))
+        delay = 0.5
+        while str(info.peer_id) not in g.view():
+            try:
+                with trio.move_on_after(JOIN_TIMEOUT):
+                    await g.host.connect(info)
+                    await g.syncs.sync(str(info.peer_id))
+            except Exception:
+                pass
+            if str(info.peer_id) in g.view():
+                return
+            await trio.sleep(g.rng.uniform(0, delay))
+            delay = min(30.0, delay * 2)
+
+
+def cause(exc: BaseException) -> str:
+    """The innermost reason of a dial failure (py-libp2p wraps it in several layers, one of
+    them a MultiError holding one error per address)."""
+    seen: list[str] = []
+    while exc is not None and len(seen) < 8:
+        seen.append(f"{exc.__class__.__name__}: {exc}"[:120])
+        errors = getattr(exc, "errors", None)
+        exc = exc.__cause__ or exc.__context__ or (errors[0] if errors else None)
+    return " <- ".join(seen)

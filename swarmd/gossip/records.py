@@ -1,0 +1,94 @@
+"""This node's own record: what goes in it, and the check before it goes out.
+
+The core decides when (``PublishRecord(seq)``: after a change, at most once per
+publish_interval, and a refresh every refresh_interval); this module builds what: the
+listen addresses, the resources (sampled every ``SAMPLE_INTERVAL``; a new sample is
+advertised only when it differs significantly from the last one published), the labels,
+the mesh's side (WireGuard key and address), the job slots, and the lowest RTTs our probes
+measured to alive members (others' placement reads them).
+
+The record is checked as every member will check it before it is published. One that
+would be refused is not published, and ``error`` says why (logged once per reason): our
+certificate expired (the owner was unreachable for the whole renewal window), or anything
+else the verifier refuses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from .capacity import Collector, Resources
+from .membership import State
+from .signed import Invalid
+from .wire import MAX_RTTS, Record, make_record
+
+if TYPE_CHECKING:
+    from .service import Gossip
+
+log = structlog.get_logger("swarmd.gossip")
+
+SAMPLE_INTERVAL = 5.0  # capacity sampling; changes are advertised only when significant
+
+
+class OwnRecord:
+    def __init__(self, gossip: Gossip, collector: Collector) -> None:
+        self.g = gossip
+        self.collector = collector
+        self.resources: Resources = collector.sample()
+        self.advertised: Resources = self.resources
+        self.record: Record | None = None  # the newest one published, decoded
+        self.error: str | None = None  # why our own record is not published, if it is not
+
+    def make(self, seq: int) -> bytes | None:
+        """Our record with ``seq``, signed; None (``error`` says why) when it would be refused."""
+        g = self.g
+        assert g.swarm is not None
+        cert, now = g.swarm.cert, time.time()
+        if cert.expires <= now:
+            return self._none(f"this node's certificate expired at {round(cert.expires)}: not publishing "
+                              f"records until it is renewed")
+        wg = g.mesh_info()
+        if wg is not None and cert.addr4 is not None and wg.addr4 != cert.addr4:
+            # a renewal gave an older certificate an address: every member would refuse a record
+            # with the mesh's old one. Published without the mesh side until the mesh moves to it
+            # (woken here; it re-advertises once it has).
+            wg = None
+            g.changed()
+        try:
+            blob = make_record(g.sign, swarm=g.swarm.swarm, peer=g.me, seq=seq, issued=now,
+                               ttl=g.timing.record_ttl, addrs=g.addrs(), resources=self.resources,
+                               labels=g.labels, wg=wg, jobs=g.job_slots(), rtts=self.nearest_rtts(), cert=cert)
+            own = g.verifier.decode(blob, now)  # type: ignore[union-attr]
+        except (Invalid, ValueError) as exc:
+            detail = f"{exc.reason}: {exc.detail}" if isinstance(exc, Invalid) else str(exc)
+            return self._none(f"this node's own record would be refused ({detail}): not publishing it")
+        self.advertised = self.resources
+        self.record = own  # type: ignore[assignment]
+        if self.error is not None:
+            log.info("publishing records again", seq=seq)
+        self.error = None
+        return blob
+
+    def _none(self, why: str) -> None:
+        if why != self.error:
+            log.error("own record not published", why=why)
+        self.error = why
+        return None
+
+    def nearest_rtts(self) -> dict[str, float]:
+        """This node's lowest RTTs to alive members, in ms."""
+        measured = sorted((m.rtt_min, m.peer) for m in self.g.view()
+                          if m.rtt_min is not None and m.state is State.ALIVE)
+        return {peer: round(rtt * 1000, 2) for rtt, peer in measured[:MAX_RTTS]}
+
+    async def sample(self) -> None:
+        """Sample the capacity forever; a significant change is re-advertised."""
+        while True:
+            await trio.sleep(SAMPLE_INTERVAL)
+            self.resources = await trio.to_thread.run_sync(self.collector.sample)
+            if self.resources.significant_change(self.advertised):
+                self.g.readvertise()
