@@ -32,7 +32,7 @@ def test_members_learn_each_other_at_once():
 def test_probes_measure_rtt():
     c = Cluster(NAMES, latency=0.03)
     c.run_for(10)
-    m = c.nodes["a"].members["b"]
+    m = c.nodes["a"].view().get("b")
     assert m.rtt_min == pytest.approx(0.06)
     assert m.rtt_ewma == pytest.approx(0.06)
 

@@ -28,8 +28,9 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   honest member can hold an incarnation of ours above ``seq`` (each life starts at
   ``epoch << 32``, above every older one), so a rumor or claim above it is a lie: it is
   refused and counted (``future_incarnation``), never adopted (a seq jumped to 2^64 - 1
-  could not even be encoded), and not passed on (``screen``, for gossip validation). A record of ours with a higher seq is our own signature
-  (an older life that got further): we jump past it, within ``MAX_SEQ``.
+  could not even be encoded), and not passed on (``screen``, for gossip validation). A
+  record of ours with a higher seq is our own signature (an older life that got further): we
+  jump past it, within ``MAX_SEQ``.
 - A lost connection is a hint, not a verdict: the member is probed at once.
 - Records expire (the README's promise): a member's record is good until ``issued + ttl``
   (wall clock, converted to this core's monotonic clock when the record arrives, its age
@@ -53,6 +54,30 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   view only through ``view()``: an immutable, versioned snapshot, rebuilt only after a
   change, safe to hand to another thread. ``members`` is this core's own.
 
+Data structures and their costs (N members; the simulator runs thousands of cores at once, so
+no event may cost O(N), and each member is paid for N times over):
+
+- ``members``: peer -> ``Member``, a slotted object with nothing that is usually empty (RTTs
+  in ``_rtt`` once measured; ``suspicion`` only while suspect; an infinite certificate expiry
+  is the shared ``INF``): about 210 B a member, indexes included (``bench/core_cost.py``).
+- ``_in``: per state, a list of its members (``Member.pos`` is the index). Counts are lengths;
+  a random alive or dead member is one draw; indirect helpers are k draws with rejection;
+  ``sync_claims`` and forgetting enumerate only the members down; a state change is a
+  swap-remove and an append. All O(1) (O(k), O(members down)).
+- Two heaps of lazy entries. The timer heap holds each member itself (8 B, not a tuple) at most
+  once, at or before its own deadline (record or certificate expiry): a newer record leaves
+  the heap alone and the entry moves to the real time when it comes up or ``next_deadline``
+  peeks at it; a deadline moved earlier (a shorter ttl: rare) gets an event entry. The event
+  heap holds ``(time, kind, key)`` for probe and suspicion deadlines; an entry whose probe or
+  suspicion moved since is skipped. A heap is rebuilt without its stale entries when it grows
+  past twice its size at the last rebuild plus 64. ``next_deadline()``: O(1) plus O(log N) per
+  stale entry it pops; ``handle_timeout``: O(log N) per due thing.
+- Probes by id and by target (one at a time per target); the probe order is a shuffled list
+  of the members up, rebuilt once per round (O(N) per N probes), a newcomer put at a random
+  place in O(1). ``view()`` is O(N), only when something changed and someone asks.
+- Deterministic for a given ``rng`` and inputs: nothing iterates a set of str (its order
+  changes with PYTHONHASHSEED); every order comes from the inputs and ``rng``.
+
 Inputs are method calls with ``now`` (monotonic seconds; ``wall`` where a wall-clock time
 is needed, for records' and certificates' expiry), split by what arrived: ``receive_record``,
 ``receive_rumor`` (after ``screen``), ``merge_sync``, ``probe_result``, ``via_result``;
@@ -65,6 +90,7 @@ Randomness from the ``random.Random`` given.
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
 import random
 from collections.abc import Iterable, Iterator, Mapping
@@ -267,18 +293,33 @@ class View(Generic[R]):
 
 # --- state ----------------------------------------------------------------------------
 
-@dataclass(slots=True)
+INF = float("inf")  # shared: a member whose certificate never runs out (simulations) holds no float of its own
+
+# kinds of entries in the event heap: (time, kind, key)
+_PROBE = 0  # key: probe id; the probe (direct or indirect) times out
+_SUSPECT = 1  # key: peer; its suspicion times out
+_EARLY = 2  # key: peer; its own deadline moved before the one its timer entry holds (rare)
+
+
 class Member(Generic[R]):
-    record: R
-    state: State
-    since: float
-    heard: float  # when the newest record arrived
-    expires: float  # monotonic: the newest record's issued + ttl
-    cert_expires: float = float("inf")  # monotonic: when its certificate runs out
-    stale: bool = False
-    suspicion: Suspicion | None = None
-    rtt_ewma: float | None = None
-    rtt_min: float | None = None
+    """One member, as compact as Python allows: slots, no per-member dict, nothing that is
+    usually empty (an RTT lives in the core's ``_rtt`` only once measured; ``suspicion`` is
+    None unless suspect; an infinite ``cert_expires`` is the shared ``INF``)."""
+
+    __slots__ = ("record", "state", "since", "heard", "expires", "cert_expires", "stale", "suspicion", "pos", "due")
+
+    def __init__(self, record: R, state: State, since: float, heard: float, expires: float,
+                 cert_expires: float = INF) -> None:
+        self.record = record
+        self.state = state
+        self.since = since
+        self.heard = heard  # when the newest record arrived
+        self.expires = expires  # monotonic: the newest record's issued + ttl
+        self.cert_expires = cert_expires  # monotonic: when its certificate runs out
+        self.stale = False
+        self.suspicion: Suspicion | None = None
+        self.pos = 0  # its index in the core's list of members in its state
+        self.due: float | None = None  # its time in the core's timer heap; None: not in it
 
     @property
     def peer(self) -> str:
@@ -287,6 +328,15 @@ class Member(Generic[R]):
     @property
     def incarnation(self) -> int:
         return self.record.seq
+
+    def deadline(self) -> float:
+        """When something happens to it by itself: its certificate runs out or its record goes stale."""
+        if self.stale or self.cert_expires < self.expires:
+            return self.cert_expires
+        return self.expires
+
+    def __lt__(self, other: Member[R]) -> bool:  # the timer heap's order
+        return self.due < other.due  # type: ignore[operator]
 
 
 @dataclass(slots=True)
@@ -349,11 +399,17 @@ class Membership(Generic[R]):
         self.leaving = False
         self._actions: list[Action] = []
         self._ids = itertools.count(1)
+        self._in: dict[State, list[Member[R]]] = {s: [] for s in State}  # by state; Member.pos indexes it
+        self._timers: list[Member[R]] = []  # heap by Member.due: record and certificate expiry
+        self._events: list[tuple[float, int, int | str]] = []  # heap: probe and suspicion deadlines
+        self._timers_limit = self._events_limit = 64  # rebuild a heap when it grows past this
         self._probes: dict[int, _Probe] = {}
+        self._probing: dict[str, _Probe] = {}  # target -> its probe (one at a time)
+        self._rtt: dict[str, tuple[float, float]] = {}  # peer -> (ewma, min), measured members only
         self._order: list[str] = []
         self._buckets: dict[str, _Bucket] = {}
         self._excluded: dict[str, str] = {}  # peer -> reason
-        self._view: View | None = None  # None: something changed since the last snapshot
+        self._view: View[R] | None = None  # None: something changed since the last snapshot
         self._version = 0
         self._last_publish = float("-inf")
         self._publish_pending = True  # the first record goes out at once
@@ -421,17 +477,16 @@ class Membership(Generic[R]):
             self._probe_failed(now, p)
 
     def rtt_sample(self, peer: str, rtt: float) -> None:
-        m = self.members.get(peer)
-        if m is None or not 0 <= rtt < 3600:  # NaN fails both
+        if peer not in self.members or not 0 <= rtt < 3600:  # NaN fails both
             return
         a = self.timing.rtt_alpha
-        m.rtt_ewma = rtt if m.rtt_ewma is None else (1 - a) * m.rtt_ewma + a * rtt
-        m.rtt_min = rtt if m.rtt_min is None else min(m.rtt_min, rtt)
+        old = self._rtt.get(peer)
+        self._rtt[peer] = (rtt, rtt) if old is None else ((1 - a) * old[0] + a * rtt, min(old[1], rtt))
         self._view = None
 
     def connection_lost(self, now: float, peer: str) -> None:
         m = self.members.get(peer)
-        if m is not None and m.state in PROBED and not self._probing(peer) and not self.leaving:
+        if m is not None and m.state in PROBED and peer not in self._probing and not self.leaving:
             self._start_probe(now, peer)
 
     def merge_sync(self, now: float, records: Iterable[R], claims: Iterable[tuple[str, str, int]], by: str,
@@ -457,7 +512,8 @@ class Membership(Generic[R]):
 
     def leave(self, now: float) -> None:
         self.leaving = True
-        self._probes.clear()
+        self._probes.clear()  # their heap entries are skipped when they come up
+        self._probing.clear()
         self._actions.append(PublishRumor("left", self.me, self.seq))
 
     def exclude(self, now: float, peer: str, reason: str) -> None:
@@ -484,24 +540,19 @@ class Membership(Generic[R]):
             self._publish(now)
         if now >= self._next_refresh and not self.leaving:
             self._publish(now)
-        for p in [p for p in self._probes.values() if p.deadline <= now]:
-            if p.indirect:
-                self._probe_failed(now, p)
+        events, timers = self._events, self._timers
+        while True:  # what is due, earliest first within each heap: O(log N) each
+            if events and events[0][0] <= now:
+                self._fire(now, *heapq.heappop(events))
+            elif timers and timers[0].due <= now:  # type: ignore[operator]
+                m = heapq.heappop(timers)
+                m.due = None
+                if self.members.get(m.peer) is m:  # else dropped since
+                    self._expire(now, m)
+                    if self.members.get(m.peer) is m:
+                        self._schedule(m)
             else:
-                self._go_indirect(now, p)
-        for m in list(self.members.values()):
-            if m.cert_expires <= now:
-                self.counters.certs_expired += 1
-                self._drop(m, "certificate expired")
-                continue
-            if not m.stale and m.expires <= now:
-                m.stale = True
-                self.counters.records_expired += 1
-                self._changed(m.peer, m.state, m.state, "stale: no record within its ttl")
-            if m.state is State.SUSPECT and m.suspicion is not None and m.suspicion.deadline <= now:
-                self.counters.deaths += 1
-                self._set_state(now, m, State.DEAD, "suspicion timed out")
-                self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
+                break
         if now >= self._next_probe:
             self._next_probe = now + self.awareness.scale(t.probe_interval)
             target = self._next_target()
@@ -509,28 +560,37 @@ class Membership(Generic[R]):
                 self._start_probe(now, target)
         if now >= self._next_sync:
             self._next_sync = now + t.sync_interval
-            alive = [m.peer for m in self.members.values() if m.state is State.ALIVE]
+            alive = self._in[State.ALIVE]
             if alive:
-                self._actions.append(Sync(self.rng.choice(alive)))
+                self._actions.append(Sync(self.rng.choice(alive).peer))
             self._forget(now)
         if now >= self._next_reconnect:
             self._next_reconnect = now + t.reconnect_interval
-            dead = [m.peer for m in self.members.values() if m.state is State.DEAD]
+            dead = self._in[State.DEAD]
             if dead:
-                self._actions.append(Sync(self.rng.choice(dead)))
+                self._actions.append(Sync(self.rng.choice(dead).peer))
 
     def next_deadline(self) -> float:
-        deadlines = [self._next_probe, self._next_refresh, self._next_sync, self._next_reconnect]
+        """The earliest time ``handle_timeout`` has something to do. Amortized O(log N): entries
+        made stale since they were pushed are popped (or moved to their member's real time)."""
+        out = min(self._next_probe, self._next_refresh, self._next_sync, self._next_reconnect)
         if self._publish_pending:
-            deadlines.append(self._last_publish + self.timing.publish_interval)
-        deadlines += [p.deadline for p in self._probes.values()]
-        for m in self.members.values():
-            deadlines.append(m.cert_expires)
-            if not m.stale:
-                deadlines.append(m.expires)
-            if m.state is State.SUSPECT and m.suspicion is not None:
-                deadlines.append(m.suspicion.deadline)
-        return min(deadlines)
+            out = min(out, self._last_publish + self.timing.publish_interval)
+        events, timers = self._events, self._timers
+        while events and not self._live(*events[0]):
+            heapq.heappop(events)
+        if events:
+            out = min(out, events[0][0])
+        while timers:
+            m = timers[0]
+            if self.members.get(m.peer) is not m:
+                heapq.heappop(timers).due = None
+            elif m.deadline() > m.due:  # type: ignore[operator]  # a newer record: move it to its real time
+                heapq.heappop(timers).due = None
+                self._schedule(m)
+            else:
+                return min(out, m.due)  # type: ignore[type-var]
+        return out
 
     def take_actions(self) -> list[Action]:
         actions, self._actions = self._actions, []
@@ -538,29 +598,136 @@ class Membership(Generic[R]):
 
     # --- views --------------------------------------------------------------------------
 
-    def view(self) -> View:
+    def view(self) -> View[R]:
         """The current snapshot; the same object until something in the view changes."""
         if self._view is None:
             self._version += 1
+            rtt = self._rtt
             self._view = View(version=self._version, me=self.me, members=MappingProxyType({
-                m.peer: MemberView(peer=m.peer, state=m.state, stale=m.stale, record=m.record, since=m.since,
-                                   heard=m.heard, expires=m.expires, rtt_ewma=m.rtt_ewma, rtt_min=m.rtt_min)
-                for m in self.members.values()}))
+                peer: MemberView(peer=peer, state=m.state, stale=m.stale, record=m.record, since=m.since,
+                                 heard=m.heard, expires=m.expires, rtt_ewma=rtt[peer][0] if peer in rtt else None,
+                                 rtt_min=rtt[peer][1] if peer in rtt else None)
+                for peer, m in self.members.items()}))
         return self._view
 
     def counts(self) -> dict[str, int]:
         """Members by state (for metrics, after every input: without building a snapshot)."""
-        out = {s.value: 0 for s in State}
-        for m in self.members.values():
-            out[m.state.value] += 1
-        return out
+        return {s.value: len(self._in[s]) for s in State}
 
     def sync_claims(self) -> list[tuple[str, str, int]]:
         """Our claims for a push-pull sync: the members we hold suspect or dead."""
-        return [(m.peer, m.state.value, m.incarnation) for m in self.members.values()
-                if m.state in (State.SUSPECT, State.DEAD)]
+        return [(m.peer, m.state.value, m.incarnation) for s in (State.SUSPECT, State.DEAD) for m in self._in[s]]
 
-    # --- internals ----------------------------------------------------------------------
+    # --- internals: the member table ------------------------------------------------------
+
+    def _add(self, m: Member[R]) -> None:
+        self.members[m.peer] = m
+        group = self._in[m.state]
+        m.pos = len(group)
+        group.append(m)
+        order = self._order  # a random place in this round's probe order: Fisher-Yates, inside out
+        i = self.rng.randint(0, len(order))
+        order.append(m.peer)
+        order[i], order[-1] = order[-1], order[i]
+        self._schedule(m)
+
+    def _unlist(self, m: Member[R]) -> None:
+        group = self._in[m.state]
+        last = group.pop()
+        if last is not m:
+            group[m.pos] = last
+            last.pos = m.pos
+
+    def _set_state(self, now: float, m: Member[R], state: State, reason: str) -> None:
+        old = m.state
+        self._unlist(m)
+        group = self._in[state]
+        m.state, m.since, m.pos = state, now, len(group)
+        group.append(m)
+        if state is not State.SUSPECT:
+            m.suspicion = None
+        if state not in PROBED:
+            self._forget_probe(m.peer)
+        self._changed(m.peer, old, state, reason)
+
+    def _drop(self, m: Member[R], reason: str) -> None:
+        del self.members[m.peer]
+        self._unlist(m)
+        self._forget_probe(m.peer)
+        self._rtt.pop(m.peer, None)
+        self._changed(m.peer, m.state, None, reason)
+
+    def _forget_probe(self, peer: str) -> None:
+        p = self._probing.pop(peer, None)
+        if p is not None:
+            del self._probes[p.id]
+
+    # --- internals: the two heaps -----------------------------------------------------------
+
+    def _schedule(self, m: Member[R]) -> None:
+        """Keep ``m`` in the timer heap at most once, at or before its deadline: a later deadline
+        (a newer record) is picked up lazily when its entry comes up; an earlier one (rare: a
+        shorter ttl) gets an ``_EARLY`` event of its own."""
+        d = m.deadline()
+        if d == INF:
+            return
+        if m.due is None:
+            m.due = d
+            heapq.heappush(self._timers, m)
+            if len(self._timers) > self._timers_limit:  # members dropped since: keep the others
+                self._timers[:] = [x for x in self._timers if self.members.get(x.peer) is x]
+                heapq.heapify(self._timers)
+                self._timers_limit = 2 * len(self._timers) + 64
+        elif d < m.due:
+            self._push(d, _EARLY, m.peer)
+
+    def _push(self, t: float, kind: int, key: int | str) -> None:
+        heapq.heappush(self._events, (t, kind, key))
+        if len(self._events) > self._events_limit:  # mostly stale entries: keep the live ones
+            self._events[:] = [e for e in self._events if self._live(*e)]  # in place: callers hold it
+            heapq.heapify(self._events)
+            self._events_limit = 2 * len(self._events) + 64
+
+    def _live(self, t: float, kind: int, key: int | str) -> bool:
+        """Whether an event entry still stands: what it was pushed for has not moved since."""
+        if kind == _PROBE:
+            p = self._probes.get(key)  # type: ignore[call-overload]
+            return p is not None and p.deadline == t
+        m = self.members.get(key)  # type: ignore[call-overload]
+        if m is None:
+            return False
+        if kind == _SUSPECT:
+            return m.suspicion is not None and m.suspicion.deadline == t
+        return m.deadline() == t
+
+    def _fire(self, now: float, t: float, kind: int, key: int | str) -> None:
+        if not self._live(t, kind, key):
+            return
+        if kind == _PROBE:
+            p = self._probes[key]  # type: ignore[index]
+            if p.indirect:
+                self._probe_failed(now, p)
+            else:
+                self._go_indirect(now, p)
+            return
+        m = self.members[key]  # type: ignore[index]
+        if kind == _SUSPECT:
+            self.counters.deaths += 1
+            self._set_state(now, m, State.DEAD, "suspicion timed out")
+            self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
+        else:
+            self._expire(now, m)
+
+    def _expire(self, now: float, m: Member[R]) -> None:
+        if m.cert_expires <= now:
+            self.counters.certs_expired += 1
+            self._drop(m, "certificate expired")
+        elif not m.stale and m.expires <= now:
+            m.stale = True
+            self.counters.records_expired += 1
+            self._changed(m.peer, m.state, m.state, "stale: no record within its ttl")
+
+    # --- internals: the protocol ------------------------------------------------------------
 
     def _receive_record(self, now: float, r: R, wall: float | None) -> str:
         if r.peer == self.me:
@@ -570,19 +737,19 @@ class Membership(Generic[R]):
             return "self"
         if r.peer in self._excluded:
             return "excluded"
-        cert_left = float("inf")
+        cert_expires = INF
         age = 0.0
         if wall is not None:
             age = min(max(0.0, wall - r.issued), r.ttl)  # a clock ahead of ours (skew) counts as fresh
             cert_left = r.cert_expires - wall
             if cert_left <= 0:
                 return "cert_expired"
+            if cert_left != INF:
+                cert_expires = now + cert_left
         expires = now - age + r.ttl
         m = self.members.get(r.peer)
         if m is None:
-            self.members[r.peer] = Member(record=r, state=State.ALIVE, since=now, heard=now, expires=expires,
-                                          cert_expires=now + cert_left)
-            self._order.insert(self.rng.randint(0, len(self._order)), r.peer)
+            self._add(Member(r, State.ALIVE, now, now, expires, cert_expires))
             self.counters.records_accepted += 1
             self._changed(r.peer, None, State.ALIVE, "joined")
             return "new"
@@ -592,11 +759,12 @@ class Membership(Generic[R]):
             self.counters.records_old += 1
             return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
-        m.record, m.heard, m.expires, m.cert_expires = r, now, expires, now + cert_left
+        m.record, m.heard, m.expires, m.cert_expires = r, now, expires, cert_expires
         self._view = None
         if m.stale and expires > now:
             m.stale = False
             self._changed(m.peer, m.state, m.state, "fresh record")
+        self._schedule(m)
         if m.state is not State.ALIVE:
             reason = "refuted suspicion" if m.state is State.SUSPECT else "rejoined"
             self._set_state(now, m, State.ALIVE, reason)
@@ -636,9 +804,9 @@ class Membership(Generic[R]):
         b.tokens -= 1
         return True
 
-    def _accuse(self, now: float, m: Member, by: str) -> str:
+    def _accuse(self, now: float, m: Member[R], by: str) -> str:
         result = self._suspect(now, m, by)
-        if not self._probing(m.peer) and not self.leaving:
+        if m.peer not in self._probing and not self.leaving:
             self._start_probe(now, m.peer)  # our own evidence, at once
         return result
 
@@ -646,32 +814,19 @@ class Membership(Generic[R]):
         self._view = None
         self._actions.append(Changed(peer, old, new, reason))
 
-    def _set_state(self, now: float, m: Member, state: State, reason: str) -> None:
-        old, m.state, m.since = m.state, state, now
-        if state is not State.SUSPECT:
-            m.suspicion = None
-        if state not in PROBED:
-            for p in [p for p in self._probes.values() if p.target == m.peer]:
-                del self._probes[p.id]
-        self._changed(m.peer, old, state, reason)
-
-    def _drop(self, m: Member, reason: str) -> None:
-        del self.members[m.peer]
-        for p in [p for p in self._probes.values() if p.target == m.peer]:
-            del self._probes[p.id]
-        self._changed(m.peer, m.state, None, reason)
-
-    def _suspect(self, now: float, m: Member, by: str) -> str:
+    def _suspect(self, now: float, m: Member[R], by: str) -> str:
         if m.state is State.ALIVE:
-            n = sum(1 for x in self.members.values() if x.state in PROBED) + 1
+            n = len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
             low, high = suspicion_bounds(n, self.timing.probe_interval, self.timing.suspicion_mult,
                                          self.timing.suspicion_max_mult)
             self._set_state(now, m, State.SUSPECT, "suspected by " + by)
             m.suspicion = Suspicion(started=now, k=expected_confirmations(n, self.timing.suspicion_mult),
                                     low=low, high=high, confirmers={by})
+            self._push(m.suspicion.deadline, _SUSPECT, m.peer)
             self.counters.suspicions += 1
             return "suspect"
         if m.state is State.SUSPECT and m.suspicion is not None and m.suspicion.confirm(by):
+            self._push(m.suspicion.deadline, _SUSPECT, m.peer)  # sooner: the one pushed before is stale
             return "confirmed"
         return "old"
 
@@ -691,45 +846,64 @@ class Membership(Generic[R]):
         self.seq += 1
         self._actions.append(PublishRecord(self.seq))
 
-    def _probing(self, peer: str) -> bool:
-        return any(p.target == peer for p in self._probes.values())
-
     def _next_target(self) -> str | None:
+        """The next member in a shuffled round-robin: the list is rebuilt once per round (O(N)
+        per N probes); members gone, down or already being probed are skipped."""
         for _ in range(2):
             while self._order:
                 peer = self._order.pop()
                 m = self.members.get(peer)
-                if m is not None and m.state in PROBED and not self._probing(peer):
+                if m is not None and m.state in PROBED and peer not in self._probing:
                     return peer
-            self._order = [p for p, m in self.members.items() if m.state in PROBED]
+            self._order = [m.peer for s in PROBED for m in self._in[s]]
             self.rng.shuffle(self._order)
         return None
 
     def _timeout_for(self, peer: str, floor: float) -> float:
-        m = self.members.get(peer)
-        rtt = m.rtt_ewma if m is not None and m.rtt_ewma is not None else 0.0
-        return self.awareness.scale(max(floor, 3 * rtt + 0.1))
+        rtt = self._rtt.get(peer)
+        return self.awareness.scale(max(floor, 3 * (rtt[0] if rtt is not None else 0.0) + 0.1))
 
     def _start_probe(self, now: float, peer: str) -> None:
         timeout = self._timeout_for(peer, self.timing.probe_timeout)
         p = _Probe(id=next(self._ids), target=peer, deadline=now + timeout)
-        self._probes[p.id] = p
+        self._probes[p.id] = self._probing[peer] = p
+        self._push(p.deadline, _PROBE, p.id)
         self.counters.probes += 1
         self._actions.append(Probe(p.id, peer, timeout))
 
+    def _helpers(self, target: str) -> list[str]:
+        """Up to ``indirect_probes`` random alive members other than ``target``, without building
+        a list of all of them: rejection sampling over the alive list (O(k) expected)."""
+        alive = self._in[State.ALIVE]
+        k = self.timing.indirect_probes
+        if len(alive) <= 2 * k + 1:  # few: SWIM's plain sample
+            candidates = [m.peer for m in alive if m.peer != target]
+            return self.rng.sample(candidates, min(k, len(candidates)))
+        chosen: list[str] = []
+        while len(chosen) < k:
+            peer = alive[self.rng.randrange(len(alive))].peer
+            if peer != target and peer not in chosen:
+                chosen.append(peer)
+        return chosen
+
     def _go_indirect(self, now: float, p: _Probe) -> None:
-        candidates = [m.peer for m in self.members.values() if m.state is State.ALIVE and m.peer != p.target]
-        helpers = self.rng.sample(candidates, min(self.timing.indirect_probes, len(candidates)))
+        helpers = self._helpers(p.target)
         if not helpers:
             self._probe_failed(now, p)
             return
         wait = self._timeout_for(p.target, self.timing.indirect_timeout)
         p.indirect, p.helpers, p.deadline = True, frozenset(helpers), now + wait
+        self._push(p.deadline, _PROBE, p.id)
         self.counters.indirect_probes += 1
         self._actions += [ProbeVia(p.id, h, p.target, wait * 0.6) for h in helpers]
 
-    def _probe_succeeded(self, now: float, p: _Probe) -> None:
+    def _end_probe(self, p: _Probe) -> None:
         del self._probes[p.id]
+        if self._probing.get(p.target) is p:
+            del self._probing[p.target]
+
+    def _probe_succeeded(self, now: float, p: _Probe) -> None:
+        self._end_probe(p)
         self.awareness.apply(-1)
         m = self.members.get(p.target)
         if m is not None and m.state is State.SUSPECT:  # it answered: the accusation was wrong
@@ -737,7 +911,7 @@ class Membership(Generic[R]):
             self._set_state(now, m, State.ALIVE, "answered our probe")
 
     def _probe_failed(self, now: float, p: _Probe) -> None:
-        del self._probes[p.id]
+        self._end_probe(p)
         self.counters.probes_failed += 1
         # Lifeguard: helpers that did not even nack suggest our own links are the problem
         self.awareness.apply(len(p.helpers) - p.nacks if p.helpers else 1)
@@ -750,6 +924,6 @@ class Membership(Generic[R]):
         self._actions.append(PublishRumor("suspect", m.peer, m.incarnation))
 
     def _forget(self, now: float) -> None:
-        for peer, m in list(self.members.items()):
-            if m.state in (State.DEAD, State.LEFT) and now - m.since > self.timing.forget_after:
-                self._drop(m, "forgotten")
+        """Dead and left members leave the view after ``forget_after``: O(members down)."""
+        for m in [m for s in (State.DEAD, State.LEFT) for m in self._in[s] if now - m.since > self.timing.forget_after]:
+            self._drop(m, "forgotten")

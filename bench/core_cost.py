@@ -1,0 +1,95 @@
+"""What one membership core costs at swarm size: time per event and bytes per member.
+
+The simulator runs one core per simulated node, so both figures bound what `swarm-sim run`
+can do: an event is ``receive_record`` of a member's new record, then ``handle_timeout`` and
+``next_deadline`` (what a driver does after every input); probes the core starts are answered
+at once, as a healthy swarm would. Bytes per member: tracemalloc over building a core that
+holds N members (the records themselves are the driver's, shared, and not counted).
+
+``python -m bench.core_cost [N ...]`` prints a table; quick (a few seconds at 10,000).
+``BEFORE``: the same measurement on the core before issue 15's refactor (commit 40db257,
+this 2-core machine), for comparison.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import timeit
+import tracemalloc
+from dataclasses import dataclass
+
+from swarmd.gossip.membership import Membership, Probe, Timing
+
+BEFORE = {1_000: {"event_us": 122.7, "bytes_per_member": 200.0},
+          10_000: {"event_us": 1265.9, "bytes_per_member": 190.0}}
+
+
+@dataclass(frozen=True, slots=True)
+class Rec:
+    """The least a record carries for the core (``membership.Carried``)."""
+    peer: str
+    seq: int
+    ttl: float = 120.0
+    issued: float = 0.0
+    cert_expires: float = float("inf")
+
+
+def build(n: int, seed: int = 1) -> tuple[Membership, list[Rec]]:
+    recs = [Rec(f"peer-{i:06d}", 10) for i in range(n)]
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(seed), 0.0)
+    for r in recs:
+        core.receive_record(0.0, r)
+    core.take_actions()
+    return core, recs
+
+
+def event_cost(n: int, events: int = 2000) -> float:
+    """Microseconds per event, the best of 3 runs of ``events`` events each."""
+    core, recs = build(n)
+    rng = random.Random(2)
+    state = {"now": 1.0}
+
+    def one() -> None:
+        now = state["now"] = state["now"] + 0.001
+        i = rng.randrange(n)
+        r = recs[i] = Rec(recs[i].peer, recs[i].seq + 1)
+        core.receive_record(now, r)
+        core.handle_timeout(now)
+        core.next_deadline()
+        for a in core.take_actions():
+            if isinstance(a, Probe):
+                core.probe_result(now, a.id, True, 0.05)
+
+    return min(timeit.repeat(one, number=events, repeat=3)) / events * 1e6
+
+
+def bytes_per_member(n: int) -> float:
+    recs = [Rec(f"peer-{i:06d}", 10) for i in range(n)]
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    for r in recs:
+        core.receive_record(0.0, r)
+    core.take_actions()
+    core.handle_timeout(0.0)
+    core.take_actions()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    del core
+    return used / n
+
+
+def main(sizes: list[int]) -> None:
+    print(f"{'members':>9} {'us/event':>9} {'before':>9} {'B/member':>9} {'before':>9}")
+    for n in sizes:
+        before = BEFORE.get(n, {})
+        us, b = event_cost(n), bytes_per_member(n)
+        fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"  # noqa: E731
+        print(f"{n:9d} {us:9.1f} {fmt(before.get('event_us'))} {b:9.0f} {fmt(before.get('bytes_per_member'))}")
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]] or [1_000, 10_000])
