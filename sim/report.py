@@ -116,7 +116,8 @@ def rows(report: Mapping) -> list[tuple[str, str, str]]:
     out.append(("changes", f"{cv['changes']}", f"{cv['incomplete']} not everywhere by the end"))
     for q in (50, 99, 100):
         t = cv[f"t{q}"]
-        out.append((f"change reached {q} % p50 / p99", f"{_s(t['p50'])} / {_s(t['p99'])}", "per change"))
+        out.append((f"change reached {q} % p50 / p99", f"{_s(t['p50'])} / {_s(t['p99'])}",
+                    f"over the {t['n']} changes that got there"))
     out.append(("longest one-way delay", _s(report["max_one_way_s"]), "between any two nodes"))
     tr = report["traffic"]
     for name, label in (("msgs_sent", "messages sent"), ("msgs_recv", "messages received"),
