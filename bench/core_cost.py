@@ -4,7 +4,9 @@ The simulator runs one core per simulated node, so both figures bound what `swar
 can do: an event is ``receive_record`` of a member's new record, then ``handle_timeout`` and
 ``next_deadline`` (what a driver does after every input); probes the core starts are answered
 at once, as a healthy swarm would. Bytes per member: tracemalloc over building a core that
-holds N members (the records themselves are the driver's, shared, and not counted).
+holds N members (the records themselves are the driver's, shared, and not counted; nor are
+the list-position ints all cores in a process share). All members got their records at one
+``now``: a driver whose every delivery has its own time adds a float or two (24 B each).
 
 ``python -m bench.core_cost [N ...]`` prints a table; quick (a few seconds at 10,000).
 ``BEFORE``: the same measurement on the core before issue 15's refactor (commit 40db257,
@@ -20,7 +22,7 @@ import timeit
 import tracemalloc
 from dataclasses import dataclass
 
-from swarmd.gossip.membership import Membership, Probe, Timing
+from swarmd.gossip.membership import Membership, Probe, Timing, _index
 
 BEFORE = {1_000: {"event_us": 122.7, "bytes_per_member": 200.0},
           10_000: {"event_us": 1265.9, "bytes_per_member": 190.0}}
@@ -67,6 +69,7 @@ def event_cost(n: int, events: int = 2000) -> float:
 
 def bytes_per_member(n: int) -> float:
     recs = [Rec(f"peer-{i:06d}", 10) for i in range(n)]
+    _index(n)  # the list positions every core in the process shares: built once, not this core's
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -263,12 +263,12 @@ def test_a_lone_accusation_waits_the_longest_timeout_before_death():
     for p in ("x", "a", "b", "c", "d"):
         node.receive_record(0.0, record(p, 10))
     node.receive_rumor(1.0, rumor("dead", "x", 10, sender="liar"))
-    suspicion = node.members["x"].suspicion
+    suspicion = node.suspicion("x")
     assert suspicion is not None and suspicion.deadline == pytest.approx(1.0 + suspicion.high)
     node.handle_timeout(1.0 + suspicion.high - 0.01)
     assert node.members["x"].state is State.SUSPECT
     confirmed = node.receive_rumor(1.5, rumor("suspect", "x", 10, sender="a"))  # an independent member agrees
-    assert confirmed == "confirmed" and node.members["x"].suspicion.deadline < 1.0 + suspicion.high
+    assert confirmed == "confirmed" and node.suspicion("x").deadline < 1.0 + suspicion.high
 
 
 def test_accusations_are_rate_limited_per_accuser():

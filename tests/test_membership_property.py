@@ -189,11 +189,11 @@ def reference_deadline(core: Membership) -> float:
         deadlines.append(core._last_publish + core.timing.publish_interval)
     deadlines += [p.deadline for p in core._probes.values()]
     for m in core.members.values():
-        deadlines.append(m.cert_expires)
+        deadlines.append(core._certs.get(m.peer, float("inf")))
         if not m.stale:
             deadlines.append(m.expires)
-        if m.state is State.SUSPECT and m.suspicion is not None:
-            deadlines.append(m.suspicion.deadline)
+        if m.state is State.SUSPECT:
+            deadlines.append(core.suspicion(m.peer).deadline)
     return min(deadlines)
 
 
@@ -209,7 +209,8 @@ def check_indexes(core: Membership) -> None:
     assert {peer: p.id for peer, p in core._probing.items()} == {p.target: p.id for p in core._probes.values()}
     assert all(core.members.get(peer) is not None and core.members[peer].state in (State.ALIVE, State.SUSPECT)
                for peer in core._probing)
-    assert set(core._rtt) <= set(core.members)
+    assert set(core._rtt) <= set(core.members) and set(core._certs) <= set(core.members)
+    assert set(core._suspicions) == {p for p, m in core.members.items() if m.state is State.SUSPECT}
     timers = [m for m in core._timers if core.members.get(m.peer) is m]
     assert len({id(m) for m in timers}) == len(timers), "a member is in the timer heap at most once"
 
@@ -285,3 +286,38 @@ def test_the_same_seed_gives_the_same_run_whatever_the_hash_seed():
                              timeout=120, check=True)
         out.append(run.stdout)
     assert out[0] == out[1] == out[2] and int(out[0].split()[0]) > 10, out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_heaps_stay_right_and_small_through_many_events(seed):
+    """Hundreds of members and thousands of events (rebuilds happen, deadlines move both ways):
+    the heaps agree with a full scan and hold a bounded number of stale entries."""
+    rng = random.Random(seed)
+    peers = [f"q{i}" for i in range(300)]
+    seqs = dict.fromkeys(peers, 10)
+    now, wall = 0.0, 1000.0
+    core = Membership("me", 1 << 32, Timing.local(), random.Random(seed), now)
+    probes: list[int] = []
+    for step in range(6000):
+        x = rng.random()
+        peer = rng.choice(peers)
+        if x < 0.45:
+            seqs[peer] += 1
+            ttl = rng.choice([2.0, 30.0, 120.0])
+            core.receive_record(now, Rec(peer, seqs[peer], ttl=ttl, issued=wall - rng.uniform(0, 1),
+                                         cert_expires=wall + rng.choice([float("inf"), 60.0, 600.0])), wall)
+        elif x < 0.55:
+            core.receive_rumor(now, SimpleNamespace(kind=rng.choice(["suspect", "dead"]), sender=rng.choice(peers),
+                                                    about=peer, incarnation=seqs[peer]))
+        elif x < 0.8 and probes:
+            core.probe_result(now, probes.pop(rng.randrange(len(probes))), rng.random() < 0.7, 0.01)
+        else:
+            now, wall = now + rng.expovariate(20), wall + 0.05
+            core.handle_timeout(now)
+        probes += [a.id for a in core.take_actions() if isinstance(a, Probe)]
+        if step % 50 == 0:
+            assert core.next_deadline() == reference_deadline(core)
+            check_indexes(core)
+            assert len(core._timers) <= 2 * len(core.members) + 64 + 1
+            assert len(core._events) <= 2 * (len(core._probes) + len(core._suspicions) + len(core.members)) + 64 + 1
+    assert core.counters.suspicions and core.counters.records_expired and core.counters.probes_failed

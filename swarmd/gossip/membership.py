@@ -57,9 +57,10 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
 Data structures and their costs (N members; the simulator runs thousands of cores at once, so
 no event may cost O(N), and each member is paid for N times over):
 
-- ``members``: peer -> ``Member``, a slotted object with nothing that is usually empty (RTTs
-  in ``_rtt`` once measured; ``suspicion`` only while suspect; an infinite certificate expiry
-  is the shared ``INF``): about 210 B a member, indexes included (``bench/core_cost.py``).
+- ``members``: peer -> ``Member``, eight slots and nothing that is usually empty: what only
+  some members have lives in dicts beside it (RTTs once measured, ``_rtt``; a suspicion while
+  suspect, ``_suspicions``; a finite certificate expiry, ``_certs``); list positions are ints
+  shared by all cores. About 170 B a member, indexes included (``bench/core_cost.py``).
 - ``_in``: per state, a list of its members (``Member.pos`` is the index). Counts are lengths;
   a random alive or dead member is one draw; indirect helpers are k draws with rejection;
   ``sync_claims`` and forgetting enumerate only the members down; a state change is a
@@ -295,6 +296,18 @@ class View(Generic[R]):
 
 INF = float("inf")  # shared: a member whose certificate never runs out (simulations) holds no float of its own
 
+_INDEXES: list[int] = []
+
+
+def _index(i: int) -> int:
+    """``i``, as one int object shared by every core in the process: an int above 256 is a
+    28-byte object of its own, and a simulation holding 10,000 cores of 10,000 members each
+    would otherwise pay 2.8 GB for members' list positions alone."""
+    if i >= len(_INDEXES):
+        _INDEXES.extend(range(len(_INDEXES), 2 * i + 1024))
+    return _INDEXES[i]
+
+
 # kinds of entries in the event heap: (time, kind, key)
 _PROBE = 0  # key: probe id; the probe (direct or indirect) times out
 _SUSPECT = 1  # key: peer; its suspicion times out
@@ -303,21 +316,17 @@ _EARLY = 2  # key: peer; its own deadline moved before the one its timer entry h
 
 class Member(Generic[R]):
     """One member, as compact as Python allows: slots, no per-member dict, nothing that is
-    usually empty (an RTT lives in the core's ``_rtt`` only once measured; ``suspicion`` is
-    None unless suspect; an infinite ``cert_expires`` is the shared ``INF``)."""
+    usually empty (its RTT, suspicion and certificate expiry are in the core's dicts)."""
 
-    __slots__ = ("record", "state", "since", "heard", "expires", "cert_expires", "stale", "suspicion", "pos", "due")
+    __slots__ = ("record", "state", "since", "heard", "expires", "stale", "pos", "due")
 
-    def __init__(self, record: R, state: State, since: float, heard: float, expires: float,
-                 cert_expires: float = INF) -> None:
+    def __init__(self, record: R, state: State, since: float, heard: float, expires: float) -> None:
         self.record = record
         self.state = state
         self.since = since
         self.heard = heard  # when the newest record arrived
         self.expires = expires  # monotonic: the newest record's issued + ttl
-        self.cert_expires = cert_expires  # monotonic: when its certificate runs out
         self.stale = False
-        self.suspicion: Suspicion | None = None
         self.pos = 0  # its index in the core's list of members in its state
         self.due: float | None = None  # its time in the core's timer heap; None: not in it
 
@@ -328,12 +337,6 @@ class Member(Generic[R]):
     @property
     def incarnation(self) -> int:
         return self.record.seq
-
-    def deadline(self) -> float:
-        """When something happens to it by itself: its certificate runs out or its record goes stale."""
-        if self.stale or self.cert_expires < self.expires:
-            return self.cert_expires
-        return self.expires
 
     def __lt__(self, other: Member[R]) -> bool:  # the timer heap's order
         return self.due < other.due  # type: ignore[operator]
@@ -406,6 +409,8 @@ class Membership(Generic[R]):
         self._probes: dict[int, _Probe] = {}
         self._probing: dict[str, _Probe] = {}  # target -> its probe (one at a time)
         self._rtt: dict[str, tuple[float, float]] = {}  # peer -> (ewma, min), measured members only
+        self._suspicions: dict[str, Suspicion] = {}  # suspect members only
+        self._certs: dict[str, float] = {}  # peer -> when its certificate runs out (monotonic), if ever
         self._order: list[str] = []
         self._buckets: dict[str, _Bucket] = {}
         self._excluded: dict[str, str] = {}  # peer -> reason
@@ -585,7 +590,7 @@ class Membership(Generic[R]):
             m = timers[0]
             if self.members.get(m.peer) is not m:
                 heapq.heappop(timers).due = None
-            elif m.deadline() > m.due:  # type: ignore[operator]  # a newer record: move it to its real time
+            elif self._deadline(m) > m.due:  # type: ignore[operator]  # a newer record: move it to its real time
                 heapq.heappop(timers).due = None
                 self._schedule(m)
             else:
@@ -610,6 +615,10 @@ class Membership(Generic[R]):
                 for peer, m in self.members.items()}))
         return self._view
 
+    def suspicion(self, peer: str) -> Suspicion | None:
+        """The suspicion of a suspect member (who confirmed it, when it runs out), else None."""
+        return self._suspicions.get(peer)
+
     def counts(self) -> dict[str, int]:
         """Members by state (for metrics, after every input: without building a snapshot)."""
         return {s.value: len(self._in[s]) for s in State}
@@ -623,7 +632,7 @@ class Membership(Generic[R]):
     def _add(self, m: Member[R]) -> None:
         self.members[m.peer] = m
         group = self._in[m.state]
-        m.pos = len(group)
+        m.pos = _index(len(group))
         group.append(m)
         order = self._order  # a random place in this round's probe order: Fisher-Yates, inside out
         i = self.rng.randint(0, len(order))
@@ -642,10 +651,10 @@ class Membership(Generic[R]):
         old = m.state
         self._unlist(m)
         group = self._in[state]
-        m.state, m.since, m.pos = state, now, len(group)
+        m.state, m.since, m.pos = state, now, _index(len(group))
         group.append(m)
         if state is not State.SUSPECT:
-            m.suspicion = None
+            self._suspicions.pop(m.peer, None)
         if state not in PROBED:
             self._forget_probe(m.peer)
         self._changed(m.peer, old, state, reason)
@@ -654,7 +663,8 @@ class Membership(Generic[R]):
         del self.members[m.peer]
         self._unlist(m)
         self._forget_probe(m.peer)
-        self._rtt.pop(m.peer, None)
+        for extra in (self._rtt, self._suspicions, self._certs):
+            extra.pop(m.peer, None)
         self._changed(m.peer, m.state, None, reason)
 
     def _forget_probe(self, peer: str) -> None:
@@ -668,7 +678,7 @@ class Membership(Generic[R]):
         """Keep ``m`` in the timer heap at most once, at or before its deadline: a later deadline
         (a newer record) is picked up lazily when its entry comes up; an earlier one (rare: a
         shorter ttl) gets an ``_EARLY`` event of its own."""
-        d = m.deadline()
+        d = self._deadline(m)
         if d == INF:
             return
         if m.due is None:
@@ -697,8 +707,9 @@ class Membership(Generic[R]):
         if m is None:
             return False
         if kind == _SUSPECT:
-            return m.suspicion is not None and m.suspicion.deadline == t
-        return m.deadline() == t
+            s = self._suspicions.get(key)  # type: ignore[call-overload]
+            return s is not None and s.deadline == t
+        return self._deadline(m) == t
 
     def _fire(self, now: float, t: float, kind: int, key: int | str) -> None:
         if not self._live(t, kind, key):
@@ -717,9 +728,16 @@ class Membership(Generic[R]):
             self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
         else:
             self._expire(now, m)
+            if self.members.get(key) is m:  # stale now: its certificate may run out before its timer
+                self._schedule(m)
+
+    def _deadline(self, m: Member[R]) -> float:
+        """When something happens to ``m`` by itself: its certificate runs out or its record goes stale."""
+        cert = self._certs.get(m.peer, INF)
+        return cert if m.stale or cert < m.expires else m.expires
 
     def _expire(self, now: float, m: Member[R]) -> None:
-        if m.cert_expires <= now:
+        if self._certs.get(m.peer, INF) <= now:
             self.counters.certs_expired += 1
             self._drop(m, "certificate expired")
         elif not m.stale and m.expires <= now:
@@ -748,8 +766,13 @@ class Membership(Generic[R]):
                 cert_expires = now + cert_left
         expires = now - age + r.ttl
         m = self.members.get(r.peer)
+        if m is None or r.seq > m.record.seq:
+            if cert_expires == INF:
+                self._certs.pop(r.peer, None)
+            else:
+                self._certs[r.peer] = cert_expires
         if m is None:
-            self._add(Member(r, State.ALIVE, now, now, expires, cert_expires))
+            self._add(Member(r, State.ALIVE, now, now, expires))
             self.counters.records_accepted += 1
             self._changed(r.peer, None, State.ALIVE, "joined")
             return "new"
@@ -759,7 +782,7 @@ class Membership(Generic[R]):
             self.counters.records_old += 1
             return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
-        m.record, m.heard, m.expires, m.cert_expires = r, now, expires, cert_expires
+        m.record, m.heard, m.expires = r, now, expires
         self._view = None
         if m.stale and expires > now:
             m.stale = False
@@ -820,13 +843,14 @@ class Membership(Generic[R]):
             low, high = suspicion_bounds(n, self.timing.probe_interval, self.timing.suspicion_mult,
                                          self.timing.suspicion_max_mult)
             self._set_state(now, m, State.SUSPECT, "suspected by " + by)
-            m.suspicion = Suspicion(started=now, k=expected_confirmations(n, self.timing.suspicion_mult),
-                                    low=low, high=high, confirmers={by})
-            self._push(m.suspicion.deadline, _SUSPECT, m.peer)
+            k = expected_confirmations(n, self.timing.suspicion_mult)
+            s = self._suspicions[m.peer] = Suspicion(started=now, k=k, low=low, high=high, confirmers={by})
+            self._push(s.deadline, _SUSPECT, m.peer)
             self.counters.suspicions += 1
             return "suspect"
-        if m.state is State.SUSPECT and m.suspicion is not None and m.suspicion.confirm(by):
-            self._push(m.suspicion.deadline, _SUSPECT, m.peer)  # sooner: the one pushed before is stale
+        s = self._suspicions.get(m.peer)
+        if m.state is State.SUSPECT and s is not None and s.confirm(by):
+            self._push(s.deadline, _SUSPECT, m.peer)  # sooner: the one pushed before is stale
             return "confirmed"
         return "old"
 
