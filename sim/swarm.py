@@ -483,8 +483,10 @@ class Swarm:
             c = cores[v]
             if c is None or c.screen(m) is not None:
                 continue
-            c.receive_rumor(now, m)
-            act(v, c, c.take_actions())
+            res = c.receive_rumor(now, m)
+            actions = c.take_actions()
+            if actions or res == "confirmed":  # a confirmation moves the suspicion's deadline
+                act(v, c, actions)
         self._next_group(job, self._deliver_rumor)
 
     def _heartbeat(self, _: object) -> None:
