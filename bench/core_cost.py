@@ -85,13 +85,24 @@ def bytes_per_member(n: int) -> float:
     return used / n
 
 
-def main(sizes: list[int]) -> None:
-    print(f"{'members':>9} {'us/event':>9} {'before':>9} {'B/member':>9} {'before':>9}")
+def measure(sizes: list[int]) -> list[dict[str, float | None]]:
+    """One row per size: what ``make bench`` records (before: the pre-refactor core, if measured)."""
+    rows = []
     for n in sizes:
         before = BEFORE.get(n, {})
-        us, b = event_cost(n), bytes_per_member(n)
-        fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"  # noqa: E731
-        print(f"{n:9d} {us:9.1f} {fmt(before.get('event_us'))} {b:9.0f} {fmt(before.get('bytes_per_member'))}")
+        rows.append({"members": n, "event_us": round(event_cost(n), 2),
+                     "bytes_per_member": round(bytes_per_member(n)), "event_us_before": before.get("event_us"),
+                     "bytes_per_member_before": before.get("bytes_per_member")})
+    return rows
+
+
+def main(sizes: list[int]) -> None:
+    def cell(v: float | None, digits: int) -> str:
+        return f"{v:9.{digits}f}" if v is not None else f"{'-':>9}"
+    print(f"{'members':>9} {'us/event':>9} {'before':>9} {'B/member':>9} {'before':>9}")
+    for r in measure(sizes):
+        print(f"{r['members']:9d} {cell(r['event_us'], 1)} {cell(r['event_us_before'], 1)} "
+              f"{cell(r['bytes_per_member'], 0)} {cell(r['bytes_per_member_before'], 0)}")
 
 
 if __name__ == "__main__":
