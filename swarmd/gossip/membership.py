@@ -49,7 +49,8 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
   ``sync_claims()`` (the members it holds suspect or dead); ``merge_sync`` takes the other
   side's. A merge that made us refute (the peer holds us suspect or dead) emits
   ``Sync(peer)`` at once: the peer gets our new record now, not by gossip it may not be part
-  of yet (a healed partition), and the driver runs that sync right after the current one.
+  of yet (a healed partition); the driver starts it, or runs it once more right after the
+  sync with that peer in progress.
 - Readers outside this module (the mesh, placement, the control API, the driver) see the
   view only through ``view()``: an immutable, versioned snapshot, rebuilt only after a
   change, safe to hand to another thread. ``members`` is this core's own.
