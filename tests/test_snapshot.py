@@ -55,7 +55,7 @@ def test_only_the_driver_holds_the_core():
 def node_with(*peers: str) -> Membership:
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     for p in peers:
-        node.receive(0.0, record(p, 10))
+        node.receive_record(0.0, record(p, 10))
     node.take_actions()
     return node
 
@@ -75,11 +75,11 @@ def test_the_same_snapshot_until_something_changes():
     node = node_with("x", "y")
     first = node.view()
     assert node.view() is first
-    assert node.receive(1.0, record("x", 10)) == "duplicate"
-    assert node.receive(1.0, record("x", 9)) == "old"
+    assert node.receive_record(1.0, record("x", 10)) == "duplicate"
+    assert node.receive_record(1.0, record("x", 9)) == "old"
     assert node.view() is first, "nothing changed"
 
-    node.receive(2.0, record("x", 11))
+    node.receive_record(2.0, record("x", 11))
     second = node.view()
     assert second is not first and second.version > first.version
     assert first.get("x").record.seq == 10 and second.get("x").record.seq == 11, "the old one did not move"
@@ -88,13 +88,13 @@ def test_the_same_snapshot_until_something_changes():
     third = node.view()
     assert third.version > second.version and third.get("y").rtt_min == 0.05 and second.get("y").rtt_min is None
 
-    node.receive(3.0, Rumor(kind="suspect", swarm="s", sender="z", about="x", incarnation=11, issued=0.0, blob=b""))
+    node.receive_rumor(3.0, Rumor(kind="suspect", swarm="s", sender="z", about="x", incarnation=11, issued=0.0, blob=b""))
     assert node.view().get("x").state is State.SUSPECT and third.get("x").state is State.ALIVE
 
 
 def test_a_snapshot_is_consistent_with_the_core():
     node = node_with("a", "b", "c")
-    node.receive(1.0, Rumor(kind="left", swarm="s", sender="c", about="c", incarnation=10, issued=0.0, blob=b""))
+    node.receive_rumor(1.0, Rumor(kind="left", swarm="s", sender="c", about="c", incarnation=10, issued=0.0, blob=b""))
     view = node.view()
     assert {m.peer for m in view} == set(node.members) and len(view) == 3
     for m in view:
@@ -121,7 +121,7 @@ def test_a_stale_member_leaves_the_mesh_and_placement_until_it_publishes():
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     wg = MeshInfo(public=bytes(32), addr4="10.211.0.2", addr6=None, port=51820, endpoints=())
     for p in ("x", "y"):
-        node.receive(0.0, dataclasses.replace(record(p, 10), ttl=10.0 if p == "x" else 120.0, wg=wg))
+        node.receive_record(0.0, dataclasses.replace(record(p, 10), ttl=10.0 if p == "x" else 120.0, wg=wg))
     node.rtt_sample("x", 0.02)
     node.handle_timeout(10.0)
     view = node.view()
@@ -130,5 +130,5 @@ def test_a_stale_member_leaves_the_mesh_and_placement_until_it_publishes():
     assert {p: state for p, (state, _) in Jobs._records(SimpleNamespace(gossip=gossip), view).items()} == \
         {"x": "stale", "y": "alive"}
     assert _rtt_ms(view, "me", "x") == pytest.approx(20.0), "what we measured stays known"
-    node.receive(11.0, dataclasses.replace(record("x", 11), wg=wg))
+    node.receive_record(11.0, dataclasses.replace(record("x", 11), wg=wg))
     assert node.view().get("x").in_service
