@@ -19,10 +19,6 @@ FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "
              "subprocess", "threading"}
 # Known imports of a forbidden module by a file some core reaches, with why it is there; each is
 # a debt to pay (the file should move the I/O out), and anything not listed fails.
-KNOWN = {("os", "swarmd/gossip/cert.py"): "os.urandom for an invite's nonce (secrets.token_bytes would do)",
-         ("os", "swarmd/compute/output.py"): "events.py imports MAX_BATCH_LINES from the output files' module",
-         ("os", "swarmd/wg/keys.py"): "wire.py imports verify_proof from the key files' module",
-         ("os", "swarmd/atomic.py"): "the same: wg/keys.py writes key files with it"}
 
 
 def _module_path(module: str) -> Path | None:
@@ -88,7 +84,6 @@ def reached(path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("path", CORES)
 def test_core_imports_no_io(path):
     bad = sorted((name, str(where.relative_to(ROOT))) for name, where in _walk(ROOT / path)[0] if name in FORBIDDEN)
-    bad = [b for b in bad if b not in KNOWN]
     assert not bad, f"{path} reaches {bad}"
 
 

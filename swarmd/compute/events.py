@@ -1,7 +1,7 @@
 """A host's events as the job's coordinator takes them (sans-IO): a peer's input, checked.
 
 A host speaks only for its own ranks (node_rank × procs_per_node + i), starts once, sends
-lines as strings in batches of at most output.MAX_BATCH_LINES, integers in range, a
+lines as strings in batches of at most MAX_BATCH_LINES, integers in range, a
 checkpoint as [name, sha256, size] with a checkpoint's name (checkpoints.py); anything else
 is a ValueError saying what, which the coordinator counts as `job_event` and takes as the
 host lost to the job.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .checkpoints import check_name, is_sha256
-from .output import MAX_BATCH_LINES
 
+MAX_BATCH_LINES = 4096  # lines per output event (output.py's take()): one event's work at the coordinator stays small
 MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement
 MAX_CHECKPOINT_BYTES = 2**50  # what a host may announce; each host bounds its own by checkpoint_max
 

@@ -23,12 +23,13 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+from .events import MAX_BATCH_LINES
+
 MAX_RECORD = 64 * 1024
 LOG_CAP = 64 * 1024 * 1024  # per job, on the host and at the coordinator
 QUEUE_BYTES = 1024 * 1024  # per job, lines waiting for the coordinator's stream
 FLUSH_BYTES = 64 * 1024
 LINE_OVERHEAD = 64  # bytes charged per queued line beyond its text: a tuple, a str, a deque slot
-MAX_BATCH_LINES = 4096  # lines per take(): one event's work at the coordinator stays small
 _COPY = 1024 * 1024
 
 

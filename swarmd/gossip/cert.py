@@ -25,7 +25,7 @@ import base64
 import hashlib
 import ipaddress
 import math
-import os
+import secrets
 from dataclasses import dataclass
 
 import msgpack
@@ -149,7 +149,7 @@ def make_token(owner_sign: Signer, owner_public: bytes, addrs: list[str], *, now
                expires_in: float, cert_ttl: float = DEFAULT_CERT_TTL, uses: int = DEFAULT_INVITE_USES) -> Token:
     swarm = swarm_id(owner_public)
     ticket = seal({"v": VERSION, "k": "invite", "swarm": swarm, "roles": list(MEMBER_ROLES),
-                   "expires": now + expires_in, "cert_ttl": cert_ttl, "nonce": os.urandom(12),
+                   "expires": now + expires_in, "cert_ttl": cert_ttl, "nonce": secrets.token_bytes(12),
                    "uses": uses}, owner_sign)
     return Token(owner_public=owner_public, ticket=ticket, addrs=tuple(addrs), expires=now + expires_in)
 

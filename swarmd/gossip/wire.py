@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
-from ..wg.keys import verify_proof
+from ..wg.proof import verify_proof
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
