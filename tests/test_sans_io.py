@@ -17,8 +17,6 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signe
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py"]
 FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",
              "subprocess", "threading"}
-# Known imports of a forbidden module by a file some core reaches, with why it is there; each is
-# a debt to pay (the file should move the I/O out), and anything not listed fails.
 
 
 def _module_path(module: str) -> Path | None:
