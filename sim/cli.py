@@ -240,7 +240,7 @@ def _simulate(scenario, console):
         with console.status(f"{scenario.name}: one record to {scenario.nodes:,} nodes"):
             return run(scenario)
     columns = (TextColumn("{task.description}"), BarColumn(),
-               TextColumn("{task.completed:,.0f} / {task.total:,.0f} simulated s"),
+               TextColumn("{task.completed:,.0f} / {task.total:,.0f} simulated s,"),
                TextColumn("wall"), TimeElapsedColumn(),
                TextColumn("{task.fields[speed]}"))
     with Progress(*columns, console=console, transient=True) as bar:
