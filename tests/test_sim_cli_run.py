@@ -65,3 +65,17 @@ def test_an_out_that_is_a_file(tmp_path):
     (tmp_path / "f").write_text("")
     r = swarm_sim("run", str(SMALL), "--out", str(tmp_path / "f"))
     assert r.returncode == 2 and r.stderr.startswith(f"swarm-sim: --out {tmp_path / 'f'}: cannot make the directory")
+
+
+def test_disseminate_mode_follows_one_record_to_every_node(tmp_path):
+    path = tmp_path / "d.toml"
+    path.write_text('name = "d"\nmode = "disseminate"\nnodes = 500\n[network]\ncountries = ["DE", "US", "JP"]\n')
+    r = swarm_sim("run", str(path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "one record to 500 nodes" in r.stdout
+    data = json.loads((tmp_path / "o" / "report.json").read_text())
+    d = data["dissemination_s"]
+    assert d["reached"] == 500
+    # DE-US-JP: nobody is nearer than the same-country delay, nobody farther than a few mesh hops
+    assert 0 < d["t50"] <= d["t99"] <= d["t100"] <= 6 * data["max_one_way_s"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["dissemination.png", "report.json"]
