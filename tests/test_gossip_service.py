@@ -307,3 +307,27 @@ async def test_a_refused_sync_claim_is_counted_with_what_it_claimed():
                                  ID.from_base58(peer_str(OTHER_PEER)))
         assert g.rejected == {"future_incarnation": 1, "malformed": 1}
         nursery.cancel_scope.cancel()
+
+
+def record_with_key(key: SigningKey, seq: int) -> bytes:
+    """A member's record advertising WG_KEY as its WireGuard key."""
+    peer = peer_str(peer_from_key(bytes(key.verify_key)))
+    wg = MeshInfo(public=WG_KEY.public, addr4="10.211.7.7", addr6=str(ula(SWARM, peer.encode())), port=51820,
+                  endpoints=("192.0.2.9",), proof=prove(WG_KEY.private, wg_proof_message(SWARM, peer, WG_KEY.public)))
+    return make_record(signer(key), swarm=SWARM, peer=peer, seq=seq, issued=time.time(), ttl=120.0, addrs=[],
+                       resources=RES, labels={}, wg=wg,
+                       cert=cert_for(peer_from_key(bytes(key.verify_key)), issued=time.time() - 10, ttl=3600))
+
+
+async def test_within_one_sync_the_first_holder_of_a_wireguard_key_keeps_it():
+    """Two members advertising the same WireGuard key in one sync payload: the first is taken,
+    the second refused and counted, as when they arrive one after the other by gossip."""
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600), peerstore=PeerStore())
+    third = SigningKey(b"\x03" * 32)
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        payload = {"records": [record_with_key(OTHER, 5), record_with_key(third, 5)], "claims": []}
+        assert not g.syncs.merge(payload, ID.from_base58(peer_str(OTHER_PEER)))
+        assert [m.peer for m in g.view()] == [peer_str(OTHER_PEER)]
+        assert g.rejected == {"wg_key_taken": 1}
+        nursery.cancel_scope.cancel()
