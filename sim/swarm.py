@@ -130,6 +130,7 @@ class Swarm:
         self.epoch = [0] * n
         self._armed = [INF] * n
         self._held = np.full((n, n), -1, dtype=np.int32)  # [node, peer]: index in _records[peer], -1: none
+        self._rows = [memoryview(row) for row in self._held]  # the same rows, for one item at a time (faster)
         self._records: list[list[SimRecord]] = [[] for _ in range(n)]
         self._watch: dict[int, None] = {}
         self._retired = Counters()
@@ -243,10 +244,10 @@ class Swarm:
 
     # --- nodes ----------------------------------------------------------------------------
 
-    def _new_core(self, v: int) -> Membership:
+    def _new_core(self, v: int, born: float | None = None) -> Membership:
         self.epoch[v] += 1
         rng = random.Random(f"{self.seed}/core/{v}/{self.epoch[v]}")
-        c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now)
+        c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now if born is None else born)
         self.cores[v] = c
         self.net.set_power(v, UP)
         self._held[v] = -1
@@ -255,7 +256,9 @@ class Swarm:
     def _warm_start(self, nodes: list[int]) -> None:
         recs = []
         for v in nodes:
-            c = self._new_core(v)
+            # started at some time in the last refresh interval: refreshes spread as in a swarm that has run
+            # a while, not all at once every 30 s
+            c = self._new_core(v, born=-self.rng.uniform(0, self.timing.refresh_interval))
             for a in c.take_actions():
                 if type(a) is PublishRecord:
                     recs.append(self._record(v, a.seq))
@@ -455,7 +458,7 @@ class Swarm:
         r, src, nodes, ends, _, gi, k = job
         now = self.engine.now
         cores = self.cores
-        held = self._held
+        rows = self._rows
         watch = self.on_received if r.watch else None
         act = self._act
         for v in nodes[ends[gi - 1] if gi else 0:ends[gi]]:
@@ -464,7 +467,7 @@ class Swarm:
                 continue
             res = c.receive_record(now, r)
             if res == "updated" or res == "new":
-                held[v, src] = k
+                rows[v][src] = k
                 if watch is not None:
                     watch(now, v, src, r.seq)
                 actions = c.take_actions()
