@@ -100,6 +100,8 @@ def rows(report: Mapping) -> list[tuple[str, str, str]]:
             out.append((f"reached {q} %", _s(d[f"t{q}"]), "after the publish"))
         out.append(("longest one-way delay", _s(report["max_one_way_s"]), "between any two nodes"))
         return out
+    ev = ", ".join(f"{k} {v:,}" for k, v in sorted(report["events"].items()) if v)
+    out.append(("events", ev or "-", "what the timeline did"))
     det = report["detection"]
     po, ba = det["per_observer_s"], det["by_all_s"]
     out.append(("crashes", f"{det['crashes']}", f"{po['n']:,} (crash, observer) pairs, {det['missed']} missed"))
