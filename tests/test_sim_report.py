@@ -238,3 +238,21 @@ def test_plots_from_a_hand_made_run_and_a_dissemination(tmp_path):
     d = Outcome(scenario=s, figures={}, metrics=None, arrivals=np.array([0.0, 0.1, 0.2, np.inf]),
                 max_one_way_s=0.05, wall_s=0.1, sim_events=0)
     assert [p.name for p in plots.write_all(d, tmp_path)] == ["dissemination.png"]
+
+
+def test_a_partition_kills_across_the_cut_but_nothing_is_false(tmp_path):
+    """20 nodes, DE | US cut from 5 to 25 s: each side declares each node of the other dead
+    (10 x 10 x 2, none false); a change made on one side during the cut reaches the other
+    side only after the heal."""
+    from sim.runner import run
+
+    path = tmp_path / "p.toml"
+    path.write_text('seconds = 40\nnodes = 20\n[network]\ncountries = ["DE", "US"]\nloss = 0.01\n'
+                    '[[events]]\nat = 5\nuntil = 25\npartition = [["DE"], ["US"]]\n[[events]]\nat = 10\nchange = 1\n')
+    r = report.build(run(sc.load(path)))
+    fd = r["false_dead"]
+    assert (fd["count"], fd["excused"]["partition"]) == (0, 200)
+    (change,) = r["convergence_s"]["each"]
+    assert change["reached"] == change["targets"] == 19
+    assert change["t100"] >= 25 - 10  # the other half had to wait for the heal
+    assert change["t50"] >= 25 - 10  # the changer's own side is only 9 of 19
