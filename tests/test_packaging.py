@@ -54,6 +54,13 @@ def test_the_wheel_carries_the_country_data(wheel):
 
 
 @pytest.mark.slow
+def test_the_wheel_carries_the_shipped_scenarios(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for scenario in sorted((ROOT / "sim" / "scenarios").glob("*.toml")):
+        assert f"sim/scenarios/{scenario.name}" in names, f"{scenario.name} is not in {wheel.name}"
+
+
+@pytest.mark.slow
 def test_everything_swarm_sim_imports_runs_from_the_wheel_alone(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
