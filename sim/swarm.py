@@ -173,6 +173,27 @@ class Swarm:
         self.net.set_power(node, CRASHED)
         self._retire(node)
 
+    def kill(self, node: int) -> None:
+        """The daemon dies, its host stays up (``lab kill``): its connections are reset, so its
+        mesh peers drop it and probe it at once (``connection_lost``); new connections are refused."""
+        if self.cores[node] is None:
+            return
+        peers = list(self.mesh.peers[node])
+        self.net.set_power(node, STOPPED)
+        self.mesh.drop(node)
+        self._retire(node)
+        eng = self.engine
+        for u in peers:
+            c = self.cores[u]
+            if c is not None and not self.net.cut(node, u):
+                eng.at(eng.now + self.net.delay(node, u), self._reset, (u, c, node))
+
+    def _reset(self, arg: tuple) -> None:
+        u, c, node = arg
+        if self.cores[u] is c:
+            c.connection_lost(self.engine.now, self.names[node])
+            self._act(u, c, c.take_actions())
+
     def revive(self, node: int) -> None:
         """The node (re)starts: a new core at the next epoch, bootstrapping by sync."""
         if self.cores[node] is not None:
@@ -192,14 +213,17 @@ class Swarm:
         self.mesh.drop(node)
         self._retire(node)
 
-    def change(self, node: int) -> None:
-        """A capacity change: the core re-advertises; that record's receipts are reported."""
+    def change(self, node: int) -> int | None:
+        """A capacity change: the core re-advertises; that record's receipts are reported. The
+        record's seq, or None when the core holds it back (at most one record per publish_interval;
+        it goes out later, still watched)."""
         c = self.cores[node]
         if c is None:
-            return
+            return None
         self._watch[node] = None
         c.local_change(self.engine.now)
         self._act(node, c, c.take_actions())
+        return None if node in self._watch else self._records[node][-1].seq
 
     def congest(self, node: int, delay: float) -> None:
         self.net.congest(node, delay)

@@ -130,3 +130,22 @@ def test_the_same_seed_gives_the_same_trace_in_any_process():
                              env={**os.environ, "PYTHONHASHSEED": hashseed})
         digests.add(out.stdout.strip())
     assert len(digests) == 1
+
+
+def test_a_killed_daemon_is_refused_and_dropped_faster_than_a_crash():
+    def detect(stop: str, seed: int) -> float:
+        c = Small(NAMES, seed=seed)
+        c.run_for(5)
+        getattr(c.swarm, stop)(2)
+        return c.wait_for(lambda: all_see(c, "c", State.DEAD), limit=6.0)
+    killed = [detect("kill", s) for s in range(3)]
+    crashed = [detect("crash", s) for s in range(3)]
+    assert sum(killed) <= sum(crashed)
+
+
+def test_change_says_the_seq_it_published():
+    s = Swarm(Latency.uniform(4, 20.0))
+    s.run_for(1)
+    seq = s.change(1)
+    assert seq == s.cores[1].seq
+    assert s.change(1) is None  # within publish_interval: held back, published later
