@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     run = top.add_parser("run", help="a scenario: the daemon's membership core on thousands of simulated nodes",
                          description="Run a scenario (sim/scenarios/*.toml are examples): prints a summary, "
                                      "writes DIR/report.json (the same bytes for the same seed) and PNG plots.")
-    run.add_argument("scenario", type=Path, metavar="SCENARIO.toml")
+    run.add_argument("scenario", type=Path, metavar="SCENARIO.toml",
+                     help="a scenario file, or the name of a shipped one (small, lab-5-countries, swarm-2k, ...)")
     run.add_argument("--seed", type=int, default=None, metavar="S", help="overrides the scenario's seed")
     run.add_argument("--out", type=Path, default=None, metavar="DIR", help="default: sim-out/<scenario name>")
     run.add_argument("--no-plots", action="store_true", help="report.json and the summary only")

@@ -68,6 +68,7 @@ MAX_REPEATS = 10_000
 MAX_MATRIX = 10_000  # rows of a latency CSV
 # the lab's data (sim/netlab/topology.py reads the same file; importing it would pull in libp2p)
 COUNTRY_DATA = Path(__file__).resolve().parent / "data" / "country_rtt_stat.csv.gz"
+SHIPPED = Path(__file__).resolve().parent / "scenarios"
 
 
 class ScenarioError(ValueError):
@@ -247,14 +248,21 @@ class _Table:
         return value
 
 
+def shipped() -> list[str]:
+    """The names of the scenarios that come with swarm-sim (sim/scenarios/NAME.toml)."""
+    return sorted(p.stem for p in SHIPPED.glob("*.toml"))
+
+
 def load(path: str | Path) -> Scenario:
-    """Read and check a scenario file. Raises :class:`ScenarioError`."""
+    """Read and check a scenario file (or a shipped one, by name). Raises :class:`ScenarioError`."""
     path = Path(path)
+    if not path.exists() and path.name == str(path) and (SHIPPED / f"{path.name}.toml").is_file():
+        path = SHIPPED / f"{path.name}.toml"
     file = str(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ScenarioError(file, "", "no such file") from None
+        raise ScenarioError(file, "", f"no such file (or name a shipped scenario: {', '.join(shipped())})") from None
     except IsADirectoryError:
         raise ScenarioError(file, "", "is a directory, not a scenario file") from None
     except OSError as exc:

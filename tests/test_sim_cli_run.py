@@ -58,7 +58,15 @@ def test_bad_input_is_one_line_on_stderr_exit_2_and_no_traceback(tmp_path, text,
 
 def test_a_missing_scenario_file(tmp_path):
     r = swarm_sim("run", str(tmp_path / "nope.toml"))
-    assert (r.returncode, r.stderr) == (2, f"swarm-sim: {tmp_path / 'nope.toml'}: no such file\n")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"swarm-sim: {tmp_path / 'nope.toml'}: no such file (or name a shipped scenario: ")
+    assert "lab-5-countries" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_shipped_scenario_by_name(tmp_path):
+    r = swarm_sim("run", "lab-soak-5pct", "--out", str(tmp_path / "o"), "--no-plots")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["scenario"]["name"] == "lab-soak-5pct"
 
 
 def test_an_out_that_is_a_file(tmp_path):
