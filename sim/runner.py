@@ -112,9 +112,6 @@ def _disseminate(s: sc.Scenario, progress: Progress | None, wall0: float) -> Out
 def _membership(s: sc.Scenario, progress: Progress | None, wall0: float) -> Outcome:
     from .swarm import Swarm
 
-    if any(isinstance(ev, sc.Crash) and ev.kill for ev in s.events) and not hasattr(Swarm, "kill"):
-        raise sc.ScenarioError(s.file, "[[events]] kill", "this simulator has no kill yet (a process that dies "
-                                                        "while its host stays up); use crash")
     total = s.nodes + joins_needed(s)
     lat, placed = latency(s, total)
     t = timing(s.timing)

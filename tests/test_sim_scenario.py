@@ -67,6 +67,11 @@ change = 3
     )
 
 
+def test_a_kill_is_a_crash_with_the_host_up():
+    s = sc.parse({"seconds": 60, "nodes": 5, "events": [{"at": 1, "kill": 2, "revive_after": 5}]})
+    assert s.events == (sc.Crash(at=1.0, count=2, revive_after=5.0, kill=True),)
+
+
 def test_defaults_a_uniform_rtt_and_the_file_name(tmp_path):
     s = sc.load(write(tmp_path, "seconds = 10\nnodes = 3\n", "plain.toml"))
     assert (s.name, s.network.rtt_ms, s.network.loss, s.events) == ("plain", 20.0, 0.0, ())
