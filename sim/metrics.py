@@ -120,7 +120,6 @@ class Metrics:
         self.false_dead: list[tuple[float, Node, Node]] = []
         self.excused = {"down": 0, "revived": 0, "partition": 0}
         self.suspect_times: list[float] = []
-        self.dead_times: list[float] = []
         self.counts = {"crashes": 0, "revives": 0, "joins": 0, "leaves": 0, "changes": 0, "partitions": 0,
                        "congested": 0}
         self._last: tuple[list[np.ndarray], np.ndarray] | None = None  # counters, running at the last sample
@@ -199,7 +198,6 @@ class Metrics:
             self.suspect_times.append(now)
         if new != DEAD or old == DEAD:
             return
-        self.dead_times.append(now)
         rec = self._open.get(peer)
         if rec is not None and observer in rec.waiting:
             rec.waiting.discard(observer)
