@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .runner import Outcome
+from .scenario import Congest
 
 METADATA = {"Software": None}  # no matplotlib version in the PNG
 SIZE = (7.0, 4.2)
@@ -98,16 +99,26 @@ def false_positives(o: Outcome, path: Path) -> Path:
     width = max(1.0, seconds / 120)
     t, suspects = _buckets(m.suspect_times, seconds, width)
     _, false = _buckets([x for x, _, _ in m.false_dead], seconds, width)
-    ax.step(t, suspects, where="post", color="C1", label="suspect declarations")
-    ax.step(t, false, where="post", color="C3", label=f"false dead ({len(m.false_dead)} in all)")
+    ax.step(t, suspects, where="post", color="C1", label="suspect declarations /s (left axis)")
+    right = ax.twinx()  # a few false deads must not vanish under thousands of suspicions
+    right.step(t, false * width, where="post", color="C3", label=f"false dead per bin ({len(m.false_dead)} in all)")
+    right.set_ylabel("false dead per bin", color="C3")
+    right.set_ylim(bottom=0, top=max(1.0, float((false * width).max()) * 1.15))
     for rec in m.crashes:
         ax.axvline(rec.at, color="0.6", linewidth=0.6)
     for cut in m.cuts:
         ax.axvspan(cut.start, cut.end, color="C4", alpha=0.12)
-    ax.set_xlabel(f"simulated seconds ({width:g} s bins; grey lines: crashes, shaded: partitions)")
+    for ev in o.scenario.events:
+        if isinstance(ev, Congest):
+            ax.axvspan(ev.at, ev.until, color="C8", alpha=0.15)
+    ax.set_xlabel(f"simulated seconds ({width:g} s bins; grey lines: crashes; violet: partitions; "
+                  f"yellow: congestion)")
     ax.set_ylabel("per second, whole swarm")
     ax.set_xlim(0, seconds)
-    ax.legend(loc="upper right")
+    ax.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="upper right")
     ax.set_title(_title(o, "suspicions and false dead"), fontsize=10)
     ax.grid(alpha=0.3)
     return _save(fig, path)
