@@ -20,7 +20,9 @@ Definitions (each figure in the report means exactly this):
   longest a suspicion can take plus a probe (the runner computes it from the timing).
 - **convergence**: for each change, the nodes up at the change (not the changer) must each
   take a record of that seq or later; ``t50/t99/t100``: when 50/99/100 % of them had. A
-  target that goes down before it got the record is no longer waited for.
+  target that goes down before it got the record is no longer waited for. ``excess``: t100
+  beyond the longest one-way delay from the changer (what the lab's bench calls
+  ``change_excess``: the part the protocol, not the speed of light, is responsible for).
 - **traffic**: per node and second, messages and bytes sent and received, over the
   seconds the node was up from start to end; ``mean``/``p99`` across nodes of each node's
   rate over the run after ``from_s`` (the first bootstrap syncs left out), and a series of
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +82,7 @@ class ChangeRecord:
     seq: int
     waiting: set[Node]
     targets: int
+    far: float  # the longest one-way delay from the changer to any node
     arrivals: list[float] = field(default_factory=list)  # seconds after ``at``, in order
     reached: dict[int, float | None] = field(default_factory=lambda: {50: None, 99: None, 100: None})
 
@@ -102,9 +105,10 @@ class Cut:
 
 class Metrics:
     def __init__(self, nodes: Mapping[Node, Country], *, seconds: float, grace: float,
-                 from_s: float = 0.0) -> None:
+                 from_s: float = 0.0, far: Callable[[Node], float] = lambda node: 0.0) -> None:
         """``nodes``: each starting node's name -> its country (None when the network is not
-        by country)."""
+        by country); ``far(node)``: the longest one-way delay from ``node`` to any other."""
+        self.far = far
         self.country: dict[Node, Country] = dict(nodes)
         self.up: dict[Node, None] = dict.fromkeys(nodes)  # ordered: the runner picks from it
         self.seconds = seconds
@@ -169,7 +173,8 @@ class Metrics:
     def change(self, now: float, node: Node, seq: int) -> None:
         self.counts["changes"] += 1
         targets = [n for n in self.up if n != node]
-        rec = ChangeRecord(at=now, node=node, seq=seq, waiting=set(targets), targets=len(targets))
+        rec = ChangeRecord(at=now, node=node, seq=seq, waiting=set(targets), targets=len(targets),
+                           far=self.far(node))
         rec.check(now)
         self.changes.append(rec)
         if rec.waiting:
@@ -273,10 +278,12 @@ class Metrics:
         by_all = [rec.last for rec in self.crashes if not rec.waiting and rec.last is not None]
         changes = []
         for rec in self.changes:
+            t100 = rec.reached[100]
             changes.append({"at": rec.at, "node": rec.node, "seq": rec.seq, "targets": rec.targets,
                             "reached": len(rec.arrivals), "t50": rec.reached[50], "t99": rec.reached[99],
-                            "t100": rec.reached[100]})
+                            "t100": t100, "far": rec.far, "excess": None if t100 is None else t100 - rec.far})
         conv = {f"t{q}": spread([c[f"t{q}"] for c in changes if c[f"t{q}"] is not None]) for q in (50, 99, 100)}
+        conv["excess"] = spread([c["excess"] for c in changes if c["excess"] is not None])
         conv |= {"changes": len(changes), "incomplete": sum(c["t100"] is None for c in changes), "each": changes}
         secs = self._seconds if self._seconds is not None else np.zeros(0)
         counted = secs > 0

@@ -115,8 +115,10 @@ def _membership(s: sc.Scenario, progress: Progress | None, wall0: float) -> Outc
     total = s.nodes + joins_needed(s)
     lat, placed = latency(s, total)
     t = timing(s.timing)
+    used = sorted(set(lat.sites))
+    farthest = lat.owd[:, used].max(axis=1)  # per site: its longest one-way delay to any used site
     metrics = Metrics({i: placed[i] for i in range(s.nodes)}, seconds=s.seconds, grace=grace(t, s.nodes),
-                      from_s=min(30.0, s.seconds / 4))
+                      from_s=min(30.0, s.seconds / 4), far=lambda node: float(farthest[lat.sites[node]]))
 
     def on_changed(now, observer, peer, old, new, reason):
         metrics.changed(now, observer, peer, old.value if old is not None else None,
