@@ -183,7 +183,7 @@ def test_a_small_scenarios_figures_sit_inside_hand_computed_bounds(small_outcome
     one_way_min = min(o for o in _one_ways(small_outcome) if o > 0)
     assert cv["t50"]["p50"] >= one_way_min
     assert cv["t100"]["max"] <= 3.0 + 4 * r["max_one_way_s"]
-    assert 0 <= cv["excess"]["p99"] < 1.0  # issue 15's target: within 1 s of the longest one-way delay
+    assert cv["excess"]["p99"] < 1.0  # issue 15's target (a relay may beat the direct path: no lower bound)
     tr = r["traffic"]
     assert tr["nodes"] >= 45
     assert 0 < tr["bytes_sent_per_s"]["mean"] < 50_000  # probes, refreshes and gossip of 50 nodes
