@@ -51,7 +51,7 @@ import math
 import random
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ MAX_RTT_MS = 10_000.0
 MAX_DELAY_MS = 60_000.0
 MAX_CHURN_PER_MIN = 100_000.0
 MAX_REPEATS = 10_000
-MAX_MATRIX = 10_000  # rows of a latency CSV
+MAX_MATRIX = 1_000  # rows of a latency CSV (a row per site; nodes share rows)
 # the lab's data (sim/netlab/topology.py reads the same file; importing it would pull in libp2p)
 COUNTRY_DATA = Path(__file__).resolve().parent / "data" / "country_rtt_stat.csv.gz"
 SHIPPED = Path(__file__).resolve().parent / "scenarios"
@@ -160,7 +160,6 @@ class Scenario:
     events: tuple[Event, ...] = ()  # repeats expanded, ordered by time (file order among equals)
 
     def with_seed(self, seed: int) -> Scenario:
-        from dataclasses import replace
         return replace(self, seed=seed)
 
 
