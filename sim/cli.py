@@ -219,6 +219,9 @@ def _run(args: argparse.Namespace) -> int:
     except ScenarioError as exc:  # what only the placement can tell (a partition's country got no node)
         print(f"swarm-sim: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("swarm-sim: interrupted; nothing written", file=sys.stderr)
+        return 130
     data = report.build(outcome)
     written = [out / "report.json"]
     report.write(written[0], data)
