@@ -186,9 +186,8 @@ class Metrics:
 
     def _down(self, now: float, node: Node) -> None:
         self.up.pop(node, None)
-        for rec in self._open.values():
-            if rec.revived is None:
-                rec.waiting.discard(node)
+        for rec in self._open.values():  # a down observer declares nothing: not missed
+            rec.waiting.discard(node)
         for watched in self._watch.values():
             for rec in watched:
                 if node in rec.waiting:
