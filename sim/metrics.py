@@ -12,7 +12,8 @@ Definitions (each figure in the report means exactly this):
 - **detection**: for each crash, each observer that was up at the crash and stayed up: the
   time from the crash to the observer's first DEAD for the victim. ``by_all``: per crash,
   when the last of those observers got there (what the lab's bench measures). An observer
-  still waiting at the victim's revive or the run's end is ``missed``.
+  that never declared it dead by the run's end is ``missed``; a DEAD that comes after the
+  victim's revive still counts as this crash's detection (late), not as a false one.
 - **false dead**: a DEAD about a peer that was up and reachable from the observer. Not
   false (counted apart, under ``excused``): the peer was down (crashed or left), was
   revived less than ``grace`` ago (the observer's suspicion began while it was down), or a
