@@ -128,16 +128,21 @@ def bandwidth(o: Outcome, path: Path) -> Path:
     s = o.metrics.series
     fig, ax = _figure()
     t = np.asarray(s["t"], dtype=float)
-    for key, color, style, label in (("bytes_sent_mean", "C0", "-", "sent, mean"),
-                                     ("bytes_sent_p99", "C0", ":", "sent, p99"),
-                                     ("bytes_recv_mean", "C2", "-", "received, mean"),
-                                     ("bytes_recv_p99", "C2", ":", "received, p99")):
-        ax.plot(t, np.asarray(s[key], dtype=float) / 1e3, color=color, linestyle=style, linewidth=1, label=label)
-    ax.set_xlabel("simulated seconds")
+    window = max(1, round(o.scenario.seconds / 60))  # syncs make single seconds spiky: average a few
+    kernel = np.ones(window) / window
+    for key, color, style, label in (("bytes_sent_mean", "C0", "-", "sent, mean across nodes"),
+                                     ("bytes_sent_p99", "C0", ":", "sent, p99 across nodes"),
+                                     ("bytes_recv_mean", "C2", "-", "received, mean across nodes"),
+                                     ("bytes_recv_p99", "C2", ":", "received, p99 across nodes")):
+        y = np.asarray(s[key], dtype=float) / 1e3
+        if y.size >= window:
+            ax.plot(t[window - 1:], np.convolve(y, kernel, mode="valid"), color=color, linestyle=style,
+                    linewidth=1.2, label=label)
+    ax.set_xlabel(f"simulated seconds (each point: the {window} s before it)" if window > 1 else "simulated seconds")
     ax.set_ylabel("kB per node per second")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right")
-    ax.set_title(_title(o, "gossip bandwidth per node"), fontsize=10)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
+    ax.set_title(_title(o, "traffic per node: probes, gossip, syncs"), fontsize=10)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
