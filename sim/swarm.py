@@ -240,6 +240,22 @@ class Swarm:
     def heal(self, cut: int | None = None) -> None:
         self.net.heal(cut)
 
+    def deliver(self, node: int, msg: object) -> str | None:
+        """Hand one message (a record or a rumor: a test's own, a liar's) to one node's core now,
+        as its gossip validator and reader would; the core's result (None: screened out or not running)."""
+        c = self.cores[node]
+        if c is None:
+            return None
+        now = self.engine.now
+        if hasattr(msg, "about"):
+            if c.screen(msg) is not None:  # type: ignore[arg-type]
+                return None
+            res = c.receive_rumor(now, msg)  # type: ignore[arg-type]
+        else:
+            res = c.receive_record(now, msg)
+        self._act(node, c, c.take_actions())
+        return res
+
     # --- ground truth and observations ----------------------------------------------------
 
     def running(self, node: int) -> bool:
@@ -640,6 +656,9 @@ class Small:
 
     def leave(self, name: str) -> None:
         self.swarm.leave(self._i(name))
+
+    def deliver(self, to: str, msg: object) -> str | None:
+        return self.swarm.deliver(self._i(to), msg)
 
     def partition(self, side: Iterable[str]) -> None:
         a = [self._i(x) for x in side]

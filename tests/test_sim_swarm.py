@@ -149,3 +149,14 @@ def test_change_says_the_seq_it_published():
     seq = s.change(1)
     assert seq == s.cores[1].seq
     assert s.change(1) is None  # within publish_interval: held back, published later
+
+
+def test_a_lie_handed_to_one_node_is_refuted_and_the_swarm_stays_alive():
+    from sim.swarm import SimRumor
+    c = Small(NAMES)
+    c.run_for(2)
+    seq = c.nodes["c"].seq
+    assert c.deliver("c", SimRumor("suspect", "a", "c", seq + 5)) is None  # screened: a future incarnation
+    assert c.deliver("c", SimRumor("suspect", "a", "c", seq)) == "refuted"
+    c.run_for(30)
+    assert not any(ch.new is State.DEAD for _, _, ch in c.changes)
