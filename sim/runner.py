@@ -57,15 +57,6 @@ def grace(t: Timing, nodes: int) -> float:
     return t.probe_interval + t.probe_timeout + t.indirect_timeout + high
 
 
-def joins_needed(s: sc.Scenario) -> int:
-    """Nodes that churn will start (half of each churn event's arrivals, rounded up)."""
-    total = 0
-    for ev in s.events:
-        if isinstance(ev, sc.Churn):
-            total += math.ceil(ev.per_min * (ev.until - ev.at) / 60 / 2) + 1
-    return total
-
-
 def latency(s: sc.Scenario, total: int):
     """The swarm's latency model for ``total`` nodes and each node's country (or Nones)."""
     from .network import Latency
@@ -112,7 +103,7 @@ def _disseminate(s: sc.Scenario, progress: Progress | None, wall0: float) -> Out
 def _membership(s: sc.Scenario, progress: Progress | None, wall0: float) -> Outcome:
     from .swarm import Swarm
 
-    total = s.nodes + joins_needed(s)
+    total = s.nodes + s.joins
     lat, placed = latency(s, total)
     t = timing(s.timing)
     used = sorted(set(lat.sites))

@@ -159,6 +159,12 @@ class Scenario:
     network: Network = field(default_factory=Network)
     events: tuple[Event, ...] = ()  # repeats expanded, ordered by time (file order among equals)
 
+    @property
+    def joins(self) -> int:
+        """Nodes that churn will start (half of each churn event's arrivals, rounded up)."""
+        return sum(math.ceil(ev.per_min * (ev.until - ev.at) / 60 / 2) + 1
+                   for ev in self.events if isinstance(ev, Churn))
+
     def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
 
@@ -297,7 +303,11 @@ def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("
         for e in _event(file, f"[[events]] #{i}", ev, seconds, nodes, network):
             parsed.append((e.at, len(parsed), e))
     parsed.sort(key=lambda x: (x[0], x[1]))
-    return Scenario(**scenario, network=network, events=tuple(e for _, _, e in parsed))
+    out = Scenario(**scenario, network=network, events=tuple(e for _, _, e in parsed))
+    if nodes + out.joins > MAX_NODES[mode]:
+        raise ScenarioError(file, "[[events]] churn_per_min", f"would start {out.joins:,} more nodes; a scenario "
+                                                              f"runs at most {MAX_NODES[mode]:,} in all")
+    return out
 
 
 def _network(t: _Table, base: Path, table: Mapping[str, float], mode: str) -> Network:

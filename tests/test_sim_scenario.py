@@ -152,6 +152,8 @@ ERRORS = [
     (BASE + "[[events]]\nat = 10\nchange = 1\ntimes = 3\n", "[[events]] #1 times: needs every = S"),
     (BASE + "[[events]]\nat = 10\nchange = 1\nevery = 30\ntimes = 3\n",
      "[[events]] #1 times: the last repeat would start at 70 s, after the scenario's end (60 s)"),
+    ("seconds = 600\nnodes = 10\n[[events]]\nat = 0\nuntil = 600\nchurn_per_min = 20000\n",
+     "[[events]] churn_per_min: would start 100,001 more nodes; a scenario runs at most 100,000 in all"),
     (BASE + "[[events]]\nat = 10\nuntil = 30\npartition = [[\"DE\"], [\"JP\"]]\n",
      "[[events]] #1 partition: no nodes in JP ([network] countries: DE, US)"),
     (BASE + "[[events]]\nat = 10\nuntil = 30\npartition = [[\"DE\"], [\"DE\", \"US\"]]\n",
