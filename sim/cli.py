@@ -206,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.seed is not None:
             scenario = scenario.with_seed(args.seed)
         out = args.out if args.out is not None else Path("sim-out") / scenario.name
+        made = not out.exists()  # checked now, not after a long run; removed again if the run fails
         out.mkdir(parents=True, exist_ok=True)
     except ScenarioError as exc:
         print(f"swarm-sim: {exc}", file=sys.stderr)
@@ -216,15 +217,21 @@ def _run(args: argparse.Namespace) -> int:
     console = _console(stderr=True)
     try:
         outcome = _simulate(scenario, console)
-    except ScenarioError as exc:  # what only the placement can tell (a partition's country got no node)
-        print(f"swarm-sim: {exc}", file=sys.stderr)
+    except (ScenarioError, KeyboardInterrupt) as exc:
+        if made:
+            out.rmdir()
+        if isinstance(exc, KeyboardInterrupt):
+            print("swarm-sim: interrupted; nothing written", file=sys.stderr)
+            return 130
+        print(f"swarm-sim: {exc}", file=sys.stderr)  # what only the placement can tell: a partition's empty country
         return 2
-    except KeyboardInterrupt:
-        print("swarm-sim: interrupted; nothing written", file=sys.stderr)
-        return 130
     data = report.build(outcome)
     written = [out / "report.json"]
-    report.write(written[0], data)
+    try:
+        report.write(written[0], data)
+    except OSError as exc:
+        print(f"swarm-sim: cannot write {written[0]}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     if not args.no_plots:
         try:
             from . import plots

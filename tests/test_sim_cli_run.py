@@ -54,6 +54,17 @@ def test_bad_input_is_one_line_on_stderr_exit_2_and_no_traceback(tmp_path, text,
     assert r.stdout == ""
     assert r.stderr.startswith(f"swarm-sim: {path}: ") and field in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()  # nothing left behind
+
+
+def test_a_partition_of_a_country_the_weighted_draw_left_empty(tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text('seconds = 10\nnodes = 3\n[network]\ncountries = "weighted"\ntop = 3\n'
+                    '[[events]]\nat = 1\nuntil = 2\npartition = [["US"], ["JP"]]\n')
+    r = swarm_sim("run", str(path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"swarm-sim: {path}: [[events]] partition at 1 s: no nodes in JP")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_missing_scenario_file(tmp_path):
