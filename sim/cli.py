@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from . import report
+    from .runner import place
     from .scenario import ScenarioError, load
 
     if args.seed is not None and not 0 <= args.seed < 2**63:
@@ -216,6 +217,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     console = _console(stderr=True)
     try:
+        place(scenario)  # what only the placement can tell (a partition's country got no node), before the bar
         outcome = _simulate(scenario, console)
     except (ScenarioError, KeyboardInterrupt) as exc:
         if made:
@@ -223,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(exc, KeyboardInterrupt):
             print("swarm-sim: interrupted; nothing written", file=sys.stderr)
             return 130
-        print(f"swarm-sim: {exc}", file=sys.stderr)  # what only the placement can tell: a partition's empty country
+        print(f"swarm-sim: {exc}", file=sys.stderr)
         return 2
     data = report.build(outcome)
     written = [out / "report.json"]
@@ -247,6 +249,8 @@ def _simulate(scenario, console):
 
     from .runner import run
 
+    if not console.is_terminal:  # a log or a pipe: no bar to redraw
+        return run(scenario)
     if scenario.mode == "disseminate":  # one record, no clock to show: a spinner
         with console.status(f"{scenario.name}: one record to {scenario.nodes:,} nodes"):
             return run(scenario)

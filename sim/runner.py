@@ -57,11 +57,17 @@ def grace(t: Timing, nodes: int) -> float:
     return t.probe_interval + t.probe_timeout + t.indirect_timeout + high
 
 
+def place(s: sc.Scenario, total: int | None = None) -> list[str] | None:
+    """Each node's country (the scenario's placement, seeded); raises ScenarioError for what
+    only the placement can tell (a partition naming a country no node was placed in)."""
+    return sc.place(s, rng(s.seed, "place"), s.nodes + s.joins if total is None else total)
+
+
 def latency(s: sc.Scenario, total: int):
     """The swarm's latency model for ``total`` nodes and each node's country (or Nones)."""
     from .network import Latency
 
-    placed = sc.place(s, rng(s.seed, "place"), total)
+    placed = place(s, total)
     net = s.network
     if placed is not None:
         return Latency.countries(placed), placed
