@@ -49,6 +49,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -184,6 +185,7 @@ _KINDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "congest": (("delay_ms",), True),
 }
 _MISSING = object()
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
 def _show(value: Any) -> str:
@@ -246,10 +248,12 @@ class _Table:
             raise self.fail(key, f"must be one of {', '.join(allowed)}, got {_show(value)}")
         return value
 
-    def text(self, key: str, default: str) -> str:
+    def name(self, key: str, default: str) -> str:
+        """A name that can also name a directory (the default output is sim-out/NAME)."""
         value = self.raw.get(key, default)
-        if not isinstance(value, str) or not value.strip() or len(value) > 200:
-            raise self.fail(key, f"must be a non-empty string of at most 200 characters, got {_show(value)}")
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise self.fail(key, f"must be 1..100 letters, digits, '.', '_' or '-' (not starting with '.'), "
+                                 f"got {_show(value)}")
         return value
 
 
@@ -289,7 +293,7 @@ def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("
         raise top.fail("seconds", "mode = \"disseminate\" follows one record until it is everywhere: no seconds")
     seconds = 0.0 if mode == "disseminate" else top.number("seconds", 0, MAX_SECONDS, above=True)
     scenario = dict(
-        name=top.text("name", Path(file).stem), file=file, mode=mode, nodes=nodes, seconds=seconds,
+        name=top.name("name", re.sub(r"[^A-Za-z0-9._-]", "-", Path(file).stem).lstrip(".")[:100] or "scenario"), file=file, mode=mode, nodes=nodes, seconds=seconds,
         timing=top.choice("timing", TIMINGS, "wan"), seed=top.number("seed", 0, 2**63 - 1, 1, whole=True))
     table = country_weights()
     network = _network(_Table(file, "[network]", raw.get("network", {}), _NETWORK), base, table, mode)

@@ -84,6 +84,10 @@ def test_every_shipped_scenario_loads_and_places(path):
     assert placed is None or len(placed) == s.nodes
 
 
+def test_a_file_name_that_cannot_name_a_directory_is_made_one(tmp_path):
+    assert sc.load(write(tmp_path, "seconds = 10\nnodes = 3\n", "my run (2).toml")).name == "my-run--2-"
+
+
 def test_a_latency_csv_is_read_relative_to_the_scenario(tmp_path):
     write(tmp_path, "0,30,80\n30,0,60\n80,60,0\n", "m.csv")
     s = sc.load(write(tmp_path, 'seconds = 10\nnodes = 6\n[network]\nlatency_csv = "m.csv"\n'))
@@ -123,7 +127,9 @@ ERRORS = [
     ("nodes = 10\nseconds = 0\n", "seconds: must be more than 0 and at most 86400, got 0"),
     ("nodes = 10\nseconds = 60\ntiming = \"fast\"\n", "timing: must be one of wan, lan, got 'fast'"),
     ("nodes = 10\nseconds = 60\nmode = \"x\"\n", "mode: must be one of membership, disseminate, got 'x'"),
-    ("nodes = 10\nseconds = 60\nname = \"\"\n", "name: must be a non-empty string"),
+    ("nodes = 10\nseconds = 60\nname = \"\"\n", "name: must be 1..100 letters, digits, '.', '_' or '-'"),
+    ("nodes = 10\nseconds = 60\nname = \"../x\"\n", "name: must be 1..100 letters, digits, '.', '_' or '-' "
+                                                    "(not starting with '.'), got '../x'"),
     ("nodes = 10\nseconds = 60\n[network]\ncountries = [\"DE\", \"XX\"]\n",
      "[network] countries: unknown country code 'XX' (ISO 3166 alpha-2"),
     ("nodes = 10\nseconds = 60\n[network]\ncountries = \"everywhere\"\n",
