@@ -368,7 +368,9 @@ class Swarm:
         self._arm(v, c)
 
     def _arm(self, v: int, c: Membership) -> None:
-        d = c.next_deadline()
+        self._arm_at(v, c.next_deadline())
+
+    def _arm_at(self, v: int, d: float) -> None:
         if d < self._armed[v]:
             eng = self.engine
             if d < eng.now:
@@ -528,8 +530,12 @@ class Swarm:
                 continue
             res = c.receive_rumor(now, m)
             actions = c.take_actions()
-            if actions or res == "confirmed":  # a confirmation moves the suspicion's deadline
+            if actions:
                 act(v, c, actions)
+            elif res == "confirmed":  # only this suspicion's deadline moved (earlier): no need to ask for all
+                s = c.suspicion(m.about)
+                if s is not None:
+                    self._arm_at(v, s.deadline)
         self._next_group(job, self._deliver_rumor)
 
     def _heartbeat(self, _: object) -> None:
