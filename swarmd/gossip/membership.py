@@ -173,6 +173,12 @@ class Timing:
     # them, one probe interval per member. One accusation per 2 s sustained.
     accusation_burst: int = 30
     accusation_rate: float = 0.5  # tokens per second
+    # Confirmations gossiped per suspicion, expected: every member probes an accused one at
+    # once, so in a swarm of n each failed probe would be a rumor to all (2n rumors of n
+    # deliveries each per crash: 8 M at 2,000 nodes). Lifeguard needs K = 2 confirmations to
+    # reach its shortest timeout; a member publishes its own with probability
+    # min(1, confirm_fanout / n) (every one of them in a swarm of at most 6).
+    confirm_fanout: float = 6.0
 
     @classmethod
     def wan(cls) -> Timing:
@@ -373,6 +379,7 @@ class Counters:
     records_expired: int = 0  # members that went stale
     certs_expired: int = 0
     seq_exhausted: int = 0  # publishes skipped: the seq would leave the wire's range
+    confirmations_unsaid: int = 0  # suspect or dead rumors not gossiped (Timing.confirm_fanout)
 
 
 # receive_record/receive_rumor/merge_sync results that mean "refused": the driver counts them
@@ -726,7 +733,8 @@ class Membership(Generic[R]):
         if kind == _SUSPECT:
             self.counters.deaths += 1
             self._set_state(now, m, State.DEAD, "suspicion timed out")
-            self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
+            if self._speak():
+                self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
         else:
             self._expire(now, m)
             if self.members.get(key) is m:  # stale now: its certificate may run out before its timer
@@ -944,9 +952,18 @@ class Membership(Generic[R]):
         if m is None or m.state not in PROBED:
             return
         was_alive = m.state is State.ALIVE
-        if self._suspect(now, m, by=self.me) == "old" and not was_alive:
-            return
-        self._actions.append(PublishRumor("suspect", m.peer, m.incarnation))
+        result = self._suspect(now, m, by=self.me)
+        if was_alive or (result == "confirmed" and self._speak()):  # the first accuser always speaks
+            self._actions.append(PublishRumor("suspect", m.peer, m.incarnation))
+
+    def _speak(self) -> bool:
+        """Whether to gossip a confirmation (a suspect or dead rumor about a member others accuse
+        too): about ``confirm_fanout`` of the swarm do, whatever its size."""
+        n = len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
+        if n <= self.timing.confirm_fanout or self.rng.random() * n < self.timing.confirm_fanout:
+            return True
+        self.counters.confirmations_unsaid += 1
+        return False
 
     def _forget(self, now: float) -> None:
         """Dead and left members leave the view after ``forget_after``: O(members down)."""

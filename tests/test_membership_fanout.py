@@ -1,0 +1,60 @@
+"""Confirmations of a suspicion are gossiped by about ``Timing.confirm_fanout`` members, whatever
+the swarm's size (the simulator found 2n rumors of n deliveries each per crash: 8 M at 2,000
+nodes), while a small swarm keeps every one."""
+
+from __future__ import annotations
+
+import random
+
+from sim.network import Latency
+from sim.swarm import SimRecord, Small, Swarm
+from swarmd.gossip.membership import Membership, Probe, ProbeVia, PublishRumor, State, Timing
+from swarmd.gossip.wire import Rumor
+
+
+def confirms(members: int, seed: int) -> bool:
+    """Whether one member, whose own probe of an accused member fails, gossips its confirmation."""
+    core = Membership("me", 1, Timing.wan(), random.Random(seed), 0.0)
+    for i in range(members - 1):
+        core.receive_record(0.0, SimRecord(f"p{i}", 1))
+    core.take_actions()
+    accusation = Rumor(kind="suspect", swarm="s", sender="p1", about="p0", incarnation=1, issued=0.0, blob=b"")
+    assert core.receive_rumor(0.0, accusation) == "suspect"
+    probe = next(a for a in core.take_actions() if isinstance(a, Probe))
+    core.probe_result(0.1, probe.id, False)
+    vias = [a for a in core.take_actions() if isinstance(a, ProbeVia)]
+    for via in vias:
+        core.via_result(0.2, probe.id, via.via, False)
+    assert core.members["p0"].state is State.SUSPECT
+    return any(isinstance(a, PublishRumor) and a.kind == "suspect" for a in core.take_actions())
+
+
+def test_in_a_small_swarm_every_confirmation_is_gossiped():
+    assert all(confirms(5, seed) for seed in range(20))
+
+
+def test_in_a_large_swarm_about_confirm_fanout_members_confirm():
+    said = sum(confirms(300, seed) for seed in range(300))
+    assert 1 <= said <= 20, f"{said} of 300 members gossiped their confirmation (expected about 6)"
+
+
+def test_a_crash_in_300_nodes_costs_tens_of_rumors_and_is_still_seen_by_all():
+    swarm = Swarm(Latency.uniform(300, 40.0), timing=Timing.wan(), seed=3)
+    swarm.run_until(20.0)
+    before = swarm.counters()
+    sent = swarm.traffic.msgs_sent.sum()
+    swarm.crash(7)
+    swarm.run_until(50.0)
+    assert all(swarm.state(o, 7) is State.DEAD for o in swarm.running_nodes()), "every node saw the crash"
+    after = swarm.counters()
+    unsaid = after["confirmations_unsaid"] - before["confirmations_unsaid"]
+    assert unsaid > 2 * 299 - 60, f"only {unsaid} of ~598 confirmations kept quiet"
+    assert swarm.traffic.msgs_sent.sum() > sent
+
+
+def test_small_cluster_detection_unchanged():
+    c = Small(["a", "b", "c", "d", "e"])
+    c.run_for(5)
+    c.kill("e")
+    took = c.wait_for(lambda: all(c.state(o, "e") is State.DEAD for o in "abcd"), 10)
+    assert took < 5
