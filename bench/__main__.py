@@ -18,7 +18,7 @@ import psutil
 from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
-PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray")
+PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray", "sim")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -156,13 +156,28 @@ def main() -> None:
             results |= ray.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
+    if "sim" in ONLY:
+        from . import sim
+
+        print("sim: the membership core's cost, then swarm-sim run on the shipped scenarios (2k, 10k, 100k "
+              "nodes: up to an hour)...", file=sys.stderr)
+        last = json.loads((OUT / "bench.json").read_text())["results"] if (OUT / "bench.json").exists() else {}
+        results |= sim.measure(last | results)
 
     targets = {"status_rtt_p50_ms": 2.0, "swarmctl_help_p50_ms": 300.0, "idle_rss_mb": 120.0, "idle_cpu_pct": 1.0,
                "rtt_error_max_pct": 20.0, "change_excess_p99_ms": 100.0, "kill_detected_by_all_p99_s": 5.0,
                "soak_false_dead": 1.0, "daemon_rss_with_membership_max_mb": 120.0, "job_run_to_running_cached_s": 2.0,
                "sandbox_added_to_running_ms": 150.0, "elastic_replace_10ms_t5_p50_s": 10.0,
                "elastic_replace_10ms_t5_p95_s": 15.0, "elastic_shrink_10ms_t5_p50_s": 10.0,
-               "elastic_shrink_10ms_t5_p95_s": 15.0, "ray_run_to_driver_connected_p50_s": 15.0}
+               "elastic_shrink_10ms_t5_p95_s": 15.0, "ray_run_to_driver_connected_p50_s": 15.0,
+               "sim_2k_wall_s": 300.0, "sim_2k_peak_rss_gb": 6.0, "sim_10k_wall_s": 1200.0,
+               "sim_10k_peak_rss_gb": 16.0, "sim_100k_wall_s": 600.0, "sim_2k_detect_p99_s": 5.0,
+               "sim_10k_detect_p99_s": 5.0, "sim_2k_false_dead": 1.0, "sim_2k_5pct_false_dead": 1.0,
+               "sim_10k_false_dead": 1.0, "sim_2k_change_excess_p99_ms": 1000.0,
+               "sim_10k_change_excess_p99_ms": 1000.0,
+               # the simulated lab within 25 % of the real one (the table checks the upper side)
+               "sim_vs_lab_detect_by_all_p50_s": 1.25, "sim_vs_lab_detect_by_all_p99_s": 1.25,
+               "sim_vs_lab_change_t100_p50_ms": 1.25, "sim_vs_lab_change_t100_p99_ms": 1.25}
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets}
