@@ -280,12 +280,16 @@ def _render_summary(data: dict, outcome, written: list[Path]) -> None:
         t.add_row(figure, value, what)
     console = _console()
     console.print(t)
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     if outcome.metrics is None:
-        console.print(f"one record to {outcome.scenario.nodes:,} nodes in {outcome.wall_s:.1f} s wall")
+        console.print(f"one record to {outcome.scenario.nodes:,} nodes in {outcome.wall_s:.1f} s wall, "
+                      f"peak RSS {rss:.2f} GiB")
     else:
         speed = outcome.scenario.seconds / outcome.wall_s if outcome.wall_s > 0 else float("inf")
         console.print(f"{outcome.scenario.seconds:g} simulated s in {outcome.wall_s:.1f} s wall "
-                      f"({speed:,.1f}x, {outcome.sim_events:,} events)")
+                      f"({speed:,.1f}x, {outcome.sim_events:,} events), peak RSS {rss:.2f} GiB")
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
