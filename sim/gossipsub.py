@@ -160,7 +160,7 @@ def spread(mesh: Mesh, source: int, t0: float, gen: np.random.Generator, *,
     # relax from the frontier: only rows with a neighbour that improved can improve
     _relax(nbr, d, a, np.array([source]), up, n)
     missing = np.flatnonzero(up & ~np.isfinite(a[:n]))
-    if missing.size and np.isfinite(a[:n]).sum() > 1:
+    if missing.size:  # the publisher gossips too, even with no mesh peer yet
         _lazy(mesh, a, missing, d, gen)
     return a[:n]
 
