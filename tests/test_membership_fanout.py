@@ -58,3 +58,25 @@ def test_small_cluster_detection_unchanged():
     c.kill("e")
     took = c.wait_for(lambda: all(c.state(o, "e") is State.DEAD for o in "abcd"), 10)
     assert took < 5
+
+
+def test_syncs_and_refreshes_slow_down_as_the_swarm_grows_so_a_node_receives_about_the_same():
+    from swarmd.gossip.membership import sync_scale
+
+    assert sync_scale(15.0, 5) == sync_scale(15.0, 32) == 15.0  # the lab's swarms: unchanged
+    assert sync_scale(15.0, 2000) == 15.0 * 7 and sync_scale(15.0, 10_000) == 15.0 * 10  # memberlist's figures
+    small = Membership("me", 1, Timing.wan(), random.Random(1), 0.0)
+    for i in range(4):
+        small.receive_record(0.0, SimRecord(f"p{i}", 1))
+    assert small.record_ttl == Timing.wan().record_ttl
+    big = Membership("me", 1, Timing.wan(), random.Random(1), 0.0)
+    for i in range(1999):
+        big.receive_record(0.0, SimRecord(f"p{i}", 1))
+    assert big.record_ttl == Timing.wan().record_ttl * (2000 / 10.0) / 30.0  # refreshed every 200 s, ttl 800 s
+    big.take_actions()
+    big.local_change(1.0)
+    assert [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"]
+    big.handle_timeout(150.0)
+    assert not [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "no refresh before 200 s"
+    big.handle_timeout(201.5)
+    assert [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "refreshed at 200 s"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # attributes named `members` that are not the core's: (file, the expression's source)
 NOT_THE_CORE = {("swarmd/metrics.py", "self.members")}
 # the trio driver of the membership core: Gossip (service.py) and its modules
-DRIVER = {f"swarmd/gossip/{m}.py" for m in ("service", "loop", "inbound", "probes", "sync", "peers", "gate")}
+DRIVER = {f"swarmd/gossip/{m}.py" for m in ("service", "loop", "inbound", "probes", "sync", "peers", "gate", "records")}
 
 
 def test_nobody_outside_the_core_reads_its_members():

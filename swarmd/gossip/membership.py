@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import math
 import itertools
 import random
 from collections.abc import Iterable, Iterator, Mapping
@@ -179,6 +180,13 @@ class Timing:
     # reach its shortest timeout; a member publishes its own with probability
     # min(1, confirm_fanout / n) (every one of them in a swarm of at most 6).
     confirm_fanout: float = 6.0
+    # What a node receives grows with the swarm: every member's refreshes, and syncs that carry
+    # the whole view. Refreshes: the swarm as a whole refreshes at most ``refresh_rate`` records/s
+    # (a node every max(refresh_interval, n / refresh_rate) s: 30 s up to 300 members, 200 s at
+    # 2,000), its ttl stretched alike. Syncs: memberlist's pushPullScale, the interval times
+    # ceil(log2(n) - log2(32)) + 1 above 32 members (7x at 2,000).
+    refresh_rate: float = 10.0
+    sync_scale_threshold: int = 32
 
     @classmethod
     def wan(cls) -> Timing:
@@ -194,6 +202,14 @@ class Timing:
         """Unit tests and single-machine runs."""
         return cls(probe_interval=0.1, probe_timeout=0.1, indirect_timeout=0.2, refresh_interval=5.0,
                    sync_interval=2.0, reconnect_interval=0.5, forget_after=60.0)
+
+
+def sync_scale(interval: float, members: int, threshold: int = 32) -> float:
+    """memberlist's ``pushPullScale``: the sync interval, longer above ``threshold`` members
+    (a sync carries the whole view, so syncs cost each node O(n) bytes)."""
+    if members <= threshold:
+        return interval
+    return interval * (math.ceil(math.log2(members) - math.log2(threshold)) + 1)
 
 
 # --- actions --------------------------------------------------------------------------
@@ -572,7 +588,7 @@ class Membership(Generic[R]):
             if target is not None and not self.leaving:
                 self._start_probe(now, target)
         if now >= self._next_sync:
-            self._next_sync = now + t.sync_interval
+            self._next_sync = now + sync_scale(t.sync_interval, self._up(), t.sync_scale_threshold)
             alive = self._in[State.ALIVE]
             if alive:
                 self._actions.append(Sync(self.rng.choice(alive).peer))
@@ -872,7 +888,7 @@ class Membership(Generic[R]):
     def _publish(self, now: float) -> None:
         self._last_publish = now
         self._publish_pending = False
-        self._next_refresh = now + self.timing.refresh_interval
+        self._next_refresh = now + self._refresh_every()
         if self.seq + 1 >= MAX_SEQ:  # unreachable in practice (2^31 restarts x 2^32 records)
             self.counters.seq_exhausted += 1
             return
@@ -956,10 +972,23 @@ class Membership(Generic[R]):
         if was_alive or (result == "confirmed" and self._speak()):  # the first accuser always speaks
             self._actions.append(PublishRumor("suspect", m.peer, m.incarnation))
 
+    def _up(self) -> int:
+        """Members up, this node included."""
+        return len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
+
+    def _refresh_every(self) -> float:
+        t = self.timing
+        return max(t.refresh_interval, self._up() / t.refresh_rate)
+
+    @property
+    def record_ttl(self) -> float:
+        """The ttl for this node's next record: ``Timing.record_ttl``, stretched as the refresh is."""
+        return self.timing.record_ttl * self._refresh_every() / self.timing.refresh_interval
+
     def _speak(self) -> bool:
         """Whether to gossip a confirmation (a suspect or dead rumor about a member others accuse
         too): about ``confirm_fanout`` of the swarm do, whatever its size."""
-        n = len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
+        n = self._up()
         if n <= self.timing.confirm_fanout or self.rng.random() * n < self.timing.confirm_fanout:
             return True
         self.counters.confirmations_unsaid += 1

@@ -60,7 +60,7 @@ class OwnRecord:
             g.changed()
         try:
             blob = make_record(g.sign, swarm=g.swarm.swarm, peer=g.me, seq=seq, issued=now,
-                               ttl=g.timing.record_ttl, addrs=g.addrs(), resources=self.resources,
+                               ttl=g.core.record_ttl, addrs=g.addrs(), resources=self.resources,
                                labels=g.labels, wg=wg, jobs=g.job_slots(), rtts=self.nearest_rtts(), cert=cert)
             own = g.verifier.decode(blob, now)  # type: ignore[union-attr]
         except (Invalid, ValueError) as exc:
