@@ -160,3 +160,22 @@ def test_a_lie_handed_to_one_node_is_refuted_and_the_swarm_stays_alive():
     assert c.deliver("c", SimRumor("suspect", "a", "c", seq)) == "refuted"
     c.run_for(30)
     assert not any(ch.new is State.DEAD for _, _, ch in c.changes)
+
+
+def test_a_partition_between_countries_cuts_only_across_it():
+    dead: set[tuple[int, int]] = set()
+    s = Swarm(Latency.countries(["DE", "US", "JP"] * 2), seed=2,
+              on_changed=lambda t, o, p, old, new, why: dead.add((o, p)) if new is State.DEAD else None)
+    s.run_for(2)
+    cut = s.partition_countries(["DE"], ["US"])
+    assert not s.reachable(0, 1) and s.reachable(0, 2) and s.reachable(1, 2)
+    s.run_for(20)
+    assert dead == set()  # JP's nodes answer indirect probes across the cut: SWIM's point
+    s.heal(cut)
+    cut = s.partition_countries(["DE"], ["US", "JP"])
+    s.run_for(20)
+    de, rest = {0, 3}, {1, 2, 4, 5}
+    assert dead == {(o, p) for o in de for p in rest} | {(o, p) for o in rest for p in de}
+    s.heal(cut)
+    s.run_for(15)
+    assert all(s.state(o, p) is State.ALIVE for o in range(6) for p in range(6) if o != p)
