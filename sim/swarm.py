@@ -503,20 +503,21 @@ class Swarm:
         rows = self._rows
         watch = self.on_received if r.watch else None
         act = self._act
+        receive, take = Membership.receive_record, Membership.take_actions  # no bound method per call
         for v in nodes[ends[gi - 1] if gi else 0:ends[gi]]:
             c = cores[v]
             if c is None:
                 continue
-            res = c.receive_record(now, r)
+            res = receive(c, now, r)
             if res == "updated" or res == "new":
                 rows[v][src] = k
                 if watch is not None:
                     watch(now, v, src, r.seq)
-                actions = c.take_actions()
+                actions = take(c)
                 if actions:
                     act(v, c, actions)
             elif res != "duplicate" and res != "old":
-                act(v, c, c.take_actions())
+                act(v, c, take(c))
         self._next_group(job, self._deliver_record)
 
     def _deliver_rumor(self, job: list) -> None:
