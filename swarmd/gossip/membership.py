@@ -107,6 +107,7 @@ from .suspicion import Awareness, Suspicion, expected_confirmations, suspicion_b
 # refute), and msgpack encodes no integer above 2^64 - 1; 2^63 leaves room and fits an int64.
 # The wire (``wire.MAX_SEQ``) refuses anything at or above it; this is the one definition.
 MAX_SEQ = 2**63
+MAX_TTL = 43_200.0  # the longest ttl this node gives its records (the wire takes up to a day)
 
 
 class Carried(Protocol):
@@ -983,7 +984,7 @@ class Membership(Generic[R]):
     @property
     def record_ttl(self) -> float:
         """The ttl for this node's next record: ``Timing.record_ttl``, stretched as the refresh is."""
-        return self.timing.record_ttl * self._refresh_every() / self.timing.refresh_interval
+        return min(MAX_TTL, self.timing.record_ttl * self._refresh_every() / self.timing.refresh_interval)
 
     def _speak(self) -> bool:
         """Whether to gossip a confirmation (a suspect or dead rumor about a member others accuse
@@ -995,6 +996,9 @@ class Membership(Generic[R]):
         return False
 
     def _forget(self, now: float) -> None:
-        """Dead and left members leave the view after ``forget_after``: O(members down)."""
-        for m in [m for s in (State.DEAD, State.LEFT) for m in self._in[s] if now - m.since > self.timing.forget_after]:
+        """Dead and left members leave the view after ``forget_after``, and not before their
+        last record expired (in a large swarm the ttl outlives ``forget_after``: a sync or a
+        replay carrying that record would bring the member back as new): O(members down)."""
+        after = self.timing.forget_after
+        for m in [m for s in (State.DEAD, State.LEFT) for m in self._in[s] if now - m.since > after and m.expires <= now]:
             self._drop(m, "forgotten")

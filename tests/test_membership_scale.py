@@ -1,6 +1,7 @@
-"""Confirmations of a suspicion are gossiped by about ``Timing.confirm_fanout`` members, whatever
-the swarm's size (the simulator found 2n rumors of n deliveries each per crash: 8 M at 2,000
-nodes), while a small swarm keeps every one."""
+"""The core at swarm size: confirmations of a suspicion are gossiped by about
+``Timing.confirm_fanout`` members whatever the swarm's size (the simulator found 2n rumors of n
+deliveries each per crash: 8 M at 2,000 nodes) while a small swarm keeps every one; syncs and
+refreshes slow down as the swarm grows; a member is forgotten only once its record expired."""
 
 from __future__ import annotations
 
@@ -80,3 +81,32 @@ def test_syncs_and_refreshes_slow_down_as_the_swarm_grows_so_a_node_receives_abo
     assert not [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "no refresh before 200 s"
     big.handle_timeout(201.5)
     assert [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "refreshed at 200 s"
+
+
+def test_a_dead_member_is_not_forgotten_while_its_record_could_still_bring_it_back():
+    """At 10,000 members a record lives 4,000 s, longer than forget_after (3,600 s): forgetting
+    at 3,600 s let a sync (or a replay) of its last record make it a new, alive member again."""
+    wall0 = 1_000_000.0
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    for i in range(9_999):
+        core.receive_record(0.0, SimRecord(f"p{i}", 1, ttl=4_000.0, issued=wall0), wall0)
+    assert core.record_ttl == 4_000.0
+    last = SimRecord("p0", 2, ttl=core.record_ttl, issued=wall0)
+    core.receive_record(0.0, last, wall0)
+    for p in ("p1", "p2", "p3"):
+        core.receive_rumor(0.0, Rumor(kind="dead", swarm="s", sender=p, about="p0", incarnation=2, issued=0.0,
+                                      blob=b""))
+    now = 0.0
+    while core.members["p0"].state is not State.DEAD:  # its probes go unanswered: our own timeout
+        now += 0.5
+        core.handle_timeout(now)
+        for a in core.take_actions():
+            if isinstance(a, ProbeVia):
+                core.via_result(now, a.id, a.via, False)
+            elif isinstance(a, Probe):
+                core.probe_result(now, a.id, False)
+    while "p0" in core.members and now < 5_000:
+        now += 10.0
+        core.handle_timeout(now)
+        core.take_actions()
+    assert now > 3_900, f"forgotten at {now} s, before its record expired at 4,000 s"
