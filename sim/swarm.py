@@ -338,7 +338,9 @@ class Swarm:
         self._armed[v] = INF
 
     def _record(self, v: int, seq: int) -> SimRecord:
-        r = SimRecord(self.names[v], seq, self.timing.record_ttl)
+        c = self.cores[v]
+        assert c is not None
+        r = SimRecord(self.names[v], seq, c.record_ttl)  # the ttl the core asks for (stretched in large swarms)
         history = self._records[v]
         self._held[v, v] = len(history)
         history.append(r)
