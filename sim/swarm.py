@@ -627,9 +627,10 @@ class Swarm:
 
 
 class Small:
-    """tests/cluster.py's control over a handful of named nodes, on the simulator: uniform
+    """A handful of named nodes for the core's tests (it replaced tests/cluster.py): uniform
     one-way ``latency``, ``loss`` per link (TCP: a lost attempt costs a retransmission, never
-    the message), ``kill`` = a silent crash, ``start`` = a (re)start that bootstraps by sync."""
+    the message), ``kill`` = the daemon dies (connections reset, then refused), ``crash`` = silence,
+    ``start`` = a (re)start that bootstraps by sync."""
 
     def __init__(self, names: Sequence[str], *, timing: Timing | None = None, latency: float = 0.02,
                  loss: float = 0.0, seed: int = 1, jitter_ms: float = 0.0) -> None:
@@ -658,6 +659,9 @@ class Small:
         return [n for n, c in zip(self.names, self.swarm.cores) if c is None]
 
     def kill(self, name: str) -> None:
+        self.swarm.kill(self._i(name))
+
+    def crash(self, name: str) -> None:
         self.swarm.crash(self._i(name))
 
     def start(self, name: str) -> None:

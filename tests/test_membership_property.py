@@ -267,9 +267,8 @@ def test_the_deadline_heaps_agree_with_a_full_scan(script, seed):
 
 DETERMINISM = """
 import hashlib, sys
-sys.path.insert(0, "tests")
-from cluster import Cluster
-c = Cluster(["a", "b", "c", "d", "e", "f", "g"], loss=0.05, seed=3)
+from sim.swarm import Small
+c = Small(["a", "b", "c", "d", "e", "f", "g"], loss=0.05, seed=3)
 c.run_for(5); c.kill("c"); c.run_for(10); c.partition({"a", "b"}); c.run_for(20); c.heal(); c.start("c"); c.run_for(30)
 log = repr([(round(t, 9), o, ch) for t, o, ch in c.changes]) + repr(sorted((n, x.seq) for n, x in c.nodes.items()))
 print(len(c.changes), hashlib.sha256(log.encode()).hexdigest())

@@ -33,7 +33,7 @@ def test_a_crash_is_detected_by_all_within_the_bound_the_timing_implies():
     for seed in range(3):
         c = Small(NAMES, seed=seed)
         c.run_for(5)
-        c.kill("c")
+        c.crash("c")
         took = c.wait_for(lambda: all_see(c, "c", State.DEAD), limit=bound)
         assert took < 5.0
         assert any(ch.new is State.SUSPECT for _, _, ch in c.changes), "dead only after a suspicion"

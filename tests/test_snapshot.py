@@ -9,13 +9,21 @@ import ast
 import dataclasses
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from swarmd.gossip.membership import Membership, MemberView, State, Timing, View
-from swarmd.gossip.wire import Rumor
+from swarmd.gossip.wire import Record, Rumor
 
-from cluster import record
+
+INFINITE_CERT = SimpleNamespace(expires=float("inf"))
+
+
+def record(peer: str, seq: int, addrs: tuple[str, ...] = ("/ip4/10.0.0.1/tcp/4001",)) -> Record:
+    return Record(swarm="s", peer=peer, seq=seq, issued=0.0, ttl=120.0, addrs=addrs, resources=None,  # type: ignore[arg-type]
+                  labels={}, wg=None, cert=INFINITE_CERT, blob=b"")  # type: ignore[arg-type]
+
 
 ROOT = Path(__file__).resolve().parent.parent
 # attributes named `members` that are not the core's: (file, the expression's source)
