@@ -4,8 +4,10 @@ time and peak RSS are its own.
 
 - ``lab-5-countries`` beside the lab's own figures (part ``gossip`` of this run, or of the last
   bench.json): kill detection by all p50/p99 and a change's time to every node p50/p99.
-- ``swarm-2k`` (1 % loss) and ``swarm-2k-5pct``, ``swarm-10k``: detection, false dead, change
-  convergence beyond the longest one-way delay, bytes per node per second, wall time, peak RSS.
+- ``swarm-2k`` (1 % loss) and ``swarm-2k-5pct``, ``swarm-5k``, ``swarm-10k``: detection, false
+  dead, change convergence beyond the longest one-way delay, bytes per node per second, wall time,
+  peak RSS. A scenario whose n^2 member entries cannot fit in the memory available is skipped
+  and the memory it would need recorded (``swarm-10k`` on a 24 GB machine).
 - ``disseminate-100k``: one record to 100,000 nodes over the gossipsub model.
 
 ``SWARMD_BENCH_SIM=lab-5-countries,swarm-2k`` runs only those. Reports and plots are kept in
@@ -21,13 +23,28 @@ import sys
 import time
 from pathlib import Path
 
+from sim import scenario
+
 from . import core_cost
 
-SCENARIOS = ("lab-5-countries", "swarm-2k", "swarm-2k-5pct", "swarm-10k", "disseminate-100k")
+SCENARIOS = ("lab-5-countries", "swarm-2k", "swarm-2k-5pct", "swarm-5k", "swarm-10k", "disseminate-100k")
 ONLY = [s for s in os.environ.get("SWARMD_BENCH_SIM", ",".join(SCENARIOS)).split(",") if s in SCENARIOS]
 OUT = Path(".bench/sim")
-SHORT = {"lab-5-countries": "lab5", "swarm-2k": "2k", "swarm-2k-5pct": "2k_5pct", "swarm-10k": "10k",
-         "disseminate-100k": "100k"}
+SHORT = {"lab-5-countries": "lab5", "swarm-2k": "2k", "swarm-2k-5pct": "2k_5pct", "swarm-5k": "5k",
+         "swarm-10k": "10k", "disseminate-100k": "100k"}
+# Each core holds every member: n^2 entries of about this many bytes (bench/core_cost.py's 167 B,
+# plus the float a delivery's own time costs). A scenario that cannot fit is skipped, not swapped.
+BYTES_PER_ENTRY = 200
+
+
+def needs_gb(nodes: int) -> float:
+    return nodes * nodes * BYTES_PER_ENTRY / 2**30
+
+
+def available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) / 2**20
 
 
 def run(name: str) -> tuple[dict, float, float]:
@@ -80,9 +97,15 @@ def measure(lab: dict | None = None) -> dict[str, float]:
         results["sim_core_event_us_10k"] = row["event_us"]
         results["sim_core_bytes_per_member_10k"] = row["bytes_per_member"]
     for name in ONLY:
+        key = SHORT[name]
+        nodes = scenario.load(Path(f"sim/scenarios/{name}.toml"))
+        if nodes.mode == "membership" and needs_gb(nodes.nodes) > 0.8 * available_gb():
+            print(f"sim: {name} skipped: {nodes.nodes:,} cores of {nodes.nodes:,} members need about "
+                  f"{needs_gb(nodes.nodes):.0f} GB, {available_gb():.0f} GB available", file=sys.stderr)
+            results[f"sim_{key}_skipped_needs_gb"] = needs_gb(nodes.nodes)
+            continue
         print(f"sim: swarm-sim run {name}...", file=sys.stderr)
         report, wall, rss = run(name)
-        key = SHORT[name]
         results[f"sim_{key}_wall_s"] = wall
         results[f"sim_{key}_peak_rss_gb"] = rss
         results |= _dissemination(key, report) if report["scenario"]["mode"] == "disseminate" else \
