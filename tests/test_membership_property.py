@@ -149,7 +149,7 @@ def test_the_issue_11_crash_replayed_through_the_wire():
     assert core.screen(lie) == "future_incarnation"
     assert core.receive_rumor(now, lie) == "future_incarnation"
     assert core.merge_sync(now, [], [(ME, "dead", 2**64 - 1)], by=PEERS[1]).claims == ["future_incarnation"]
-    for t in (31.0, 62.0):  # refreshes, where the daemon died
+    for t in (38.0, 76.0):  # refreshes (30 s x 0.75-1.25), where the daemon died
         core.handle_timeout(t)
         encodes(core, wall + t)
     assert core.seq == FIRST_SEQ + 3

@@ -584,12 +584,13 @@ class Membership(Generic[R]):
             else:
                 break
         if now >= self._next_probe:
-            self._next_probe = now + self.awareness.scale(t.probe_interval)
+            every = self.awareness.scale(t.probe_interval)  # late (a busy loop, a warm start): same phase, no burst
+            self._next_probe = now + every - (now - self._next_probe) % every
             target = self._next_target()
             if target is not None and not self.leaving:
                 self._start_probe(now, target)
         if now >= self._next_sync:
-            self._next_sync = now + sync_scale(t.sync_interval, self._up(), t.sync_scale_threshold)
+            self._next_sync = now + sync_scale(t.sync_interval, self._up(), t.sync_scale_threshold) * self._jitter()
             alive = self._in[State.ALIVE]
             if alive:
                 self._actions.append(Sync(self.rng.choice(alive).peer))
@@ -889,7 +890,7 @@ class Membership(Generic[R]):
     def _publish(self, now: float) -> None:
         self._last_publish = now
         self._publish_pending = False
-        self._next_refresh = now + self._refresh_every()
+        self._next_refresh = now + self._refresh_every() * self._jitter()
         if self.seq + 1 >= MAX_SEQ:  # unreachable in practice (2^31 restarts x 2^32 records)
             self.counters.seq_exhausted += 1
             return
@@ -976,6 +977,11 @@ class Membership(Generic[R]):
     def _up(self) -> int:
         """Members up, this node included."""
         return len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
+
+    def _jitter(self) -> float:
+        """A periodic timer's spread (x0.75-1.25): members that started together (a swarm formed at
+        once, a mass restart, the simulator's warm start) do not sync and refresh in step forever."""
+        return self.rng.uniform(0.75, 1.25)
 
     def _refresh_every(self) -> float:
         t = self.timing
