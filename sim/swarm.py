@@ -133,6 +133,7 @@ class Swarm:
         self._rows = [memoryview(row) for row in self._held]  # the same rows, for one item at a time (faster)
         self._records: list[list[SimRecord]] = [[] for _ in range(n)]
         self._watch: dict[int, None] = {}
+        self._watched: set[int] = set()  # nodes changed once: all their later records are reported too
         self._retired = Counters()
         self._recent: deque[int] = deque([0] * HISTORY_GOSSIP, maxlen=HISTORY_GOSSIP)  # messages per heartbeat
         self._published = 0
@@ -214,13 +215,15 @@ class Swarm:
         self._retire(node)
 
     def change(self, node: int) -> int | None:
-        """A capacity change: the core re-advertises; that record's receipts are reported. The
-        record's seq, or None when the core holds it back (at most one record per publish_interval;
-        it goes out later, still watched)."""
+        """A capacity change: the core re-advertises; that record's receipts are reported, and so are
+        those of every later record of the node (they carry the change: a node across a cut gets
+        only those). The record's seq, or None when the core holds it back (at most one record per
+        publish_interval; it goes out later, still watched)."""
         c = self.cores[node]
         if c is None:
             return None
         self._watch[node] = None
+        self._watched.add(node)
         c.local_change(self.engine.now)
         self._act(node, c, c.take_actions())
         return None if node in self._watch else self._records[node][-1].seq
@@ -359,9 +362,9 @@ class Swarm:
                 self._probe_via(v, c, a)
             elif t is PublishRecord:
                 r = self._record(v, a.seq)
-                if v in self._watch:
-                    del self._watch[v]
-                    r.watch = True
+                self._watch.pop(v, None)
+                # every later record carries the change too: a node across a cut gets only those
+                r.watch = v in self._watched
                 self._spread(v, r, RECORD_BYTES, self._deliver_record, len(self._records[v]) - 1)
             elif t is PublishRumor:
                 self._spread(v, SimRumor(a.kind, c.me, a.about, a.incarnation), RUMOR_BYTES, self._deliver_rumor, 0)
