@@ -54,7 +54,7 @@ def describe(s: sc.Scenario) -> dict:
     for ev in s.events:
         events.append({"kind": type(ev).__name__.lower(), **asdict(ev)})
     return {"name": s.name, "mode": s.mode, "seconds": s.seconds, "nodes": s.nodes, "timing": s.timing,
-            "seed": s.seed, "network": net, "events": events}
+            "seed": s.seed, "network": net, "timing_overrides": dict(s.overrides), "events": events}
 
 
 def build(outcome: Outcome) -> dict:
@@ -92,7 +92,7 @@ def rows(report: Mapping) -> list[tuple[str, str, str]]:
                     "one record over the gossipsub model, no cores"))
     else:
         out.append(("scenario", f"{scen['name']}: {scen['nodes']:,} nodes, {scen['seconds']:g} s, "
-                                f"seed {scen['seed']}", f"timing {scen['timing']}"))
+                                f"seed {scen['seed']}", f"timing {scen['timing']}" + "".join(f", {k} {v:g}" for k, v in scen.get("timing_overrides", {}).items())))
     if "dissemination_s" in report:
         d = report["dissemination_s"]
         out.append(("record reached", f"{d['reached']:,} / {d['nodes']:,}", "nodes"))

@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,8 +46,9 @@ def rng(seed: int, concern: str) -> random.Random:
     return random.Random(f"{seed}:{concern}")
 
 
-def timing(name: str) -> Timing:
-    return Timing.lan() if name == "lan" else Timing.wan()
+def timing(name: str, overrides: tuple[tuple[str, float | int], ...] = ()) -> Timing:
+    preset = Timing.lan() if name == "lan" else Timing.wan()
+    return replace(preset, **dict(overrides))
 
 
 def grace(t: Timing, nodes: int) -> float:
@@ -111,7 +112,7 @@ def _membership(s: sc.Scenario, progress: Progress | None, wall0: float) -> Outc
 
     total = s.nodes + s.joins
     lat, placed = latency(s, total)
-    t = timing(s.timing)
+    t = timing(s.timing, s.overrides)
     used = sorted(set(lat.sites))
     farthest = lat.owd[:, used].max(axis=1)  # per site: its longest one-way delay to any used site
     metrics = Metrics({i: placed[i] for i in range(s.nodes)}, seconds=s.seconds, grace=grace(t, s.nodes),

@@ -17,6 +17,8 @@ Schema (sim/scenarios/*.toml are examples)::
     seconds = 600            # simulated (membership mode)
     nodes = 5
     timing = "wan"           # wan | lan  (membership.Timing presets)
+    [timing_overrides]       # what-if: any membership.Timing field, on top of the preset
+    suspicion_mult = 2.0     # (numbers > 0; the whole-number fields take whole numbers >= 1)
     seed = 1                 # --seed overrides
     [network]
     countries = ["DE", "US"] # node i in countries[i % len]; or "weighted" (+ top = N); or absent
@@ -52,9 +54,11 @@ import random
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from swarmd.gossip.membership import Timing
 
 MODES = ("membership", "disseminate")
 TIMINGS = ("wan", "lan")
@@ -158,6 +162,7 @@ class Scenario:
     timing: str = "wan"
     seed: int = 1
     network: Network = field(default_factory=Network)
+    overrides: tuple[tuple[str, float | int], ...] = ()  # [timing_overrides], sorted by field
     events: tuple[Event, ...] = ()  # repeats expanded, ordered by time (file order among equals)
 
     @property
@@ -172,7 +177,7 @@ class Scenario:
 
 # --- reading --------------------------------------------------------------------------
 
-_TOP = ("name", "mode", "seconds", "nodes", "timing", "seed", "network", "events")
+_TOP = ("name", "mode", "seconds", "nodes", "timing", "seed", "network", "timing_overrides", "events")
 _NETWORK = ("countries", "top", "latency_csv", "rtt_ms", "loss", "jitter_ms")
 # event kind -> (its keys besides at/every/times, whether it has an end)
 _KINDS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -307,11 +312,24 @@ def parse(raw: Mapping[str, Any], *, file: str = "scenario", base: Path = Path("
         for e in _event(file, f"[[events]] #{i}", ev, seconds, nodes, network):
             parsed.append((e.at, len(parsed), e))
     parsed.sort(key=lambda x: (x[0], x[1]))
-    out = Scenario(**scenario, network=network, events=tuple(e for _, _, e in parsed))
+    overrides = _overrides(_Table(file, "[timing_overrides]", raw.get("timing_overrides", {}), _TIMING_FIELDS))
+    if overrides and mode == "disseminate":
+        raise ScenarioError(file, "[timing_overrides]", "mode = \"disseminate\" runs no cores: no timing")
+    out = Scenario(**scenario, network=network, overrides=overrides, events=tuple(e for _, _, e in parsed))
     if nodes + out.joins > MAX_NODES[mode]:
         raise ScenarioError(file, "[[events]] churn_per_min", f"would start {out.joins:,} more nodes; a scenario "
                                                               f"runs at most {MAX_NODES[mode]:,} in all")
     return out
+
+
+_TIMING_FIELDS = tuple(sorted(f.name for f in fields(Timing)))
+_WHOLE = frozenset(f.name for f in fields(Timing) if f.type in ("int", int))
+
+
+def _overrides(t: _Table) -> tuple[tuple[str, float | int], ...]:
+    """[timing_overrides]: membership.Timing fields set on top of the preset (what-if runs)."""
+    return tuple((key, t.number(key, 1, 1e6, whole=True) if key in _WHOLE else t.number(key, 0, 1e6, above=True))
+                 for key in sorted(t.raw))
 
 
 def _network(t: _Table, base: Path, table: Mapping[str, float], mode: str) -> Network:

@@ -228,3 +228,29 @@ def test_the_cli_names_the_field_of_a_bad_scenario(tmp_path, capsys):
     assert cli.main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == f"swarm-sim: {path}: [network] loss: must be 0..0.5, got 2\n"
     assert not (tmp_path / "o").exists()  # nothing written for a scenario that cannot run
+
+
+def test_timing_overrides_set_membership_timing_fields_on_top_of_the_preset(tmp_path):
+    from sim.runner import timing
+
+    path = tmp_path / "w.toml"
+    path.write_text('seconds = 10\nnodes = 3\ntiming = "lan"\n[timing_overrides]\nsuspicion_mult = 2\n'
+                    'indirect_probes = 2\n')
+    s = sc.load(path)
+    assert s.overrides == (("indirect_probes", 2), ("suspicion_mult", 2.0))
+    t = timing(s.timing, s.overrides)
+    assert (t.suspicion_mult, t.indirect_probes, t.probe_interval) == (2.0, 2, 0.3)  # the rest: lan's
+
+
+@pytest.mark.parametrize("body, message", [
+    ("probe_intervall = 1", "[timing_overrides] probe_intervall: unknown key (allowed: accusation_burst"),
+    ("indirect_probes = 1.5", "[timing_overrides] indirect_probes: must be a whole number, got 1.5"),
+    ("probe_interval = 0", "[timing_overrides] probe_interval: must be more than 0 and at most 1e+06, got 0"),
+    ('suspicion_mult = "2"', "[timing_overrides] suspicion_mult: must be a number"),
+])
+def test_a_bad_timing_override_is_named(tmp_path, body, message):
+    path = tmp_path / "w.toml"
+    path.write_text(f"seconds = 10\nnodes = 3\n[timing_overrides]\n{body}\n")
+    with pytest.raises(sc.ScenarioError) as exc:
+        sc.load(path)
+    assert message in str(exc.value)
