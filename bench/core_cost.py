@@ -20,22 +20,12 @@ import random
 import sys
 import timeit
 import tracemalloc
-from dataclasses import dataclass
 
+from sim.swarm import SimRecord as Rec  # what the core reads of a record (membership.Carried)
 from swarmd.gossip.membership import Membership, Probe, Timing, _index
 
 BEFORE = {1_000: {"event_us": 122.7, "bytes_per_member": 200.0},
           10_000: {"event_us": 1265.9, "bytes_per_member": 190.0}}
-
-
-@dataclass(frozen=True, slots=True)
-class Rec:
-    """The least a record carries for the core (``membership.Carried``)."""
-    peer: str
-    seq: int
-    ttl: float = 120.0
-    issued: float = 0.0
-    cert_expires: float = float("inf")
 
 
 def build(n: int, seed: int = 1) -> tuple[Membership, list[Rec]]:

@@ -25,6 +25,7 @@ from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import issue_cert, swarm_id
 from swarmd.gossip.membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
                                       Sync, Timing)
+from sim.swarm import SimRecord as Rec
 from swarmd.gossip.signed import Invalid, peer_from_key, peer_str
 from swarmd.gossip.wire import MAX_SEQ, Record, Verifier, make_record, make_rumor
 
@@ -156,15 +157,6 @@ def test_the_issue_11_crash_replayed_through_the_wire():
 
 
 # --- issue 15: the heaps and indexes agree with an O(N) recomputation -----------------
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rec:
-    """A record as the simulator carries it (membership.Carried)."""
-    peer: str
-    seq: int
-    ttl: float = 120.0
-    issued: float = 0.0
-    cert_expires: float = float("inf")
 
 
 OTHERS = ["p0", "p1", "p2", "p3", "p4", "p5"]
