@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from sim import scenario
+from sim.runner import memory_available_gb, memory_needed_gb
 
 from . import core_cost
 
@@ -32,21 +33,6 @@ ONLY = [s for s in os.environ.get("SWARMD_BENCH_SIM", ",".join(SCENARIOS)).split
 OUT = Path(".bench/sim")
 SHORT = {"lab-5-countries": "lab5", "swarm-2k": "2k", "swarm-2k-5pct": "2k_5pct", "swarm-5k": "5k",
          "swarm-10k": "10k", "disseminate-100k": "100k"}
-# Each core holds every member: n^2 entries of about this many bytes (bench/core_cost.py's 167 B,
-# plus the float a delivery's own time costs). A scenario that cannot fit is skipped, not swapped.
-BYTES_PER_ENTRY = 200
-
-
-def needs_gb(nodes: int) -> float:
-    return nodes * nodes * BYTES_PER_ENTRY / 2**30
-
-
-def available_gb() -> float:
-    with open("/proc/meminfo") as f:
-        info = dict(line.split(":", 1) for line in f)
-    return int(info["MemAvailable"].split()[0]) / 2**20
-
-
 def run(name: str) -> tuple[dict, float, float]:
     """(report.json, wall s, peak RSS in GB) of `swarm-sim run sim/scenarios/NAME.toml`."""
     out = OUT / name
@@ -99,10 +85,10 @@ def measure(lab: dict | None = None) -> dict[str, float]:
     for name in ONLY:
         key = SHORT[name]
         nodes = scenario.load(Path(f"sim/scenarios/{name}.toml"))
-        if nodes.mode == "membership" and needs_gb(nodes.nodes) > 0.8 * available_gb():
+        if nodes.mode == "membership" and memory_needed_gb(nodes.nodes + nodes.joins) > 0.9 * memory_available_gb():
             print(f"sim: {name} skipped: {nodes.nodes:,} cores of {nodes.nodes:,} members need about "
-                  f"{needs_gb(nodes.nodes):.0f} GB, {available_gb():.0f} GB available", file=sys.stderr)
-            results[f"sim_{key}_skipped_needs_gb"] = needs_gb(nodes.nodes)
+                  f"{memory_needed_gb(nodes.nodes + nodes.joins):.0f} GB, {memory_available_gb():.0f} GB available", file=sys.stderr)
+            results[f"sim_{key}_skipped_needs_gb"] = memory_needed_gb(nodes.nodes + nodes.joins)
             continue
         print(f"sim: swarm-sim run {name}...", file=sys.stderr)
         report, wall, rss = run(name)

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from . import report
-    from .runner import place
+    from .runner import memory_available_gb, memory_needed_gb, place
     from .scenario import ScenarioError, load
 
     if args.seed is not None and not 0 <= args.seed < 2**63:
@@ -206,6 +206,13 @@ def _run(args: argparse.Namespace) -> int:
         scenario = load(args.scenario)
         if args.seed is not None:
             scenario = scenario.with_seed(args.seed)
+        if scenario.mode == "membership":
+            nodes = scenario.nodes + scenario.joins
+            need, have = memory_needed_gb(nodes), memory_available_gb()
+            if need > 0.9 * have:  # refused now, not swapped or killed for memory an hour in
+                print(f"swarm-sim: {scenario.name}: {nodes:,} nodes, each holding every member, need about "
+                      f"{need:.0f} GB of memory; {have:.0f} GB is available", file=sys.stderr)
+                return 2
         out = args.out if args.out is not None else Path("sim-out") / scenario.name
         made = not out.exists()  # checked now, not after a long run; removed again if the run fails
         out.mkdir(parents=True, exist_ok=True)

@@ -98,3 +98,18 @@ def test_disseminate_mode_follows_one_record_to_every_node(tmp_path):
     # DE-US-JP: nobody is nearer than the same-country delay, nobody farther than a few mesh hops
     assert 0 < d["t50"] <= d["t99"] <= d["t100"] <= 6 * data["max_one_way_s"]
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["dissemination.png", "report.json"]
+
+
+def test_a_swarm_too_big_for_this_machines_memory_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """Each of n cores holds n members: 10,000 nodes need about 21 GB. Refused at once with what it
+    needs, not killed for memory (or swapping) an hour in."""
+    from sim import cli, runner
+
+    monkeypatch.setattr(runner, "memory_available_gb", lambda: 1.0)
+    path = tmp_path / "big.toml"
+    path.write_text("seconds = 10\nnodes = 3000\n")
+    assert cli.main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == "swarm-sim: big: 3,000 nodes, each holding every member, need about 2 GB of memory; 1 GB is available\n"
+    assert not (tmp_path / "o").exists()
+    assert runner.memory_needed_gb(10_000) > 16 and runner.memory_needed_gb(2_000) < 1
