@@ -3,7 +3,8 @@
 Every job runs as a uid of its own from the `job_uids` range (uids.py). This module writes
 the nftables script that limits what sockets of that uid may reach, and applies it. The
 script builders (`base`, `add_job`, `remove_job`) are pure functions of a `Policy`;
-`apply` feeds a script to `nft -f -`, where it is one atomic transaction.
+`apply` (swarmd/nft.py, shared with the relay's rules) feeds a script to `nft -f -`, where it is
+one atomic transaction.
 
 Theory of operation. One `table inet <policy.table>` with one base chain on the output
 hook. Only packets that leave a socket are judged: a packet the kernel sends with no user
@@ -74,10 +75,10 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import trio
+from ...nft import NftError, apply  # noqa: F401 (apply: part of this module's interface, box.py calls it)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -124,8 +125,7 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # IFNAMSIZ - 1
 
 
-class FirewallError(Exception):
-    """nft refused a script or cannot run here (the message is nft's)."""
+FirewallError = NftError  # nft refused a script or cannot run here (the message is nft's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,18 +276,6 @@ def remove_job(policy: Policy, uid: int) -> str:
         f"delete element inet {t} job_uids {{ {uid} }}",
         *(f"{verb} chain inet {t} {c}_{uid}" for c in ("job", "opened") for verb in ("flush", "delete")),
     ]) + "\n"
-
-
-async def apply(script: str, *, nft: Sequence[str] = ("nft",)) -> None:
-    """Run `script` as one nftables transaction (`nft -f -`); all of it or nothing.
-    `nft` is the command (tests prefix `ip netns exec NS`)."""
-    try:
-        done = await trio.run_process([*nft, "-f", "-"], stdin=script.encode(), capture_stdout=True,
-                                      capture_stderr=True, check=False)
-    except OSError as exc:
-        raise FirewallError(f"cannot run {nft[0]}: {exc}") from exc
-    if done.returncode != 0:
-        raise FirewallError(done.stderr.decode(errors="replace").strip() or f"nft exited {done.returncode}")
 
 
 def detect(nft: str | None = None) -> str | None:
