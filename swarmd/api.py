@@ -28,6 +28,7 @@ from .gossip.wire import check_labels
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
 
 if TYPE_CHECKING:
+    from .gossip.membership import MemberView, View
     from .node import Node
 
 MIN_WATCH_INTERVAL = 0.1
@@ -183,7 +184,21 @@ def methods(node: Node) -> list[Method]:
 
     async def mesh(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         m = mesh_or_error("mesh")
-        return {**m.status(), "peers": await m.peer_rows()}
+        rows, view = await m.peer_rows(), node.gossip.view()
+        return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
+
+    async def route(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        if node.routing is None:
+            why = getattr(node, "routing_off", None)
+            raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node"
+                                                       + (f" ({why})" if why else ""))
+        peer = route_peer(params["peer"], node.gossip.view())
+        try:
+            explained = node.routing.explain(peer)
+        except KeyError:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {peer} is not a member this node has a path to "
+                                                     "(alive, in the mesh; see `swarmctl peers`)") from None
+        return {"peer": peer, **explained}
 
     async def mesh_rotate_key(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         result = await mesh_or_error("mesh.rotate-key").rotate_key()
@@ -223,6 +238,10 @@ def methods(node: Node) -> list[Method]:
         Method(name="labels.rm", handler=labels_rm, access=Access.ADMIN, doc="remove labels from this node's record",
                params={"keys": Param(type=list, required=True, doc="[key, ...]")}),
         Method(name="mesh", handler=mesh, access=Access.READ, doc="this node's WireGuard interface and its peers"),
+        Method(name="route", handler=route, access=Access.READ,
+               doc="why traffic to a peer goes direct or through a relay: RTTs, relays considered, hysteresis",
+               params={"peer": Param(type=str, required=True,
+                                     doc=f"peer id, or at least {MIN_PEER_PART} characters of its start or end")}),
         Method(name="mesh.rotate-key", handler=mesh_rotate_key, access=Access.ADMIN,
                doc="a new WireGuard key for this node, re-advertised at once"),
     ]
@@ -233,15 +252,71 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
     rows = []
     for m in sorted(node.gossip.view(), key=lambda m: m.peer):
         r = m.record
+        rtt, source = peer_rtt(node, m)
         rows.append({
             "peer": m.peer, "state": m.state.value, "stale": m.stale, "since_s": round(now_mono - m.since, 3),
-            "rtt_ms": None if m.rtt_ewma is None else round(m.rtt_ewma * 1000, 2),
+            "rtt_ms": rtt, "rtt_source": source,
             "rtt_min_ms": None if m.rtt_min is None else round(m.rtt_min * 1000, 2),
             "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
             "addrs": list(r.addrs), "seq": r.seq, "record_age_s": round(now - r.issued, 3),
             "rtts_ms": r.rtts, "jobs": None if r.jobs is None else r.jobs.to_wire(),
         })
     return rows
+
+
+def peer_rtt(node: Node, m: MemberView[Any]) -> tuple[float | None, str | None]:
+    """The RTT `swarmctl peers` shows, and where it comes from: routing's ("measured" where this
+    node probes the peer, else "estimated" from network coordinates); without routing, this
+    node's own probes."""
+    if node.routing is not None:
+        got = node.routing.peer_rtt(m.peer)
+        return (None, None) if got is None else (_ms(got[0]), got[1])
+    return (None, None) if m.rtt_ewma is None else (_ms(m.rtt_ewma * 1000), "measured")
+
+
+NO_PATH = {"path": None, "relay": None, "relay_state": None, "path_rtt_ms": None, "direct_rtt_ms": None,
+           "estimate_ms": None}
+
+
+def path_columns(node: Node, view: View[Any], peer: str | None) -> dict[str, Any]:
+    """A mesh row's path (routing.path_row): `direct` or `via <peer>`, the relay session's
+    state, the path's RTT, the direct RTT and the coordinate estimate. Without routing every
+    path is direct and its RTT is this node's own probes; a device peer no member owns (a key
+    being replaced) has none."""
+    if peer is None:
+        return NO_PATH
+    if node.routing is None:
+        m = view.get(peer)
+        rtt = None if m is None or m.rtt_ewma is None else _ms(m.rtt_ewma * 1000)
+        return {**NO_PATH, "path": "direct", "path_rtt_ms": rtt, "direct_rtt_ms": rtt}
+    try:
+        row = node.routing.path_row(peer)
+    except KeyError:
+        return NO_PATH
+    return {key: _ms(row.get(key)) if key.endswith("_ms") else row.get(key) for key in NO_PATH}
+
+
+MIN_PEER_PART = 6  # characters of a peer id `route` takes: the tables show the last 8
+
+
+def route_peer(text: str, view: View[Any]) -> str:
+    """The member `route` is asked about: a full id, or an unambiguous start or end of one."""
+    text = text.strip()
+    if text not in view and len(text) < MIN_PEER_PART:
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {text!r} is too short to name a peer: give at least "
+                                                 f"{MIN_PEER_PART} characters of its id (`swarmctl peers` shows "
+                                                 "the last 8)")
+    try:
+        peer = resolve_peer(text, [m.peer for m in view])
+    except ValueError as exc:
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {exc}") from None
+    if peer == view.me:
+        raise RpcError(ErrorCode.INVALID_PARAMS, "route: that is this node itself")
+    return peer
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 2)
 
 
 def swarm_status(node: Node) -> dict[str, Any]:

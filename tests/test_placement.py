@@ -251,3 +251,34 @@ def test_required_members_are_grown_from_when_the_search_is_greedy(monkeypatch):
     pos = {f"p{i}": float(i) for i in range(30)}
     got = place(spec(nodes=4), [node(p) for p in pos], line(pos), require=("p10", "p11"))
     assert {"p10", "p11"} <= set(got.peers) and got.worst_rtt_ms == 3.0  # p9-p12 or p10-p13
+
+
+def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
+    """The coordinator measures pairs through routing (Routing.rtt_ms: the chosen path's RTT,
+    else measured, else the coordinate estimate): b and c never probed each other, yet their
+    estimate makes them the tightest pair. Without routing only probed pairs are known, and the
+    one measured pair wins however far apart its ends are."""
+    from types import MappingProxyType, SimpleNamespace
+
+    from swarmd.compute.coordinator import Jobs
+    from swarmd.gossip.membership import MemberView, State, View
+
+    def member(peer, rtt_s=None):
+        return MemberView(peer=peer, state=State.ALIVE, stale=False, record=SimpleNamespace(rtts={}), since=0.0,
+                          heard=0.0, expires=1e9, rtt_ewma=rtt_s, rtt_min=rtt_s)
+    view = View(version=1, me="me", members=MappingProxyType({"a": member("a", 0.08), "b": member("b"),
+                                                              "c": member("c")}))
+    candidates = [node(p) for p in ("me", "a", "b", "c")]
+
+    class Routing:  # routing.service.Routing's rtt_ms, from tables
+        estimates = {frozenset(("b", "c")): 12.0}
+        measured = {frozenset(("me", "a")): 80.0}
+
+        def rtt_ms(self, a, b):
+            pair = frozenset((a, b))
+            return self.measured.get(pair, self.estimates.get(pair, 150.0))
+
+    without = Jobs._rtt(SimpleNamespace(routing=None), view)
+    assert place(spec(nodes=2), candidates, without) == Placement(("a", "me"), 80.0)
+    with_routing = Jobs._rtt(SimpleNamespace(routing=Routing()), view)
+    assert place(spec(nodes=2), candidates, with_routing) == Placement(("b", "c"), 12.0)

@@ -42,7 +42,7 @@ from . import gc
 from .events import checked_event
 from .hub import Hub, Listed
 from .ids import host_dir
-from .placement import Candidate, NoFit, place
+from .placement import Candidate, NoFit, Rtt, place
 from .run import TERMINAL, Run, short_peer
 from .sandbox.box import Sandbox, Settings
 from .service import HostError, LocalHost, RemoteHost, short
@@ -89,6 +89,9 @@ class Jobs:
         self.retention = retention  # finished jobs' directories, records and logs (gc.py)
         self.live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
+        # the node's path choice (routing.service.Routing), set by the node when it runs: then
+        # pairs are measured by the paths jobs will use and pairs nobody probed by coordinates
+        self.routing: Any = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         lost = self.store.recover(LOST_REASON)
@@ -257,7 +260,7 @@ class Jobs:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(live.hub.replicator, run, lambda: live.hosts,
-                                   lambda: functools.partial(_rtt_ms, self.gossip.view()))
+                                   lambda: self._rtt(self.gossip.view()))
                 await self._attempts(job, live, workdir)
                 nursery.cancel_scope.cancel()
         except HostError as exc:
@@ -327,7 +330,7 @@ class Jobs:
             # off the event loop (1,000 members take 0.6 s, make bench), so probes do not wait;
             # the thread gets an immutable snapshot of the view, never the live membership
             view = self.gossip.view()
-            candidates, rtt_ms = self._candidates(view), functools.partial(_rtt_ms, view)
+            candidates, rtt_ms = self._candidates(view), self._rtt(view)
             placement = await trio.to_thread.run_sync(
                 lambda: place(spec, candidates, rtt_ms, exclude=dict(refused), require=survivors))
             if isinstance(placement, NoFit):
@@ -583,6 +586,16 @@ class Jobs:
                                  memory_free_mb=r.resources.memory_free_mb, labels=r.labels,
                                  load=float(r.jobs.ranks)))
         return out
+
+    def _rtt(self, view: View) -> Rtt:
+        """How placement and checkpoint replication measure a pair, from a worker thread: with
+        routing, the RTT of the path the pair's traffic takes where this node is an end, else
+        what was measured, else the network-coordinate estimate (`Routing.rtt_ms`, which reads
+        only immutable snapshots), so no pair of members with coordinates is unknown; without
+        it, the probes in ``view`` only."""
+        if self.routing is not None:
+            return self.routing.rtt_ms
+        return functools.partial(_rtt_ms, view)
 
     def _address(self, peer: str) -> str:
         """Where the other ranks reach this host: its overlay address, else its first IPv4."""
