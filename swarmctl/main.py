@@ -72,13 +72,20 @@ def parser() -> argparse.ArgumentParser:
     swsub.add_parser("revocations", parents=[common], help="the revoked peers this node knows of")
     swsub.add_parser("renew", parents=[common], help="renew this node's certificate from the owner now")
 
-    sub.add_parser("peers", parents=[common], help="every member: state, RTT, GPUs, CPU, memory, labels")
+    sub.add_parser("peers", parents=[common],
+                   help="every member: state, RTT (measured, or ~estimated), GPUs, CPU, memory, labels")
 
     ms = sub.add_parser("mesh", parents=[common],
-                        help="the WireGuard mesh: per peer overlay address, endpoint, handshake, traffic")
+                        help="the WireGuard mesh: per peer overlay address, endpoint, path (direct or via a "
+                             "relay) and its RTT, handshake, traffic")
     mssub = ms.add_subparsers(dest="mesh_command", metavar="ACTION")
     mssub.add_parser("rotate-key", parents=[common],
                      help="a new WireGuard key for this node (peers pick it up from its record)")
+
+    rt = sub.add_parser("route", parents=[common],
+                        help="why traffic to PEER goes direct or through a relay: RTTs, relays, hysteresis")
+    rt.add_argument("peer", metavar="PEER",
+                    help="its peer id, or at least 6 characters of its start or end (`swarmctl peers` shows the end)")
 
     jobs.add_parser(sub, common)
 
@@ -215,6 +222,12 @@ def cmd_mesh(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_route(client: Client, args: argparse.Namespace) -> int:
+    result = client.call("route", peer=args.peer)
+    render.as_json(result) if args.json else render.route(result)
+    return EXIT_OK
+
+
 def cmd_labels(client: Client, args: argparse.Namespace) -> int:
     if args.labels_command == "set":
         result = client.call("labels.set", labels=dict(args.pairs))
@@ -229,7 +242,8 @@ def cmd_labels(client: Client, args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "version": cmd_version, "log-level": cmd_log_level,
-    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh, "jobs": jobs.command,
+    "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh, "route": cmd_route,
+    "jobs": jobs.command,
 }
 
 

@@ -166,8 +166,7 @@ def peers(result: Mapping[str, Any]) -> None:
         state = "stale" if p.get("stale") and p["state"] == "alive" else p["state"]  # no record within its ttl
         style = STATE_STYLE.get(state, "")
         table.add_row(
-            p["peer"][-8:], f"[{style}]{state}[/]",
-            "-" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f} ms",
+            p["peer"][-8:], f"[{style}]{state}[/]", rtt(p["rtt_ms"], p.get("rtt_source")),
             gpus(res.get("gpus", [])),
             f"{res['cpu_free']:g}/{res['cpu_count']}",
             f"{res['memory_free_mb'] / 1024:.1f}/{res['memory_total_mb'] / 1024:.1f} GiB",
@@ -177,6 +176,18 @@ def peers(result: Mapping[str, Any]) -> None:
     console.print(table)
     if not result["peers"]:
         console.print("no other members known yet")
+    elif any(p.get("rtt_source") == "estimated" for p in result["peers"]):
+        console.print(ESTIMATE_LEGEND)
+
+
+ESTIMATE_LEGEND = "~ RTT estimated from network coordinates: this node does not probe that member itself"
+
+
+def rtt(value: float | None, source: str | None = "measured") -> str:
+    """A measured RTT as measured ("42.1 ms"); an estimate rounded and marked ("~40 ms")."""
+    if value is None:
+        return "-"
+    return f"~{value:.0f} ms" if source == "estimated" else f"{value:.1f} ms"
 
 
 def gpus(items: list[Mapping[str, Any]]) -> str:
@@ -196,12 +207,13 @@ def mesh(result: Mapping[str, Any]) -> None:
     console = Console()
     table = Table(title=f"{result['interface']} ({result['backend']}) {result['address']} "
                         f"key {result['public_key']}", title_justify="left")
-    for column in ("peer", "overlay", "endpoint", "direct", "handshake", "rx", "tx"):
+    for column in ("peer", "overlay", "endpoint", "path", "rtt", "direct", "estimate", "handshake", "rx", "tx"):
         table.add_column(column, no_wrap=True)
     for p in result["peers"]:
         age = p["handshake_age_s"]
         table.add_row(
-            (p["peer"] or "?")[-8:], p["overlay"] or "-", p["endpoint"] or "-", "yes" if p["direct"] else "no",
+            (p["peer"] or "?")[-8:], p["overlay"] or "-", p["endpoint"] or "-", path(p),
+            rtt(p.get("path_rtt_ms")), rtt(p.get("direct_rtt_ms")), rtt(p.get("estimate_ms"), "estimated"),
             "never" if age is None else f"{duration(age)} ago" if age >= 1 else "just now",
             size(p["rx_bytes"]), size(p["tx_bytes"]),
         )
@@ -210,9 +222,63 @@ def mesh(result: Mapping[str, Any]) -> None:
         console.print("no peers yet: the mesh follows the swarm's alive members")
 
 
+def path(p: Mapping[str, Any]) -> str:
+    """`direct`, or `via <relay>` with the relay session's state while it is not (yet) active."""
+    text = p.get("path") or "-"
+    state = p.get("relay_state")
+    return f"{text} ({state})" if p.get("relay") and state and state != "active" else text
+
+
 def size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+ROLES = {
+    "chooser": "this node: the lower peer id of a pair chooses, and announces the choice in its record",
+    "follower": "the peer (the lower id of the pair): this node follows the relay its record announces",
+}
+
+
+def route(r: Mapping[str, Any]) -> None:
+    """`swarmctl route PEER`: the path to one peer and why (routing.explain)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    peer, relay, direct = r["peer"], r.get("current"), r.get("direct_ms")
+    in_use = "direct" if relay is None else f"via {relay[-8:]}"
+    if relay is not None and r.get("relay_state"):
+        in_use += f" (relay session {r['relay_state']})"
+    key_values(f"route to {peer}", [
+        ("path", in_use),
+        ("direct RTT", rtt(direct)),
+        ("estimate", rtt(r.get("estimate_ms"), "estimated")),
+        ("decided by", ROLES.get(r.get("role") or "", r.get("role"))),
+        ("hysteresis", hysteresis(r.get("hysteresis"), relay)),
+    ])
+    candidates = r.get("candidates") or []
+    if not candidates:
+        print("no relay considered: no member offering relaying has measured legs to both ends")
+        return
+    table = Table(title="relays considered (shortlisted by coordinates, chosen by measured legs)",
+                  title_justify="left")
+    for column in ("relay", "leg 1 (here → relay)", "leg 2 (relay → peer)", "total", "estimate", "vs direct"):
+        table.add_column(column, no_wrap=True)
+    for c in candidates:
+        total = c.get("total_ms")
+        gain = "-" if total is None or not direct else f"{(total / direct - 1) * 100:+.0f} %"
+        table.add_row(c["relay"][-8:] + (" (in use)" if c["relay"] == relay else ""), rtt(c.get("leg1_ms")),
+                      rtt(c.get("leg2_ms")), rtt(total), rtt(c.get("estimate_ms"), "estimated"), gain)
+    Console().print(table)
+
+
+def hysteresis(h: Mapping[str, Any] | None, relay: str | None) -> str:
+    """Where the switch rule stands: a better path seen for `rounds` of the `needed` rounds."""
+    if not h or not h.get("rounds"):
+        return "settled: no clearly better path seen"
+    target = h.get("candidate")
+    name = "direct" if target is None else f"via {target[-8:]}"
+    return f"{name} clearly better for {h['rounds']} of {h.get('needed', '?')} rounds before switching"

@@ -9,6 +9,8 @@ import time
 import pytest
 
 from conftest import wait_until
+from swarmd.rpc.client import RemoteError
+from swarmd.rpc.protocol import ErrorCode
 
 SWARMCTL = [sys.executable, "-m", "swarmctl.main"]
 
@@ -167,3 +169,134 @@ def test_ctrl_c_before_the_daemon_names_the_job_is_held_until_it_does():
     ctrl_c._handle(2, None)
     with pytest.raises(KeyboardInterrupt):
         ctrl_c._handle(2, None)  # a second press while one is held quits at once
+
+
+# --- paths and RTTs (routing), drawn from canned daemon answers -----------------------------------
+
+H2 = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
+H3 = "12D3KooWRndVhVZPCiQwHBBBdg769GyrPUW13zxwqQyf9r3ANaba"
+H4 = "12D3KooWPT98FXMfDQYavZm66EeVjTqP9Nnehn1gyaydqV8L8BQw"
+
+
+class CannedClient:
+    """Stands in for swarmd.rpc.client.Client: each method answers what the table says (an
+    exception is raised), and every call is kept."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = answers, []
+
+    def __call__(self, path, *, timeout=None):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def call(self, method, **params):
+        self.calls.append((method, params))
+        answer = self.answers[method]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def swarmctl_in_process(monkeypatch, capsys, answers, *args):
+    from swarmctl import main as swarmctl_main
+
+    client = CannedClient(answers)
+    monkeypatch.setattr(swarmctl_main, "Client", client)
+    monkeypatch.setenv("COLUMNS", "200")
+    code = swarmctl_main.main(["--socket", "/nonexistent", *args])
+    out, err = capsys.readouterr()
+    return code, out, err, client.calls
+
+
+def peer_row(peer, rtt_ms, source):
+    return {"peer": peer, "state": "alive", "stale": False, "rtt_ms": rtt_ms, "rtt_source": source, "labels": {},
+            "resources": {"gpus": [], "cpu_free": 2, "cpu_count": 2, "memory_free_mb": 1024,
+                          "memory_total_mb": 2048}, "record_age_s": 3}
+
+
+def test_peers_show_a_measured_rtt_as_measured_and_an_estimate_marked_with_a_legend(monkeypatch, capsys):
+    answer = {"swarm": "s1", "peers": [peer_row(H2, 42.13, "measured"), peer_row(H3, 118.4, "estimated"),
+                                       peer_row(H4, None, None)]}
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"peers": answer}, "peers")
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert code == 0
+    assert "42.1 ms" in lines[H2[-8:]] and "~118 ms" in lines[H3[-8:]] and " - " in lines[H4[-8:]]
+    assert "~ RTT estimated from network coordinates" in out
+    measured_only = {"swarm": "s1", "peers": [peer_row(H2, 42.13, "measured")]}
+    assert "estimated" not in swarmctl_in_process(monkeypatch, capsys, {"peers": measured_only}, "peers")[1]
+
+
+def mesh_row(peer, **path):
+    return {"peer": peer, "public_key": "k", "overlay": "10.211.0.2", "overlay6": None,
+            "endpoint": "192.0.2.3:51821", "direct": False, "handshake_age_s": 4.0, "rx_bytes": 10, "tx_bytes": 20,
+            "path": "direct", "relay": None, "relay_state": None, "path_rtt_ms": None, "direct_rtt_ms": None,
+            "estimate_ms": None, **path}
+
+
+def test_mesh_shows_each_peers_path_its_rtt_the_direct_rtt_and_the_estimate(monkeypatch, capsys):
+    answer = {"interface": "wrd0", "backend": "kernel", "address": "10.211.0.1", "public_key": "key", "peers": [
+        mesh_row(H2, path=f"via {H3[-8:]}", relay=H3, relay_state="active", path_rtt_ms=50.4, direct_rtt_ms=120.2,
+                 estimate_ms=117.6),
+        mesh_row(H4, path=f"via {H3[-8:]}", relay=H3, relay_state="requesting", path_rtt_ms=80.0,
+                 direct_rtt_ms=80.0),
+        mesh_row(H3, path_rtt_ms=20.0, direct_rtt_ms=20.0, estimate_ms=22.0)]}
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"mesh": answer}, "mesh")
+    header = next(line for line in out.splitlines() if "peer" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == \
+        ["peer", "overlay", "endpoint", "path", "rtt", "direct", "estimate", "handshake", "rx", "tx"]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                          for line in out.splitlines() if line.startswith("│"))}
+    assert code == 0
+    assert rows[H2[-8:]][3:7] == [f"via {H3[-8:]}", "50.4 ms", "120.2 ms", "~118 ms"]
+    assert rows[H4[-8:]][3] == f"via {H3[-8:]} (requesting)", "a relay session not yet active says so"
+    assert rows[H3[-8:]][3:7] == ["direct", "20.0 ms", "20.0 ms", "~22 ms"]
+
+
+EXPLAINED = {"peer": H2, "role": "chooser", "current": H3, "relay_state": "active", "direct_ms": 120.0,
+             "estimate_ms": 117.0,
+             "candidates": [{"relay": H3, "leg1_ms": 20.0, "leg2_ms": 30.5, "total_ms": 50.5, "estimate_ms": 55.0},
+                            {"relay": H4, "leg1_ms": 60.0, "leg2_ms": 70.0, "total_ms": 130.0,
+                             "estimate_ms": 125.0}],
+             "hysteresis": {"candidate": None, "rounds": 0, "needed": 3}}
+
+
+def test_route_explains_the_choice(monkeypatch, capsys):
+    code, out, _, calls = swarmctl_in_process(monkeypatch, capsys, {"route": EXPLAINED}, "route", H2[-8:])
+    assert code == 0 and calls == [("route", {"peer": H2[-8:]})]
+    assert f"via {H3[-8:]} (relay session active)" in out and "120.0 ms" in out
+    assert "lower peer id of a pair chooses" in out and "settled" in out
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                          for line in out.splitlines() if line.startswith("│"))}
+    assert rows[f"{H3[-8:]} (in use)"][1:] == ["20.0 ms", "30.5 ms", "50.5 ms", "~55 ms", "-58 %"]
+    assert rows[H4[-8:]][1:] == ["60.0 ms", "70.0 ms", "130.0 ms", "~125 ms", "+8 %"]
+
+
+def test_route_shows_a_switch_under_way_and_no_candidates(monkeypatch, capsys):
+    answer = EXPLAINED | {"role": "follower", "current": None, "relay_state": None, "candidates": [],
+                          "hysteresis": {"candidate": H4, "rounds": 2, "needed": 3}}
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", H2)
+    assert code == 0
+    assert "direct" in out and f"via {H4[-8:]} clearly better for 2 of 3 rounds" in out
+    assert "follows the relay its record announces" in out and "no relay considered" in out
+
+
+def test_route_json_is_the_daemons_answer(monkeypatch, capsys):
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": EXPLAINED}, "route", H2, "--json")
+    assert code == 0 and json.loads(out) == EXPLAINED
+
+
+@pytest.mark.parametrize("code, status", [(ErrorCode.INVALID_PARAMS, 2), (ErrorCode.OPERATION_FAILED, 1)])
+def test_route_errors_are_printed_with_their_exit_status(monkeypatch, capsys, code, status):
+    error = RemoteError(code, "route: 'ASuq' is too short to name a peer")
+    got, out, err, _ = swarmctl_in_process(monkeypatch, capsys, {"route": error}, "route", "ASuq")
+    assert got == status and out == "" and "swarmctl: route: 'ASuq' is too short" in err
+
+
+def test_route_needs_a_peer():
+    proc = run("route")
+    assert proc.returncode == 2 and "PEER" in proc.stderr
