@@ -188,13 +188,14 @@ def methods(node: Node) -> list[Method]:
         return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
 
     async def route(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        if node.routing is None:
+        routing = routing_of(node)
+        if routing is None:
             why = getattr(node, "routing_off", None)
             raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node"
                                                        + (f" ({why})" if why else ""))
         peer = route_peer(params["peer"], node.gossip.view())
         try:
-            explained = node.routing.explain(peer)
+            explained = routing.explain(peer)
         except KeyError:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {peer} is not a member this node has a path to "
                                                      "(alive, in the mesh; see `swarmctl peers`)") from None
@@ -264,12 +265,19 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
     return rows
 
 
+def routing_of(node: Node) -> Any:
+    """The node's path choice (routing.service.Routing), None when it is not running (no swarm,
+    no mesh; ``node.routing_off`` says why)."""
+    return getattr(node, "routing", None)
+
+
 def peer_rtt(node: Node, m: MemberView[Any]) -> tuple[float | None, str | None]:
     """The RTT `swarmctl peers` shows, and where it comes from: routing's ("measured" where this
     node probes the peer, else "estimated" from network coordinates); without routing, this
     node's own probes."""
-    if node.routing is not None:
-        got = node.routing.peer_rtt(m.peer)
+    routing = routing_of(node)
+    if routing is not None:
+        got = routing.peer_rtt(m.peer)
         return (None, None) if got is None else (_ms(got[0]), got[1])
     return (None, None) if m.rtt_ewma is None else (_ms(m.rtt_ewma * 1000), "measured")
 
@@ -285,12 +293,13 @@ def path_columns(node: Node, view: View[Any], peer: str | None) -> dict[str, Any
     being replaced) has none."""
     if peer is None:
         return NO_PATH
-    if node.routing is None:
+    routing = routing_of(node)
+    if routing is None:
         m = view.get(peer)
         rtt = None if m is None or m.rtt_ewma is None else _ms(m.rtt_ewma * 1000)
         return {**NO_PATH, "path": "direct", "path_rtt_ms": rtt, "direct_rtt_ms": rtt}
     try:
-        row = node.routing.path_row(peer)
+        row = routing.path_row(peer)
     except KeyError:
         return NO_PATH
     return {key: _ms(row.get(key)) if key.endswith("_ms") else row.get(key) for key in NO_PATH}

@@ -300,3 +300,10 @@ def test_route_errors_are_printed_with_their_exit_status(monkeypatch, capsys, co
 def test_route_needs_a_peer():
     proc = run("route")
     assert proc.returncode == 2 and "PEER" in proc.stderr
+
+
+def test_route_on_a_lone_daemon_says_why_it_has_no_path(daemon):
+    """No swarm and no mesh (the fixture's daemon): no member to route to, named as such, not a crash."""
+    proc = run("--socket", str(daemon.socket), "route", H2)
+    assert proc.returncode in (1, 2) and proc.stderr.startswith("swarmctl: route: "), proc.stderr
+    assert "path choice is not running" in proc.stderr or "is not a member" in proc.stderr
