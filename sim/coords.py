@@ -1,0 +1,171 @@
+"""Vivaldi coordinates at scale: unmodified ``swarmd.routing.coordinates.Client`` cores, one per
+node, fed by the probes membership takes, on the measured country matrix.
+
+Model:
+- ``nodes`` nodes placed in countries weighted by the RTT data's sample counts, among the
+  countries between all of which the data has RTTs, as ``swarm-sim``'s scenarios with
+  ``countries = "weighted"`` place them (sim/scenario.place).
+- RTT of a probe from i to j: the country matrix (sim/network.Latency: two nodes in one
+  country get the data's diagonal, the median provider pair there) + each end's access
+  delay + jitter, ``U(0, jitter)`` on each of the two one-way legs (sim/network's jitter).
+  Access delay: per node, drawn once, exponential with mean ``access_ms`` (0 by default:
+  the data's RTTs are between real probes, so their access links are already in them).
+- The truth a coordinate is judged against is the RTT's expected value: matrix + both
+  access delays + ``jitter_ms`` (the mean of the two legs' jitter).
+- Each node probes one peer every ``probe_interval`` (membership's, ``Timing.wan()``), at its
+  own phase, the next one in its own shuffled round-robin (membership's probe order), and
+  updates its coordinate with the RTT and the peer's *current* coordinate (records carry
+  it; a record is modelled as fresh). No loss, no churn: this is the coordinates' accuracy,
+  not membership's.
+- Error: over ``pairs`` random distinct pairs (fixed for the run), the relative error
+  ``|estimate - truth| / truth`` of i's estimate of j (``Client.estimate``), its median,
+  p90 and mean at each checkpoint. The Vivaldi paper reports a median of 11 % on its
+  King data; our target is below 10 % within 120 simulated seconds.
+
+``python -m sim.coords [--nodes N] [--seconds S] ...`` prints a table and the JSON;
+``bench/routing.py`` calls ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from swarmd.gossip.membership import Timing
+from swarmd.routing.coordinates import DEFAULT, Client, Config
+
+from . import scenario
+from .network import Latency
+
+TARGET_MEDIAN = 0.10  # issue 16: better than the Vivaldi paper's 11 %
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    nodes: int = 1000
+    seconds: float = 120.0
+    probe_interval: float = Timing.wan().probe_interval  # membership's: one probe per node per interval
+    jitter_ms: float = 2.0  # per one-way leg, as the shipped scenarios' network
+    access_ms: float = 0.0  # mean per-node access delay, exponential; 0 = none (see the header)
+    pairs: int = 20_000
+    checkpoints: tuple[float, ...] = (10.0, 30.0, 60.0, 120.0)
+    seed: int = 1
+    config: Config = field(default=DEFAULT)
+
+
+def place(nodes: int, seed: int) -> list[str]:
+    """Each node's country: weighted by the data's samples, as a ``countries = "weighted"``
+    scenario places them (with the runner's seeding)."""
+    weights = scenario.country_weights()
+    codes = scenario.by_weight()[:scenario.complete_top()]
+    return random.Random(f"{seed}:place").choices(codes, weights=[weights[c] for c in codes], k=nodes)
+
+
+def run(setup: Setup = Setup()) -> dict:
+    """Simulate and return the figures: per checkpoint the median/p90/mean relative error, plus
+    the setup, the wall time and the cores' counters."""
+    wall0 = time.perf_counter()
+    n = setup.nodes
+    if n < 2:
+        raise ValueError("at least 2 nodes")
+    placed = place(n, setup.seed)
+    lat = Latency.countries(placed)
+    rng = random.Random(f"{setup.seed}:coords")
+    access = [rng.expovariate(1.0 / setup.access_ms) / 1000.0 if setup.access_ms > 0 else 0.0 for _ in range(n)]
+    rtt_rows = (2.0 * lat.owd).tolist()  # [site][site] seconds
+    sites = lat.sites
+    jitter = setup.jitter_ms / 1000.0
+
+    clients = [Client(setup.config, seed=f"{setup.seed}:{i}") for i in range(n)]
+    names = [f"n{i}" for i in range(n)]
+    phase = [rng.uniform(0.0, setup.probe_interval) for _ in range(n)]
+    by_phase = sorted(range(n), key=phase.__getitem__)
+    orders: list[list[int]] = [[] for _ in range(n)]
+
+    def next_target(i: int) -> int:
+        order = orders[i]
+        if not order:
+            order.extend(j for j in range(n) if j != i)
+            rng.shuffle(order)
+        return order.pop()
+
+    # The pairs judged: fixed for the run, i != j.
+    a = np.fromiter((rng.randrange(n) for _ in range(setup.pairs)), dtype=np.int64, count=setup.pairs)
+    b = np.fromiter((rng.randrange(n - 1) for _ in range(setup.pairs)), dtype=np.int64, count=setup.pairs)
+    b = b + (b >= a)
+    site = np.asarray(sites)
+    acc = np.asarray(access)
+    truth = 2.0 * lat.owd[site[a], site[b]] + acc[a] + acc[b] + jitter
+
+    checkpoints = sorted({c for c in setup.checkpoints if c < setup.seconds} | {setup.seconds})
+    out = []
+    t = 0.0
+    rounds = 0
+    for stop in checkpoints:
+        while (rounds + 1) * setup.probe_interval <= stop + 1e-9:
+            for i in by_phase:
+                j = next_target(i)
+                rtt = rtt_rows[sites[i]][sites[j]] + access[i] + access[j] + jitter * (rng.random() + rng.random())
+                clients[i].update(names[j], clients[j].coordinate, rtt)
+            rounds += 1
+        t = rounds * setup.probe_interval
+        err = _errors(clients, a, b, truth)
+        out.append({"t_s": t, "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
+                    "mean": float(err.mean())})
+    return {"setup": {k: v for k, v in asdict(setup).items() if k != "config"} | {"countries": len(set(placed))},
+            "checkpoints": out, "updates": sum(c.updates for c in clients),
+            "rejected": sum(c.rejected for c in clients), "resets": sum(c.resets for c in clients),
+            "target_median": TARGET_MEDIAN, "wall_s": time.perf_counter() - wall0}
+
+
+def _errors(clients: list[Client], a: np.ndarray, b: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Relative errors of ``Client.estimate`` for the pairs (a[k], b[k]): the core's own
+    formula, vectorized over the pairs (a check in tests/test_sim_coords.py)."""
+    coords = [c.coordinate for c in clients]
+    vec = np.array([c.vec for c in coords])
+    height = np.array([c.height for c in coords])
+    adj = np.array([c.adjustment for c in coords])
+    dist = np.sqrt(((vec[a] - vec[b]) ** 2).sum(axis=1)) + height[a] + height[b]
+    adjusted = dist + adj[a] + adj[b]
+    est = np.where(adjusted > 0.0, adjusted, dist)
+    return np.abs(est - truth) / truth
+
+
+def table(figures: dict) -> str:
+    s = figures["setup"]
+    lines = [f"Vivaldi on the country matrix: {s['nodes']} nodes in {s['countries']} countries, a probe every "
+             f"{s['probe_interval']:g} s, jitter {s['jitter_ms']:g} ms/leg, access {s['access_ms']:g} ms, "
+             f"{s['pairs']} pairs",
+             f"{'t (s)':>6} {'median':>8} {'p90':>8} {'mean':>8}"]
+    for c in figures["checkpoints"]:
+        lines.append(f"{c['t_s']:>6g} {c['median']:>8.1%} {c['p90']:>8.1%} {c['mean']:>8.1%}")
+    lines.append(f"target: median < {figures['target_median']:.0%}; {figures['updates']} updates, "
+                 f"{figures['resets']} resets, wall {figures['wall_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sim.coords", description=__doc__.split("\n\n")[0])
+    d = Setup()
+    p.add_argument("--nodes", type=int, default=d.nodes)
+    p.add_argument("--seconds", type=float, default=d.seconds)
+    p.add_argument("--probe-interval", type=float, default=d.probe_interval)
+    p.add_argument("--jitter-ms", type=float, default=d.jitter_ms)
+    p.add_argument("--access-ms", type=float, default=d.access_ms)
+    p.add_argument("--pairs", type=int, default=d.pairs)
+    p.add_argument("--seed", type=int, default=d.seed)
+    args = p.parse_args(argv)
+    figures = run(Setup(nodes=args.nodes, seconds=args.seconds, probe_interval=args.probe_interval,
+                        jitter_ms=args.jitter_ms, access_ms=args.access_ms, pairs=args.pairs, seed=args.seed))
+    print(table(figures))
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Network coordinates, path choice and relaying (sans-IO cores and their drivers)."""
