@@ -1,0 +1,445 @@
+"""Path choice: for each peer, the direct path or one relay through a third member, sans-IO.
+
+Theory of operation. The driver builds a ``PathView`` from its snapshots once a second and
+calls ``evaluate(now, view)``; the core returns actions (``UsePath`` when a peer's path
+changes, ``Measure`` for RTTs it would like to know) and keeps, per peer, the path in use and
+the hysteresis state. It never reads a clock or the network.
+
+Rules:
+- Roles. For a pair {A, B} the end with the lower peer id (string order) is the *chooser*:
+  it decides with hysteresis and announces its choice in its signed record (``via``). The
+  other end, the *follower*, uses what the chooser announces for it, and nothing else. Both
+  ends then act on the same data (the chooser's record), so traffic takes one path both ways.
+- Legs. A relay R for the pair (me, B) is judged on measured RTTs only, never on coordinates:
+  an embedding obeys the triangle inequality, so it cannot itself predict a detour (Ledlie et
+  al., NSDI'07; RON, SOSP'01). ``me``-R is my own measurement. R-B is what B reports (its
+  record's rtts); where R also reports it, the larger of the two counts. A relay's own
+  report alone never makes a leg. Direct is my own measurement, else what B reports.
+- What a lying member can do. A relay can only claim its own legs, and a claim can only make
+  it look *worse*: the chooser measures its leg to R itself (and a probe cannot be answered
+  faster than the network carries it), the R-B leg needs B's report and takes the larger of
+  B's and R's. So a relay cannot attract a pair's traffic by lying; once chosen it can still
+  delay or drop the (end-to-end encrypted) packets, which the driver's relay pings catch only
+  for its leg: that is the residual risk of using any relay. The ends themselves (B's
+  reports, the chooser's announcement) can steer only their own pair's traffic, which they
+  could degrade anyway. A hostile announcement (a relay that is the follower itself, the
+  chooser, not an alive member offering relaying, failing or held down here) means direct.
+- Coordinates only shortlist: among B's reported relays whose leg from me is unmeasured, the
+  ``shortlist`` best by ``estimate(me, R) + leg(R, B)`` that could pass the switch rule are
+  asked for (``Measure``), each at most once per ``MEASURE_INTERVAL_S``.
+- Hysteresis (chooser). A move needs ``stable_rounds`` consecutive evaluations (at least
+  ``MIN_ROUND_S`` apart: an extra evaluation does not count) wanting the same kind of move:
+  to a relay when ``best_relay`` finds one at most ``ratio`` x the current path and at least
+  ``min_gain_ms`` faster (from direct; or from the relay in use, to a better one); back to
+  direct when the relay in use is more than ``back_ratio`` x direct, gains under
+  ``BACK_MIN_GAIN_MS``, or its legs are no longer known. Between ratio and back_ratio
+  nothing moves, so jitter around one threshold cannot flap. The relay taken is the best at
+  the moment of the move (two near-equal relays alternating as best do not reset the count).
+- Failure. A relay that is failing (the driver pings relays in use) or no longer an alive
+  relay-offering member sends its pairs back to direct at once, on both roles, and is held
+  down (not chosen nor followed) for ``hold_down_s``, so a flaky relay cannot make paths flap.
+- Bounds. At most ``max_relayed`` chosen relayed paths (the biggest gains: a new one beyond
+  the cap must gain ``min_gain_ms`` more than the weakest in use, which goes back to direct)
+  and at most ``max_relayed`` followed ones (those followed keep their place; new ones in
+  peer order); beyond that, direct. All state is per peer in the view and pruned with it.
+- Units: milliseconds. A non-finite, negative or over ``MAX_RTT_MS`` value in the view is
+  ignored and counted in ``ignored_values``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+SWITCH_RATIO = 0.9  # a relay must be >= 10 % faster ... (Ledlie et al. count pairs 20 % faster;
+SWITCH_MIN_GAIN_MS = 2.0  # ... and >= 2 ms: 10 % of a 5 ms path is within one probe's jitter)
+STABLE_ROUNDS = 3  # evaluations (1 s apart) wanting the move: one lucky probe cannot move a path
+BACK_RATIO = 0.95  # on a relay, back to direct when it is no longer 5 % faster ...
+BACK_MIN_GAIN_MS = 1.0  # ... or gains under 1 ms: the band between 0.9 and 0.95 stops flapping
+SHORTLIST = 3  # unmeasured relays per peer worth a probe, ranked by coordinates
+MAX_RELAYED = 16  # relayed paths a node chooses (and, separately, follows): the record's `via` cap
+MEASURE_INTERVAL_S = 60.0  # a relay leg is asked for at most this often (membership probes too)
+MEASURE_PER_ROUND = 8  # probes asked for per evaluation (the driver's extra load: 8 pings/s)
+MIN_ROUND_S = 0.5  # evaluations closer than this to the last counted one do not count as rounds
+HOLD_DOWN_S = 60.0  # a relay that failed is not used again for this long (RON's outage scale)
+MAX_RTT_MS = 60000.0  # the wire's bound on a reported RTT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathView:
+    """What the core sees at one evaluation, built by the driver from immutable snapshots."""
+
+    me: str
+    peers: frozenset[str]  # alive members with a mesh side (the path targets), me excluded
+    relays: frozenset[str]  # of those, the ones whose record offers relaying
+    own: Mapping[str, float]  # peer -> RTT ms measured by this node (its probes, min-filtered)
+    reports: Callable[[str], Mapping[str, float]]  # peer -> its record's rtts (peer -> ms); {} if none
+    estimate: Callable[[str, str], float | None]  # coordinate estimate ms; None if either has none
+    announced: Callable[[str], str | None]  # peer -> the relay its record's `via` names for me
+    failing: frozenset[str] = frozenset()  # relays this node cannot reach now (driver pings)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsePath:
+    """The path for ``peer`` changed: through ``relay``, or direct (None)."""
+
+    __match_args__ = ("peer", "relay")
+    peer: str
+    relay: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measure:
+    """Probe these peers' RTT from this node (they become ``PathView.own``); best effort."""
+
+    __match_args__ = ("peers",)
+    peers: tuple[str, ...]
+
+
+Action = UsePath | Measure
+
+
+def best_relay(direct_ms: float, legs: Mapping[str, tuple[float, float]], *, ratio: float = SWITCH_RATIO,
+               min_gain_ms: float = SWITCH_MIN_GAIN_MS) -> tuple[str, float] | None:
+    """The relay with the lowest leg1 + leg2 (ties: lowest id) if it beats ``direct_ms`` by the
+    switch rule (total <= direct x ratio and direct - total >= min_gain_ms), with its total;
+    else None. The pure rule, also used by the simulator's detour figures."""
+    best: tuple[float, str] | None = None
+    for relay, (a, b) in legs.items():
+        key = (a + b, relay)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    total, relay = best
+    if total <= direct_ms * ratio and direct_ms - total >= min_gain_ms:
+        return relay, total
+    return None
+
+
+@dataclass(slots=True)
+class _Chosen:
+    relay: str | None = None  # in use
+    want: str | None = None  # the kind of move wanted: "relay", "direct" or None
+    rounds: int = 0  # consecutive counted rounds wanting it
+
+
+@dataclass(slots=True)
+class _Round:
+    """One evaluation's view of one chooser pair (kept for explain)."""
+
+    direct: float | None = None
+    legs: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class Paths:
+    def __init__(self, me: str, *, ratio: float = SWITCH_RATIO, min_gain_ms: float = SWITCH_MIN_GAIN_MS,
+                 stable_rounds: int = STABLE_ROUNDS, back_ratio: float = BACK_RATIO,
+                 back_min_gain_ms: float = BACK_MIN_GAIN_MS, shortlist: int = SHORTLIST,
+                 max_relayed: int = MAX_RELAYED, hold_down_s: float = HOLD_DOWN_S,
+                 measure_interval_s: float = MEASURE_INTERVAL_S) -> None:
+        if not 0 < ratio <= back_ratio <= 1:
+            raise ValueError(f"need 0 < ratio <= back_ratio <= 1, got {ratio} and {back_ratio}")
+        if min_gain_ms < back_min_gain_ms or back_min_gain_ms < 0:
+            raise ValueError("need min_gain_ms >= back_min_gain_ms >= 0")
+        if stable_rounds < 1 or shortlist < 0 or max_relayed < 0 or hold_down_s < 0 or measure_interval_s <= 0:
+            raise ValueError("stable_rounds >= 1, shortlist, max_relayed, hold_down_s >= 0, measure_interval_s > 0")
+        self.me = me
+        self.ratio, self.min_gain_ms, self.stable_rounds = ratio, min_gain_ms, stable_rounds
+        self.back_ratio, self.back_min_gain_ms = back_ratio, back_min_gain_ms
+        self.shortlist, self.max_relayed, self.hold_down_s = shortlist, max_relayed, hold_down_s
+        self.measure_interval_s = measure_interval_s
+        self.ignored_values = 0  # counter: bad RTTs in views (the driver exports it)
+        self.switches = 0  # counter: path changes made
+        self._chosen: dict[str, _Chosen] = {}  # chooser pairs: peer -> state
+        self._followed: dict[str, str] = {}  # follower pairs on a relay: peer (the chooser) -> relay
+        self._refused: dict[str, str] = {}  # follower pairs whose announcement was not followed -> why
+        self._held: dict[str, float] = {}  # relay -> held down until
+        self._asked: dict[str, float] = {}  # peer -> when its RTT was last asked for
+        self._rounds: dict[str, _Round] = {}  # chooser pairs: the last evaluation's data
+        self._last_round: float | None = None
+        self._cache: tuple[PathView | None, dict[str, dict[str, float]]] = (None, {})  # cleaned reports
+
+    # --- queries ------------------------------------------------------------------------
+
+    def role(self, peer: str) -> str:
+        return "chooser" if self.me < peer else "follower"
+
+    def path(self, peer: str) -> str | None:
+        """The relay in use for ``peer`` (None: direct)."""
+        if peer in self._chosen:
+            return self._chosen[peer].relay
+        return self._followed.get(peer)
+
+    def paths(self) -> dict[str, str]:
+        """Every relayed path in use: peer -> relay (chosen and followed)."""
+        out = {p: s.relay for p, s in self._chosen.items() if s.relay is not None}
+        out.update(self._followed)
+        return dict(sorted(out.items()))
+
+    def announced(self) -> dict[str, str]:
+        """peer -> relay for this node's record (`via`): the pairs it chooses for, on a relay."""
+        return {p: s.relay for p, s in sorted(self._chosen.items()) if s.relay is not None}
+
+    def held(self, now: float) -> dict[str, float]:
+        """Relays held down after a failure -> seconds left."""
+        return {r: round(t - now, 3) for r, t in sorted(self._held.items()) if t > now}
+
+    # --- the evaluation -----------------------------------------------------------------
+
+    def evaluate(self, now: float, view: PathView) -> list[Action]:
+        if view.me != self.me:
+            raise ValueError(f"a view for {view.me}, this core is {self.me}")
+        actions: list[Action] = []
+        counting = self._last_round is None or now - self._last_round >= MIN_ROUND_S
+        if counting:
+            self._last_round = now
+        for relay in view.failing:
+            self._held[relay] = now + self.hold_down_s
+        self._held = {r: t for r, t in self._held.items() if t > now and r in view.peers}
+        self._asked = {p: t for p, t in self._asked.items() if now - t < self.measure_interval_s and p in view.peers}
+        for peer in sorted(set(self._chosen) - view.peers):
+            if self._chosen.pop(peer).relay is not None:
+                actions.append(UsePath(peer=peer, relay=None))
+            self._rounds.pop(peer, None)
+        for peer in sorted(set(self._followed) - view.peers):
+            del self._followed[peer]
+            actions.append(UsePath(peer=peer, relay=None))
+        self._refused = {p: why for p, why in self._refused.items() if p in view.peers}
+
+        own = self._clean(view.own)
+        wanted: list[tuple[float, str]] = []
+        ready: list[tuple[float, str, str]] = []  # (-gain, peer, relay): direct -> relay moves due
+        gains: dict[str, float] = {}  # chooser pairs on a relay -> its gain now
+        for peer in sorted(view.peers):
+            if peer == self.me:
+                continue
+            if self.me > peer:
+                actions += self._follow(now, peer, view)
+                continue
+            state = self._chosen.setdefault(peer, _Chosen())
+            if state.relay is not None and self._unusable(now, state.relay, peer, view):
+                actions.append(self._switch(peer, None))
+            data = self._measure(peer, view, own, wanted)
+            self._rounds[peer] = data
+            move = self._wanted(state, data)
+            if state.relay is not None:  # counted against the cap; unknown gain: the first to go
+                known = data.direct is not None and state.relay in data.legs
+                gains[peer] = data.direct - sum(data.legs[state.relay]) if known else 0.0
+            if move is None:
+                state.want, state.rounds = None, 0
+                continue
+            kind, relay, gain = move
+            if counting:
+                state.rounds = state.rounds + 1 if state.want == kind else 1
+                state.want = kind
+            if state.want != kind or state.rounds < self.stable_rounds:
+                continue
+            if kind == "direct":
+                actions.append(self._switch(peer, None))
+                gains.pop(peer, None)
+            elif state.relay is not None:
+                actions.append(self._switch(peer, relay))
+                gains[peer] = gain
+            else:
+                ready.append((-gain, peer, relay))
+        for neg_gain, peer, relay in sorted(ready):
+            if len(gains) >= self.max_relayed:
+                weakest = min(gains, key=lambda p: (gains[p], p), default=None)
+                if weakest is None or -neg_gain < gains[weakest] + self.min_gain_ms:
+                    continue  # stays direct; the move stays due and is tried again next round
+                actions.append(self._switch(weakest, None))
+                del gains[weakest]
+            actions.append(self._switch(peer, relay))
+            gains[peer] = -neg_gain
+        ask = self._ask(now, wanted)
+        if ask:
+            actions.append(Measure(peers=ask))
+        return actions
+
+    def _follow(self, now: float, peer: str, view: PathView) -> list[Action]:
+        """A follower pair: the chooser's announcement if it is safe to use, else direct."""
+        want = view.announced(peer)
+        why = None
+        if want is not None:
+            why = self._refusal(now, want, peer, view)
+            if why is None and peer not in self._followed and len(self._followed) >= self.max_relayed:
+                why = f"already following {self.max_relayed} relayed paths"
+            if why is not None:
+                want = None
+        if why is None:
+            self._refused.pop(peer, None)
+        else:
+            self._refused[peer] = why
+        if want == self._followed.get(peer):
+            return []
+        if want is None:
+            del self._followed[peer]
+        else:
+            self._followed[peer] = want
+        self.switches += 1
+        return [UsePath(peer=peer, relay=want)]
+
+    def _refusal(self, now: float, relay: str, peer: str, view: PathView) -> str | None:
+        """Why ``relay`` cannot carry the pair (me, peer) now, or None."""
+        if relay == self.me:
+            return "names this node as the relay"
+        if relay == peer:
+            return "names the peer itself as the relay"
+        if relay not in view.peers:
+            return "not an alive member"
+        if relay not in view.relays:
+            return "does not offer relaying"
+        if relay in view.failing:
+            return "failing from here"
+        if self._held.get(relay, 0.0) > now:
+            return "held down after a failure"
+        return None
+
+    def _unusable(self, now: float, relay: str, peer: str, view: PathView) -> bool:
+        return self._refusal(now, relay, peer, view) is not None
+
+    def _switch(self, peer: str, relay: str | None) -> UsePath:
+        state = self._chosen[peer]
+        state.relay, state.want, state.rounds = relay, None, 0
+        self.switches += 1
+        return UsePath(peer=peer, relay=relay)
+
+    def _wanted(self, state: _Chosen, data: _Round) -> tuple[str, str | None, float] | None:
+        """The move this round's data asks for: (kind, relay, gain) or None (stay)."""
+        direct = data.direct
+        if state.relay is None:
+            if direct is None:
+                return None
+            found = best_relay(direct, data.legs, ratio=self.ratio, min_gain_ms=self.min_gain_ms)
+            return None if found is None else ("relay", found[0], direct - found[1])
+        legs = data.legs.get(state.relay)
+        total = None if legs is None else legs[0] + legs[1]
+        if direct is not None and (total is None or total > direct * self.back_ratio
+                                   or direct - total < self.back_min_gain_ms):
+            return "direct", None, 0.0
+        if total is None:
+            return None  # nothing known either way: keep the relay while it answers
+        others = {r: leg for r, leg in data.legs.items() if r != state.relay}
+        found = best_relay(total, others, ratio=self.ratio, min_gain_ms=self.min_gain_ms)
+        if found is None:
+            return None
+        return "relay", found[0], (direct - found[1]) if direct is not None else total - found[1]
+
+    def _measure(self, peer: str, view: PathView, own: Mapping[str, float],
+                 wanted: list[tuple[float, str]]) -> _Round:
+        """Direct and the measured legs of each candidate relay for the pair (me, peer); the
+        unmeasured promising ones are added to ``wanted`` as (rank, relay)."""
+        reported = self._reports(peer, view)
+        direct = own.get(peer, reported.get(self.me))
+        if direct is None:
+            wanted.append((-1.0, peer))
+        legs: dict[str, tuple[float, float]] = {}
+        shortlist: list[tuple[float, str]] = []
+        for relay in reported:
+            if relay in (self.me, peer) or relay not in view.relays or relay not in view.peers \
+                    or relay in view.failing or relay in self._held:
+                continue
+            leg2 = self.leg(relay, peer, view, reported)
+            if leg2 is None:
+                continue
+            leg1 = own.get(relay)
+            if leg1 is not None:
+                legs[relay] = (leg1, leg2)
+            elif direct is not None:
+                guess = view.estimate(self.me, relay)
+                total = (guess if guess is not None and math.isfinite(guess) else math.inf) + leg2
+                if total <= direct * self.ratio or math.isinf(total):
+                    shortlist.append((total / direct if direct > 0 else math.inf, relay))
+        shortlist.sort()
+        wanted += shortlist[:self.shortlist]
+        return _Round(direct=direct, legs=legs)
+
+    def leg(self, relay: str, peer: str, view: PathView, reported: Mapping[str, float] | None = None) -> float | None:
+        """The relay-peer leg: the peer's own report, or the larger of it and the relay's (a
+        relay's report alone is its claim and never makes a leg; it can only lengthen one)."""
+        by_peer = (reported if reported is not None else self._reports(peer, view)).get(relay)
+        if by_peer is None:
+            return None
+        by_relay = self._reports(relay, view).get(peer)
+        return by_peer if by_relay is None else max(by_peer, by_relay)
+
+    def _ask(self, now: float, wanted: list[tuple[float, str]]) -> tuple[str, ...]:
+        out: list[str] = []
+        for _, peer in sorted(wanted):
+            if len(out) >= MEASURE_PER_ROUND:
+                break
+            if peer in self._asked or peer in out:
+                continue
+            self._asked[peer] = now
+            out.append(peer)
+        return tuple(out)
+
+    def _reports(self, peer: str, view: PathView) -> dict[str, float]:
+        """``peer``'s reported RTTs, cleaned once per view."""
+        if self._cache[0] is not view:
+            self._cache = (view, {})
+        found = self._cache[1].get(peer)
+        if found is None:
+            found = self._cache[1][peer] = self._clean(view.reports(peer))
+        return found
+
+    def _clean(self, values: Mapping[str, float]) -> dict[str, float]:
+        out = {}
+        for peer, ms in values.items():
+            if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) \
+                    and 0 <= ms <= MAX_RTT_MS:
+                out[peer] = float(ms)
+            else:
+                self.ignored_values += 1
+        return out
+
+    # --- explanation --------------------------------------------------------------------
+
+    def explain(self, peer: str, view: PathView, *, now: float, top: int = 5) -> dict:
+        """Plain JSON-able data for `swarmctl route`: the role, the path in use, direct, the
+        best relays considered with their two legs, the hysteresis state. KeyError for a peer
+        not in the view."""
+        if peer not in view.peers or peer == self.me:
+            raise KeyError(peer)
+        own = self._clean(view.own)
+        reported = self._reports(peer, view)
+        direct = own.get(peer, reported.get(self.me))
+        source = "measured" if peer in own else ("reported by the peer" if direct is not None else None)
+        candidates = []
+        for relay in sorted(reported):
+            if relay in (self.me, peer) or relay not in view.peers or relay not in view.relays:
+                continue
+            leg1, leg2 = own.get(relay), self.leg(relay, peer, view, reported)
+            guess = view.estimate(self.me, relay)
+            candidates.append({"relay": relay, "leg1_ms": _r(leg1), "leg2_ms": _r(leg2),
+                               "total_ms": _r(leg1 + leg2) if leg1 is not None and leg2 is not None else None,
+                               "estimate_ms": _r(guess + leg2) if guess is not None and leg2 is not None else None,
+                               "usable": self._refusal(now, relay, peer, view) is None})
+        candidates.sort(key=lambda c: (c["total_ms"] is None, c["total_ms"] or 0.0,
+                                       c["estimate_ms"] is None, c["estimate_ms"] or 0.0, c["relay"]))
+        relay = self.path(peer)
+        out: dict = {"peer": peer, "role": self.role(peer), "path": "direct" if relay is None else "relay",
+                     "relay": relay, "direct_ms": _r(direct), "direct_source": source,
+                     "path_ms": _r(direct) if relay is None else _r(self._total(relay, peer, view, own)),
+                     "estimate_ms": _r(view.estimate(self.me, peer)), "candidates": candidates[:top],
+                     "thresholds": {"switch_ratio": self.ratio, "switch_min_gain_ms": self.min_gain_ms,
+                                    "back_ratio": self.back_ratio, "back_min_gain_ms": self.back_min_gain_ms,
+                                    "stable_rounds": self.stable_rounds},
+                     "held_down": self.held(now)}
+        if self.role(peer) == "chooser":
+            state = self._chosen.get(peer, _Chosen())
+            out["hysteresis"] = {"wants": state.want, "rounds": state.rounds, "needed": self.stable_rounds}
+        else:
+            out["announced"] = view.announced(peer)
+            out["refused"] = self._refused.get(peer)
+        return out
+
+    def _total(self, relay: str, peer: str, view: PathView, own: Mapping[str, float]) -> float | None:
+        leg1, leg2 = own.get(relay), self.leg(relay, peer, view)
+        return None if leg1 is None or leg2 is None else leg1 + leg2
+
+
+def _r(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 2)

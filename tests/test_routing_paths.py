@@ -1,0 +1,350 @@
+"""Path choice (swarmd/routing/paths.py): the switch rule, hysteresis, failure, the follower's
+checks on a hostile announcement, lying relays, the caps."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarmd.routing.paths import (HOLD_DOWN_S, MAX_RELAYED, STABLE_ROUNDS, Measure, Paths, PathView, UsePath,
+                                  best_relay)
+
+
+class World:
+    """A swarm as one node sees it: its own measurements, the others' reported RTTs (what their
+    records carry), who offers relaying, announcements, failing relays."""
+
+    def __init__(self, me: str = "a") -> None:
+        self.me = me
+        self.peers: set[str] = set()
+        self.relays: set[str] = set()
+        self.own: dict[str, float] = {}
+        self.reported: dict[str, dict[str, float]] = {}
+        self.via: dict[str, str] = {}  # peer -> the relay its record names for me
+        self.failing: set[str] = set()
+        self.coords: dict[tuple[str, str], float] = {}
+
+    def add(self, *peers: str, relay: bool = True) -> None:
+        self.peers |= set(peers)
+        if relay:
+            self.relays |= set(peers)
+
+    def link(self, a: str, b: str, ms: float) -> None:
+        """Both ends measured the link (and the one that is me keeps it as its own)."""
+        self.report(a, b, ms)
+        self.report(b, a, ms)
+
+    def report(self, by: str, to: str, ms: float) -> None:
+        if by == self.me:
+            self.own[to] = ms
+        else:
+            self.reported.setdefault(by, {})[to] = ms
+
+    def view(self) -> PathView:
+        return PathView(me=self.me, peers=frozenset(self.peers), relays=frozenset(self.relays),
+                        own=dict(self.own), reports=lambda p: self.reported.get(p, {}),
+                        estimate=lambda a, b: self.coords.get((a, b)), announced=self.via.get,
+                        failing=frozenset(self.failing))
+
+
+def detour_world() -> World:
+    """The lab's matrix: a-b 120 ms direct, 20 + 30 through r."""
+    w = World("a")
+    w.add("b", "r")
+    w.link("a", "b", 120)
+    w.link("a", "r", 20)
+    w.link("r", "b", 30)
+    return w
+
+
+def run(core: Paths, w: World, rounds: int, t0: float = 0.0) -> list[list]:
+    return [core.evaluate(t0 + i, w.view()) for i in range(rounds)]
+
+
+def test_best_relay_rule():
+    legs = {"r1": (20.0, 30.0), "r2": (25.0, 25.0), "r3": (10.0, 90.0)}
+    assert best_relay(120.0, legs) == ("r1", 50.0)  # ties on total: the lowest id
+    assert best_relay(55.0, legs) is None  # 50 > 55 x 0.9
+    assert best_relay(56.0, legs) == ("r1", 50.0)  # 50 <= 50.4 and 6 ms faster
+    assert best_relay(10.0, {"r": (4.0, 4.0)}) == ("r", 8.0)  # 20 % and 2 ms faster: both thresholds met
+    assert best_relay(9.0, {"r": (4.0, 4.0)}) is None  # 11 % faster but 1 ms: under the 2 ms floor
+    assert best_relay(100.0, {}) is None
+
+
+def test_switches_after_three_rounds_not_two_and_announces_it():
+    w, core = detour_world(), Paths("a")
+    out = run(core, w, 3)
+    assert out[0] == [] and out[1] == []
+    assert out[2] == [UsePath(peer="b", relay="r")]
+    assert core.path("b") == "r" and core.announced() == {"b": "r"} and core.paths() == {"b": "r"}
+    assert run(core, w, 5, 3) == [[]] * 5  # stays
+
+
+def test_an_extra_evaluation_is_not_a_round():
+    w, core = detour_world(), Paths("a")
+    for t in (0.0, 0.1, 0.2, 0.3, 1.0, 1.2):
+        assert core.evaluate(t, w.view()) == []
+    assert core.evaluate(2.0, w.view()) == [UsePath(peer="b", relay="r")]
+
+
+# Each row: the relay path's total (direct stays 100 ms) per round, and the path after each round.
+HYSTERESIS = [
+    ("clearly better: switch on the third round", [80, 80, 80, 80], [None, None, "r", "r"]),
+    ("one worse round resets the count", [80, 80, 95, 80, 80, 80], [None, None, None, None, None, "r"]),
+    ("jitter across the switch threshold never switches", [89, 91, 89, 91, 89, 91], [None] * 6),
+    ("on the relay, jitter inside the band never goes back", [80, 80, 80, 92, 94, 93, 94.9, 92],
+     [None, None, "r", "r", "r", "r", "r", "r"]),
+    ("worse than 0.95 x direct for three rounds: back", [80, 80, 80, 96, 96, 96], [None, None, "r", "r", "r", None]),
+    ("jitter across the back threshold never goes back", [80, 80, 80, 96, 94, 96, 94, 96],
+     [None, None, "r", "r", "r", "r", "r", "r"]),
+]
+
+
+@pytest.mark.parametrize("what,totals,paths", HYSTERESIS, ids=[h[0] for h in HYSTERESIS])
+def test_hysteresis_table(what, totals, paths):
+    w, core = World("a"), Paths("a")
+    w.add("b", "r")
+    w.link("a", "b", 100)
+    got = []
+    for i, total in enumerate(totals):
+        w.link("a", "r", total / 2)
+        w.link("r", "b", total / 2)
+        core.evaluate(float(i), w.view())
+        got.append(core.path("b"))
+    assert got == paths
+
+
+def test_back_to_direct_when_the_direct_path_improves():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    w.link("a", "b", 30)  # lab link: direct improved to 30 ms
+    out = run(core, w, 3, 10)
+    assert out == [[], [], [UsePath(peer="b", relay=None)]]
+    assert core.announced() == {}
+
+
+def test_a_clearly_better_relay_replaces_the_one_in_use():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    w.add("s")
+    w.link("a", "s", 10)
+    w.link("s", "b", 15)  # 25 ms against r's 50
+    assert run(core, w, 3, 10) == [[], [], [UsePath(peer="b", relay="s")]]
+    w.link("s", "b", 38)  # 48 vs 50: not clearly better than r, but s is in use now and stays
+    assert run(core, w, 5, 20) == [[]] * 5
+
+
+def test_two_near_equal_relays_alternating_as_best_still_switch():
+    w, core = World("a"), Paths("a")
+    w.add("b", "r", "s")
+    w.link("a", "b", 120)
+    for i in range(3):
+        w.link("a", "r", 20 + (i % 2) * 2)
+        w.link("a", "s", 22 - (i % 2) * 2)
+        w.link("r", "b", 30)
+        w.link("s", "b", 30)
+        out = core.evaluate(float(i), w.view())
+    assert out == [UsePath(peer="b", relay="r")]  # the best at the moment of the move
+
+
+def test_a_failing_relay_sends_the_pair_direct_at_once_and_is_held_down():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    w.failing = {"r"}
+    assert core.evaluate(3.0, w.view()) == [UsePath(peer="b", relay=None)]
+    w.failing = set()  # not in use any more, so not pinged, so not failing: held down all the same
+    assert run(core, w, int(HOLD_DOWN_S) - 2, 4) == [[]] * (int(HOLD_DOWN_S) - 2)
+    assert core.explain("b", w.view(), now=10.0)["held_down"] == {"r": 53.0}
+    out = run(core, w, STABLE_ROUNDS + 1, 3 + HOLD_DOWN_S)
+    assert [a for a in out if a] == [[UsePath(peer="b", relay="r")]]
+
+
+@pytest.mark.parametrize("change", ["dead", "stops relaying"])
+def test_a_relay_gone_from_the_view_sends_the_pair_direct_at_once(change):
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    if change == "dead":
+        w.peers.discard("r")
+    w.relays.discard("r")
+    assert core.evaluate(3.0, w.view()) == [UsePath(peer="b", relay=None)]
+
+
+def test_a_peer_that_leaves_releases_its_relay():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    w.peers.discard("b")
+    assert core.evaluate(3.0, w.view()) == [UsePath(peer="b", relay=None)]
+    assert core.paths() == {} and core.announced() == {}
+
+
+def test_unknown_relay_legs_for_three_rounds_mean_direct():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 3)
+    del w.reported["b"]["r"]  # b no longer reports r (fell out of its nearest)
+    assert run(core, w, 3, 3)[-1] == [UsePath(peer="b", relay=None)]
+
+
+def test_a_lying_relay_cannot_attract_traffic():
+    w, core = World("a"), Paths("a")
+    w.add("b", "r")
+    w.link("a", "b", 120)
+    w.link("a", "r", 20)
+    w.report("r", "b", 1)  # r claims 1 ms to b; b measured 100
+    w.report("b", "r", 100)
+    assert run(core, w, 5) == [[]] * 5
+    assert core.leg("r", "b", w.view()) == 100
+    w.reported["b"].pop("r")  # r's claim alone makes no leg
+    assert core.leg("r", "b", w.view()) is None
+    assert run(core, w, 5, 5) == [[]] * 5
+    w.report("b", "r", 30)
+    w.report("r", "b", 300)  # a relay claiming more only makes itself look worse
+    assert core.leg("r", "b", w.view()) == 300
+    assert run(core, w, 5, 10) == [[]] * 5
+
+
+def test_own_measurement_of_the_first_leg_beats_the_relays_claim():
+    w, core = World("a"), Paths("a")
+    w.add("b", "r")
+    w.link("a", "b", 120)
+    w.report("r", "a", 1)  # r claims to be 1 ms from me; I never measured it
+    w.link("r", "b", 30)
+    assert core.evaluate(0.0, w.view()) == [Measure(peers=("r",))]  # no coordinates: asked all the same
+    assert run(core, w, 5, 1) == [[]] * 5  # never chosen on its claim; asked once a minute at most
+    core = Paths("a")
+    w.coords[("a", "r")] = 200.0
+    assert core.evaluate(0.0, w.view()) == []  # by coordinates not worth a probe: 200 + 30 > 108
+    w.coords[("a", "r")] = 25.0
+    assert core.evaluate(1.0, w.view()) == [Measure(peers=("r",))]  # 25 + 30 < 108
+
+
+def test_the_follower_uses_the_choosers_announcement():
+    w, core = World("z"), Paths("z")
+    w.add("b", "r")
+    w.via["b"] = "r"
+    assert core.role("b") == "follower"
+    assert core.evaluate(0.0, w.view()) == [UsePath(peer="b", relay="r")]  # no hysteresis: the chooser had it
+    assert core.announced() == {}  # a follower announces nothing
+    w.via.pop("b")
+    assert core.evaluate(1.0, w.view()) == [UsePath(peer="b", relay=None)]
+
+
+@pytest.mark.parametrize("relay,setup,reason", [
+    ("z", None, "names this node as the relay"),
+    ("b", None, "names the peer itself as the relay"),
+    ("x", None, "not an alive member"),
+    ("q", lambda w: w.add("q", relay=False), "does not offer relaying"),
+    ("r", lambda w: w.failing.add("r"), "failing from here"),
+])
+def test_a_hostile_or_unusable_announcement_means_direct(relay, setup, reason):
+    w, core = World("z"), Paths("z")
+    w.add("b", "r")
+    if setup:
+        setup(w)
+    w.via["b"] = relay
+    assert core.evaluate(0.0, w.view()) == []
+    assert core.path("b") is None
+    info = core.explain("b", w.view(), now=0.0)
+    assert info["announced"] == relay and info["refused"] == reason
+
+
+def test_the_follower_ignores_announcements_from_a_peer_that_is_not_the_chooser():
+    w, core = World("a"), Paths("a")  # a < b: a is the chooser, b's `via` is not for it to follow
+    w.add("b", "r")
+    w.via["b"] = "r"
+    assert [a for out in run(core, w, 5) for a in out if isinstance(a, UsePath)] == []
+
+
+def test_both_ends_reach_the_same_path_and_each_falls_back_on_its_own_failure():
+    wa = detour_world()
+    wb = World("b")
+    wb.add("a", "r")
+    wb.link("b", "a", 120)
+    wb.link("b", "r", 30)
+    wb.link("r", "a", 20)
+    a, b = Paths("a"), Paths("b")
+    for t in range(4):
+        a.evaluate(float(t), wa.view())
+        wb.via = {"a": r for p, r in a.announced().items() if p == "b"}
+        b.evaluate(float(t), wb.view())
+    assert a.path("b") == b.path("a") == "r"
+    wb.failing = {"r"}  # only b cannot reach r
+    assert b.evaluate(4.0, wb.view()) == [UsePath(peer="a", relay=None)]
+
+
+def test_max_relayed_keeps_the_biggest_gains():
+    w, core = World("a"), Paths("a")
+    peers = [f"p{i:02d}" for i in range(MAX_RELAYED + 4)]
+    w.add("r", *peers)
+    w.link("a", "r", 10)
+    for i, p in enumerate(peers):
+        w.link("a", p, 100 + i)  # gain grows with i
+        w.link("r", p, 10)
+    run(core, w, 3)
+    assert sorted(core.announced()) == peers[4:]  # the 16 biggest gains
+    w.add("new")
+    w.link("a", "new", 300)
+    w.link("r", "new", 10)
+    out = run(core, w, 3, 3)
+    assert sorted(out[-1], key=lambda u: u.peer) == [UsePath(peer="new", relay="r"), UsePath(peer="p04", relay=None)]
+    assert len(core.announced()) == MAX_RELAYED
+
+
+def test_max_relayed_bounds_the_paths_followed():
+    w, core = World("z"), Paths("z")
+    peers = [f"p{i:02d}" for i in range(MAX_RELAYED + 3)]
+    w.add("r", *peers)
+    w.via = {p: "r" for p in peers}
+    core.evaluate(0.0, w.view())
+    assert sorted(core.paths()) == peers[:MAX_RELAYED]
+    assert core.explain(peers[-1], w.view(), now=0.0)["refused"] == f"already following {MAX_RELAYED} relayed paths"
+
+
+def test_explain_is_plain_json():
+    w, core = detour_world(), Paths("a")
+    run(core, w, 2)
+    info = core.explain("b", w.view(), now=2.0)
+    assert json.loads(json.dumps(info)) == info
+    assert info["role"] == "chooser" and info["path"] == "direct" and info["direct_ms"] == 120
+    assert info["candidates"][0] == {"relay": "r", "leg1_ms": 20.0, "leg2_ms": 30.0, "total_ms": 50.0,
+                                     "estimate_ms": None, "usable": True}
+    assert info["hysteresis"] == {"wants": "relay", "rounds": 2, "needed": STABLE_ROUNDS}
+    with pytest.raises(KeyError):
+        core.explain("nobody", w.view(), now=2.0)
+
+
+def test_bad_values_in_the_view_are_ignored_and_counted():
+    w, core = detour_world(), Paths("a")
+    w.report("b", "r", float("nan"))
+    w.report("a", "b", -5.0)
+    w.report("r", "b", float("inf"))
+    assert run(core, w, 4) == [[], [], [], []]  # no direct, no leg: nothing to decide on
+    assert core.ignored_values > 0
+
+
+rtts = st.floats(min_value=0.5, max_value=400.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("bcdefg"), st.sampled_from("bcdefg"), rtts), min_size=1, max_size=40),
+       st.lists(st.tuples(st.sampled_from("bcdefg"), st.sampled_from("abcdefgx")), max_size=6),
+       st.sets(st.sampled_from("bcdefg")), st.integers(0, 20))
+def test_property_only_valid_relays_and_deterministic(links, vias, failing, rounds):
+    """Random worlds and announcements: a path in use is always an alive, relay-offering,
+    non-failing third member; two cores fed the same views act the same."""
+    for me in ("a", "h"):  # chooser of everything, follower of everything
+        w = World(me)
+        w.add(*"bcdefg")
+        w.relays.discard("g")
+        for x, y, ms in links:
+            if x != y:
+                w.link(me, x, ms)
+                w.link(x, y, ms / 3)
+        w.via = {p: r for p, r in vias if me > p}
+        one, two = Paths(me, max_relayed=2), Paths(me, max_relayed=2)
+        for t in range(rounds):
+            w.failing = set(failing) if t % 5 == 4 else set()
+            assert one.evaluate(float(t), w.view()) == two.evaluate(float(t), w.view())
+            for peer, relay in one.paths().items():
+                assert relay not in (me, peer, "g", "x") and relay in w.peers and relay not in w.failing
+            assert len(one.announced()) <= 2
