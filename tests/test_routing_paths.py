@@ -308,7 +308,11 @@ def test_explain_is_plain_json():
     assert info["role"] == "chooser" and info["path"] == "direct" and info["direct_ms"] == 120
     assert info["candidates"][0] == {"relay": "r", "leg1_ms": 20.0, "leg2_ms": 30.0, "total_ms": 50.0,
                                      "estimate_ms": None, "usable": True}
-    assert info["hysteresis"] == {"wants": "relay", "rounds": 2, "needed": STABLE_ROUNDS}
+    assert info["hysteresis"] == {"wants": "relay", "candidate": "r", "rounds": 2, "needed": STABLE_ROUNDS}
+    run(core, w, 1, 2)
+    info = core.explain("b", w.view(), now=3.0)
+    assert info["path"] == "relay" and info["current"] == "r" and info["path_ms"] == 50
+    assert info["hysteresis"] == {"wants": None, "candidate": None, "rounds": 0, "needed": STABLE_ROUNDS}
     with pytest.raises(KeyError):
         core.explain("nobody", w.view(), now=2.0)
 

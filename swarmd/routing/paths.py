@@ -122,6 +122,7 @@ def best_relay(direct_ms: float, legs: Mapping[str, tuple[float, float]], *, rat
 class _Chosen:
     relay: str | None = None  # in use
     want: str | None = None  # the kind of move wanted: "relay", "direct" or None
+    target: str | None = None  # where the move would go now (a relay; None: direct)
     rounds: int = 0  # consecutive counted rounds wanting it
 
 
@@ -228,12 +229,12 @@ class Paths:
                 known = data.direct is not None and state.relay in data.legs
                 gains[peer] = data.direct - sum(data.legs[state.relay]) if known else 0.0
             if move is None:
-                state.want, state.rounds = None, 0
+                state.want, state.target, state.rounds = None, None, 0
                 continue
             kind, relay, gain = move
             if counting:
                 state.rounds = state.rounds + 1 if state.want == kind else 1
-                state.want = kind
+                state.want, state.target = kind, relay
             if state.want != kind or state.rounds < self.stable_rounds:
                 continue
             if kind == "direct":
@@ -302,7 +303,7 @@ class Paths:
 
     def _switch(self, peer: str, relay: str | None) -> UsePath:
         state = self._chosen[peer]
-        state.relay, state.want, state.rounds = relay, None, 0
+        state.relay, state.want, state.target, state.rounds = relay, None, None, 0
         self.switches += 1
         return UsePath(peer=peer, relay=relay)
 
@@ -421,7 +422,7 @@ class Paths:
                                        c["estimate_ms"] is None, c["estimate_ms"] or 0.0, c["relay"]))
         relay = self.path(peer)
         out: dict = {"peer": peer, "role": self.role(peer), "path": "direct" if relay is None else "relay",
-                     "relay": relay, "direct_ms": _r(direct), "direct_source": source,
+                     "current": relay, "direct_ms": _r(direct), "direct_source": source,
                      "path_ms": _r(direct) if relay is None else _r(self._total(relay, peer, view, own)),
                      "estimate_ms": _r(view.estimate(self.me, peer)), "candidates": candidates[:top],
                      "thresholds": {"switch_ratio": self.ratio, "switch_min_gain_ms": self.min_gain_ms,
@@ -430,7 +431,8 @@ class Paths:
                      "held_down": self.held(now)}
         if self.role(peer) == "chooser":
             state = self._chosen.get(peer, _Chosen())
-            out["hysteresis"] = {"wants": state.want, "rounds": state.rounds, "needed": self.stable_rounds}
+            out["hysteresis"] = {"wants": state.want, "candidate": state.target, "rounds": state.rounds,
+                                 "needed": self.stable_rounds}
         else:
             out["announced"] = view.announced(peer)
             out["refused"] = self._refused.get(peer)
