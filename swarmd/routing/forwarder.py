@@ -1,0 +1,139 @@
+"""The relay's kernel side: applies routing/nft.py's rules and owns net.ipv4.ip_forward (trio edge).
+
+Rules of this module:
+- Forwarding is turned on only after the table is in place: when net.ipv4.ip_forward was
+  off, the table drops every forwarded packet that is not a relayed pair's, so there is no
+  moment in which the host routes anything else. On close it goes back off first, then
+  the table goes.
+- "Was it off?" must survive a crash: a daemon killed while relaying leaves ip_forward on
+  and its table in place. The table then says so in its comment (nft.FORWARDING_WAS_OFF),
+  and the next run reads it: it drops other forwarding again and turns ip_forward back off
+  when it closes. `close()` without `start()` cleans such leftovers (relaying now off).
+- ip_forward is the daemon's network namespace's (/proc/sys/net/ipv4/ip_forward); `sysctl`
+  names a command instead (tests: `ip netns exec NS sysctl`, since /proc/sys/net is the
+  namespace of whoever opens it).
+- Only one change at a time (a lock); a script identical to the one in place is not run again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import trio
+
+from ..nft import NftError, apply
+from . import nft as rules
+from .relay import Pair
+
+PROC_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+CLOSE_TIMEOUT = 10.0  # seconds close() may take even when cancelled (it undoes kernel state)
+
+
+class Forwarder:
+    def __init__(self, table: str, *, cap_bytes_per_s: int, nft: Sequence[str] = ("nft",),
+                 sysctl: Sequence[str] | None = None, ip_forward: Path = PROC_IP_FORWARD) -> None:
+        rules.render(table, (), cap_bytes_per_s=cap_bytes_per_s, drop_other_forwarding=True)  # refuse bad values now
+        self.table = table
+        self.cap_bytes_per_s = cap_bytes_per_s
+        self.nft = tuple(nft)
+        self.sysctl = None if sysctl is None else tuple(sysctl)
+        self.ip_forward = ip_forward
+        self.forwarding_was_off: bool | None = None  # None: not known yet (not started)
+        self.started = False  # the table is in place and forwarding on
+        self.applied = 0  # scripts run (status, tests)
+        self._pairs: tuple[Pair, ...] = ()
+        self._script: str | None = None
+        self._lock = trio.Lock()
+
+    async def start(self) -> None:
+        """Install the table (with the pairs given so far), then turn forwarding on."""
+        async with self._lock:
+            await self._start()
+
+    async def apply(self, pairs: Iterable[Pair]) -> bool:
+        """Forward exactly `pairs` from now on (starting first if needed). True if the rules changed."""
+        pairs = tuple(pairs)
+        async with self._lock:
+            self._pairs = pairs
+            if not self.started:
+                await self._start()
+                return True
+            return await self._run(self._render())
+
+    async def close(self) -> None:
+        """ip_forward back off if this daemon (or a crashed run of it) turned it on, then the
+        table removed. Runs even when cancelled (bounded by CLOSE_TIMEOUT); raises NftError or
+        OSError after trying both."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_TIMEOUT):
+            async with self._lock:
+                was_off = self.forwarding_was_off
+                if was_off is None:
+                    was_off = await self._left_off()
+                self.forwarding_was_off, self.started, self._script, self._pairs = None, False, None, ()
+                failed: Exception | None = None
+                if was_off:
+                    try:
+                        await self._write(False)
+                    except (OSError, NftError) as exc:
+                        failed = exc
+                try:
+                    await apply(rules.delete(self.table), nft=self.nft)
+                except NftError as exc:
+                    failed = failed or exc
+                if failed is not None:
+                    raise failed
+
+    # --- inside ----------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        if self.started:
+            return
+        on = await self._read()
+        if self.forwarding_was_off is None:  # known before anything changes: close() undoes a partial start
+            self.forwarding_was_off = not on or await self._left_off()
+        await self._run(self._render())
+        if not on:
+            await self._write(True)
+        self.started = True
+
+    def _render(self) -> str:
+        return rules.render(self.table, self._pairs, cap_bytes_per_s=self.cap_bytes_per_s,
+                            drop_other_forwarding=bool(self.forwarding_was_off))
+
+    async def _run(self, script: str) -> bool:
+        if script == self._script:
+            return False
+        await apply(script, nft=self.nft)
+        self._script = script
+        self.applied += 1
+        return True
+
+    async def _left_off(self) -> bool:
+        """Whether a table of ours left by an earlier run says it turned forwarding on."""
+        try:
+            done = await trio.run_process([*self.nft, "list", "table", "ip", self.table], capture_stdout=True,
+                                          capture_stderr=True, check=False)
+        except OSError as exc:
+            raise NftError(f"cannot run {self.nft[0]}: {exc}") from exc
+        return done.returncode == 0 and rules.FORWARDING_WAS_OFF in done.stdout.decode(errors="replace")
+
+    async def _read(self) -> bool:
+        if self.sysctl is None:
+            text = await trio.Path(self.ip_forward).read_text()
+        else:
+            text = await self._sysctl("-n", "net.ipv4.ip_forward")
+        return text.strip() != "0"
+
+    async def _write(self, on: bool) -> None:
+        value = "1" if on else "0"
+        if self.sysctl is None:
+            await trio.Path(self.ip_forward).write_text(value + "\n")
+        else:
+            await self._sysctl("-qw", f"net.ipv4.ip_forward={value}")
+
+    async def _sysctl(self, *args: str) -> str:
+        done = await trio.run_process([*self.sysctl, *args], capture_stdout=True, capture_stderr=True, check=False)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(self.sysctl)} {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}")
+        return done.stdout.decode()

@@ -1,0 +1,136 @@
+"""The relay's nftables rules, as text (pure): relay.py's active pairs in, one script out.
+
+Theory of operation (IPv4 only). The relay R forwards the pair {A, B} on its UDP port P:
+A sends its WireGuard datagrams to R_a:P (R_a: the address of R that A uses, its
+`via_ip`), the kernel rewrites them to go to B's WireGuard port with R_b:P as their source,
+and B's datagrams to R_b:P go to A the same way. The payload is never touched: the
+pair's WireGuard session is end to end, the relay sees only ciphertext. One table,
+`table ip <name>`, holds it all:
+- chain `pre` (nat, prerouting): the first datagram of a flow from A to R_a:P sets the
+  conntrack mark MARK | P and is DNATed to B's port (and B's to R_b:P to A's). Conntrack
+  makes every later datagram, both ways, part of that flow: B's answers are the flow's
+  replies and reach A at the address and port A really sends from (A behind a NAT works).
+- chain `post` (nat, postrouting): a marked flow is SNATed to R's address on the far side
+  and port P, so B sees R_b:P, the endpoint it sends to.
+- chain `forward` (filter, forward): a marked packet goes to `relayed`; everything else is
+  dropped when this daemon turned forwarding on (`drop_other_forwarding`: the host had
+  net.ipv4.ip_forward off and must not become a router for anything but the pairs), and
+  left alone otherwise.
+- chain `relayed`: a packet passes only between the two addresses of an active pair with
+  that pair's mark, then through one byte rate limit for all pairs (the relay's bandwidth
+  cap: above it packets are dropped, WireGuard's inner TCP slows down). A marked packet of
+  any other flow is dropped: conntrack entries outlive the rules that made them (UDP flows
+  last while packets keep coming), so a pair that was removed (a member revoked, a lease
+  expired) or a port that now belongs to another pair must be stopped here.
+
+Every script replaces the whole table in one transaction (`add table` so that the
+`delete table` finds one; then the new table), so a rule set is never half applied.
+Everything written is validated again here, whatever relay.py checked: addresses through
+`ipaddress` (unicast IPv4 hosts), ports as ints in range, the table name against a strict
+pattern, the cap as an int in range. No value can add a statement.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+
+from .relay import Pair, check_host, parse_ipv4, port_number
+
+MARK = 0x53570000  # "SW" in the high 16 bits, the port in the low 16: the flow of the pair on that port
+MARK_MASK = 0xFFFF0000
+MAX_CAP = 2**40  # bytes/s, far above any link; nft takes a 64-bit rate
+_TABLE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+FORWARDING_WAS_OFF = "swarmd: ip_forward was off"  # the table's comment when it drops other forwarding
+
+
+def mark(port: int) -> int:
+    return MARK | port_number(port, "port")
+
+
+def table_name(ifname: str) -> str:
+    """The relay table of the daemon whose mesh interface is `ifname` (several daemons may
+    share a network namespace, each with its own interface)."""
+    return ("swarmd_relay_" + re.sub(r"[^A-Za-z0-9_]", "_", ifname))[:32]
+
+
+def render(table: str, pairs: Iterable[Pair], *, cap_bytes_per_s: int, drop_other_forwarding: bool) -> str:
+    """The script that replaces `table` with the rules for `pairs` (relay.Relay.active())."""
+    _check_table(table)
+    if not isinstance(cap_bytes_per_s, int) or isinstance(cap_bytes_per_s, bool) \
+            or not 1 <= cap_bytes_per_s <= MAX_CAP:
+        raise ValueError(f"cap_bytes_per_s: {cap_bytes_per_s!r:.20} is not a rate of 1-{MAX_CAP} bytes/s")
+    pre, post, relayed = [], [], []
+    ports = set()
+    for pair in pairs:
+        if not isinstance(pair, Pair):
+            raise ValueError(f"not a Pair: {pair!r:.60}")
+        m = f"0x{mark(pair.port):08x}"
+        if pair.port in ports:
+            raise ValueError(f"port {pair.port} twice")
+        ports.add(pair.port)
+        a, a_port, a_via = _end(pair.a, "a")
+        b, b_port, b_via = _end(pair.b, "b")
+        if a == b:
+            raise ValueError(f"pair on port {pair.port}: both ends at {a}")
+        p = pair.port
+        pre += [f"    ip saddr {a} ip daddr {a_via} udp dport {p} ct mark set {m} dnat to {b}:{b_port}",
+                f"    ip saddr {b} ip daddr {b_via} udp dport {p} ct mark set {m} dnat to {a}:{a_port}"]
+        post += [f"    ct mark {m} ip daddr {b} meta l4proto udp snat to {b_via}:{p}",
+                 f"    ct mark {m} ip daddr {a} meta l4proto udp snat to {a_via}:{p}"]
+        relayed += [f"    ct mark {m} ip saddr . ip daddr {{ {a} . {b}, {b} . {a} }} jump cap"]
+    lines = [
+        f"# swarmd relay: {len(ports)} pairs, cap {cap_bytes_per_s} bytes/s",
+        f"add table ip {table}",
+        f"delete table ip {table}",
+        f"table ip {table} {{",
+    ]
+    if drop_other_forwarding:
+        lines.append(f'  comment "{FORWARDING_WAS_OFF}"')
+    lines += [
+        "  chain pre {",
+        "    type nat hook prerouting priority dstnat; policy accept;",
+        *pre,
+        "  }",
+        "  chain post {",
+        "    type nat hook postrouting priority srcnat; policy accept;",
+        *post,
+        "  }",
+        "  chain forward {",
+        "    type filter hook forward priority filter; policy accept;",
+        f"    ct mark and 0x{MARK_MASK:08x} == 0x{MARK:08x} jump relayed",
+        *(["    # this daemon turned forwarding on: nothing but the pairs is forwarded", "    drop"]
+          if drop_other_forwarding else []),
+        "  }",
+        "  chain relayed {",
+        *relayed,
+        "    # a flow of no active pair (its conntrack entry outlived the rules)",
+        "    drop",
+        "  }",
+        "  chain cap {",
+        f"    limit rate over {cap_bytes_per_s} bytes/second drop",
+        "    accept",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def delete(table: str) -> str:
+    """The script that removes `table` (no error when it is not there)."""
+    _check_table(table)
+    return f"add table ip {table}\ndelete table ip {table}\n"
+
+
+def _check_table(table: object) -> None:
+    if not isinstance(table, str) or not _TABLE.fullmatch(table):
+        raise ValueError(f"bad nftables table name {table!r:.40}")
+
+
+def _end(end: object, name: str) -> tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address]:
+    ip = parse_ipv4(getattr(end, "ip", None), f"{name}.ip")
+    via = parse_ipv4(getattr(end, "via_ip", None), f"{name}.via_ip")
+    check_host(ip, f"{name}.ip")
+    check_host(via, f"{name}.via_ip")
+    return ip, port_number(getattr(end, "wg_port", None), f"{name}.wg_port"), via
