@@ -57,6 +57,14 @@ class Config:
         "doc": "private IPv4 range overlay addresses are drawn from (the same on every member)"})
     mesh_port: int = field(default=51820, metadata={"doc": "WireGuard UDP listen port"})
     mesh_mtu: int = field(default=1420, metadata={"doc": "MTU of the WireGuard interface"})
+    relay: str = field(default="auto", metadata={
+        "doc": "forward other members' WireGuard packets when a path through this node is faster than "
+               "their direct one: auto (when root, nftables and the mesh are there) or off. Relaying costs "
+               "this host bandwidth (capped by relay_max_mbit); the packets stay end-to-end encrypted"})
+    relay_max_mbit: int = field(default=100, metadata={
+        "doc": "the most bandwidth all relayed pairs together may use here, Mbit/s (above it packets are dropped)"})
+    relay_ports: tuple[int, int] = field(default=(51821, 52820), metadata={
+        "doc": "UDP ports relayed pairs are given, one per pair: LOW-HIGH (open them in the host's firewall)"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
     job_user: str | None = field(default="nobody", metadata={
@@ -285,6 +293,16 @@ def _uid_range(v: Any) -> tuple[int, int]:
     raise _Bad("a uid range LOW-HIGH of ordinary uids (≥ 1000, not 65534 'nobody'), e.g. 61184-65519")
 
 
+def _port_range(v: Any) -> tuple[int, int]:
+    if isinstance(v, str) and "-" in v:
+        v = v.split("-", 1)
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(str(x).strip().isdigit() for x in v):
+        low, high = (int(str(x).strip()) for x in v)
+        if 1 <= low <= high <= 65535:
+            return low, high
+    raise _Bad("a UDP port range LOW-HIGH within 1-65535, e.g. 51821-52820")
+
+
 def _networks(v: Any) -> tuple[str, ...]:
     import ipaddress
 
@@ -340,6 +358,9 @@ _CHECKS: dict[str, Check] = {
     "mesh_network": _private_network,
     "mesh_port": _int_range(1, 65535),
     "mesh_mtu": _int_range(1280, 9000),
+    "relay": _choice(("auto", "off")),
+    "relay_max_mbit": _int_range(1, 100_000),
+    "relay_ports": _port_range,
     "metrics_addr": _hostport_or_off,
     "job_user": _user,
     "job_slots": _int_range(0, 1024),

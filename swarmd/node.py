@@ -28,6 +28,7 @@ from .gossip.service import Gossip, JoinError
 from .identity import Identity
 from .metrics import Metrics
 from .rpc.protocol import Dispatcher
+from .routing.service import Routing
 from .rpc.server import AccessPolicy, RpcServer, bind_unix
 from .sdnotify import Notifier
 from .wg import mesh as wg_mesh
@@ -69,6 +70,8 @@ class Node:
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = wg_mesh.from_config(config, self.gossip)
         self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh)
+        self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics)
+        self.jobs.routing = self.routing  # placement ranks by the paths jobs will use
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()
@@ -86,6 +89,7 @@ class Node:
             "log_level": self.log_level,
             **api.swarm_status(self),
             "mesh": self.mesh.status() if self.mesh else {"up": False, "off": self.mesh_off},
+            "routing": self.routing.status(),
             "jobs": self.jobs.status(),
             "sandbox": self.jobs.sandbox_status(),
         }
@@ -104,6 +108,7 @@ class Node:
                 await nursery.start(server.serve, listener)
                 await nursery.start(self.gossip.run)
                 await nursery.start(self.jobs.run)
+                nursery.start_soon(self.routing.run)
                 if self.mesh is not None:
                     nursery.start_soon(self._run_mesh)
                 if config.join and self.gossip.swarm is None:

@@ -48,6 +48,8 @@ class Probes:
         rtt = await self.ping(peer, timeout)
         self.g.core.probe_result(trio.current_time(), probe_id, rtt is not None, rtt)
         self.g.loop.input()
+        if rtt is not None:
+            self.g.rtt_observed(peer, rtt)
 
     async def probe_via(self, probe_id: int, via: str, target: str, timeout: float) -> None:
         g = self.g

@@ -4,8 +4,9 @@ The core decides when (``PublishRecord(seq)``: after a change, at most once per
 publish_interval, and a refresh every refresh_interval); this module builds what: the
 listen addresses, the resources (sampled every ``SAMPLE_INTERVAL``; a new sample is
 advertised only when it differs significantly from the last one published), the labels,
-the mesh's side (WireGuard key and address), the job slots, and the lowest RTTs our probes
-measured to alive members (others' placement reads them).
+the mesh's side (WireGuard key and address), the job slots, the lowest RTTs our probes
+measured to alive members (others' placement and path choice read them), and routing's
+fields (our network coordinate, whether we relay, the relays we chose: ``route_info``).
 
 The record is checked as every member will check it before it is published. One that
 would be refused is not published, and ``error`` says why (logged once per reason): our
@@ -61,7 +62,8 @@ class OwnRecord:
         try:
             blob = make_record(g.sign, swarm=g.swarm.swarm, peer=g.me, seq=seq, issued=now,
                                ttl=g.core.record_ttl, addrs=g.addrs(), resources=self.resources,
-                               labels=g.labels, wg=wg, jobs=g.job_slots(), rtts=self.nearest_rtts(), cert=cert)
+                               labels=g.labels, wg=wg, jobs=g.job_slots(), rtts=self.nearest_rtts(), cert=cert,
+                               **g.route_info())
             own = g.verifier.decode(blob, now)  # type: ignore[union-attr]
         except (Invalid, ValueError) as exc:
             detail = f"{exc.reason}: {exc.detail}" if isinstance(exc, Invalid) else str(exc)

@@ -83,6 +83,9 @@ class Gossip:
             self.joined.set()
         self.mesh_info: Callable[[], MeshInfo | None] = lambda: None  # set by the mesh when it runs
         self.job_slots: Callable[[], JobSlots | None] = lambda: None  # set by the job service
+        # set by routing: each RTT a probe measured (peer, seconds), and what our record says about routing
+        self.rtt_observed: Callable[[str, float], None] = lambda peer, rtt: None
+        self.route_info: Callable[[], dict[str, Any]] = dict
         self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
         self.excluded: dict[str, str] = {}  # kept here too: applied to the core once it exists
         self.nursery: trio.Nursery | None = None

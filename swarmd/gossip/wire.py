@@ -3,7 +3,10 @@
 Every message is a signed blob (see signed.py) whose body has ``v`` (schema version), ``k``
 (kind), ``swarm``, ``peer`` (the signer) and ``cert`` (the signer's membership certificate):
 
-- ``record``: ``{seq, issued, ttl, addrs, res, labels, wg}`` — what a node is and offers. The
+- ``record``: ``{seq, issued, ttl, addrs, res, labels, wg, jobs, rtts, coord, relay, via}`` — what
+  a node is and offers (``coord``: its Vivaldi coordinate; ``relay``: it forwards WireGuard
+  packets for pairs of members; ``via``: the relay it chose for a pair it is the chooser of,
+  routing/paths.py). The
   seq grows with every record a node issues, across restarts; it is also the node's SWIM
   incarnation number, so a newer record refutes a suspicion.
 - ``suspect`` / ``dead``: ``{about, inc, issued}`` — the signer suspects ``about`` (or
@@ -43,6 +46,7 @@ from typing import Any
 
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
 from ..wg.proof import verify_proof
+from ..routing.coordinates import Coordinate
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
@@ -55,6 +59,7 @@ RUMOR_TTL = 60.0  # a rumor older than this is a replay, not news
 MAX_LABELS = 32
 MAX_ADDRS = 16
 MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairwise view)
+MAX_VIA = 16  # relayed paths a record announces (routing/paths.py MAX_RELAYED)
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
 RUMOR_KINDS = ("suspect", "dead", "left")
@@ -152,6 +157,9 @@ class Record:
     wg: MeshInfo | None
     jobs: JobSlots | None = None
     rtts: dict[str, float] = dataclasses.field(default_factory=dict)  # peer -> ms, measured by this node
+    coord: Coordinate | None = None  # its network coordinate (routing/coordinates.py)
+    relay: bool = False  # it offers to relay WireGuard packets between members
+    via: dict[str, str] = dataclasses.field(default_factory=dict)  # peer -> the relay it chose for that pair
     cert: Cert
     blob: bytes
 
@@ -191,12 +199,20 @@ def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
 def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float, ttl: float,
                 addrs: list[str], resources: Resources, labels: dict[str, str],
                 wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None,
-                rtts: dict[str, float] | None = None) -> bytes:
-    return seal({"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
-                 "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
-                 "labels": labels, "wg": None if wg is None else wg.to_wire(),
-                 "jobs": None if jobs is None else jobs.to_wire(),
-                 "rtts": [[peer_bytes(p), ms] for p, ms in (rtts or {}).items()], "cert": cert.blob}, sign)
+                rtts: dict[str, float] | None = None, coord: Coordinate | None = None, relay: bool = False,
+                via: dict[str, str] | None = None) -> bytes:
+    body = {"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
+            "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
+            "labels": labels, "wg": None if wg is None else wg.to_wire(),
+            "jobs": None if jobs is None else jobs.to_wire(),
+            "rtts": [[peer_bytes(p), ms] for p, ms in (rtts or {}).items()], "cert": cert.blob}
+    if coord is not None:
+        body["coord"] = coord.to_wire()
+    if relay:
+        body["relay"] = True
+    if via:
+        body["via"] = [[peer_bytes(p), peer_bytes(r)] for p, r in via.items()]
+    return seal(body, sign)
 
 
 def make_rumor(sign: Signer, *, kind: str, swarm: str, sender: str, about: str, incarnation: int,
@@ -337,7 +353,9 @@ class Verifier:
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
                       labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, jobs=jobs,
-                      rtts=_rtts(body.get("rtts", [])), cert=cert, blob=blob)
+                      rtts=_rtts(body.get("rtts", [])), coord=_coord(body.get("coord")),
+                      relay=_flag(body.get("relay", False), "record.relay"), via=_via(body.get("via", []), cert.peer),
+                      cert=cert, blob=blob)
 
 
 def _rtts(data: Any) -> dict[str, float]:
@@ -351,6 +369,38 @@ def _rtts(data: Any) -> dict[str, float]:
             raise Invalid("malformed", "record.rtts: each entry is [peer id bytes, 0-60000 ms]")
         peer_key(item[0])
         out[peer_str(item[0])] = float(item[1])
+    return out
+
+
+def _coord(data: Any) -> Coordinate | None:
+    if data is None:
+        return None
+    try:
+        return Coordinate.from_wire(data)
+    except ValueError as exc:
+        raise Invalid("malformed", f"record.coord: {exc}") from None
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid("malformed", f"{where}: expected true or false, got {value!r:.40}")
+    return value
+
+
+def _via(data: Any, signer: str) -> dict[str, str]:
+    """The chooser's relays: [[peer, relay], ...]; neither may be the signer, nor the two the same."""
+    if not isinstance(data, list) or len(data) > MAX_VIA:
+        raise Invalid("malformed", f"record.via: expected a list of at most {MAX_VIA} [peer, relay] pairs")
+    out: dict[str, str] = {}
+    for item in data:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, bytes) for x in item)):
+            raise Invalid("malformed", "record.via: each entry is [peer id bytes, relay peer id bytes]")
+        peer_key(item[0])
+        peer_key(item[1])
+        peer, relay = peer_str(item[0]), peer_str(item[1])
+        if signer in (peer, relay) or peer == relay or peer in out:
+            raise Invalid("malformed", "record.via: a pair names the signer, the same peer twice, or a peer twice")
+        out[peer] = relay
     return out
 
 

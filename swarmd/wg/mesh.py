@@ -271,6 +271,24 @@ class Mesh:
         if configs:
             await self.backend.set_peers(configs)
 
+    async def set_relayed(self, relayed: dict[str, str]) -> None:
+        """Routing's relayed paths: peer -> the relay endpoint ("IP:port") its packets go to;
+        every peer not named goes back to its own endpoint."""
+        if not self.started:
+            return
+        actions = self.reconciler.set_relayed(relayed)
+        configs = [_config(a.spec) for a in actions if isinstance(a, SetPeer)]
+        if configs:
+            await self.backend.set_peers(configs)
+
+    def peers(self) -> set[str]:
+        """The members this node's WireGuard device has as peers."""
+        return set(self._members)
+
+    def direct_ip(self, peer: str) -> str | None:
+        """The underlay IP we reach ``peer``'s WireGuard at directly (never a relay's)."""
+        return self.reconciler.direct_ip(peer)
+
     async def _keepalive_later(self, spec: Any) -> None:
         await trio.sleep(KEEPALIVE_DEFER)
         current = self.reconciler.current.get(spec.public)

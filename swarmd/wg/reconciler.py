@@ -27,6 +27,10 @@ Rules:
   switch_min_gain``, or when the current one failed (RTT None). Hysteresis on both ratio and
   absolute gain keeps two near-equal paths from flapping; an unmeasured current endpoint is
   kept until it is measured, so results arriving out of order cannot cause a switch.
+- Relayed paths (routing/): ``set_relayed`` names, per peer, the relay endpoint ("IP:port"
+  on a relay that forwards the pair's packets unchanged) to use instead of the peer's own;
+  a peer left out of it goes back to its own endpoint. Endpoint measurements and switching
+  go on underneath: the member's own endpoint is still the one chosen among its candidates.
 - ``resync`` repairs the device after it lost state (wireguard-go restarted): missing peers
   are set, unknown ones removed, wrong allowed IPs or keepalive rewritten. A device endpoint
   that differs from ours is left alone: WireGuard roams to wherever a peer's authenticated
@@ -146,6 +150,7 @@ class Reconciler:
         self._chosen: dict[str, str] = {}  # peer -> the candidate IP in use
         self._rtt: dict[str, dict[str, float | None]] = {}  # peer -> IP -> last RTT, None = failed
         self._probed: dict[str, float] = {}  # peer -> when its endpoints were last probed
+        self._relayed: dict[str, str] = {}  # peer -> the relay endpoint its packets go to instead
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -205,6 +210,16 @@ class Reconciler:
         self.current[m.public] = spec
         return [SetPeer(spec=spec)]
 
+    def set_relayed(self, relayed: Mapping[str, str]) -> list[Action]:
+        """Send each named peer's packets to a relay endpoint ("IP:port"), every other peer's
+        to its own endpoint again. Malformed endpoints raise ValueError (the caller's own data)."""
+        self._relayed = {peer: format_endpoint(*split_endpoint(e)) for peer, e in relayed.items()}
+        return self._apply({m.public: self._spec(m) for m in self._members.values()})
+
+    def direct_ip(self, peer: str) -> str | None:
+        """The underlay IP of ``peer`` in use or first to try (never a relay's)."""
+        return self._chosen.get(peer)
+
     def resync(self, device_peers: Mapping[bytes, PeerSpec]) -> list[Action]:
         """The actions that bring the device, as read back, to ``current``."""
         actions: list[Action] = [RemovePeer(public=k) for k in sorted(device_peers) if k not in self.current]
@@ -243,7 +258,8 @@ class Reconciler:
 
     def _spec(self, m: Member) -> PeerSpec:
         ip = self._chosen.get(m.peer)
-        return PeerSpec(public=m.public, endpoint=None if ip is None else format_endpoint(ip, m.port),
+        endpoint = self._relayed.get(m.peer) or (None if ip is None else format_endpoint(ip, m.port))
+        return PeerSpec(public=m.public, endpoint=endpoint,
                         allowed_ips=tuple(r for r in _host_routes(m) if self._owner.get(r) == m.public),
                         keepalive=self.keepalive)
 
@@ -265,7 +281,7 @@ class Reconciler:
         return actions
 
     def _forget_gone(self, now: float) -> None:
-        for table in (self._chosen, self._rtt):
+        for table in (self._chosen, self._rtt, self._relayed):
             for peer in [p for p in table if p not in self._members]:
                 del table[peer]
         for peer in [p for p, at in self._probed.items() if p not in self._members and now - at >= self.probe_interval]:

@@ -1,0 +1,137 @@
+"""The relay's side: members ask this node to forward a pair's WireGuard packets.
+
+``handle`` serves ``/swarmd/relay/1.0.0`` (request.py): the requester's certificate first
+(gate), then its signed request, checked (request.check) and judged by the relay core
+(relay.py) with what only this side knows: the requester's IP is the one its libp2p
+connection comes from (an end cannot aim the relay at an address it does not hold), its
+WireGuard port the one its record advertises, the pair's other end an alive member of our
+view with a mesh side. The answer is ``{port, active, expires_in}`` or ``{error, reason}``;
+every refusal is counted in ``swarmd_relay_rejected{reason}`` and the stream closed,
+nothing else: one request cannot end the read loop or the daemon.
+
+The rules follow the core's active pairs: after any change the forwarder replaces the
+nftables table (forwarder.py). ``expire`` runs when the earliest lease ends, and members
+that left the view lose their pairs at each view change.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+from libp2p.abc import INetStream
+
+from ..gossip.membership import State
+from ..gossip.signed import Invalid
+from ..gossip.streams import PeerError, close_quietly, read_frame, write_frame
+from ..rpc.framing import FrameTooLarge
+from . import request as rq
+from .relay import End, Grant, Relay
+
+if TYPE_CHECKING:
+    from .service import Routing
+
+log = structlog.get_logger("swarmd.routing")
+
+class RelayServer:
+    def __init__(self, routing: Routing, relay: Relay, forwarder: Any) -> None:
+        self.r = routing
+        self.relay = relay
+        self.forwarder = forwarder
+        self.applied = -1  # the relay core's version last written to nftables
+        self.error: str | None = None  # the last failure to apply the rules
+        self.rejected: dict[str, int] = {}
+        self.wake = trio.Event()
+
+    def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
+        self.r.metrics_rejected.labels(reason).inc()
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        log.info("relay request refused", peer=peer, reason=reason, detail=detail)
+        return {"error": detail, "reason": reason}
+
+    async def handle(self, stream: INetStream) -> None:
+        g = self.r.g
+        peer = str(stream.muxed_conn.peer_id)
+        try:
+            with trio.fail_after(10):
+                req = await read_frame(stream, rq.MAX_REQUEST + 4096)
+                if not await g.check_member(req, stream.muxed_conn.peer_id, stream):  # counted by the gate
+                    self.rejected["not_member"] = self.rejected.get("not_member", 0) + 1
+                    return
+                await write_frame(stream, await self.answer(req, peer, stream))
+        except FrameTooLarge as exc:
+            self.refuse("too_large", peer, f"relay request: {exc}")
+        except (PeerError, trio.TooSlowError) as exc:
+            log.debug("relay request stream failed", peer=peer, error=f"{exc.__class__.__name__}: {exc}")
+        finally:
+            await close_quietly(stream)
+
+    async def answer(self, req: Any, peer: str, stream: INetStream) -> dict[str, Any]:
+        g = self.r.g
+        assert g.swarm is not None
+        try:
+            r = rq.check(req.get("req"), swarm=g.swarm.swarm, me=g.me, sender=peer, now=time.time())
+        except Invalid as exc:
+            return self.refuse(exc.reason, peer, exc.detail)
+        view = g.view()
+        now = trio.current_time()
+        if r.op == "release":
+            self.relay.release(now, peer, r.other)
+            self.wake.set()
+            return {"released": True}
+        mine, theirs = view.get(peer), view.get(r.other)
+        for who, m in (("requester", mine), ("other end", theirs)):
+            if m is None or m.state is not State.ALIVE or m.record.wg is None:
+                return self.refuse("not_member", peer, f"the pair's {who} is not an alive member of the mesh here")
+        remote = stream.muxed_conn.get_remote_address() if hasattr(stream.muxed_conn, "get_remote_address") else None
+        if not remote:
+            return self.refuse("bad_address", peer, "cannot tell the requester's address")
+        end = End(peer=peer, ip=str(remote[0]), wg_port=mine.record.wg.port, via_ip=r.via_ip)
+        result = self.relay.request(now, end, r.other)
+        if not isinstance(result, Grant):
+            return self.refuse(result.reason, peer, result.detail)
+        self.wake.set()
+        return {"port": result.port, "active": result.active, "expires_in": round(result.expires - now, 1)}
+
+    def view_changed(self) -> None:
+        """Members no longer alive in the view lose their pairs; our own IPs may have changed."""
+        view = self.r.g.view()
+        gone = {p for pair in self.relay.active() for p in (pair.a.peer, pair.b.peer)
+                if (m := view.get(p)) is None or m.state is not State.ALIVE}
+        for peer in gone:
+            self.relay.end_member(peer)
+        self.relay.set_addresses(self.r.own_ips())
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Keeps the kernel's rules equal to the core's active pairs, expiring leases on time."""
+        try:
+            while True:
+                self.relay.expire(trio.current_time())
+                if self.relay.version != self.applied:
+                    version = self.relay.version
+                    try:
+                        await self.forwarder.apply(self.relay.active())
+                        self.applied, self.error = version, None
+                    except Exception as exc:  # nft refused or vanished: say so, keep serving, retry
+                        self.error = f"{exc.__class__.__name__}: {exc}"
+                        log.error("cannot apply the relay's forwarding rules", error=self.error)
+                    self.r.metrics_pairs.set(len(self.relay.active()))
+                deadline = self.relay.next_deadline()
+                wait = 5.0 if self.error else (60.0 if deadline is None else max(0.05, deadline - trio.current_time()))
+                with trio.move_on_after(wait):
+                    await self.wake.wait()
+                self.wake = trio.Event()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.forwarder.close()
+                except Exception as exc:
+                    log.error("cannot remove the relay's forwarding rules", error=f"{exc.__class__.__name__}: {exc}")
+
+    def status(self) -> dict[str, Any]:
+        now = trio.current_time()
+        return {"pairs": len(self.relay.active()), "rows": self.relay.rows(now), "error": self.error,
+                "rejected": dict(self.rejected)}

@@ -1,0 +1,295 @@
+"""The trio driver of routing: ``Routing``, on ``node.routing``.
+
+It owns three sans-IO cores and feeds them from the daemon:
+- coordinates.Client: each RTT our probes measure (gossip's ``rtt_observed`` hook), with the
+  peer's coordinate from its record; our own coordinate goes into our record.
+- paths.Paths: once a second (and when a relay session changes) a ``PathView`` built from
+  the membership snapshot, our own recent RTTs and the records' reports; its ``UsePath``
+  actions start or end relay sessions (sessions.py), its ``Measure`` actions are pings. The
+  pairs we choose a relay for go into our record (``via``), which the other ends follow.
+- relay.Relay (when ``relay = "auto"`` and this host can: root, nftables, the mesh): the
+  relay side, served by server.py, its rules kept in the kernel by forwarder.py.
+The mesh gets the endpoints of active relayed paths (``Mesh.set_relayed``).
+
+Everyone else reads routing through immutable snapshots (``_Snap``, replaced at each
+evaluation): ``rtt_ms`` (placement, from a worker thread), ``peer_rtt``, ``path_row``,
+``explain``, ``status`` (the control API).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import trio
+from prometheus_client import Counter, Gauge
+
+from ..gossip.membership import State, View
+from ..gossip.signed import short
+from . import request as rq
+from .coordinates import Client, Coordinate
+from .paths import Measure, Paths, PathView, UsePath
+from .sessions import Sessions
+
+log = structlog.get_logger("swarmd.routing")
+
+EVALUATE_EVERY = 1.0  # seconds between path evaluations (paths.py counts its rounds in them)
+WINDOW = 5  # our RTT to a peer: the least of its last WINDOW samples (rises again when a path slows)
+MEASURE_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Snap:
+    """What readers from other threads see: replaced whole, never changed."""
+
+    view: View
+    me: str
+    own: Mapping[str, float] = field(default_factory=dict)  # peer -> ms, our recent measurements
+    coord: Coordinate | None = None
+    path_ms: Mapping[str, float] = field(default_factory=dict)  # relayed peers -> the path's RTT, ms
+
+
+class Routing:
+    def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any) -> None:
+        self.g = gossip
+        self.mesh = mesh
+        self.config = config
+        self.client = Client(seed=gossip.me)
+        self.paths = Paths(gossip.me)
+        self.sessions = Sessions(self)
+        self.server: Any = None  # server.RelayServer while this node relays for others
+        self.relay_off: str | None = "starting"  # why this node does not relay, if it does not
+        self._samples: dict[str, deque[float]] = {}
+        self._snap = _Snap(view=gossip.view(), me=gossip.me)
+        self._announced: dict[str, str] = {}
+        self._relayed: dict[str, str] = {}
+        self._wake = trio.Event()
+        registry = metrics.registry
+        self.metrics_rejected = Counter("swarmd_relay_rejected", "Relay requests refused, by reason", ["reason"],
+                                        registry=registry)
+        self.metrics_pairs = Gauge("swarmd_relay_pairs", "Pairs this node relays for (both ends asked)",
+                                   registry=registry)
+        self.metrics_switches = Counter("swarmd_path_switches", "Paths moved to a relay or back to direct",
+                                        registry=registry)
+        Gauge("swarmd_paths_relayed", "Peers this node reaches through a relay", registry=registry
+              ).set_function(lambda: len(self._relayed))
+        Gauge("swarmd_vivaldi_error", "This node's Vivaldi error estimate", registry=registry
+              ).set_function(lambda: self.client.coordinate.error)
+        gossip.rtt_observed = self.rtt_observed
+        gossip.route_info = self.record_fields
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def rtt_observed(self, peer: str, rtt: float, *, probe: bool = True) -> None:
+        """An RTT (seconds) our pings measured to ``peer``."""
+        view = self.g.view()
+        m = view.get(peer)
+        if m is None or not 0 < rtt < 10:
+            return
+        self._samples.setdefault(peer, deque(maxlen=WINDOW)).append(rtt * 1000)
+        if m.record.coord is not None:
+            self.client.update(peer, m.record.coord, rtt)
+
+    def record_fields(self) -> dict[str, Any]:
+        """What our record says about routing: our coordinate, whether we relay, our choices."""
+        return {"coord": self.client.coordinate, "relay": self.server is not None, "via": self.paths.announced()}
+
+    def paths_changed(self) -> None:
+        self._wake.set()
+
+    def own_ips(self) -> list[str]:
+        info = self.mesh.info() if self.mesh is not None else None
+        return [ip for ip in (info.endpoints if info else ()) if "." in ip]
+
+    def direct_ip(self, peer: str) -> str | None:
+        ip = self.mesh.direct_ip(peer) if self.mesh is not None else None
+        return ip if ip is not None and "." in ip else None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.g.joined.wait()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self.sessions.run)
+            nursery.start_soon(self._start_relay, nursery)
+            while True:
+                with trio.move_on_after(EVALUATE_EVERY):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                await self._evaluate(nursery)
+
+    async def _start_relay(self, nursery: trio.Nursery) -> None:
+        why = self._relay_unavailable()
+        if why is None:
+            while not self.mesh.started:
+                await trio.sleep(0.5)
+            from .forwarder import Forwarder
+            from .nft import table_name
+            from .relay import Relay
+            from .server import RelayServer
+
+            forwarder = Forwarder(table_name(self.mesh.interface), cap_bytes_per_s=self.config.relay_max_mbit * 125_000)
+            try:
+                await forwarder.start()
+            except Exception as exc:
+                why = f"cannot install forwarding rules ({exc.__class__.__name__}: {exc})"
+        if why is not None:
+            self.relay_off = why
+            log.info("not relaying for others", why=why)
+            return
+        relay = Relay(self.g.me, is_member=self._alive_member, addresses=self.own_ips(),
+                      exclude=(str(self.mesh.network),), ports=self.config.relay_ports)
+        self.server = RelayServer(self, relay, forwarder)
+        self.g.host.set_stream_handler(rq.PROTOCOL, self.g.guarded(self.server.handle))
+        self.relay_off = None
+        self.g.readvertise()
+        log.info("relaying for members", ports="%d-%d" % self.config.relay_ports, cap_mbit=self.config.relay_max_mbit)
+        nursery.start_soon(self.server.run)
+
+    def _relay_unavailable(self) -> str | None:
+        if self.config.relay == "off":
+            return "off in the configuration"
+        if self.mesh is None:
+            return "the WireGuard mesh is off"
+        if os.geteuid() != 0:
+            return "needs root to install nftables rules"
+        if shutil.which("nft") is None:
+            return "nft (Debian package nftables) is not installed"
+        return None
+
+    def _alive_member(self, peer: str) -> bool:
+        m = self.g.view().get(peer)
+        return m is not None and m.state is State.ALIVE and self.g.is_member(peer)
+
+    # --- the evaluation -----------------------------------------------------------------
+
+    def _path_view(self, view: View, own: Mapping[str, float]) -> PathView:
+        targets = self.mesh.peers() if self.mesh is not None else set()
+        peers = frozenset(m.peer for m in view if m.state is State.ALIVE and m.peer in targets)
+        relays = frozenset(p for p in peers if view.get(p).record.relay)
+
+        def reports(peer: str) -> Mapping[str, float]:
+            m = view.get(peer)
+            return m.record.rtts if m is not None else {}
+
+        def announced(peer: str) -> str | None:
+            m = view.get(peer)
+            return m.record.via.get(self.g.me) if m is not None else None
+
+        return PathView(me=self.g.me, peers=peers, relays=relays, own=own, reports=reports,
+                        estimate=self._estimator(view, self.client.coordinate), announced=announced,
+                        failing=self.sessions.failing())
+
+    def _estimator(self, view: View, mine: Coordinate | None):
+        me = self.g.me
+
+        def estimate(a: str, b: str) -> float | None:
+            ca = mine if a == me else (m.record.coord if (m := view.get(a)) is not None else None)
+            cb = mine if b == me else (m.record.coord if (m := view.get(b)) is not None else None)
+            return None if ca is None or cb is None else ca.distance_to(cb) * 1000
+        return estimate
+
+    async def _evaluate(self, nursery: trio.Nursery) -> None:
+        view = self.g.view()
+        for peer in [p for p in self._samples if p not in view]:
+            del self._samples[peer]
+            self.client.forget(peer)
+        own = {p: min(s) for p, s in self._samples.items()}
+        pv = self._path_view(view, own)
+        for action in self.paths.evaluate(trio.current_time(), pv):
+            match action:
+                case UsePath(peer=peer, relay=relay):
+                    log.info("path changes", peer=peer, path="direct" if relay is None else f"via {relay}")
+                    self.metrics_switches.inc()
+                    self.sessions.use(peer, relay)
+                case Measure(peers=peers):
+                    for peer in peers:
+                        nursery.start_soon(self._measure, peer)
+        if self.server is not None:
+            self.server.view_changed()
+        if (announced := self.paths.announced()) != self._announced:
+            self._announced = announced
+            self.g.readvertise()
+        relayed = {p: e for p, e in self.sessions.endpoints().items() if self.paths.path(p) is not None}
+        if relayed != self._relayed and self.mesh is not None:
+            self._relayed = relayed
+            await self.mesh.set_relayed(relayed)
+        path_ms = {}
+        for peer, relay in self.paths.paths().items():
+            if peer in relayed and (leg := self.paths.leg(relay, peer, pv)) is not None and relay in own:
+                path_ms[peer] = own[relay] + leg
+        self._snap = _Snap(view=view, me=self.g.me, own=own, coord=self.client.coordinate, path_ms=path_ms)
+
+    async def _measure(self, peer: str) -> None:
+        rtt = await self.g.probes.ping(peer, MEASURE_TIMEOUT)
+        if rtt is not None:
+            self.rtt_observed(peer, rtt, probe=False)
+
+    # --- what others read (immutable snapshots: any thread) ------------------------------
+
+    def rtt_ms(self, a: str, b: str) -> float | None:
+        """The RTT a job between ``a`` and ``b`` will see, ms: the path in use where this node is an
+        end (relayed or direct, measured), else what either end's record reports, else the
+        coordinate estimate; None when nothing is known."""
+        snap = self._snap
+        if snap.me in (a, b):
+            other = b if a == snap.me else a
+            if other in snap.path_ms:
+                return snap.path_ms[other]
+            if other in snap.own:
+                return snap.own[other]
+        else:
+            for x, y in ((a, b), (b, a)):
+                m = snap.view.get(x)
+                if m is not None and y in m.record.rtts:
+                    return m.record.rtts[y]
+        return self._estimator(snap.view, snap.coord)(a, b)
+
+    def peer_rtt(self, peer: str) -> tuple[float, str] | None:
+        snap = self._snap
+        if peer in snap.own:
+            return round(snap.own[peer], 2), "measured"
+        est = self._estimator(snap.view, snap.coord)(snap.me, peer)
+        return None if est is None else (round(est, 2), "estimated")
+
+    def path_row(self, peer: str) -> dict[str, Any]:
+        snap = self._snap
+        relay = self.paths.path(peer)
+        session = self.sessions.row(peer)
+        est = self._estimator(snap.view, snap.coord)(snap.me, peer)
+        direct = snap.own.get(peer)
+        in_use = relay if peer in snap.path_ms else None
+        return {"path": "direct" if in_use is None else f"via {short(in_use)}", "relay": relay,
+                "relay_state": None if session is None else session["state"],
+                "path_rtt_ms": _r(snap.path_ms.get(peer, direct)), "direct_rtt_ms": _r(direct),
+                "estimate_ms": _r(est)}
+
+    def explain(self, peer: str) -> dict[str, Any]:
+        snap = self._snap
+        out = self.paths.explain(peer, self._path_view(snap.view, snap.own), now=trio.current_time())
+        out["session"] = self.sessions.row(peer)
+        out["in_use"] = "direct" if peer not in snap.path_ms else f"via {self.paths.path(peer)}"
+        return out
+
+    def status(self) -> dict[str, Any]:
+        c = self.client
+        relay = {"mode": self.config.relay, "offered": self.server is not None, "off": self.relay_off,
+                 "ports": "%d-%d" % self.config.relay_ports, "cap_mbit": self.config.relay_max_mbit}
+        if self.server is not None:
+            relay.update(self.server.status())
+        return {"coordinate": {"vec_ms": [round(x * 1000, 3) for x in c.coordinate.vec],
+                               "height_ms": round(c.coordinate.height * 1000, 3),
+                               "error": round(c.coordinate.error, 3)},
+                "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets},
+                "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
+                "relay": relay}
+
+
+def _r(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 2)

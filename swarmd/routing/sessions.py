@@ -1,0 +1,176 @@
+"""This node's side of relayed paths: one session per peer whose path goes through a relay.
+
+A session asks the relay (request.py, ``op: relay``) until the relay says the pair is
+active (the other end asked too), then renews its lease every ``RENEW`` seconds. Meanwhile
+it pings the relay every ``PING_INTERVAL`` over libp2p (the relay's leg of our path); after
+``FAIL_AFTER`` missed pings in a row the session is *failing*: path choice sends the pair
+back to direct at its next evaluation, without waiting for the failure detector. Only an
+active, not failing session gives the mesh an endpoint (the relay's IP and the pair's port);
+until then the pair stays direct. Ending a session tells the relay (``op: release``), best
+effort: its lease would run out anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+from libp2p.peer.id import ID
+
+from ..gossip.streams import PeerError, request
+from ..wg.reconciler import format_endpoint
+from . import request as rq
+
+if TYPE_CHECKING:
+    from .service import Routing
+
+log = structlog.get_logger("swarmd.routing")
+
+PING_INTERVAL = 1.0  # seconds between pings of a relay in use
+PING_TIMEOUT = 1.0
+FAIL_AFTER = 2  # missed pings in a row: the relay's leg is down (≈ 2-3 s after a crash)
+ASK_INTERVAL = 1.0  # while the relay has not activated the pair
+RENEW = 20.0  # seconds between renewals of an active lease (the relay's lease is 60 s)
+REQUEST_TIMEOUT = 5.0
+PENDING_LIMIT = 15.0  # seconds a relay may wait for the pair's other end before we give up on it
+
+
+@dataclass(slots=True)
+class Session:
+    peer: str
+    relay: str
+    state: str = "requesting"  # requesting | active | failing | refused
+    port: int | None = None
+    via_ip: str | None = None
+    misses: int = 0
+    error: str | None = None
+    since: float = 0.0
+    cancel: trio.CancelScope | None = None
+
+    @property
+    def endpoint(self) -> str | None:
+        if self.state != "active" or self.port is None or self.via_ip is None:
+            return None
+        return format_endpoint(self.via_ip, self.port)
+
+
+class Sessions:
+    def __init__(self, routing: Routing) -> None:
+        self.r = routing
+        self.by_peer: dict[str, Session] = {}
+        self.nursery: trio.Nursery | None = None
+
+    def use(self, peer: str, relay: str | None) -> None:
+        """Path choice changed ``peer``'s path: end its session, start one through ``relay``."""
+        old = self.by_peer.get(peer)
+        if old is not None and old.relay == relay:
+            return
+        if old is not None:
+            self._end(old)
+        if relay is not None and self.nursery is not None:
+            session = Session(peer=peer, relay=relay, since=trio.current_time())
+            self.by_peer[peer] = session
+            self.nursery.start_soon(self._run, session)
+        self.r.paths_changed()
+
+    def endpoints(self) -> dict[str, str]:
+        """peer -> the relay endpoint WireGuard should send its packets to."""
+        return {p: e for p, s in self.by_peer.items() if (e := s.endpoint) is not None}
+
+    def failing(self) -> frozenset[str]:
+        """Relays path choice must not use now: failing or refusing (paths.py holds them down)."""
+        return frozenset(s.relay for s in self.by_peer.values() if s.state in ("failing", "refused"))
+
+    def row(self, peer: str) -> dict[str, Any] | None:
+        s = self.by_peer.get(peer)
+        if s is None:
+            return None
+        return {"relay": s.relay, "state": s.state, "port": s.port, "via_ip": s.via_ip, "misses": s.misses,
+                "error": s.error, "for_s": round(trio.current_time() - s.since, 1)}
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            await trio.sleep_forever()
+
+    def _end(self, s: Session) -> None:
+        del self.by_peer[s.peer]
+        if s.cancel is not None:
+            s.cancel.cancel()
+        if self.nursery is not None and s.port is not None:
+            self.nursery.start_soon(self._ask, s, "release")
+
+    async def _run(self, s: Session) -> None:
+        with trio.CancelScope() as s.cancel:
+            renew_at = 0.0
+            while True:
+                now = trio.current_time()
+                if s.state == "requesting" and now - s.since > PENDING_LIMIT:
+                    self._set(s, "refused", error="the pair's other end did not ask the relay")
+                if s.state in ("requesting", "refused") or now >= renew_at:
+                    reply = await self._ask(s, "relay")
+                    if reply is not None:
+                        renew_at = now + (RENEW if s.state == "active" else ASK_INTERVAL)
+                await self._ping(s)
+                await trio.sleep_until(now + PING_INTERVAL)
+
+    async def _ask(self, s: Session, op: str) -> dict[str, Any] | None:
+        r = self.r
+        g = r.g
+        if g.swarm is None:
+            return None
+        via_ip = r.direct_ip(s.relay)
+        if via_ip is None:
+            self._set(s, "refused", error="no IPv4 endpoint of the relay is known")
+            return None
+        blob = rq.make(g.sign, swarm=g.swarm.swarm, peer=g.me, relay=s.relay, other=s.peer, via_ip=via_ip,
+                       op=op, issued=time.time())
+        reply = None
+        with trio.move_on_after(REQUEST_TIMEOUT):
+            try:
+                reply = await request(g.host, ID.from_base58(s.relay), rq.PROTOCOL, {"cert": g.swarm.cert.blob,
+                                                                                     "req": blob})
+            except PeerError as exc:
+                s.error = str(exc)
+        if op == "release" or self.by_peer.get(s.peer) is not s:
+            return None
+        if not isinstance(reply, dict):
+            return None  # no answer: the pings decide whether the relay is gone
+        port, active = reply.get("port"), reply.get("active")
+        if "error" in reply or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            self._set(s, "refused", error=str(reply.get("error", "a malformed answer"))[:200])
+            return None
+        s.port, s.via_ip = port, via_ip
+        if active is True and s.state != "failing":
+            self._set(s, "active", error=None)
+        elif active is not True and s.state == "active":  # the other end let go: direct until it asks again
+            s.since = trio.current_time()
+            self._set(s, "requesting")
+        return reply
+
+    async def _ping(self, s: Session) -> None:
+        rtt = await self.r.g.probes.ping(s.relay, PING_TIMEOUT)
+        if self.by_peer.get(s.peer) is not s:
+            return
+        if rtt is not None:
+            self.r.rtt_observed(s.relay, rtt, probe=False)
+            s.misses = 0
+            if s.state == "failing":
+                self._set(s, "active" if s.port is not None else "requesting")
+        else:
+            s.misses += 1
+            if s.misses >= FAIL_AFTER and s.state != "failing":
+                log.warning("relay unreachable: the path goes direct", peer=s.peer, relay=s.relay, misses=s.misses)
+                self._set(s, "failing")
+
+    def _set(self, s: Session, state: str, *, error: str | None = None) -> None:
+        if state == s.state and error == s.error:
+            return
+        if state != s.state:
+            log.info("relayed path", peer=s.peer, relay=s.relay, state=state, port=s.port,
+                     **({"error": error} if error else {}))
+        s.state, s.error = state, error
+        self.r.paths_changed()
