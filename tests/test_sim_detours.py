@@ -61,3 +61,11 @@ def test_caps_bound_what_each_node_chooses_and_follows():
     chosen = used & chooser
     assert chosen.sum(axis=1).max() <= 3 and chosen.sum(axis=0).max() <= 3  # chosen by a node, followed by one
     assert not (used & (gain <= 0) & chooser).any()
+
+
+def test_bench_figures_are_flat_numbers():
+    from bench.routing import detour_figures
+
+    figures = detour_figures(200, 1)
+    assert figures["sim_detour_rule_share_pct"] > 0
+    assert all(v is None or isinstance(v, (int, float)) for v in figures.values())
