@@ -235,6 +235,7 @@ def test_the_follower_uses_the_choosers_announcement():
     ("x", None, "not an alive member"),
     ("q", lambda w: w.add("q", relay=False), "does not offer relaying"),
     ("r", lambda w: w.failing.add("r"), "failing from here"),
+    (["r"], None, "not a peer id"),
 ])
 def test_a_hostile_or_unusable_announcement_means_direct(relay, setup, reason):
     w, core = World("z"), Paths("z")

@@ -73,7 +73,8 @@ class PathView:
     me: str
     peers: frozenset[str]  # alive members with a mesh side (the path targets), me excluded
     relays: frozenset[str]  # of those, the ones whose record offers relaying
-    own: Mapping[str, float]  # peer -> RTT ms measured by this node (its probes, min-filtered)
+    own: Mapping[str, float]  # peer -> RTT ms measured by this node, recent (a min over the last
+    # few probes, not since ever: a leg that got worse must show it)
     reports: Callable[[str], Mapping[str, float]]  # peer -> its record's rtts (peer -> ms); {} if none
     estimate: Callable[[str, str], float | None]  # coordinate estimate ms; None if either has none
     announced: Callable[[str], str | None]  # peer -> the relay its record's `via` names for me
@@ -284,6 +285,8 @@ class Paths:
 
     def _refusal(self, now: float, relay: str, peer: str, view: PathView) -> str | None:
         """Why ``relay`` cannot carry the pair (me, peer) now, or None."""
+        if not isinstance(relay, str):
+            return "not a peer id"
         if relay == self.me:
             return "names this node as the relay"
         if relay == peer:
