@@ -129,7 +129,7 @@ class _Chosen:
 
 @dataclass(slots=True)
 class _Round:
-    """One evaluation's view of one chooser pair (kept for explain)."""
+    """One evaluation's data for one chooser pair: direct and the relays with both legs known."""
 
     direct: float | None = None
     legs: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -159,7 +159,6 @@ class Paths:
         self._refused: dict[str, str] = {}  # follower pairs whose announcement was not followed -> why
         self._held: dict[str, float] = {}  # relay -> held down until
         self._asked: dict[str, float] = {}  # peer -> when its RTT was last asked for
-        self._rounds: dict[str, _Round] = {}  # chooser pairs: the last evaluation's data
         self._last_round: float | None = None
         self._cache: tuple[PathView | None, dict[str, dict[str, float]]] = (None, {})  # cleaned reports
 
@@ -204,7 +203,6 @@ class Paths:
         for peer in sorted(set(self._chosen) - view.peers):
             if self._chosen.pop(peer).relay is not None:
                 actions.append(UsePath(peer=peer, relay=None))
-            self._rounds.pop(peer, None)
         for peer in sorted(set(self._followed) - view.peers):
             del self._followed[peer]
             actions.append(UsePath(peer=peer, relay=None))
@@ -224,7 +222,6 @@ class Paths:
             if state.relay is not None and self._unusable(now, state.relay, peer, view):
                 actions.append(self._switch(peer, None))
             data = self._measure(peer, view, own, wanted)
-            self._rounds[peer] = data
             move = self._wanted(state, data)
             if state.relay is not None:  # counted against the cap; unknown gain: the first to go
                 known = data.direct is not None and state.relay in data.legs
