@@ -23,3 +23,24 @@ def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | 
     for row, share in result["country_pairs_detoured"].items():
         out[f"sim_detour_country_pairs_{keys[row]}_pct"] = round(100 * share, 2)
     return out
+
+
+def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
+    """Vivaldi on the country matrix (sim/coords.py): the median and p90 relative error of the
+    coordinates' RTT estimates at 10, 30, 60 and 120 simulated s (target: median < 10 % at
+    120 s), with membership's probe interval and with one probe a second, and the wall time."""
+    from sim import coords
+
+    out: dict[str, float | int] = {}
+    for key, interval in (("", coords.Setup().probe_interval), ("_1s", 1.0)):
+        result = coords.run(coords.Setup(nodes=nodes, seed=seed, probe_interval=interval))
+        setup = result["setup"]
+        if not key:
+            out |= {"sim_coords_nodes": setup["nodes"], "sim_coords_countries": setup["countries"]}
+        out |= {f"sim_coords{key}_probe_interval_s": setup["probe_interval"],
+                f"sim_coords{key}_resets": result["resets"], f"sim_coords{key}_wall_s": round(result["wall_s"], 2)}
+        for c in result["checkpoints"]:
+            t = f"{c['t_s']:g}s"
+            out[f"sim_coords{key}_median_pct_{t}"] = round(100 * c["median"], 2)
+            out[f"sim_coords{key}_p90_pct_{t}"] = round(100 * c["p90"], 2)
+    return out
