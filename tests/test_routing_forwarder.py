@@ -1,0 +1,378 @@
+"""forwarder.py with the kernel: nft.py's rules relaying UDP between two namespaces through a third.
+
+Three throwaway network namespaces, no daemons: A (10.9.1.1, and 10.9.1.3 as a stranger on
+the same link) — veth — R (10.9.1.2 | 10.9.2.2) — veth — B (10.9.2.1). A and B have a route
+to each other's network through R, so anything R forwards beyond the relayed pairs would
+arrive. In A and B a small stdlib agent (one process per namespace, JSON lines on stdin)
+binds UDP sockets, sends and receives; the relay's rules are applied in R by a real
+Forwarder through `ip netns exec R nft` and `... sysctl` (its ip_forward is R's).
+What a user of the relay would notice is checked: A reaches B only through R's port and
+sees R's port answer, either side may start, nobody else is forwarded, the cap drops what
+is above it, a removed pair stops at once, and close() leaves R as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from swarmd.routing import nft
+from swarmd.nft import NftError
+from swarmd.routing.forwarder import Forwarder
+from swarmd.routing.relay import End, Pair
+
+real = pytest.mark.skipif(os.geteuid() != 0 or not all(map(shutil.which, ("nft", "ip", "sysctl"))),
+                                reason="needs root (network namespaces), nft, ip and sysctl")
+
+A_IP, STRANGER_IP, RA, RB, B_IP = "10.9.1.1", "10.9.1.3", "10.9.1.2", "10.9.2.2", "10.9.2.1"
+TABLE = "swarmd_relay_test"
+NO = 1.0  # seconds a datagram that must not arrive is waited for (one that must takes well under a millisecond)
+YES = 5.0
+
+AGENT = r"""
+import json, socket, sys, time
+socks = {}
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op, key = cmd["op"], cmd.get("sock")
+    if op == "bind":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 8 << 20)  # root: past rmem_max
+        s.bind((cmd["ip"], cmd["port"]))
+        socks[key] = s
+        out = {}
+    elif op == "close":
+        socks.pop(key).close()
+        out = {}
+    elif op == "send":
+        s, data = socks[key], cmd["data"].encode().ljust(cmd.get("size", 0), b".")
+        start = time.monotonic()
+        for i in range(cmd.get("count", 1)):
+            s.sendto(data, tuple(cmd["to"]))
+            if cmd.get("rate"):  # bytes/s: pace, so that only the relay's cap can drop
+                ahead = start + (i + 1) * len(data) / cmd["rate"] - time.monotonic()
+                if ahead > 0.001:
+                    time.sleep(ahead)
+        out = {"seconds": time.monotonic() - start}
+    elif op == "recv":  # until `count` came, none came within `first` s, or `quiet` s passed without one
+        s, got, n, size = socks[key], [], 0, 0
+        s.settimeout(cmd["first"])
+        try:
+            while n < cmd.get("count", 1):
+                data, src = s.recvfrom(65536)
+                n, size = n + 1, size + len(data)
+                if len(got) < 5:
+                    got.append([data[:40].decode(errors="replace").rstrip("."), src[0], src[1]])
+                s.settimeout(cmd.get("quiet", cmd["first"]))
+        except socket.timeout:
+            pass
+        out = {"n": n, "bytes": size, "got": got}
+    print(json.dumps(out), flush=True)
+"""
+
+
+class Agent:
+    def __init__(self, ns: str) -> None:
+        self.proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-I", "-S", "-c", AGENT],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def post(self, **cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        assert line, f"agent died: {self.proc.poll()}"
+        return json.loads(line)
+
+    def __call__(self, **cmd) -> dict:
+        self.post(**cmd)
+        return self.answer()
+
+
+@dataclass
+class Lab:
+    a: str
+    r: str
+    b: str
+    agent_a: Agent
+    agent_b: Agent
+
+    def forwarder(self, cap: int = 1 << 30) -> Forwarder:
+        exec_r = ("ip", "netns", "exec", self.r)
+        return Forwarder(TABLE, cap_bytes_per_s=cap, nft=(*exec_r, "nft"), sysctl=(*exec_r, "sysctl"))
+
+    def ip_forward(self, value: int | None = None) -> int:
+        if value is not None:
+            _sh("ip", "netns", "exec", self.r, "sysctl", "-qw", f"net.ipv4.ip_forward={value}")
+        return int(_sh("ip", "netns", "exec", self.r, "sysctl", "-n", "net.ipv4.ip_forward"))
+
+    def tables(self) -> str:
+        return _sh("ip", "netns", "exec", self.r, "nft", "list", "tables")
+
+    def relayed(self, sender: Agent, sock: str, to: tuple[str, int], receiver: Agent, rsock: str,
+                data: str, wait: float = YES) -> list:
+        """`data` from `sender`'s socket to `to`: what `receiver`'s socket got [[data, ip, port]]."""
+        receiver.post(op="recv", sock=rsock, first=wait)
+        sender(op="send", sock=sock, to=list(to), data=data)
+        return receiver.answer()["got"]
+
+
+# --- without root: a fake nft, ip_forward in a file --------------------------------------------
+
+FAKE_NFT = """\
+import pathlib, sys
+here = pathlib.Path(sys.argv[0]).parent
+log, table = here / "log", here / "table"
+with log.open("a") as f:
+    f.write(" ".join(sys.argv[1:]) + " | ip_forward=" + (here / "ip_forward").read_text().strip() + "\\n")
+if (here / "fail").exists():
+    sys.exit("Error: no")
+if sys.argv[1:] == ["-f", "-"]:
+    script = sys.stdin.read()
+    if " {" in script:
+        table.write_text(script)
+    else:
+        table.unlink(missing_ok=True)
+elif sys.argv[1] == "list":
+    if not table.exists():
+        sys.exit("Error: No such file or directory")
+    print(table.read_text())
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    (tmp_path / "nft.py").write_text(FAKE_NFT)
+    (tmp_path / "ip_forward").write_text("0\n")
+    (tmp_path / "log").write_text("")
+    return tmp_path
+
+
+def fake_forwarder(fake) -> Forwarder:
+    return Forwarder(TABLE, cap_bytes_per_s=1000, nft=(sys.executable, str(fake / "nft.py")),
+                     ip_forward=fake / "ip_forward")
+
+
+def test_forwarding_goes_on_only_after_the_table_and_off_before_it_goes(fake):
+    fw = fake_forwarder(fake)
+    p = pair(40000, 5001, 5000)
+    assert trio.run(fw.apply, [p]) is True
+    assert (fake / "ip_forward").read_text() == "1\n" and fw.forwarding_was_off is True
+    assert trio.run(fw.apply, [p]) is False and fw.applied == 1  # the same rules are not applied again
+    assert trio.run(fw.apply, []) is True and fw.applied == 2
+    trio.run(fw.close)
+    assert (fake / "ip_forward").read_text() == "0\n" and not (fake / "table").exists()
+    log = (fake / "log").read_text().splitlines()
+    assert log == ["-f - | ip_forward=0",  # the table, with its drop of other forwarding...
+                   "-f - | ip_forward=1",  # ...before forwarding; the pair removed
+                   "-f - | ip_forward=0"]  # forwarding off, then the table deleted
+
+
+def test_no_forwarding_when_nft_fails_and_close_runs_even_when_cancelled(fake):
+    (fake / "fail").write_text("")
+    fw = fake_forwarder(fake)
+    with pytest.raises(NftError, match="no"):
+        trio.run(fw.start)
+    assert (fake / "ip_forward").read_text() == "0\n" and not fw.started
+    (fake / "fail").unlink()
+    trio.run(fw.start)
+    assert fw.started and (fake / "ip_forward").read_text() == "1\n"
+
+    async def cancelled_close():
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await fw.close()
+
+    trio.run(cancelled_close)
+    assert (fake / "ip_forward").read_text() == "0\n" and not (fake / "table").exists()
+
+
+def test_bad_settings_are_refused_before_anything_runs():
+    for table, cap in (("bad name", 1000), (TABLE, 0)):
+        with pytest.raises(ValueError):
+            Forwarder(table, cap_bytes_per_s=cap)
+
+
+# --- with root: three namespaces ---------------------------------------------------------------
+
+
+def _sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    tag = secrets.token_hex(3)
+    a, r, b = (f"swrl-{tag}-{x}" for x in "arb")
+    made, agents = [], []
+    try:
+        for ns in (a, r, b):
+            _sh("ip", "netns", "add", ns)
+            made.append(ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "-n", r, "link", "add", "vra", "type", "veth", "peer", "name", "va", "netns", a)
+        _sh("ip", "-n", r, "link", "add", "vrb", "type", "veth", "peer", "name", "vb", "netns", b)
+        for ns, dev, addrs in ((a, "va", (A_IP, STRANGER_IP)), (r, "vra", (RA,)), (r, "vrb", (RB,)), (b, "vb", (B_IP,))):
+            for addr in addrs:
+                _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+        _sh("ip", "-n", a, "route", "add", "10.9.2.0/24", "via", RA)  # what R must not forward unasked
+        _sh("ip", "-n", b, "route", "add", "10.9.1.0/24", "via", RB)
+        the = Lab(a, r, b, Agent(a), Agent(b))
+        agents += [the.agent_a, the.agent_b]
+        assert the.ip_forward() == 0  # a new namespace's default: the relay turns it on
+        yield the
+    finally:
+        for agent in agents:
+            agent.proc.kill()
+            agent.proc.wait()
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture
+def forwarder(lab) -> Iterator[Forwarder]:
+    fw = lab.forwarder()
+    try:
+        yield fw
+    finally:
+        trio.run(fw.close)
+        lab.ip_forward(0)
+
+
+def pair(port: int, a_port: int, b_port: int) -> Pair:
+    return Pair(port, End(peer="A", ip=A_IP, wg_port=a_port, via_ip=RA), End(peer="B", ip=B_IP, wg_port=b_port, via_ip=RB))
+
+
+@pytest.fixture
+def sockets(lab) -> Iterator[None]:
+    """Fresh sockets per test, so that one test's conntrack flows are not another's."""
+    binds = [(lab.agent_a, "a", A_IP), (lab.agent_a, "stranger", STRANGER_IP), (lab.agent_b, "b", B_IP)]
+    port = 6000 + secrets.randbelow(2000) * 2
+    for agent, name, ip in binds:
+        agent(op="bind", sock=name, ip=ip, port=port if name != "b" else port + 1)
+    yield port, port + 1  # A's and the stranger's port, B's
+    for agent, name, _ in binds:
+        agent(op="close", sock=name)
+
+
+@real
+def test_a_and_b_talk_both_ways_through_the_relays_port(lab, forwarder, sockets):
+    a_port, b_port = sockets
+    trio.run(forwarder.apply, [pair(40000, a_port, b_port)])
+    assert lab.ip_forward() == 1
+    # A sends to R:P; B receives it from R:P (its side's address), answers there; A hears R:P
+    assert lab.relayed(lab.agent_a, "a", (RA, 40000), lab.agent_b, "b", "hello") == [["hello", RB, 40000]]
+    assert lab.relayed(lab.agent_b, "b", (RB, 40000), lab.agent_a, "a", "hi") == [["hi", RA, 40000]]
+    assert lab.relayed(lab.agent_a, "a", (RA, 40000), lab.agent_b, "b", "again") == [["again", RB, 40000]]
+
+
+@real
+def test_b_may_speak_first(lab, forwarder, sockets):
+    a_port, b_port = sockets
+    trio.run(forwarder.apply, [pair(40001, a_port, b_port)])
+    assert lab.relayed(lab.agent_b, "b", (RB, 40001), lab.agent_a, "a", "first") == [["first", RA, 40001]]
+    assert lab.relayed(lab.agent_a, "a", (RA, 40001), lab.agent_b, "b", "reply") == [["reply", RB, 40001]]
+
+
+@real
+def test_nobody_outside_the_pair_is_forwarded(lab, forwarder, sockets):
+    a_port, b_port = sockets
+    trio.run(forwarder.apply, [pair(40002, a_port, b_port)])
+    # another address on A's link, to the pair's port: not relayed
+    assert lab.relayed(lab.agent_a, "stranger", (RA, 40002), lab.agent_b, "b", "let me in", wait=NO) == []
+    # the pair's own end, to another port of the relay, or to B's address routed through R: nothing
+    assert lab.relayed(lab.agent_a, "a", (RA, 40003), lab.agent_b, "b", "other port", wait=NO) == []
+    assert lab.relayed(lab.agent_a, "a", (B_IP, b_port), lab.agent_b, "b", "routed", wait=NO) == []
+    # while the pair itself goes through
+    assert lab.relayed(lab.agent_a, "a", (RA, 40002), lab.agent_b, "b", "member") == [["member", RB, 40002]]
+
+
+@real
+def test_a_removed_pair_stops_at_once_though_its_flow_lives_on(lab, forwarder, sockets):
+    a_port, b_port = sockets
+    p = pair(40004, a_port, b_port)
+    trio.run(forwarder.apply, [p])
+    assert lab.relayed(lab.agent_a, "a", (RA, 40004), lab.agent_b, "b", "before") == [["before", RB, 40004]]
+    trio.run(forwarder.apply, [])  # lease expired / member revoked: the conntrack entry is still there
+    assert lab.relayed(lab.agent_a, "a", (RA, 40004), lab.agent_b, "b", "after", wait=NO) == []
+    assert lab.relayed(lab.agent_b, "b", (RB, 40004), lab.agent_a, "a", "after", wait=NO) == []
+    trio.run(forwarder.apply, [p])
+    assert lab.relayed(lab.agent_a, "a", (RA, 40004), lab.agent_b, "b", "back") == [["back", RB, 40004]]
+
+
+SIZE, COUNT, RATE = 1000, 1500, 1_000_000  # 1.5 MB at 1 MB/s
+
+
+def burst(lab, port: int) -> tuple[int, float]:
+    """COUNT datagrams A -> R:port at RATE; (how many B got, seconds the sending took)."""
+    lab.agent_b.post(op="recv", sock="b", count=COUNT, first=YES, quiet=0.5)
+    seconds = lab.agent_a(op="send", sock="a", to=[RA, port], data="x", size=SIZE, count=COUNT, rate=RATE)["seconds"]
+    return lab.agent_b.answer()["n"], seconds
+
+
+@real
+def test_the_bandwidth_cap_drops_what_is_above_it(lab, forwarder, sockets):
+    a_port, b_port = sockets
+    trio.run(forwarder.apply, [pair(40005, a_port, b_port)])
+    got, _ = burst(lab, 40005)
+    assert got >= 0.95 * COUNT  # without a (low) cap nearly everything arrives: the path itself drops nothing
+    cap = 100_000  # bytes/s, a tenth of the rate sent
+    forwarder.cap_bytes_per_s = cap
+    assert trio.run(forwarder.apply, [pair(40005, a_port, b_port)]) is True
+    got, seconds = burst(lab, 40005)
+    wire = SIZE + 28  # the limit counts IP packets: UDP and IP headers
+    allowed = cap * (seconds + 1.0) / wire  # the rate for the whole burst, plus a bucket of up to 1 s
+    assert 0.5 * cap * seconds / wire <= got <= 1.2 * allowed, (got, seconds)
+    assert got < 0.3 * COUNT
+
+
+@real
+def test_close_leaves_no_table_and_forwarding_as_it_was(lab):
+    fw = lab.forwarder()
+    trio.run(fw.start)
+    assert fw.forwarding_was_off is True and lab.ip_forward() == 1
+    assert TABLE in lab.tables()
+    trio.run(fw.close)
+    assert lab.ip_forward() == 0 and TABLE not in lab.tables()
+    trio.run(fw.close)  # twice: nothing left to do, no error
+
+    # forwarding already on (the host is a router): left on, nothing else dropped
+    lab.ip_forward(1)
+    try:
+        fw = lab.forwarder()
+        trio.run(fw.start)
+        assert fw.forwarding_was_off is False
+        assert nft.FORWARDING_WAS_OFF not in _sh("ip", "netns", "exec", lab.r, "nft", "list", "table", "ip", TABLE)
+        trio.run(fw.close)
+        assert lab.ip_forward() == 1 and TABLE not in lab.tables()
+    finally:
+        lab.ip_forward(0)
+
+
+@real
+def test_a_crashed_relays_leftovers_are_undone(lab):
+    crashed = lab.forwarder()
+    trio.run(crashed.apply, [pair(40006, 5001, 5000)])  # then the daemon is killed: no close()
+    assert lab.ip_forward() == 1
+    # the next run, relaying still on: it knows forwarding was off, and turns it off when it closes
+    again = lab.forwarder()
+    trio.run(again.start)
+    assert again.forwarding_was_off is True
+    trio.run(again.close)
+    assert lab.ip_forward() == 0 and TABLE not in lab.tables()
+    # the next run with relaying off: close() alone cleans up
+    trio.run(crashed.apply, [])  # its table again, and a crash with forwarding on
+    lab.ip_forward(1)
+    trio.run(lab.forwarder().close)
+    assert lab.ip_forward() == 0 and TABLE not in lab.tables()
