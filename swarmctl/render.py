@@ -84,6 +84,7 @@ def status(s: Mapping[str, Any]) -> None:
         ("log level", s.get("log_level")),
         *swarm_rows(s),
         *mesh_rows(s.get("mesh")),
+        *routing_rows(s.get("routing")),
         *job_rows(s.get("jobs")),
         *sandbox_rows(s.get("sandbox")),
     ])
@@ -125,6 +126,26 @@ def mesh_rows(m: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
         ("overlay address", [a for a in (m.get("address"), m.get("address6")) if a]),
         ("wireguard key", m["public_key"]),
     ]
+
+
+def routing_rows(r: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    """This node's network coordinate, the paths it relays, and whether it relays for others."""
+    if not r:
+        return []
+    coord, vivaldi, relay = r.get("coordinate") or {}, r.get("vivaldi") or {}, r.get("relay") or {}
+    relayed = r.get("relayed_paths") or {}
+    rows: list[tuple[str, Any]] = [
+        ("coordinate", f"error {coord.get('error', 0):.2f} after {vivaldi.get('updates', 0)} RTTs"
+                       + (f" ({vivaldi['rejected']} rejected)" if vivaldi.get("rejected") else "")
+                       + (f" ({vivaldi['resets']} resets)" if vivaldi.get("resets") else "")),
+        ("relayed paths", [f"{peer[-8:]} via {via[-8:]}" for peer, via in relayed.items()] or "none: all direct"),
+    ]
+    if relay.get("offered"):
+        text = (f"on: {relay.get('pairs', 0)} pairs, up to {relay.get('cap_mbit')} Mbit/s, "
+                f"ports {relay.get('ports')}" + (f"; rules failed: {relay['error']}" if relay.get("error") else ""))
+    else:
+        text = f"off ({relay.get('mode')})" + (f": {relay['off']}" if relay.get("off") else "")
+    return [*rows, ("relaying for others", text)]
 
 
 def swarm_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -237,48 +258,78 @@ def size(n: int) -> str:
     return str(n)
 
 
+
 ROLES = {
     "chooser": "this node: the lower peer id of a pair chooses, and announces the choice in its record",
-    "follower": "the peer (the lower id of the pair): this node follows the relay its record announces",
+    "follower": "the peer (the lower peer id of the pair): this node follows what its record announces",
 }
 
 
 def route(r: Mapping[str, Any]) -> None:
-    """`swarmctl route PEER`: the path to one peer and why (routing.explain)."""
+    """`swarmctl route PEER`: the path to one peer and why (Routing.explain)."""
     from rich.console import Console
     from rich.table import Table
 
-    peer, relay, direct = r["peer"], r.get("current"), r.get("direct_ms")
-    in_use = "direct" if relay is None else f"via {relay[-8:]}"
-    if relay is not None and r.get("relay_state"):
-        in_use += f" (relay session {r['relay_state']})"
-    key_values(f"route to {peer}", [
-        ("path", in_use),
-        ("direct RTT", rtt(direct)),
+    direct = r.get("direct_ms")
+    source = r.get("direct_source")
+    rows: list[tuple[str, Any]] = [
+        ("path", route_path(r)),
+        ("path RTT", rtt(r.get("path_ms"))),
+        ("direct RTT", rtt(direct) + (f" ({source})" if direct is not None and source != "measured" else "")),
         ("estimate", rtt(r.get("estimate_ms"), "estimated")),
         ("decided by", ROLES.get(r.get("role") or "", r.get("role"))),
-        ("hysteresis", hysteresis(r.get("hysteresis"), relay)),
-    ])
+    ]
+    if r.get("role") == "follower":
+        announced = r.get("announced")
+        rows.append(("announced", "direct" if announced is None else f"via {announced[-8:]}"))
+        if r.get("refused"):
+            rows.append(("not followed", r["refused"]))
+    else:
+        rows.append(("hysteresis", hysteresis(r.get("hysteresis"))))
+    if r.get("thresholds"):
+        rows.append(("rule", rule(r["thresholds"])))
+    if r.get("held_down"):
+        rows.append(("held down", [f"{relay[-8:]} for {left:.0f} s more (it failed)"
+                                   for relay, left in r["held_down"].items()]))
+    key_values(f"route to {r['peer']}", rows)
     candidates = r.get("candidates") or []
     if not candidates:
-        print("no relay considered: no member offering relaying has measured legs to both ends")
+        print("no relay considered: no member that offers relaying reports a leg to this peer")
         return
-    table = Table(title="relays considered (shortlisted by coordinates, chosen by measured legs)",
-                  title_justify="left")
+    table = Table(title="relays considered (legs measured; coordinates only shortlist)", title_justify="left")
     for column in ("relay", "leg 1 (here → relay)", "leg 2 (relay → peer)", "total", "estimate", "vs direct"):
         table.add_column(column, no_wrap=True)
     for c in candidates:
         total = c.get("total_ms")
         gain = "-" if total is None or not direct else f"{(total / direct - 1) * 100:+.0f} %"
-        table.add_row(c["relay"][-8:] + (" (in use)" if c["relay"] == relay else ""), rtt(c.get("leg1_ms")),
-                      rtt(c.get("leg2_ms")), rtt(total), rtt(c.get("estimate_ms"), "estimated"), gain)
+        note = " (in use)" if c["relay"] == r.get("current") else "" if c.get("usable", True) else " (not usable)"
+        table.add_row(c["relay"][-8:] + note, rtt(c.get("leg1_ms")), rtt(c.get("leg2_ms")), rtt(total),
+                      rtt(c.get("estimate_ms"), "estimated"), gain)
     Console().print(table)
 
 
-def hysteresis(h: Mapping[str, Any] | None, relay: str | None) -> str:
-    """Where the switch rule stands: a better path seen for `rounds` of the `needed` rounds."""
-    if not h or not h.get("rounds"):
-        return "settled: no clearly better path seen"
-    target = h.get("candidate")
-    name = "direct" if target is None else f"via {target[-8:]}"
-    return f"{name} clearly better for {h['rounds']} of {h.get('needed', '?')} rounds before switching"
+def route_path(r: Mapping[str, Any]) -> str:
+    """The path traffic takes now, and the relay session behind a chosen relay."""
+    relay, session = r.get("current"), r.get("session") or {}
+    if relay is None:
+        return "direct"
+    state = session.get("state") or "not asked yet"
+    detail = f"relay session {state}" + (f", port {session['port']}" if session.get("port") else "")
+    detail += f": {session['error']}" if session.get("error") else ""
+    if r.get("in_use", "").startswith("via"):
+        return f"via {relay[-8:]} ({detail})"
+    return f"direct, switching to via {relay[-8:]} ({detail})"
+
+
+def hysteresis(h: Mapping[str, Any] | None) -> str:
+    """Where the chooser's switch rule stands: the move wanted, for how many of the rounds needed."""
+    if not h or not h.get("wants"):
+        return "settled: no move wanted"
+    target = "direct" if h.get("wants") == "direct" or h.get("candidate") is None else f"via {h['candidate'][-8:]}"
+    return f"wants {target}: {h.get('rounds', 0)} of {h.get('needed', '?')} rounds in a row"
+
+
+def rule(t: Mapping[str, Any]) -> str:
+    return (f"to a relay at ≤ {t['switch_ratio'] * 100:.0f} % of the path and ≥ {t['switch_min_gain_ms']:g} ms "
+            f"faster, back to direct above {t['back_ratio'] * 100:.0f} % of it or under "
+            f"{t['back_min_gain_ms']:g} ms gain; {t['stable_rounds']} rounds in a row")

@@ -188,11 +188,9 @@ def methods(node: Node) -> list[Method]:
         return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
 
     async def route(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        routing = routing_of(node)
+        routing = node.routing
         if routing is None:
-            why = getattr(node, "routing_off", None)
-            raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node"
-                                                       + (f" ({why})" if why else ""))
+            raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node")
         peer = route_peer(params["peer"], node.gossip.view())
         try:
             explained = routing.explain(peer)
@@ -265,17 +263,11 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
     return rows
 
 
-def routing_of(node: Node) -> Any:
-    """The node's path choice (routing.service.Routing), None when it is not running (no swarm,
-    no mesh; ``node.routing_off`` says why)."""
-    return getattr(node, "routing", None)
-
-
 def peer_rtt(node: Node, m: MemberView[Any]) -> tuple[float | None, str | None]:
     """The RTT `swarmctl peers` shows, and where it comes from: routing's ("measured" where this
     node probes the peer, else "estimated" from network coordinates); without routing, this
     node's own probes."""
-    routing = routing_of(node)
+    routing = node.routing
     if routing is not None:
         got = routing.peer_rtt(m.peer)
         return (None, None) if got is None else (_ms(got[0]), got[1])
@@ -293,7 +285,7 @@ def path_columns(node: Node, view: View[Any], peer: str | None) -> dict[str, Any
     being replaced) has none."""
     if peer is None:
         return NO_PATH
-    routing = routing_of(node)
+    routing = node.routing
     if routing is None:
         m = view.get(peer)
         rtt = None if m is None or m.rtt_ewma is None else _ms(m.rtt_ewma * 1000)

@@ -144,9 +144,9 @@ def test_route_refuses_a_peer_it_cannot_name_with_the_reason(name, message):
 
 def test_route_without_routing_says_so():
     with pytest.raises(RpcError) as err:
-        call(node(view({H2: 0.1}), None, routing_off="mesh = off"), "route", peer=H2)
+        call(node(view({H2: 0.1}), None), "route", peer=H2)
     assert err.value.code == ErrorCode.OPERATION_FAILED
-    assert err.value.message == "route: path choice is not running on this node (mesh = off)"
+    assert err.value.message == "route: path choice is not running on this node"
 
 
 def test_route_is_a_read_method_with_a_required_peer():

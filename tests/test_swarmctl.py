@@ -257,37 +257,69 @@ def test_mesh_shows_each_peers_path_its_rtt_the_direct_rtt_and_the_estimate(monk
     assert rows[H3[-8:]][3:7] == ["direct", "20.0 ms", "20.0 ms", "~22 ms"]
 
 
-EXPLAINED = {"peer": H2, "role": "chooser", "current": H3, "relay_state": "active", "direct_ms": 120.0,
-             "estimate_ms": 117.0,
-             "candidates": [{"relay": H3, "leg1_ms": 20.0, "leg2_ms": 30.5, "total_ms": 50.5, "estimate_ms": 55.0},
-                            {"relay": H4, "leg1_ms": 60.0, "leg2_ms": 70.0, "total_ms": 130.0,
-                             "estimate_ms": 125.0}],
-             "hysteresis": {"candidate": None, "rounds": 0, "needed": 3}}
+def explained(rounds: int) -> dict:
+    """What the daemon answers for `route`: routing/paths.py's own explain after ``rounds``
+    evaluations one second apart, where the direct path to B (120 ms) loses to one through C
+    (20 + 30 ms), with the relay session the driver adds once the switch is made."""
+    from swarmd.routing.paths import Paths, PathView
+
+    me, b, c = sorted([H2, H3, H4])
+    reports = {b: {c: 30.0, me: 120.0}, c: {b: 30.0, me: 20.0}}
+    view = PathView(me=me, peers=frozenset({b, c}), relays=frozenset({c}), own={b: 120.0, c: 20.0},
+                    reports=lambda p: reports.get(p, {}), estimate=lambda x, y: 52.0 if c in (x, y) else 110.0,
+                    announced=lambda p: None)
+    paths = Paths(me)
+    for t in range(rounds):
+        paths.evaluate(float(t), view)
+    out = {"peer": b, **paths.explain(b, view, now=float(rounds))}
+    relayed = paths.path(b) is not None
+    out["session"] = {"relay": c, "state": "active", "port": 51821, "via_ip": "10.0.0.3", "misses": 0,
+                      "error": None, "for_s": 4.0} if relayed else None
+    out["in_use"] = f"via {c}" if relayed else "direct"
+    return json.loads(json.dumps(out))  # as it comes over the socket
 
 
-def test_route_explains_the_choice(monkeypatch, capsys):
-    code, out, _, calls = swarmctl_in_process(monkeypatch, capsys, {"route": EXPLAINED}, "route", H2[-8:])
-    assert code == 0 and calls == [("route", {"peer": H2[-8:]})]
-    assert f"via {H3[-8:]} (relay session active)" in out and "120.0 ms" in out
-    assert "lower peer id of a pair chooses" in out and "settled" in out
-    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
+def table_rows(out: str) -> dict[str, list[str]]:
+    return {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
                                           for line in out.splitlines() if line.startswith("│"))}
-    assert rows[f"{H3[-8:]} (in use)"][1:] == ["20.0 ms", "30.5 ms", "50.5 ms", "~55 ms", "-58 %"]
-    assert rows[H4[-8:]][1:] == ["60.0 ms", "70.0 ms", "130.0 ms", "~125 ms", "+8 %"]
 
 
-def test_route_shows_a_switch_under_way_and_no_candidates(monkeypatch, capsys):
-    answer = EXPLAINED | {"role": "follower", "current": None, "relay_state": None, "candidates": [],
-                          "hysteresis": {"candidate": H4, "rounds": 2, "needed": 3}}
+def test_route_explains_a_relayed_path(monkeypatch, capsys):
+    answer = explained(rounds=3)
+    me, b, c = sorted([H2, H3, H4])
+    code, out, _, calls = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", b[-8:])
+    assert code == 0 and calls == [("route", {"peer": b[-8:]})]
+    assert f"via {c[-8:]} (relay session active, port 51821)" in out
+    assert "path RTT    50.0 ms" in out and "direct RTT  120.0 ms" in out
+    assert "lower peer id of a pair chooses" in out and "settled: no move wanted" in out
+    assert "to a relay at ≤ 90 % of the path and ≥ 2 ms faster, back to direct above 95 %" in out
+    assert table_rows(out)[f"{c[-8:]} (in use)"][1:] == ["20.0 ms", "30.0 ms", "50.0 ms", "~82 ms", "-58 %"]
+
+
+def test_route_shows_a_switch_under_way(monkeypatch, capsys):
+    me, b, c = sorted([H2, H3, H4])
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": explained(rounds=2)}, "route", b)
+    assert code == 0
+    assert "path        direct" in out and f"wants via {c[-8:]}: 2 of 3 rounds in a row" in out
+    assert table_rows(out)[c[-8:]][1:4] == ["20.0 ms", "30.0 ms", "50.0 ms"]
+
+
+def test_route_as_a_follower_and_with_no_relay_to_consider(monkeypatch, capsys):
+    answer = {"peer": H2, "role": "follower", "path": "direct", "current": None, "direct_ms": 80.0,
+              "direct_source": "reported by the peer", "path_ms": 80.0, "estimate_ms": None, "candidates": [],
+              "held_down": {H4: 41.2}, "announced": H3, "refused": "the relay is held down after a failure",
+              "session": None, "in_use": "direct"}
     code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", H2)
     assert code == 0
-    assert "direct" in out and f"via {H4[-8:]} clearly better for 2 of 3 rounds" in out
-    assert "follows the relay its record announces" in out and "no relay considered" in out
+    assert "80.0 ms (reported by the peer)" in out and "follows what its record announces" in out
+    assert f"announced     via {H3[-8:]}" in out and "not followed  the relay is held down" in out
+    assert f"{H4[-8:]} for 41 s more (it failed)" in out and "no relay considered" in out
 
 
 def test_route_json_is_the_daemons_answer(monkeypatch, capsys):
-    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": EXPLAINED}, "route", H2, "--json")
-    assert code == 0 and json.loads(out) == EXPLAINED
+    answer = explained(rounds=3)
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", H2, "--json")
+    assert code == 0 and json.loads(out) == answer
 
 
 @pytest.mark.parametrize("code, status", [(ErrorCode.INVALID_PARAMS, 2), (ErrorCode.OPERATION_FAILED, 1)])
@@ -307,3 +339,20 @@ def test_route_on_a_lone_daemon_says_why_it_has_no_path(daemon):
     proc = run("--socket", str(daemon.socket), "route", H2)
     assert proc.returncode in (1, 2) and proc.stderr.startswith("swarmctl: route: "), proc.stderr
     assert "path choice is not running" in proc.stderr or "is not a member" in proc.stderr
+
+
+def test_status_shows_the_coordinate_the_relayed_paths_and_relaying_for_others():
+    from swarmctl import render
+
+    relaying = {"coordinate": {"vec_ms": [1.0] * 8, "height_ms": 0.5, "error": 0.123},
+                "vivaldi": {"updates": 120, "rejected": 2, "resets": 0}, "relayed_paths": {H2: H3},
+                "relay": {"mode": "auto", "offered": True, "off": None, "ports": "51821-52820", "cap_mbit": 100,
+                          "pairs": 3, "error": None}}
+    assert dict(render.routing_rows(relaying)) == {
+        "coordinate": "error 0.12 after 120 RTTs (2 rejected)",
+        "relayed paths": [f"{H2[-8:]} via {H3[-8:]}"],
+        "relaying for others": "on: 3 pairs, up to 100 Mbit/s, ports 51821-52820"}
+    off = relaying | {"relayed_paths": {}, "relay": {"mode": "auto", "offered": False, "off": "not root"}}
+    rows = dict(render.routing_rows(off))
+    assert rows["relayed paths"] == "none: all direct" and rows["relaying for others"] == "off (auto): not root"
+    assert render.routing_rows(None) == []
