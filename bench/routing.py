@@ -28,16 +28,23 @@ def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | 
 def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
     """Vivaldi on the country matrix (sim/coords.py): the median and p90 relative error of the
     coordinates' RTT estimates at 10, 30, 60 and 120 simulated s (target: median < 10 % at
-    120 s), with membership's probe interval and with one probe a second, and the wall time."""
+    120 s), with membership's probe interval and with one probe a second, and the wall time;
+    ``_records``: peers' coordinates as records carry them, republished at membership's refresh
+    for this size (100 s at 1,000), up to 600 s."""
     from sim import coords
 
     out: dict[str, float | int] = {}
-    for key, interval in (("", coords.Setup().probe_interval), ("_1s", 1.0)):
-        result = coords.run(coords.Setup(nodes=nodes, seed=seed, probe_interval=interval))
+    rows = (("", coords.Setup(nodes=nodes, seed=seed)),
+            ("_1s", coords.Setup(nodes=nodes, seed=seed, probe_interval=1.0)),
+            ("_records", coords.Setup(nodes=nodes, seed=seed, seconds=600.0, publish_every=coords.record_refresh(nodes),
+                                      checkpoints=(10.0, 30.0, 60.0, 120.0, 300.0))))
+    for key, row in rows:
+        result = coords.run(row)
         setup = result["setup"]
         if not key:
             out |= {"sim_coords_nodes": setup["nodes"], "sim_coords_countries": setup["countries"]}
         out |= {f"sim_coords{key}_probe_interval_s": setup["probe_interval"],
+                f"sim_coords{key}_publish_every_s": setup["publish_every"] or 0,
                 f"sim_coords{key}_resets": result["resets"], f"sim_coords{key}_wall_s": round(result["wall_s"], 2)}
         for c in result["checkpoints"]:
             t = f"{c['t_s']:g}s"

@@ -14,11 +14,14 @@ Model:
   access delays + ``jitter_ms`` (the mean of the two legs' jitter).
 - Each node probes one peer every ``probe_interval`` (membership's, ``Timing.wan()``), at its
   own phase, the next one in its own shuffled round-robin (membership's probe order), and
-  updates its coordinate with the RTT and the peer's *current* coordinate (records carry
-  it; a record is modelled as fresh). No loss, no churn: this is the coordinates' accuracy,
-  not membership's.
+  updates its coordinate with the RTT and the peer's *current* coordinate (serf's way: the
+  ack carries it). With ``publish_every``, peers see instead the coordinate a node last put
+  in its signed record, republished at membership's refresh (``record_refresh``: every 100 s
+  at 1,000 members), and a node's estimates use those too. No loss, no churn: this is the
+  coordinates' accuracy, not membership's.
 - Error: over ``pairs`` random distinct pairs (fixed for the run), the relative error
-  ``|estimate - truth| / truth`` of i's estimate of j (``Client.estimate``), its median,
+  ``|estimate - truth| / truth`` of i's estimate of j (i's coordinate to what i knows of
+  j's, ``Coordinate.distance_to``), its median,
   p90 and mean at each checkpoint. The Vivaldi paper reports a median of 11 % on its
   King data; our target is below 10 % within 120 simulated seconds.
 
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from swarmd.gossip.membership import Timing
-from swarmd.routing.coordinates import DEFAULT, Client, Config
+from swarmd.routing.coordinates import DEFAULT, Client, Config, Coordinate
 
 from . import scenario
 from .network import Latency
@@ -56,7 +58,17 @@ class Setup:
     pairs: int = 20_000
     checkpoints: tuple[float, ...] = (10.0, 30.0, 60.0, 120.0)
     seed: int = 1
+    # None: a probe sees the peer's current coordinate (serf's way: the ack carries it). A
+    # number: peers see the coordinate of the peer's last signed record, republished every that
+    # many seconds (x0.75-1.25, as membership spreads its timers); see ``record_refresh``.
+    publish_every: float | None = None
     config: Config = field(default=DEFAULT)
+
+
+def record_refresh(nodes: int, timing: Timing = Timing.wan()) -> float:
+    """How often membership republishes a node's record in a swarm of ``nodes`` (its
+    ``_refresh_every``: 30 s up to 300 members, then ``nodes / refresh_rate``: 100 s at 1,000)."""
+    return max(timing.refresh_interval, nodes / timing.refresh_rate)
 
 
 def place(nodes: int, seed: int) -> list[str]:
@@ -86,6 +98,9 @@ def run(setup: Setup = Setup()) -> dict:
     names = [f"n{i}" for i in range(n)]
     phase = [rng.uniform(0.0, setup.probe_interval) for _ in range(n)]
     by_phase = sorted(range(n), key=phase.__getitem__)
+    every = setup.publish_every
+    published = [c.coordinate for c in clients]  # what peers see of each node
+    next_publish = [rng.uniform(0.0, every) if every else 0.0 for _ in range(n)]
     orders: list[list[int]] = [[] for _ in range(n)]
 
     def next_target(i: int) -> int:
@@ -105,17 +120,20 @@ def run(setup: Setup = Setup()) -> dict:
 
     checkpoints = sorted({c for c in setup.checkpoints if c < setup.seconds} | {setup.seconds})
     out = []
-    t = 0.0
     rounds = 0
     for stop in checkpoints:
         while (rounds + 1) * setup.probe_interval <= stop + 1e-9:
+            now = rounds * setup.probe_interval
             for i in by_phase:
+                if every and next_publish[i] <= now:
+                    published[i] = clients[i].coordinate
+                    next_publish[i] += every * rng.uniform(0.75, 1.25)
                 j = next_target(i)
                 rtt = rtt_rows[sites[i]][sites[j]] + access[i] + access[j] + jitter * (rng.random() + rng.random())
-                clients[i].update(names[j], clients[j].coordinate, rtt)
+                clients[i].update(names[j], clients[j].coordinate if not every else published[j], rtt)
             rounds += 1
         t = rounds * setup.probe_interval
-        err = _errors(clients, a, b, truth)
+        err = _errors([c.coordinate for c in clients], published if every else None, a, b, truth)
         out.append({"t_s": t, "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
                     "mean": float(err.mean())})
     return {"setup": {k: v for k, v in asdict(setup).items() if k != "config"} | {"countries": len(set(placed))},
@@ -124,15 +142,18 @@ def run(setup: Setup = Setup()) -> dict:
             "target_median": TARGET_MEDIAN, "wall_s": time.perf_counter() - wall0}
 
 
-def _errors(clients: list[Client], a: np.ndarray, b: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Relative errors of ``Client.estimate`` for the pairs (a[k], b[k]): the core's own
-    formula, vectorized over the pairs (a check in tests/test_sim_coords.py)."""
-    coords = [c.coordinate for c in clients]
-    vec = np.array([c.vec for c in coords])
-    height = np.array([c.height for c in coords])
-    adj = np.array([c.adjustment for c in coords])
-    dist = np.sqrt(((vec[a] - vec[b]) ** 2).sum(axis=1)) + height[a] + height[b]
-    adjusted = dist + adj[a] + adj[b]
+def _errors(mine: list[Coordinate], theirs: list[Coordinate] | None, a: np.ndarray, b: np.ndarray,
+            truth: np.ndarray) -> np.ndarray:
+    """Relative errors of a[k]'s estimate of b[k] for every pair k: ``Coordinate.distance_to``
+    vectorized (a check in tests/test_sim_coords.py), from a[k]'s own current coordinate to
+    what it knows of b[k]'s (``theirs``: the published ones; None: the current ones)."""
+    def arrays(coords: list[Coordinate]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (np.array([c.vec for c in coords]), np.array([c.height for c in coords]),
+                np.array([c.adjustment for c in coords]))
+    vec_a, height_a, adj_a = arrays(mine)
+    vec_b, height_b, adj_b = arrays(mine if theirs is None else theirs)
+    dist = np.sqrt(((vec_a[a] - vec_b[b]) ** 2).sum(axis=1)) + height_a[a] + height_b[b]
+    adjusted = dist + adj_a[a] + adj_b[b]
     est = np.where(adjusted > 0.0, adjusted, dist)
     return np.abs(est - truth) / truth
 
@@ -141,7 +162,8 @@ def table(figures: dict) -> str:
     s = figures["setup"]
     lines = [f"Vivaldi on the country matrix: {s['nodes']} nodes in {s['countries']} countries, a probe every "
              f"{s['probe_interval']:g} s, jitter {s['jitter_ms']:g} ms/leg, access {s['access_ms']:g} ms, "
-             f"{s['pairs']} pairs",
+             f"{s['pairs']} pairs, peers' coordinates "
+             + ("current" if not s["publish_every"] else f"republished every {s['publish_every']:g} s"),
              f"{'t (s)':>6} {'median':>8} {'p90':>8} {'mean':>8}"]
     for c in figures["checkpoints"]:
         lines.append(f"{c['t_s']:>6g} {c['median']:>8.1%} {c['p90']:>8.1%} {c['mean']:>8.1%}")
@@ -160,9 +182,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--access-ms", type=float, default=d.access_ms)
     p.add_argument("--pairs", type=int, default=d.pairs)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--publish-every", type=float, default=None,
+                   help="peers see a coordinate republished every S s (0: membership's record refresh at this "
+                        "size); default: the peer's current one")
     args = p.parse_args(argv)
+    every = record_refresh(args.nodes) if args.publish_every == 0 else args.publish_every
     figures = run(Setup(nodes=args.nodes, seconds=args.seconds, probe_interval=args.probe_interval,
-                        jitter_ms=args.jitter_ms, access_ms=args.access_ms, pairs=args.pairs, seed=args.seed))
+                        jitter_ms=args.jitter_ms, access_ms=args.access_ms, pairs=args.pairs, seed=args.seed,
+                        publish_every=every))
     print(table(figures))
     print(json.dumps(figures, indent=2))
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.coordinates import (DEFAULT, MAX_COMPONENT, MAX_RTT, Client, Config, Coordinate, origin)
+from swarmd.routing.coordinates import DEFAULT, MAX_COMPONENT, MAX_RTT, Client, Config, Coordinate, origin
 
 C3 = Config(dimensionality=3)
 
@@ -32,7 +32,7 @@ def test_defaults_are_serfs():
 
 @pytest.mark.parametrize("field, value", [("dimensionality", 0), ("latency_filter_size", 0),
                                           ("adjustment_window_size", -1), ("vivaldi_cc", math.nan),
-                                          ("gravity_rho", 0.0), ("height_min", -1.0)])
+                                          ("gravity_rho", 0.0), ("height_min", -1.0), ("vivaldi_ce", 1.5)])
 def test_a_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         replace(DEFAULT, **{field: value})
@@ -112,6 +112,7 @@ def test_the_longest_rtt_allowed_is_10_s():
     coord([MAX_COMPONENT * 2, 0.0, 0.0]),
     coord([0.0, 0.0, 0.0], height=0.0),
     coord([0.0, 0.0, 0.0], error=-0.1),
+    None, [0.0, 0.0, 0.0, 0.001, 0.5, 0.0],  # not a Coordinate at all
 ])
 def test_a_bad_peer_coordinate_is_rejected_and_counted(other):
     """serf TestClient_NaN_Defense (first half): an invalid or alien coordinate never enters."""
@@ -177,7 +178,7 @@ def _with(i, value):
     (None, "list"), ("abc", "list"), ({"vec": []}, "list"), (b"\x00" * 11, "list"),
     (GOOD[:-1], "11 values"), (GOOD + [0.0], "11 values"), ([], "11 values"),
     (_with(0, "1"), "value 0 is not a number"), (_with(3, None), "value 3"), (_with(8, True), "value 8"),
-    (_with(9, [0.5]), "value 9"),
+    (_with(9, [0.5]), "value 9"), (_with(1, 10**400), "value 1 is out of range"),
     (_with(2, math.nan), "component 2 is not finite"), (_with(7, -math.inf), "component 7"),
     (_with(5, 10.5), "component 5"), (_with(5, -1e300), "component 5"),
     (_with(8, math.nan), "height is not finite"), (_with(8, 0.0), "height"), (_with(8, 11.0), "height"),

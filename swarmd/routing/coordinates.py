@@ -81,6 +81,8 @@ class Config:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value}")
+        if self.vivaldi_ce > 1 or self.vivaldi_cc > 1:
+            raise ValueError("vivaldi_ce and vivaldi_cc must be at most 1 (a sample moves at most all the way)")
         if self.height_min > MAX_HEIGHT:
             raise ValueError(f"height_min must be at most {MAX_HEIGHT} s")
 
@@ -126,10 +128,13 @@ class Coordinate:
         if len(data) != dimensionality + 3:
             raise ValueError(f"a coordinate must have {dimensionality + 3} values ({dimensionality} dimensions, "
                              f"height, error, adjustment), got {len(data)}")
+        values = []
         for i, x in enumerate(data):
             if type(x) not in (float, int):  # bool is an int subclass, and not a number here
                 raise ValueError(f"coordinate value {i} is not a number ({type(x).__name__})")
-        values = [float(x) for x in data]
+            if type(x) is int and abs(x) > 2**53:
+                raise ValueError(f"coordinate value {i} is out of range")  # float() would overflow or round
+            values.append(float(x))
         coord = cls(vec=tuple(values[:dimensionality]), height=values[dimensionality],
                     error=values[dimensionality + 1], adjustment=values[dimensionality + 2])
         problem = _problem(coord, dimensionality, config)
@@ -210,7 +215,7 @@ class Client:
         if isinstance(rtt, bool) or not (isinstance(rtt, (int, float)) and 0.0 < rtt <= MAX_RTT):  # NaN fails
             self._reject("rtt")
             return None
-        if _problem(other, cfg.dimensionality, cfg) is not None:
+        if not isinstance(other, Coordinate) or _problem(other, cfg.dimensionality, cfg) is not None:
             self._reject("coordinate")
             return None
         rtt = max(self._filter(peer, float(rtt)), ZERO)
