@@ -26,6 +26,9 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   presync-oversize  a 16 MiB sync frame before any certificate
   streams   (member) --count concurrent sync streams from one peer, held --seconds
             (these four: intruder_gossip.py)
+  relay     relay requests from an outsider and from a member the relay's view lacks, forged,
+            misaddressed, stale, junk (--about: the pair's other end; intruder_relay.py);
+            prints the replies as one JSON line
 
 ``--owner-dir`` is the swarm owner's state directory: the intruder reads the swarm id from it
 and, for the attacks that play a rogue member, issues itself a certificate with the owner
@@ -63,9 +66,9 @@ from . import intruder_admission
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
 GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
-OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider")  # no member's hello first
+OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider", "relay")  # no member's hello first
 ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage",
-           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS)
+           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS, "relay")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +213,13 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                     from .intruder_jobs import attack
 
                     return await attack(name, host, target.peer_id, member_cert.blob, args)
+                case "relay":
+                    from .intruder_relay import attack as relay_attack
+
+                    return await relay_attack(host=host, target=target.peer_id, me=me, sign=ident.sign,
+                                              swarm=owner.swarm, member=member_cert, foreign=foreign_cert,
+                                              about=args.about, relay_ip=str(Multiaddr(args.target)
+                                                                             .value_for_protocol("ip4")))
                 case "oversize":
                     await sync({"cert": member_cert.blob, "records": [os.urandom(OVERSIZE)], "claims": []})
                     return f"sent a {OVERSIZE}-byte record"

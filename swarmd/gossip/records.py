@@ -82,10 +82,16 @@ class OwnRecord:
         return None
 
     def nearest_rtts(self) -> dict[str, float]:
-        """This node's lowest RTTs to alive members, in ms."""
-        measured = sorted((m.rtt_min, m.peer) for m in self.g.view()
-                          if m.rtt_min is not None and m.state is State.ALIVE)
-        return {peer: round(rtt * 1000, 2) for rtt, peer in measured[:MAX_RTTS]}
+        """This node's RTTs to its nearest alive members, in ms: routing's recent ones when it
+        runs (they rise again when a path slows), else the lowest the probes ever measured."""
+        view = self.g.view()
+        recent = self.g.recent_rtts()
+        if recent is not None:
+            measured = sorted((ms, peer) for peer, ms in recent.items()
+                              if (m := view.get(peer)) is not None and m.state is State.ALIVE)
+            return {peer: round(ms, 2) for ms, peer in measured[:MAX_RTTS]}
+        measured = sorted((m.rtt_min * 1000, m.peer) for m in view if m.rtt_min is not None and m.state is State.ALIVE)
+        return {peer: round(ms, 2) for ms, peer in measured[:MAX_RTTS]}
 
     async def sample(self) -> None:
         """Sample the capacity forever; a significant change is re-advertised."""

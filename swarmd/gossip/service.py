@@ -86,6 +86,7 @@ class Gossip:
         # set by routing: each RTT a probe measured (peer, seconds), and what our record says about routing
         self.rtt_observed: Callable[[str, float], None] = lambda peer, rtt: None
         self.route_info: Callable[[], dict[str, Any]] = dict
+        self.recent_rtts: Callable[[], dict[str, float] | None] = lambda: None  # peer -> ms
         self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
         self.excluded: dict[str, str] = {}  # kept here too: applied to the core once it exists
         self.nursery: trio.Nursery | None = None

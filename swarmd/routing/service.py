@@ -41,6 +41,7 @@ log = structlog.get_logger("swarmd.routing")
 EVALUATE_EVERY = 1.0  # seconds between path evaluations (paths.py counts its rounds in them)
 WINDOW = 5  # our RTT to a peer: the least of its last WINDOW samples (rises again when a path slows)
 MEASURE_TIMEOUT = 2.0
+REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news worth a record
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,8 @@ class Routing:
               ).set_function(lambda: self.client.coordinate.error)
         gossip.rtt_observed = self.rtt_observed
         gossip.route_info = self.record_fields
+        gossip.recent_rtts = lambda: dict(self._snap.own)
+        self._reported: dict[str, float] = {}  # our RTTs as our record last carried them
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -213,8 +216,9 @@ class Routing:
                         nursery.start_soon(self._measure, peer)
         if self.server is not None:
             self.server.view_changed()
-        if (announced := self.paths.announced()) != self._announced:
+        if (announced := self.paths.announced()) != self._announced or self._report_due(own):
             self._announced = announced
+            self._reported = dict(own)
             self.g.readvertise()
         relayed = {p: e for p, e in self.sessions.endpoints().items() if self.paths.path(p) is not None}
         if relayed != self._relayed and self.mesh is not None:
@@ -225,6 +229,15 @@ class Routing:
             if peer in relayed and (leg := self.paths.leg(relay, peer, pv)) is not None and relay in own:
                 path_ms[peer] = own[relay] + leg
         self._snap = _Snap(view=view, me=self.g.me, own=own, coord=self.client.coordinate, path_ms=path_ms)
+
+    def _report_due(self, own: Mapping[str, float]) -> bool:
+        """Our record's RTTs are others' legs (paths.py): re-advertise when a member is measured
+        for the first time or an RTT moved by more than REPORT_CHANGE (the core rate-limits)."""
+        for peer, ms in own.items():
+            old = self._reported.get(peer)
+            if old is None or abs(ms - old) > REPORT_CHANGE * old + 1.0:
+                return True
+        return False
 
     async def _measure(self, peer: str) -> None:
         rtt = await self.g.probes.ping(peer, MEASURE_TIMEOUT)
