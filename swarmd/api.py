@@ -188,6 +188,7 @@ def methods(node: Node) -> list[Method]:
         return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
 
     async def route(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        mesh_or_error("route")  # paths are the mesh's
         routing = node.routing
         if routing is None:
             raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node")

@@ -74,7 +74,7 @@ class FakeMesh:
 
 def node(v: View, routing: FakeRouting | None, mesh: FakeMesh | None = None, **extra: Any) -> SimpleNamespace:
     gossip = SimpleNamespace(view=lambda: v, me=ME, swarm=SimpleNamespace(swarm="s1"))
-    return SimpleNamespace(gossip=gossip, routing=routing, mesh=mesh, mesh_off=None, **extra)
+    return SimpleNamespace(gossip=gossip, routing=routing, mesh=mesh, **{"mesh_off": None, **extra})
 
 
 def call(n: SimpleNamespace, method: str, **params: Any) -> Any:
@@ -124,7 +124,7 @@ EXPLAINED = {"role": "chooser", "current": H3, "relay_state": "active", "direct_
 @pytest.mark.parametrize("name", [H2, H2[:12], H2[-8:], f"  {H2[-6:]} "])
 def test_route_names_a_peer_by_id_or_an_unambiguous_start_or_end(name):
     routing = FakeRouting(explained={H2: EXPLAINED})
-    assert call(node(view({H2: 0.1, H3: 0.02}), routing), "route", peer=name) == {"peer": H2, **EXPLAINED}
+    assert call(node(view({H2: 0.1, H3: 0.02}), routing, FakeMesh([])), "route", peer=name) == {"peer": H2, **EXPLAINED}
 
 
 @pytest.mark.parametrize("name, message", [
@@ -138,15 +138,22 @@ def test_route_names_a_peer_by_id_or_an_unambiguous_start_or_end(name):
 def test_route_refuses_a_peer_it_cannot_name_with_the_reason(name, message):
     routing = FakeRouting(explained={H2: EXPLAINED})
     with pytest.raises(RpcError) as err:
-        call(node(view({H2: 0.1, H3: 0.02}), routing), "route", peer=name)
+        call(node(view({H2: 0.1, H3: 0.02}), routing, FakeMesh([])), "route", peer=name)
     assert err.value.code == ErrorCode.INVALID_PARAMS and message in err.value.message, err.value.message
 
 
 def test_route_without_routing_says_so():
     with pytest.raises(RpcError) as err:
-        call(node(view({H2: 0.1}), None), "route", peer=H2)
+        call(node(view({H2: 0.1}), None, FakeMesh([])), "route", peer=H2)
     assert err.value.code == ErrorCode.OPERATION_FAILED
     assert err.value.message == "route: path choice is not running on this node"
+
+
+def test_route_needs_the_mesh():
+    with pytest.raises(RpcError) as err:
+        call(node(view({H2: 0.1}), FakeRouting(explained={H2: EXPLAINED}), mesh_off="mesh = off"), "route", peer=H2)
+    assert err.value.code == ErrorCode.OPERATION_FAILED
+    assert err.value.message == "route: the WireGuard mesh is off on this node (mesh = off)"
 
 
 def test_route_is_a_read_method_with_a_required_peer():
