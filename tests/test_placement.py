@@ -282,3 +282,32 @@ def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
     assert place(spec(nodes=2), candidates, without) == Placement(("a", "me"), 80.0)
     with_routing = Jobs._rtt(SimpleNamespace(routing=Routing()), view)
     assert place(spec(nodes=2), candidates, with_routing) == Placement(("b", "c"), 12.0)
+
+
+def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
+    """The same with the driver itself (routing.service.Routing, as the node hands it to Jobs):
+    records carry coordinates and one reported RTT (c-d, 80 ms); a and b, 2 ms apart by their
+    coordinates, have never probed each other and are chosen."""
+    from types import MappingProxyType, SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from swarmd.compute.coordinator import Jobs
+    from swarmd.gossip.membership import MemberView, State, View
+    from swarmd.routing.coordinates import Coordinate
+    from swarmd.routing.service import Routing
+
+    def at(x_ms):
+        return Coordinate(vec=(x_ms / 1000,) + (0.0,) * 7, error=0.2, adjustment=0.0, height=10e-6)
+    place_at, rtts = {"a": 0.0, "b": 2.0, "c": 300.0, "d": 380.0}, {"c": {"d": 80.0}}
+    view = View(version=1, me="me", members=MappingProxyType({
+        p: MemberView(peer=p, state=State.ALIVE, stale=False, record=SimpleNamespace(rtts=rtts.get(p, {}), coord=at(x)),
+                      since=0.0, heard=0.0, expires=1e9, rtt_ewma=None, rtt_min=None) for p, x in place_at.items()}))
+    gossip = SimpleNamespace(me="me", view=lambda: view)
+    routing = Routing(gossip=gossip, mesh=None, config=SimpleNamespace(),
+                      metrics=SimpleNamespace(registry=CollectorRegistry()))
+    candidates = [node(p) for p in place_at]
+    assert place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(routing=None), view)).peers == ("c", "d")
+    got = place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(routing=routing), view))
+    assert got.peers == ("a", "b") and got.worst_rtt_ms == pytest.approx(2.0, abs=0.1)
+    assert routing.rtt_ms("c", "d") == 80.0, "a reported RTT is used before an estimate"
