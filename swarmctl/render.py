@@ -244,10 +244,13 @@ def mesh(result: Mapping[str, Any]) -> None:
 
 
 def path(p: Mapping[str, Any]) -> str:
-    """`direct`, or `via <relay>` with the relay session's state while it is not (yet) active."""
-    text = p.get("path") or "-"
-    state = p.get("relay_state")
-    return f"{text} ({state})" if p.get("relay") and state and state != "active" else text
+    """`direct` or `via <relay>`; a relay chosen whose session is not active (yet, or any more)
+    is named with its state: `direct (via 9r3ANaba requesting)`."""
+    text, relay, state = p.get("path") or "-", p.get("relay"), p.get("relay_state")
+    if not relay or state == "active":
+        return text
+    return f"{text} ({state or 'not asked yet'})" if text.startswith("via") \
+        else f"{text} (via {relay[-8:]} {state or 'not asked yet'})"
 
 
 def size(n: int) -> str:

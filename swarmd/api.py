@@ -2,7 +2,7 @@
 
 Each handler reads the node's state and returns plain data (msgpack-able); the method table
 says who may call each (`rpc.protocol.Access`): anyone who can open the socket reads status,
-peers and the mesh; changing the node or the swarm needs root or the daemon's user.
+peers, the mesh and its routes; changing the node or the swarm needs root or the daemon's user.
 """
 
 from __future__ import annotations

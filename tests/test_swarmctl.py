@@ -244,8 +244,7 @@ def test_mesh_shows_each_peers_path_its_rtt_the_direct_rtt_and_the_estimate(monk
     answer = {"interface": "wrd0", "backend": "kernel", "address": "10.211.0.1", "public_key": "key", "peers": [
         mesh_row(H2, path=f"via {H3[-8:]}", relay=H3, relay_state="active", path_rtt_ms=50.4, direct_rtt_ms=120.2,
                  estimate_ms=117.6),
-        mesh_row(H4, path=f"via {H3[-8:]}", relay=H3, relay_state="requesting", path_rtt_ms=80.0,
-                 direct_rtt_ms=80.0),
+        mesh_row(H4, path="direct", relay=H3, relay_state="requesting", path_rtt_ms=80.0, direct_rtt_ms=80.0),
         mesh_row(H3, path_rtt_ms=20.0, direct_rtt_ms=20.0, estimate_ms=22.0)]}
     code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"mesh": answer}, "mesh")
     header = next(line for line in out.splitlines() if "peer" in line)
@@ -255,7 +254,7 @@ def test_mesh_shows_each_peers_path_its_rtt_the_direct_rtt_and_the_estimate(monk
                                           for line in out.splitlines() if line.startswith("│"))}
     assert code == 0
     assert rows[H2[-8:]][3:7] == [f"via {H3[-8:]}", "50.4 ms", "120.2 ms", "~118 ms"]
-    assert rows[H4[-8:]][3] == f"via {H3[-8:]} (requesting)", "a relay session not yet active says so"
+    assert rows[H4[-8:]][3] == f"direct (via {H3[-8:]} requesting)", "a relay chosen, its session not active yet"
     assert rows[H3[-8:]][3:7] == ["direct", "20.0 ms", "20.0 ms", "~22 ms"]
 
 
