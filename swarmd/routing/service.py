@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
 from ..gossip.signed import short
+from . import exchange
 from . import request as rq
 from .coordinates import Client, Coordinate
 from .paths import Measure, Paths, PathView, UsePath
@@ -63,6 +65,8 @@ class Routing:
         self.client = Client(seed=gossip.me)
         self.paths = Paths(gossip.me)
         self.sessions = Sessions(self)
+        self.exchange = exchange.Exchange(self)
+        self.nursery: trio.Nursery | None = None
         self.server: Any = None  # server.RelayServer while this node relays for others
         self.relay_off: str | None = "starting"  # why this node does not relay, if it does not
         self._samples: dict[str, deque[float]] = {}
@@ -95,8 +99,15 @@ class Routing:
         if m is None or not 0 < rtt < 10:
             return
         self._samples.setdefault(peer, deque(maxlen=WINDOW)).append(rtt * 1000)
-        if m.record.coord is not None:
-            self.client.update(peer, m.record.coord, rtt)
+        now = trio.current_time()
+        stale = time.time() - m.record.issued > exchange.FRESH
+        if probe and stale and self.nursery is not None and self.exchange.due(peer, now):
+            self.nursery.start_soon(self.exchange.fetch, peer, rtt)
+        elif m.record.coord is not None:
+            self.update_coordinate(peer, m.record.coord, rtt)
+
+    def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None:
+        self.client.update(peer, coord, rtt)
 
     def record_fields(self) -> dict[str, Any]:
         """What our record says about routing: our coordinate, whether we relay, our choices."""
@@ -116,6 +127,7 @@ class Routing:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
+        self.g.host.set_stream_handler(exchange.PROTOCOL, self.g.guarded(self.exchange.handle))
         await self.g.joined.wait()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
@@ -203,6 +215,7 @@ class Routing:
         for peer in [p for p in self._samples if p not in view]:
             del self._samples[peer]
             self.client.forget(peer)
+            self.exchange.forget(peer)
         own = {p: min(s) for p, s in self._samples.items()}
         pv = self._path_view(view, own)
         for action in self.paths.evaluate(trio.current_time(), pv):
@@ -299,7 +312,8 @@ class Routing:
         return {"coordinate": {"vec_ms": [round(x * 1000, 3) for x in c.coordinate.vec],
                                "height_ms": round(c.coordinate.height * 1000, 3),
                                "error": round(c.coordinate.error, 3)},
-                "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets},
+                "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets,
+                            "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
                 "relay": relay}
 
