@@ -25,19 +25,27 @@ def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | 
     return out
 
 
+EXCHANGE_FRESH = 30.0  # swarmd/routing/exchange.py FRESH (not imported: it brings trio and libp2p)
+
+
 def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
     """Vivaldi on the country matrix (sim/coords.py): the median and p90 relative error of the
     coordinates' RTT estimates at 10, 30, 60 and 120 simulated s (target: median < 10 % at
     120 s), with membership's probe interval and with one probe a second, and the wall time;
     ``_records``: peers' coordinates as records carry them, republished at membership's refresh
-    for this size (100 s at 1,000), up to 600 s."""
+    for this size (100 s at 1,000), up to 600 s; ``_exchange``: the same, but an update whose
+    record is older than ``EXCHANGE_FRESH`` uses the peer's current coordinate (the routing
+    service asks for it, swarmd/routing/exchange.py). With records, ``current_median`` is the
+    embedding itself (every current coordinate known), ``median`` what nodes estimate."""
     from sim import coords
 
     out: dict[str, float | int] = {}
+    records = {"seconds": 600.0, "checkpoints": (10.0, 30.0, 60.0, 120.0, 300.0),
+               "publish_every": coords.record_refresh(nodes)}
     rows = (("", coords.Setup(nodes=nodes, seed=seed)),
             ("_1s", coords.Setup(nodes=nodes, seed=seed, probe_interval=1.0)),
-            ("_records", coords.Setup(nodes=nodes, seed=seed, seconds=600.0, publish_every=coords.record_refresh(nodes),
-                                      checkpoints=(10.0, 30.0, 60.0, 120.0, 300.0))))
+            ("_records", coords.Setup(nodes=nodes, seed=seed, **records)),
+            ("_exchange", coords.Setup(nodes=nodes, seed=seed, fresh_after=EXCHANGE_FRESH, **records)))
     for key, row in rows:
         result = coords.run(row)
         setup = result["setup"]
@@ -50,4 +58,6 @@ def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
             t = f"{c['t_s']:g}s"
             out[f"sim_coords{key}_median_pct_{t}"] = round(100 * c["median"], 2)
             out[f"sim_coords{key}_p90_pct_{t}"] = round(100 * c["p90"], 2)
+            if "current_median" in c:
+                out[f"sim_coords{key}_current_median_pct_{t}"] = round(100 * c["current_median"], 2)
     return out
