@@ -254,7 +254,7 @@ def test_required_members_are_grown_from_when_the_search_is_greedy(monkeypatch):
 
 
 def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
-    """The coordinator measures pairs through routing (Routing.rtt_ms: the chosen path's RTT,
+    """The coordinator measures pairs through routing (Routing.rtt_function: the chosen path's RTT,
     else measured, else the coordinate estimate): b and c never probed each other, yet their
     estimate makes them the tightest pair. Without routing only probed pairs are known, and the
     one measured pair wins however far apart its ends are."""
@@ -270,13 +270,12 @@ def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
                                                               "c": member("c")}))
     candidates = [node(p) for p in ("me", "a", "b", "c")]
 
-    class Routing:  # routing.service.Routing's rtt_ms, from tables
+    class Routing:  # routing.service.Routing's rtt_function, from tables
         estimates = {frozenset(("b", "c")): 12.0}
         measured = {frozenset(("me", "a")): 80.0}
 
-        def rtt_ms(self, a, b):
-            pair = frozenset((a, b))
-            return self.measured.get(pair, self.estimates.get(pair, 150.0))
+        def rtt_function(self):
+            return lambda a, b: self.measured.get(frozenset((a, b)), self.estimates.get(frozenset((a, b)), 150.0))
 
     without = Jobs._rtt(SimpleNamespace(routing=None), view)
     assert place(spec(nodes=2), candidates, without) == Placement(("a", "me"), 80.0)

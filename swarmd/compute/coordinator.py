@@ -595,7 +595,7 @@ class Jobs:
         only immutable snapshots), so no pair of members with coordinates is unknown; without
         it, the probes in ``view`` only."""
         if self.routing is not None:
-            return self.routing.rtt_ms
+            return self.routing.rtt_function()
         return functools.partial(_rtt_ms, view)
 
     def _address(self, peer: str) -> str:

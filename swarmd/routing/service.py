@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,22 +260,35 @@ class Routing:
     # --- what others read (immutable snapshots: any thread) ------------------------------
 
     def rtt_ms(self, a: str, b: str) -> float | None:
-        """The RTT a job between ``a`` and ``b`` will see, ms: the path in use where this node is an
+        """The RTT a job between ``a`` and ``b`` will see, ms (``rtt_function``'s, on the snapshot now)."""
+        return self.rtt_function()(a, b)
+
+    def rtt_function(self) -> Callable[[str, str], float | None]:
+        """``rtt(a, b)`` in ms on one snapshot (placement calls it for every pair, from a worker
+        thread: one placement never mixes two snapshots): the path in use where this node is an
         end (relayed or direct, measured), else what either end's record reports, else the
         coordinate estimate; None when nothing is known."""
         snap = self._snap
-        if snap.me in (a, b):
-            other = b if a == snap.me else a
-            if other in snap.path_ms:
-                return snap.path_ms[other]
-            if other in snap.own:
-                return snap.own[other]
-        else:
-            for x, y in ((a, b), (b, a)):
-                m = snap.view.get(x)
-                if m is not None and y in m.record.rtts:
-                    return m.record.rtts[y]
-        return self._estimator(snap.view, snap.coord)(a, b)
+        members = snap.view.members
+        coords = {p: m.record.coord for p, m in members.items() if m.record.coord is not None}
+        if snap.coord is not None:
+            coords[snap.me] = snap.coord
+
+        def rtt(a: str, b: str) -> float | None:
+            if snap.me in (a, b):
+                other = b if a == snap.me else a
+                if other in snap.path_ms:
+                    return snap.path_ms[other]
+                if other in snap.own:
+                    return snap.own[other]
+            else:
+                for x, y in ((a, b), (b, a)):
+                    m = members.get(x)
+                    if m is not None and y in m.record.rtts:
+                        return m.record.rtts[y]
+            ca, cb = coords.get(a), coords.get(b)
+            return None if ca is None or cb is None else ca.distance_to(cb) * 1000
+        return rtt
 
     def peer_rtt(self, peer: str) -> tuple[float, str] | None:
         snap = self._snap
