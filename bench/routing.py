@@ -1,7 +1,12 @@
 """Routing figures (`make bench`, part `routing`): network coordinates and path choice on the
-simulator's 1,000-node country placement (the lab's relayed-path figures are added beside them)."""
+simulator's 1,000-node country placement, and a pair relayed through a third host in a 4-host lab
+(needs root): its RTT and all-reduce bandwidth against direct, the detour's setup, failover."""
 
 from __future__ import annotations
+
+import statistics
+import sys
+import time
 
 
 def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | None]:
@@ -25,7 +30,7 @@ def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | 
     return out
 
 
-EXCHANGE_FRESH = 30.0  # swarmd/routing/exchange.py FRESH (not imported: it brings trio and libp2p)
+EXCHANGE_FRESH = 10.0  # swarmd/routing/exchange.py FRESH (not imported: it brings trio and libp2p)
 
 
 def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
@@ -61,3 +66,119 @@ def sim_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int]:
             if "current_median" in c:
                 out[f"sim_coords{key}_current_median_pct_{t}"] = round(100 * c["current_median"], 2)
     return out
+
+
+LAB = "benchr"
+LAB_RTT = {frozenset(("h1", "h2")): 120.0, frozenset(("h1", "h3")): 20.0, frozenset(("h2", "h3")): 30.0}
+LAB_OTHER_MS = 80.0  # h4 (and every other pair): a relay that never wins
+LAB_EQUAL_MS = 50.0  # the relayed path's legs, 20 + 30: direct at this RTT compares the relay's own cost
+FAILOVERS = 3
+POLL_S = 0.05
+
+
+def lab_figures() -> dict[str, float]:
+    """Paths through a relay in a 4-host lab (needs root), as tests/netlab/test_routing.py builds
+    it: h1-h2 120 ms direct but 20 + 30 ms through h3, h4 80 ms from everyone. In one run:
+
+    - the overlay RTT h1->h2 (ping -c 20 -i 0.1, mean) and a 16 MB gloo all-reduce between h1
+      and h2 on the mesh interface, once relayed via h3 and once direct with the h1-h2 link set
+      to 50 ms (the relayed legs' sum), after the pair went back to direct: the same underlay
+      RTT both ways, so the ratios are the relay's own cost (all-reduce target: >= 0.9);
+    - the detour's setup: from the h1-h2 link going back to 120 ms until both ends say `via h3`;
+    - failover: from ``lab.crash("h3")`` until both ends say `direct` (the mesh rows polled every
+      50 ms; the daemons evaluate paths once a second), three times, h3 revived and the pair
+      relayed again in between (target: within 5 s).
+    """
+    from sim.netlab import lab as labmod
+    from sim.netlab import topology
+    from sim.netlab.lab import mesh_interface
+    from swarmd.rpc.client import Client
+
+    from .mesh import ALLREDUCE_MB, _allreduce, _ping_ms
+
+    def call(host: str, method: str, **params):
+        with Client(lab.state.host(host).socket, timeout=10) as c:
+            return c.call(method, **params)
+
+    def path(host: str, other: str) -> str | None:
+        """The relay (a host name) ``host`` reaches ``other`` through now, None when direct."""
+        peer = lab.state.host(other).peer_id
+        row = next((r for r in call(host, "mesh")["peers"] if r["peer"] == peer), None)
+        if row is None:
+            raise RuntimeError(f"bench: {other} is not in {host}'s mesh")
+        if row["path"] == "direct":
+            return None
+        return names.get(row["relay"], row["relay"])
+
+    def relayed() -> bool:
+        return path("h1", "h2") == "h3" and path("h2", "h1") == "h3"
+
+    def direct() -> bool:
+        return path("h1", "h2") is None and path("h2", "h1") is None
+
+    def wait(predicate, timeout: float, what: str) -> float:
+        t0 = time.monotonic()
+        while not predicate():
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"bench: {what} not within {timeout:g} s")
+            time.sleep(POLL_S)
+        return time.monotonic() - t0
+
+    def step(text: str) -> None:
+        print(f"  routing lab: {text} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+
+    started = time.monotonic()
+    labmod.down(LAB)
+    hosts, links = topology.plan(4, lambda a, b: LAB_RTT.get(frozenset((a.name, b.name)), LAB_OTHER_MS))
+    # the sandbox off: the all-reduce runs as root beside the daemons (as bench/mesh.py's)
+    lab = labmod.Lab.up(LAB, hosts, links, mesh=True, daemon_args=["--sandbox", "off"])
+    names = {h.peer_id: h.name for h in lab.state.hosts}
+    results: dict[str, float] = {}
+    try:
+        lab.wait_formed(90)
+        step("formed")
+        results["routing_lab_formed_to_relayed_s"] = wait(relayed, 120, "h1 and h2 both via h3")
+        step("h1-h2 via h3")
+        ifaces = {h: mesh_interface(LAB, h) for h in ("h1", "h2")}
+        over1, over2 = call("h1", "status")["mesh"]["address"], call("h2", "status")["mesh"]["address"]
+        ping_relayed = _ping_ms(lab, "h1", over2)
+        bw_relayed = _allreduce(lab, over1, ifaces)
+        if not relayed():
+            raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
+        step(f"relayed: {ping_relayed:.1f} ms, all-reduce {bw_relayed:.1f} MB/s")
+
+        lab.set_link("h1", "h2", rtt_ms=LAB_EQUAL_MS)
+        results["routing_lab_back_to_direct_at_equal_rtt_s"] = wait(direct, 60, "h1-h2 back to direct at 50 ms")
+        ping_direct = _ping_ms(lab, "h1", over2)
+        bw_direct = _allreduce(lab, over1, ifaces)
+        if not direct():
+            raise RuntimeError("bench: h1-h2 left the direct path during the direct measurement")
+        step(f"direct at {LAB_EQUAL_MS:g} ms: {ping_direct:.1f} ms, all-reduce {bw_direct:.1f} MB/s")
+        results |= {"routing_lab_ping_relayed_ms": ping_relayed, "routing_lab_ping_direct_equal_rtt_ms": ping_direct,
+                    "routing_lab_ping_relayed_over_direct": ping_relayed / ping_direct,
+                    f"routing_lab_allreduce_{ALLREDUCE_MB}mb_relayed_mb_s": bw_relayed,
+                    f"routing_lab_allreduce_{ALLREDUCE_MB}mb_direct_equal_rtt_mb_s": bw_direct,
+                    "routing_lab_allreduce_relayed_over_direct": bw_relayed / bw_direct}
+
+        lab.set_link("h1", "h2", rtt_ms=LAB_RTT[frozenset(("h1", "h2"))])
+        results["routing_lab_detour_setup_s"] = wait(relayed, 120, "h1-h2 via h3 again at 120 ms")
+        step("relayed again")
+
+        failovers, rerelays = [], []
+        for i in range(FAILOVERS):
+            if i:
+                lab.revive("h3")
+                rerelays.append(wait(relayed, 150, "h1-h2 via h3 after h3's revival"))
+                step(f"h3 revived, relayed again after {rerelays[-1]:.1f} s")
+            t0 = time.monotonic()
+            lab.crash("h3")
+            wait(direct, 30, "h1-h2 back to direct after h3 crashed")
+            failovers.append(time.monotonic() - t0)
+            step(f"h3 crashed: direct after {failovers[-1]:.2f} s")
+        results |= {"routing_lab_failover_p50_s": statistics.median(failovers),
+                    "routing_lab_failover_max_s": max(failovers),
+                    "routing_lab_relayed_again_after_revive_max_s": max(rerelays),
+                    "routing_lab_wall_s": time.monotonic() - started}
+    finally:
+        labmod.down(LAB)
+    return results
