@@ -6,7 +6,9 @@ at 1,000 members), which left Vivaldi at 19 % median error after 120 s instead o
 simulator, sim/coords.py). So after a probe measured an RTT to a member whose record's
 coordinate is older than ``FRESH``, routing asks it for its current one on
 ``/swarmd/coord/1.0.0`` (``{cert}`` -> ``{coord}``) and updates with that and the RTT just
-measured; at most once per member per ``FRESH``. Members only, both ways; the answer is
+measured; at most once per member per ``FRESH``. With FRESH = 10 s nodes' estimates reach
+8.4 % median error at 120 s on 1,000 nodes (30 s: 12 %); the cost is about one small
+request per probe in a large swarm (records there are nearly always older than 10 s). Members only, both ways; the answer is
 hostile like any coordinate (``Coordinate.from_wire`` checks it).
 """
 
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from .service import Routing
 
 PROTOCOL = "/swarmd/coord/1.0.0"
-FRESH = 30.0  # seconds: a record's coordinate older than this is asked for again after a probe
+FRESH = 10.0  # seconds: a record's coordinate older than this is asked for again after a probe
 TIMEOUT = 2.0
 
 
