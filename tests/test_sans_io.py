@@ -15,7 +15,7 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signe
          "swarmd/wg/address.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
          "swarmd/compute/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/gang.py", "swarmd/compute/run.py",
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py",
-         "swarmd/routing/paths.py",
+         "swarmd/routing/paths.py", "swarmd/routing/request.py",
          "swarmd/routing/relay.py", "swarmd/routing/nft.py",
          "swarmd/routing/coordinates.py"]
 FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",

@@ -28,6 +28,7 @@ PROTOCOL = "/swarmd/relay/1.0.0"
 FRESH = 60.0  # seconds either side of now a request may have been issued
 OPS = ("relay", "release")
 MAX_REQUEST = 4096
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # "this host on this network" (RFC 1122): no host's address
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +88,7 @@ def ipv4_host(value: Any, where: str) -> str:
         ip = ipaddress.IPv4Address(value) if isinstance(value, str) and len(value) <= 15 else None
     except ValueError:
         ip = None
-    if ip is None or ip.is_multicast or ip.is_unspecified or ip.is_reserved or ip.is_loopback \
+    if ip is None or ip.is_multicast or ip in _THIS_NETWORK or ip.is_reserved or ip.is_loopback \
             or ip.is_link_local or ip == ipaddress.IPv4Address("255.255.255.255"):
         raise Invalid("bad_address", f"relay request: {where} {value!r:.40} is not a unicast IPv4 host address")
     return str(ip)
