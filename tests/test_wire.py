@@ -426,3 +426,76 @@ def test_an_address_the_owner_signed_is_taken_even_outside_our_overlay():
     # the owner allocated it from its own network (mesh.py warns that the configurations differ)
     cert = issue_cert(signer(OWNER), SWARM, PEER, now=NOW - 86400, ttl=365 * 86400.0, addr4="10.99.0.9")
     assert decode(wg_record(cert, addr4="10.99.0.9")).wg.addr4 == "10.99.0.9"
+
+
+# --- routing fields: coord, relay, via (issue 16) ---
+
+THIRD_PEER = peer_from_key(bytes(SigningKey(b"\x03" * 32).verify_key))
+
+
+def coordinate():
+    from swarmd.routing.coordinates import Coordinate
+
+    return Coordinate(vec=(0.01, -0.02, 0.0, 0.003, 0.0, 0.0, 0.0, 0.0), error=0.4, adjustment=-0.001, height=0.002)
+
+
+def test_coordinate_relay_flag_and_via_travel_in_the_record():
+    via = {peer_str(OTHER_PEER): peer_str(THIRD_PEER), peer_str(THIRD_PEER): peer_str(OTHER_PEER)}
+    rec = decode(record(coord=coordinate(), relay=True, via=via))
+    assert (rec.coord, rec.relay, rec.via) == (coordinate(), True, via)
+    old = decode(sealed(record_body()))  # a node from before routing: none of them
+    assert (old.coord, old.relay, old.via) == (None, False, {})
+
+
+@pytest.mark.parametrize("via, detail", [
+    ([[PEER, THIRD_PEER]], "names the signer"),  # "my path to myself"
+    ([[OTHER_PEER, PEER]], "names the signer"),  # "I relay for you": the signer as its own relay
+    ([[OTHER_PEER, OTHER_PEER]], "the same peer twice"),  # peer == relay
+    ([[OTHER_PEER, THIRD_PEER], [OTHER_PEER, THIRD_PEER]], "a peer twice"),
+    ([[OTHER_PEER, THIRD_PEER], [OTHER_PEER, PEER]], "a peer twice|names the signer"),
+    ([[OTHER_PEER, THIRD_PEER]] * 17, "at most 16"),
+    ({OTHER_PEER: THIRD_PEER}, "expected a list"),
+    (b"x", "expected a list"),
+    ([[peer_str(OTHER_PEER), peer_str(THIRD_PEER)]], "peer id bytes"),  # strings, not bytes
+    ([[OTHER_PEER]], "peer id bytes"), ([[OTHER_PEER, THIRD_PEER, PEER]], "peer id bytes"),
+    ([OTHER_PEER], "peer id bytes"), ([None], "peer id bytes"),
+    ([[OTHER_PEER, b"\x00\x24\x08\x02\x12\x20" + b"k" * 32]], "not an Ed25519 libp2p id"),  # another key type
+    ([[b"short", THIRD_PEER]], "not an Ed25519 libp2p id"),
+])
+def test_bad_via_is_refused_naming_the_field(via, detail):
+    with pytest.raises(Invalid, match=detail) as err:
+        decode(sealed(record_body(via=via)))
+    assert err.value.reason == "malformed"
+
+
+def test_via_of_sixteen_pairs_is_the_most():
+    peers = [peer_from_key(bytes([n]) * 32) for n in range(100, 117)]
+    rec = decode(sealed(record_body(via=[[p, THIRD_PEER] for p in peers[:16]])))
+    assert len(rec.via) == 16 and set(rec.via.values()) == {peer_str(THIRD_PEER)}
+
+
+@pytest.mark.parametrize("relay", [1, 0, "true", None, [], {"on": True}])
+def test_relay_must_be_a_bool(relay):
+    with pytest.raises(Invalid, match="record.relay") as err:
+        decode(sealed(record_body(relay=relay)))
+    assert err.value.reason == "malformed"
+
+
+def test_relay_false_is_the_same_as_no_relay():
+    assert decode(sealed(record_body(relay=False))).relay is False
+
+
+@pytest.mark.parametrize("coord", [
+    "0.1", {"vec": [0.0] * 8}, [0.0] * 10, [0.0] * 12,  # not a list / wrong length
+    [0.0] * 8 + [0.001, float("nan"), 0.0], [float("inf")] + [0.0] * 7 + [0.001, 0.5, 0.0],
+    [1e6] + [0.0] * 7 + [0.001, 0.5, 0.0],  # a component a million seconds away
+    [0.0] * 8 + [-0.001, 0.5, 0.0], [0.0] * 8 + [1e9, 0.5, 0.0],  # height negative / huge
+    [0.0] * 8 + [0.001, -0.1, 0.0], [0.0] * 8 + [0.001, 99.0, 0.0],  # error outside [0, 1.5]
+    [0.0] * 8 + [0.001, 0.5, 1e9],  # adjustment
+    [True] + [0.0] * 7 + [0.001, 0.5, 0.0], ["0"] + [0.0] * 7 + [0.001, 0.5, 0.0],
+    [2**62] + [0.0] * 7 + [0.001, 0.5, 0.0],
+])
+def test_a_malformed_coordinate_is_refused_naming_record_coord(coord):
+    with pytest.raises(Invalid, match="record.coord") as err:
+        decode(sealed(record_body(coord=coord)))
+    assert err.value.reason == "malformed"
