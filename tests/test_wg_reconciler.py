@@ -254,6 +254,73 @@ def test_a_malformed_endpoint_is_a_value_error():
         r.endpoint_rtt(1.0, "A", "not-an-ip:51820", 0.01)
 
 
+# -- relayed paths (routing) -------------------------------------------------------------------
+
+RELAY_EP = "203.0.113.9:51821"
+
+
+def test_a_relayed_peer_is_sent_to_the_relay_and_back_to_its_own_endpoint():
+    r = Reconciler(ME)
+    r.update_view(0.0, [A, B])
+    assert summary(r.set_relayed({"A": RELAY_EP})) == [("set", 1, RELAY_EP, routes(1))]
+    assert r.current[K(2)].endpoint == f"{IP1}:51820"  # B untouched
+    assert r.direct_ip("A") == IP1  # never the relay's
+    assert r.set_relayed({"A": RELAY_EP}) == []  # the same again is nothing
+    assert summary(r.set_relayed({})) == [("set", 1, f"{IP1}:51820", routes(1))]
+    assert r.set_relayed({}) == []
+
+
+def test_a_relay_endpoint_survives_view_updates_and_endpoint_switches_underneath():
+    r = Reconciler(ME)
+    r.update_view(0.0, [member("A", 1, endpoints=TWO), B])
+    r.set_relayed({"A": RELAY_EP})
+    assert r.update_view(1.0, [member("A", 1, endpoints=TWO), B]) == []
+    moved = member("A", 1, endpoints=TWO, addr4="10.211.9.9")
+    assert summary(r.update_view(2.0, [moved, B])) == [("set", 1, RELAY_EP, ("10.211.9.9/32", "fd00::1/128"))]
+    # a measurement makes IP2 the better direct endpoint: the device keeps the relay, direct_ip follows
+    r.endpoint_rtt(3.0, "A", IP1, 0.100)
+    assert r.endpoint_rtt(3.0, "A", IP2, 0.010) == []
+    assert r.direct_ip("A") == IP2 and r.current[K(1)].endpoint == RELAY_EP
+    assert summary(r.set_relayed({})) == [("set", 1, f"{IP2}:51820", ("10.211.9.9/32", "fd00::1/128"))]
+
+
+def test_a_relayed_peer_that_leaves_the_view_comes_back_direct():
+    # its relay session is stale by then (the relay drops a member that left): routing must name it again
+    r = Reconciler(ME)
+    r.update_view(0.0, [A, B])
+    r.set_relayed({"A": RELAY_EP, "B": "203.0.113.9:51822"})
+    assert summary(r.update_view(1.0, [B])) == [("remove", 1)]
+    assert summary(r.update_view(2.0, [A, B])) == [("set", 1, f"{IP1}:51820", routes(1))]
+    assert r.current[K(2)].endpoint == "203.0.113.9:51822"
+
+
+def test_a_relay_named_for_a_peer_not_in_the_view_waits_for_it():
+    r = Reconciler(ME)
+    r.update_view(0.0, [B])
+    assert r.set_relayed({"A": RELAY_EP}) == []
+    assert summary(r.update_view(1.0, [A, B])) == [("set", 1, RELAY_EP, routes(1))]
+
+
+def test_relay_endpoints_are_canonical():
+    r = Reconciler(ME)
+    r.update_view(0.0, [A])
+    assert summary(r.set_relayed({"A": "[2001:db8:0:0::9]:51821"})) == [("set", 1, "[2001:db8::9]:51821", routes(1))]
+
+
+@pytest.mark.parametrize("endpoint", ["203.0.113.9", "203.0.113.9:0", "203.0.113.9:65536", "203.0.113.9:x",
+                                      "2001:db8::9:51821", "[203.0.113.9]:51821", "relay.example:51821", "",
+                                      "203.0.113.9:-1", "203.0.113.9:51821 "])
+def test_a_malformed_relay_endpoint_raises_and_changes_nothing(endpoint):
+    r = Reconciler(ME)
+    r.update_view(0.0, [A, B])
+    r.set_relayed({"B": RELAY_EP})
+    before = dict(r.current)
+    with pytest.raises(ValueError, match="IPv4:port or \\[IPv6\\]:port"):
+        r.set_relayed({"A": endpoint, "B": RELAY_EP})
+    assert r.current == before
+    assert r.update_view(1.0, [A, B]) == []  # B still relayed, A still direct
+
+
 # -- resync ----------------------------------------------------------------------------------
 
 def _spec(key: int, endpoint: str | None = f"{IP1}:51820", allowed=None, keepalive: int = 25) -> PeerSpec:
@@ -356,10 +423,16 @@ def test_device_follows_a_random_history(seed):
                            endpoints=tuple(rng.sample(pool, rng.randint(0, 3))))
                     for n in range(1, 8) if rng.random() < 0.7]
             dev.apply(r.update_view(float(t), view))
-        elif event < 0.9 and r._members:
+        elif event < 0.85 and r._members:
             peer = rng.choice(sorted(r._members))
             ip = rng.choice(r._members[peer].endpoints or (IP1,))
             dev.apply(r.endpoint_rtt(float(t), peer, ip, rng.choice([None, rng.uniform(0.001, 0.2)])))
+        elif event < 0.92:  # routing moves paths to relays and back, members or not
+            relayed = {f"P{n}": f"203.0.113.9:{51821 + n}" for n in range(1, 10) if rng.random() < 0.3}
+            dev.apply(r.set_relayed(relayed))
+            for peer, endpoint in relayed.items():
+                m = r._members.get(peer)
+                assert m is None or r.current[m.public].endpoint == endpoint
         else:
             dev.peers.clear()  # wireguard-go restarted
             dev.apply(r.resync(dev.peers))
