@@ -159,3 +159,21 @@ def test_the_relay_crashing_sends_the_pair_back_to_direct_within_seconds(rl):
     assert ping_ms(rl, "h1", overlay(rl, "h2"), count=3) is not None, "h1 reaches h2 directly"
     print(f"failover took {took:.2f} s ({time.monotonic() - crashed:.2f} s with the ping)")
     assert took < 10, f"back to direct {took:.1f} s after the crash"
+
+
+def test_a_country_lab_detours_where_the_data_has_a_faster_path(lab):
+    """The measured country matrix (sim/data): Hong Kong-Portugal is 243 ms direct but 52 + 114
+    ms through Japan; every other pair of these four is at least 31 % slower through any third.
+    Exactly that pair detours, on both ends, and `swarmctl mesh` says so."""
+    countries = ["US", "JP", "HK", "PT"]
+    l = lab(4, countries=countries, mesh=True)
+    l.wait_formed(90)
+    name = {c: f"h{i + 1}" for i, c in enumerate(countries)}
+    until(lambda: via(l, name["HK"], name["PT"]) == name["JP"] and via(l, name["PT"], name["HK"]) == name["JP"],
+          120, "HK and PT reach each other via JP", interval=0.5,
+          detail=lambda: call(l, name["HK"], "route", peer=l.state.host(name["PT"]).peer_id))
+    table = swarmctl(l, name["HK"], "mesh")
+    assert table.returncode == 0 and table.stdout.count("via ") == 1, table.stdout
+    others = [(a, b) for a in countries for b in countries if a != b and {a, b} != {"HK", "PT"}]
+    assert all(via(l, name[a], name[b]) is None for a, b in others), {
+        f"{a}-{b}": via(l, name[a], name[b]) for a, b in others}
