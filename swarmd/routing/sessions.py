@@ -46,6 +46,7 @@ class Session:
     port: int | None = None
     via_ip: str | None = None
     misses: int = 0
+    granted: bool = False  # the relay's last answer said the pair is active (both ends asked)
     error: str | None = None
     since: float = 0.0
     cancel: trio.CancelScope | None = None
@@ -71,7 +72,9 @@ class Sessions:
         if old is not None:
             self._end(old)
         if relay is not None and self.nursery is not None:
-            session = Session(peer=peer, relay=relay, since=trio.current_time())
+            # the scope exists before the task starts: a session ended in the same tick is cancelled
+            # on entry instead of leaving a task that asks and pings its relay forever
+            session = Session(peer=peer, relay=relay, since=trio.current_time(), cancel=trio.CancelScope())
             self.by_peer[peer] = session
             self.nursery.start_soon(self._run, session)
         self.r.paths_changed()
@@ -104,7 +107,8 @@ class Sessions:
             self.nursery.start_soon(self._ask, s, "release")
 
     async def _run(self, s: Session) -> None:
-        with trio.CancelScope() as s.cancel:
+        assert s.cancel is not None
+        with s.cancel:
             renew_at = 0.0
             while True:
                 now = trio.current_time()
@@ -141,9 +145,10 @@ class Sessions:
             return None  # no answer: the pings decide whether the relay is gone
         port, active = reply.get("port"), reply.get("active")
         if "error" in reply or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            s.granted = False
             self._set(s, "refused", error=str(reply.get("error", "a malformed answer"))[:200])
             return None
-        s.port, s.via_ip = port, via_ip
+        s.port, s.via_ip, s.granted = port, via_ip, active is True
         if active is True and s.state != "failing":
             self._set(s, "active", error=None)
         elif active is not True and s.state == "active":  # the other end let go: direct until it asks again
@@ -158,8 +163,10 @@ class Sessions:
         if rtt is not None:
             self.r.rtt_observed(s.relay, rtt, probe=False)
             s.misses = 0
-            if s.state == "failing":
-                self._set(s, "active" if s.port is not None else "requesting")
+            if s.state == "failing":  # active again only if the relay's last word was that the pair is
+                if not s.granted:
+                    s.since = trio.current_time()
+                self._set(s, "active" if s.granted else "requesting")
         else:
             s.misses += 1
             if s.misses >= FAIL_AFTER and s.state != "failing":

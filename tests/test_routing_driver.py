@@ -1,0 +1,614 @@
+"""The routing driver's trio parts with small fakes: the relay's server (server.RelayServer),
+this node's relay sessions (sessions.Sessions) and the coordinate exchange (exchange.Exchange).
+
+Time is trio's MockClock with autojump (the ``autojump_clock`` fixture), so the timings the
+modules promise (a ping a second, failing after 2 misses, giving up after 15 s pending,
+renewing every 20 s, one coordinate fetch per member per exchange.FRESH) are checked exactly. Every
+member is hostile: answers and requests are the kinds a certified member could send."""
+
+from __future__ import annotations
+
+import time
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+import trio
+from nacl.signing import SigningKey
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from swarmd.gossip.cert import swarm_id
+from swarmd.gossip.membership import State, View
+from swarmd.gossip.signed import peer_from_key, peer_str, unseal
+from swarmd.gossip.streams import PeerError
+from swarmd.routing import exchange, server, sessions
+from swarmd.routing import request as rq
+from swarmd.routing.coordinates import Coordinate
+from swarmd.routing.relay import Relay
+from tests.fake_stream import FakeStream
+
+SWARM = swarm_id(bytes(SigningKey(b"\x0a" * 32).verify_key))
+KEYS = {name: SigningKey(bytes([n]) * 32) for n, name in enumerate(("a", "b", "c", "r", "r2", "x"), start=1)}
+ID = {name: peer_str(peer_from_key(bytes(k.verify_key))) for name, k in KEYS.items()}
+A, B, C, R, R2, X = (ID[n] for n in ("a", "b", "c", "r", "r2", "x"))
+NAME = {v: k for k, v in ID.items()}
+IP = {A: "198.51.100.1", B: "198.51.100.2", C: "198.51.100.3", R: "192.0.2.100", R2: "192.0.2.200"}
+CERT = b"member certificate"
+
+
+def mview(**states):
+    """A membership view: name -> state (or "nowg": alive without a mesh side)."""
+    members = {}
+    for name, state in states.items():
+        wg = None if state == "nowg" else SimpleNamespace(port=51820 + list(ID).index(name))
+        members[ID[name]] = SimpleNamespace(peer=ID[name], state=State.ALIVE if state == "nowg" else state,
+                                            record=SimpleNamespace(wg=wg, issued=time.time() - 100, coord=None,
+                                                                   relay=False, via={}, rtts={}))
+    return View(version=1, me=ID["r"], members=MappingProxyType(members))
+
+
+class FakeGossip:
+    def __init__(self, me: str, view: View | None = None) -> None:
+        self.me = me
+        self.swarm = SimpleNamespace(swarm=SWARM, cert=SimpleNamespace(blob=CERT))
+        self.sign = lambda data: KEYS[NAME[me]].sign(data).signature
+        self.host = object()
+        self._view = view or mview()
+        self.rejected: list[tuple[str, str, str]] = []
+        self.pings: list[tuple[float, str]] = []
+        self.relay_down: set[str] = set()  # relays whose pings fail (at once: connection refused)
+        self.probes = SimpleNamespace(ping=self._ping)
+
+    def view(self) -> View:
+        return self._view
+
+    async def check_member(self, req, peer, stream) -> bool:
+        return isinstance(req, dict) and req.get("cert") == CERT
+
+    def reject(self, reason: str, peer: str, detail: str) -> None:
+        self.rejected.append((reason, peer, detail))
+
+    async def _ping(self, peer: str, timeout: float) -> float | None:
+        self.pings.append((trio.current_time(), peer))
+        await trio.sleep(0)
+        return None if peer in self.relay_down else 0.005
+
+
+class FakeRouting:
+    """What sessions, server and exchange read of ``service.Routing``."""
+
+    def __init__(self, gossip: FakeGossip) -> None:
+        self.g = gossip
+        self.registry = CollectorRegistry()
+        self.metrics_rejected = Counter("swarmd_relay_rejected", "refused", ["reason"], registry=self.registry)
+        self.metrics_pairs = Gauge("swarmd_relay_pairs", "pairs", registry=self.registry)
+        self.observed: list[tuple[str, float, bool]] = []
+        self.updates: list[tuple[str, Coordinate, float]] = []
+        self.changes = 0
+        self.client = SimpleNamespace(coordinate=Coordinate(vec=(0.01,) + (0.0,) * 7, error=0.3, adjustment=0.0,
+                                                            height=0.001))
+
+    def direct_ip(self, peer: str) -> str | None:
+        return IP.get(peer)
+
+    def own_ips(self) -> list[str]:
+        return [IP[self.g.me]] if self.g.me in IP else []
+
+    def rtt_observed(self, peer: str, rtt: float, *, probe: bool = True) -> None:
+        self.observed.append((peer, rtt, probe))
+
+    def paths_changed(self) -> None:
+        self.changes += 1
+
+    def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None:
+        self.updates.append((peer, coord, rtt))
+
+    def rejected(self, reason: str) -> float:
+        return self.registry.get_sample_value("swarmd_relay_rejected_total", {"reason": reason}) or 0.0
+
+
+def stream_from(peer: str, remote=...):
+    remote = (IP[peer], 4001) if remote is ... else remote
+    return SimpleNamespace(muxed_conn=SimpleNamespace(peer_id=peer, get_remote_address=lambda: remote))
+
+
+# --- the relay's side: server.RelayServer.answer ------------------------------------------------
+
+def relay_server(**states) -> tuple[server.RelayServer, FakeRouting]:
+    view = mview(**(states or {"a": State.ALIVE, "b": State.ALIVE, "c": State.ALIVE, "r": State.ALIVE}))
+    routing = FakeRouting(FakeGossip(R, view))
+
+    def is_member(peer: str) -> bool:
+        return peer in view.members
+
+    relay = Relay(R, is_member=is_member, addresses=[IP[R]], exclude=("10.211.0.0/16",))
+    return server.RelayServer(routing, relay, forwarder=None), routing
+
+
+def ask(frm: str, *, other: str, op: str = "relay", relay: str = R, via_ip: str = IP[R], issued=None,
+        key: str | None = None) -> dict:
+    sign = (lambda data: KEYS[key or NAME[frm]].sign(data).signature)
+    return {"cert": CERT, "req": rq.make(sign, swarm=SWARM, peer=frm, relay=relay, other=other, via_ip=via_ip, op=op,
+                                         issued=time.time() if issued is None else issued)}
+
+
+async def test_a_pair_is_active_once_both_ends_asked():
+    srv, routing = relay_server()
+    first = await srv.answer(ask(A, other=B), A, stream_from(A))
+    assert first == {"port": 51821, "active": False, "expires_in": 60.0}
+    assert srv.relay.active() == ()
+    second = await srv.answer(ask(B, other=A), B, stream_from(B))
+    assert second == {"port": 51821, "active": True, "expires_in": 60.0}
+    (pair,) = srv.relay.active()
+    ends = {end.peer: end for end in (pair.a, pair.b)}
+    # each end's address is its connection's, its WireGuard port its record's
+    assert (ends[A].ip, ends[A].wg_port, ends[A].via_ip) == (IP[A], 51820, IP[R])
+    assert (ends[B].ip, ends[B].wg_port, ends[B].via_ip) == (IP[B], 51821, IP[R])
+    assert srv.rejected == {} and routing.rejected("not_member") == 0
+
+
+@pytest.mark.parametrize("who, state", [
+    ("a", None), ("a", State.SUSPECT), ("a", State.DEAD), ("a", State.LEFT), ("a", "nowg"),
+    ("b", None), ("b", State.SUSPECT), ("b", State.DEAD), ("b", State.LEFT), ("b", "nowg"),
+])
+async def test_a_pair_end_that_is_not_an_alive_member_with_a_mesh_side_is_refused(who, state):
+    states = {"a": State.ALIVE, "b": State.ALIVE, "r": State.ALIVE}
+    if state is None:
+        del states[who]
+    else:
+        states[who] = state
+    srv, routing = relay_server(**states)
+    reply = await srv.answer(ask(A, other=B), A, stream_from(A))
+    assert reply["reason"] == "not_member" and "port" not in reply
+    assert ("requester" if who == "a" else "other end") in reply["error"]
+    assert routing.rejected("not_member") == 1 and srv.rejected == {"not_member": 1}
+    assert srv.relay.pairs == 0  # nothing was held for it
+
+
+@pytest.mark.parametrize("remote", [None, ()])
+async def test_a_requester_whose_address_is_unknown_is_refused(remote):
+    srv, routing = relay_server()
+    reply = await srv.answer(ask(A, other=B), A, stream_from(A, remote))
+    assert reply["reason"] == "bad_address" and routing.rejected("bad_address") == 1
+    bare = SimpleNamespace(muxed_conn=SimpleNamespace(peer_id=A))  # a connection that cannot tell
+    assert (await srv.answer(ask(A, other=B), A, bare))["reason"] == "bad_address"
+    assert routing.rejected("bad_address") == 2 and srv.relay.pairs == 0
+
+
+@pytest.mark.parametrize("remote, reason", [
+    (("127.0.0.1", 4001), "bad_address"), (("10.211.0.5", 4001), "bad_address"),  # loopback, the overlay
+    ((IP[R], 4001), "bad_address"), (("::ffff:198.51.100.1", 4001), "malformed"),
+    (("224.0.0.1", 4001), "bad_address"),
+])
+async def test_a_requester_address_no_host_could_hold_is_refused(remote, reason):
+    srv, routing = relay_server()
+    reply = await srv.answer(ask(A, other=B), A, stream_from(A, remote))
+    assert reply["reason"] == reason and routing.rejected(reason) == 1 and srv.relay.pairs == 0
+
+
+async def test_two_ends_at_one_address_are_refused():
+    srv, routing = relay_server()
+    await srv.answer(ask(A, other=B), A, stream_from(A))
+    reply = await srv.answer(ask(B, other=A), B, stream_from(B, (IP[A], 5000)))
+    assert reply["reason"] == "same_address" and srv.relay.active() == ()
+
+
+@pytest.mark.parametrize("make, sender, reason", [
+    (lambda: ask(A, other=B, issued=time.time() - 3600), A, "stale"),  # a replay
+    (lambda: ask(A, other=B, relay=R2), A, "malformed"),  # meant for another relay
+    (lambda: ask(A, other=A), A, "malformed"),
+    (lambda: ask(A, other=R), A, "malformed"),
+    (lambda: ask(A, other=B), B, "malformed"),  # B forwards A's request as its own
+    (lambda: ask(A, other=B, key="b"), A, "signature"),  # B's key, A's name
+    (lambda: ask(A, other=B, via_ip="127.0.0.1"), A, "bad_address"),
+    (lambda: ask(A, other=B, via_ip=IP[B]), A, "not_our_address"),  # aim the relay's source at B
+    (lambda: {"cert": CERT}, A, "malformed"),
+    (lambda: {"cert": CERT, "req": "relay me"}, A, "malformed"),
+    (lambda: {"cert": CERT, "req": b"\x00" * (rq.MAX_REQUEST + 1)}, A, "malformed"),
+])
+async def test_refusals_are_answered_and_counted_by_reason(make, sender, reason):
+    srv, routing = relay_server()
+    reply = await srv.answer(make(), sender, stream_from(sender))
+    assert set(reply) == {"error", "reason"} and reply["reason"] == reason
+    assert routing.rejected(reason) == 1 and srv.rejected == {reason: 1}
+    assert srv.relay.pairs == 0
+
+
+async def test_every_refusal_is_counted():
+    srv, routing = relay_server(a=State.ALIVE, b=State.ALIVE, r=State.ALIVE)
+    for _ in range(3):
+        await srv.answer(ask(A, other=C), A, stream_from(A))  # C is not in the view
+    await srv.answer(ask(A, other=B, via_ip="10.0.0.1"), A, stream_from(A))
+    assert (routing.rejected("not_member"), routing.rejected("not_our_address")) == (3, 1)
+    assert srv.rejected == {"not_member": 3, "not_our_address": 1}
+
+
+async def test_a_release_ends_only_the_senders_lease():
+    srv, _ = relay_server()
+    await srv.answer(ask(A, other=B), A, stream_from(A))
+    await srv.answer(ask(B, other=A), B, stream_from(B))
+    # C cannot end the pair A-B: its release names its own pair with B, which it holds none of
+    assert await srv.answer(ask(C, other=B, op="release"), C, stream_from(C)) == {"released": True}
+    assert await srv.answer(ask(C, other=A, op="release"), C, stream_from(C)) == {"released": True}
+    assert len(srv.relay.active()) == 1
+    assert await srv.answer(ask(A, other=B, op="release"), A, stream_from(A)) == {"released": True}
+    assert srv.relay.active() == ()
+    assert srv.relay.pairs == 1  # B still holds its end until its lease runs out
+
+
+async def test_handle_answers_members_and_counts_an_oversize_frame():
+    srv, routing = relay_server()
+    ok = FakeStream(A, [ask(A, other=B)])
+    ok.muxed_conn.get_remote_address = lambda: (IP[A], 4001)
+    await srv.handle(ok)
+    assert ok.replies() == [{"port": 51821, "active": False, "expires_in": 60.0}]
+    outsider = FakeStream(X, [{"cert": b"forged", "req": b""}])
+    await srv.handle(outsider)
+    assert outsider.replies() == [] and srv.rejected == {"not_member": 1}
+    big = FakeStream(A, [], raw=(10 * 1024 * 1024).to_bytes(4, "big"))
+    await srv.handle(big)  # refused from the header: nothing read, nothing raised
+    assert routing.rejected("too_large") == 1
+
+
+async def test_handle_gives_up_on_a_silent_requester(autojump_clock):
+    srv, _ = relay_server()
+    silent = FakeStream(A, [], hang=True)
+    start = trio.current_time()
+    await srv.handle(silent)
+    assert trio.current_time() - start == pytest.approx(10.0) and silent.replies() == []
+
+
+# --- this node's side: sessions.Sessions -------------------------------------------------------
+
+class RelayScript:
+    """The relays' answers, by relay and op; records every request (time, relay, op, other, via_ip)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, str, str, str, str]] = []
+        self.answer = lambda relay, op, n: {"port": 51821, "active": True, "expires_in": 60.0}
+
+    async def request(self, host, peer_id, protocol, obj):
+        await trio.lowlevel.checkpoint()  # opening a stream: nothing reaches the relay before it
+        assert protocol == rq.PROTOCOL and obj["cert"] == CERT
+        body, _, _ = unseal(obj["req"])
+        relay = str(peer_id)
+        assert body["relay"] == peer_from_key(bytes(KEYS[NAME[relay]].verify_key))
+        self.asked.append((trio.current_time(), relay, body["op"], peer_str(body["other"]), body["via_ip"]))
+        reply = self.answer(relay, body["op"], len([a for a in self.asked if a[1] == relay and a[2] == "relay"]))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def ops(self, relay: str = R, op: str = "relay") -> list[float]:
+        return [t for t, r, o, _, _ in self.asked if r == relay and o == op]
+
+
+@pytest.fixture
+def script(monkeypatch):
+    s = RelayScript()
+    monkeypatch.setattr(sessions, "request", s.request)
+    return s
+
+
+async def start_sessions(nursery) -> tuple[sessions.Sessions, FakeRouting]:
+    routing = FakeRouting(FakeGossip(A))
+    s = sessions.Sessions(routing)
+    nursery.start_soon(s.run)
+    await trio.testing.wait_all_tasks_blocked()
+    assert s.nursery is not None
+    return s, routing
+
+
+async def at(t0: float, offset: float) -> None:
+    await trio.sleep_until(t0 + offset)
+
+
+async def test_a_session_is_active_only_once_the_relay_says_so(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"port": 51821, "active": n >= 4, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 2.5)
+        assert s.row(B)["state"] == "requesting" and s.endpoints() == {} and s.failing() == frozenset()
+        assert script.ops() == [t0, t0 + 1, t0 + 2]  # asked once a second while pending
+        assert [a[3:] for a in script.asked] == [(B, IP[R])] * 3  # for the pair with B, at the relay's direct IP
+        await at(t0, 3.5)
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_active_session_renews_every_20_s_and_pings_every_second(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 60.5)
+        assert script.ops() == [t0, t0 + 20, t0 + 40, t0 + 60]
+        pings = [t - t0 for t, peer in routing.g.pings if peer == R]
+        assert pings == [float(i) for i in range(61)]
+        assert routing.observed[:2] == [(R, 0.005, False)] * 2  # the relay's leg, not a membership probe
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_missed_pings_make_a_session_failing_and_one_good_ping_active_again(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 4.5)
+        assert s.row(B)["state"] == "active"
+        routing.g.relay_down.add(R)
+        await at(t0, 5.5)  # one miss (at t0+5): still active
+        assert s.row(B)["state"] == "active" and s.row(B)["misses"] == 1 and s.endpoints() != {}
+        await at(t0, 6.5)  # the second: failing, no endpoint, path choice holds the relay down
+        assert s.row(B)["state"] == "failing" and s.endpoints() == {} and s.failing() == {R}
+        await at(t0, 9.5)
+        assert s.row(B)["state"] == "failing"
+        routing.g.relay_down.clear()
+        await at(t0, 10.5)
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"} and s.row(B)["misses"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pending_session_gives_up_after_15_s(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"port": 51821, "active": False, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 15.5)
+        assert s.row(B)["state"] == "requesting" and s.failing() == frozenset()
+        await at(t0, 16.5)
+        assert s.row(B)["state"] == "refused" and s.failing() == {R} and s.endpoints() == {}
+        assert "other end" in s.row(B)["error"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("reply", [
+    {"error": "this relay is full", "reason": "full"},
+    {"error": "x", "reason": "full", "port": 51821, "active": True},  # an error wins over a port
+    {"port": True, "active": True}, {"port": "51821", "active": True}, {"port": 0, "active": True},
+    {"port": 70000, "active": True}, {"port": -1, "active": True}, {"port": 51821.0, "active": True},
+    {"port": None, "active": True}, {"active": True},
+])
+async def test_a_refusal_or_a_malformed_answer_never_gives_an_endpoint(script, autojump_clock, reply):
+    script.answer = lambda relay, op, n: reply
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 30.5)
+        assert s.row(B)["state"] == "refused" and s.endpoints() == {} and s.failing() == {R}
+        assert s.row(B)["port"] is None
+        assert len(s.row(B)["error"]) <= 200
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("reply", [None, [51821, True], "active", 7, PeerError("stream reset")])
+async def test_no_answer_or_a_non_map_changes_nothing(script, autojump_clock, reply):
+    script.answer = lambda relay, op, n: reply
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 5.5)
+        assert s.row(B)["state"] == "requesting" and s.endpoints() == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_granted_but_inactive_pair_does_not_become_active_when_pings_recover(script, autojump_clock):
+    # the relay gave a port but the other end has not asked: failing and back must not forward to it
+    script.answer = lambda relay, op, n: {"port": 51821, "active": False, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        routing.g.relay_down.add(R)
+        s.use(B, R)
+        await at(t0, 2.5)
+        assert s.row(B)["state"] == "failing"
+        routing.g.relay_down.clear()
+        for offset in (3.5, 4.5, 8.5):
+            await at(t0, offset)
+            assert s.row(B)["state"] != "active" and s.endpoints() == {}, offset
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_other_end_letting_go_sends_the_pair_direct(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"port": 51821, "active": n < 2, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 19.5)
+        assert s.row(B)["state"] == "active"
+        await at(t0, 20.5)  # the renewal says the pair is no longer active
+        assert s.row(B)["state"] == "requesting" and s.endpoints() == {}
+        await at(t0, 36.5)  # and it gives up 15 s later
+        assert s.row(B)["state"] == "refused"
+        nursery.cancel_scope.cancel()
+
+
+async def test_ending_a_session_releases_it_and_stops_its_pings(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 3.5)
+        s.use(B, None)
+        assert s.row(B) is None and s.endpoints() == {}
+        await at(t0, 10.5)
+        assert script.ops(op="release") == [t0 + 3.5]
+        assert [a[3] for a in script.asked if a[2] == "release"] == [B]
+        assert max(t for t, peer in routing.g.pings) < t0 + 3.5
+        assert script.ops() == [t0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_switching_relays_releases_the_old_one_and_asks_the_new(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 2.5)
+        s.use(B, R2)
+        await at(t0, 30.5)
+        assert script.ops(R, "release") == [t0 + 2.5] and script.ops(R) == [t0]
+        assert script.ops(R2) == [t0 + 2.5, t0 + 22.5] and s.endpoints() == {B: f"{IP[R2]}:51821"}
+        assert {peer for t, peer in routing.g.pings if t > t0 + 2.5} == {R2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_session_replaced_before_it_started_leaves_no_task_behind(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        s.use(B, R2)  # path choice changed its mind in the same tick
+        await at(t0, 10.5)
+        assert script.ops(R) == [] and {peer for _, peer in routing.g.pings} == {R2}
+        s.use(B, None)
+        await at(t0, 20.5)
+        assert all(t < t0 + 10.5 for t, _ in routing.g.pings)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_release_is_sent_only_for_a_granted_pair(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"error": "no", "reason": "full"}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 1.5)
+        s.use(B, None)
+        await at(t0, 5.5)
+        assert script.ops(op="release") == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_without_a_known_ipv4_address_is_refused_at_once(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        routing.direct_ip = lambda peer: None
+        s.use(B, X)
+        await trio.sleep(0.5)
+        assert s.row(B)["state"] == "refused" and script.asked == [] and s.failing() == {X}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_relay_is_bounded_by_the_request_timeout(monkeypatch, autojump_clock):
+    async def hang(*args):
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(sessions, "request", hang)
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 5.5)
+        # the first ask hung for REQUEST_TIMEOUT, then the session went on: pinging, asking again
+        assert [t - t0 for t, _ in routing.g.pings][:1] == [sessions.REQUEST_TIMEOUT]
+        nursery.cancel_scope.cancel()
+
+
+# --- coordinates: exchange.Exchange ----------------------------------------------------------
+
+GOOD = [0.01, -0.02, 0.0, 0.003, 0.0, 0.0, 0.0, 0.0, 0.002, 0.4, -0.001]
+
+
+def exchange_for(monkeypatch, reply) -> tuple[exchange.Exchange, FakeRouting, list]:
+    routing = FakeRouting(FakeGossip(A))
+    asked = []
+
+    async def request(host, peer_id, protocol, obj):
+        asked.append((trio.current_time(), str(peer_id), protocol, obj))
+        if isinstance(reply, BaseException):
+            raise reply
+        if reply == "hang":
+            await trio.sleep_forever()
+        return reply
+
+    monkeypatch.setattr(exchange, "request", request)
+    return exchange.Exchange(routing), routing, asked
+
+
+async def test_a_fetched_coordinate_updates_ours_with_the_rtt_measured(monkeypatch, autojump_clock):
+    ex, routing, asked = exchange_for(monkeypatch, {"coord": GOOD})
+    await ex.fetch(B, 0.042)
+    assert asked == [(asked[0][0], B, exchange.PROTOCOL, {"cert": CERT})]
+    assert routing.updates == [(B, Coordinate.from_wire(GOOD), 0.042)]
+    assert (ex.fetched, ex.failed) == (1, 0) and routing.g.rejected == []
+
+
+@pytest.mark.parametrize("coord", [
+    None, "x", GOOD[:-1], GOOD + [0.0], [float("nan")] + GOOD[1:], [1e9] + GOOD[1:], [True] + GOOD[1:],
+    GOOD[:8] + [-1.0] + GOOD[9:], GOOD[:9] + [100.0, 0.0], {"vec": GOOD},
+])
+async def test_a_malformed_coordinate_answer_is_refused_and_counted(monkeypatch, autojump_clock, coord):
+    ex, routing, _ = exchange_for(monkeypatch, {"coord": coord})
+    await ex.fetch(B, 0.042)
+    assert routing.updates == [] and (ex.fetched, ex.failed) == (0, 1)
+    assert [(reason, peer) for reason, peer, _ in routing.g.rejected] == [("malformed", B)]
+    assert "coordinate answer" in routing.g.rejected[0][2]
+
+
+@pytest.mark.parametrize("reply", [None, [GOOD], "hang", PeerError("reset")])
+async def test_no_answer_is_a_failure_not_a_crash(monkeypatch, autojump_clock, reply):
+    ex, routing, _ = exchange_for(monkeypatch, reply)
+    start = trio.current_time()
+    await ex.fetch(B, 0.042)
+    assert trio.current_time() - start <= exchange.TIMEOUT
+    assert routing.updates == [] and (ex.fetched, ex.failed) == (0, 1)
+
+
+async def test_a_peer_is_asked_at_most_once_per_fresh_interval(monkeypatch, autojump_clock):
+    ex, routing, asked = exchange_for(monkeypatch, {"coord": GOOD})
+    t0 = trio.current_time()
+    assert ex.due(B, t0)
+    await ex.fetch(B, 0.01)
+    assert not ex.due(B, t0 + exchange.FRESH - 0.1) and ex.due(B, t0 + exchange.FRESH) and ex.due(C, t0)
+    ex.forget(B)  # it left: a member that comes back is new
+    assert ex.due(B, t0 + 1)
+
+
+async def test_routing_asks_a_probed_member_at_most_once_per_fresh_interval(monkeypatch, autojump_clock):
+    from swarmd.routing.service import Routing
+
+    view = mview(a=State.ALIVE, b=State.ALIVE)  # B's record was issued 100 s ago: its coordinate is old
+    g = FakeGossip(A, view)
+    routing = Routing(gossip=g, mesh=None, config=SimpleNamespace(relay="off"),
+                      metrics=SimpleNamespace(registry=CollectorRegistry()))
+    asked = []
+
+    async def request(host, peer_id, protocol, obj):
+        asked.append(trio.current_time())
+        return {"coord": GOOD}
+
+    monkeypatch.setattr(exchange, "request", request)
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        routing.nursery = nursery
+        for i in range(61):  # a probe every second
+            await at(t0, i)
+            routing.rtt_observed(B, 0.02)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    fresh = exchange.FRESH
+    assert asked == [t0 + i * fresh for i in range(int(60 // fresh) + 1)]
+    # between fetches the record's (here: no) coordinate is used, so Vivaldi updated only with fetched ones
+    assert routing.client.updates == len(asked) and routing.exchange.fetched == len(asked)
+
+
+async def test_the_exchange_answers_members_only(monkeypatch):
+    routing = FakeRouting(FakeGossip(B))
+    ex = exchange.Exchange(routing)
+    member = FakeStream(A, [{"cert": CERT}])
+    await ex.handle(member)
+    (reply,) = member.replies()
+    assert Coordinate.from_wire(reply["coord"]) == routing.client.coordinate
+    outsider = FakeStream(X, [{"cert": b"not one"}])
+    await ex.handle(outsider)
+    assert outsider.replies() == []
+    big = FakeStream(A, [], raw=(1 << 20).to_bytes(4, "big"))
+    await ex.handle(big)
+    assert big.replies() == [] and [r[0] for r in routing.g.rejected] == ["too_large"]
+
