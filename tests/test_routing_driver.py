@@ -257,6 +257,85 @@ async def test_handle_gives_up_on_a_silent_requester(autojump_clock):
     assert trio.current_time() - start == pytest.approx(10.0) and silent.replies() == []
 
 
+async def test_members_that_leave_the_view_lose_their_pairs():
+    srv, routing = relay_server()
+    await srv.answer(ask(A, other=B), A, stream_from(A))
+    await srv.answer(ask(B, other=A), B, stream_from(B))
+    srv.view_changed()
+    assert len(srv.relay.active()) == 1
+    routing.g._view = mview(a=State.ALIVE, b=State.DEAD, c=State.ALIVE, r=State.ALIVE)
+    srv.view_changed()
+    assert srv.relay.active() == () and srv.relay.pairs == 0
+
+
+async def test_an_address_of_ours_that_went_away_ends_the_pairs_sent_to_it():
+    srv, routing = relay_server()
+    await srv.answer(ask(A, other=B), A, stream_from(A))
+    await srv.answer(ask(B, other=A), B, stream_from(B))
+    routing.own_ips = lambda: ["192.0.2.101"]
+    srv.view_changed()
+    assert srv.relay.active() == ()
+
+
+class FakeForwarder:
+    def __init__(self, fail: int = 0) -> None:
+        self.applied: list[tuple[float, tuple]] = []
+        self.fail = fail
+        self.closed = False
+
+    async def apply(self, pairs) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("nft: Operation not permitted")
+        self.applied.append((trio.current_time(), tuple((p.port, p.a.peer, p.b.peer) for p in pairs)))
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.closed = True
+
+
+async def test_the_kernel_rules_follow_the_active_pairs_and_leases_expire_on_time(autojump_clock):
+    srv, routing = relay_server()
+    srv.forwarder = fwd = FakeForwarder()
+    pair = (51821, *sorted((A, B)))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(srv.run)
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        assert fwd.applied == [(t0, ())]
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert fwd.applied == [(t0, ())]  # one end asked: nothing to forward yet
+        await at(t0, 10)
+        await srv.answer(ask(B, other=A), B, stream_from(B))
+        await trio.testing.wait_all_tasks_blocked()
+        assert fwd.applied[-1] == (t0 + 10, (pair,))
+        assert routing.registry.get_sample_value("swarmd_relay_pairs") == 1
+        await at(t0, 50)
+        await srv.answer(ask(B, other=A), B, stream_from(B))  # B renews, A does not
+        await at(t0, 59.9)
+        assert fwd.applied[-1] == (t0 + 10, (pair,))
+        await at(t0, 61)
+        assert fwd.applied[-1] == (t0 + 60, ())  # A's lease ended at exactly 60 s
+        assert routing.registry.get_sample_value("swarmd_relay_pairs") == 0
+        nursery.cancel_scope.cancel()
+    assert fwd.closed  # the rules go with the server
+
+
+async def test_rules_that_cannot_be_applied_are_retried_and_reported(autojump_clock):
+    srv, _ = relay_server()
+    srv.forwarder = fwd = FakeForwarder(fail=2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(srv.run)
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        assert fwd.applied == [] and "Operation not permitted" in srv.status()["error"]
+        await at(t0, 11)
+        assert fwd.applied == [(t0 + 10, ())] and srv.status()["error"] is None
+        nursery.cancel_scope.cancel()
+    assert fwd.closed
+
 # --- this node's side: sessions.Sessions -------------------------------------------------------
 
 class RelayScript:
