@@ -595,7 +595,7 @@ GOOD = [0.01, -0.02, 0.0, 0.003, 0.0, 0.0, 0.0, 0.0, 0.002, 0.4, -0.001]
 
 
 def exchange_for(monkeypatch, reply) -> tuple[exchange.Exchange, FakeRouting, list]:
-    routing = FakeRouting(FakeGossip(A))
+    routing = FakeRouting(FakeGossip(A, mview(a=State.ALIVE, b=State.ALIVE)))
     asked = []
 
     async def request(host, peer_id, protocol, obj):
@@ -616,6 +616,14 @@ async def test_a_fetched_coordinate_updates_ours_with_the_rtt_measured(monkeypat
     assert asked == [(asked[0][0], B, exchange.PROTOCOL, {"cert": CERT})]
     assert routing.updates == [(B, Coordinate.from_wire(GOOD), 0.042)]
     assert (ex.fetched, ex.failed) == (1, 0) and routing.g.rejected == []
+
+
+async def test_a_coordinate_arriving_after_its_member_left_is_dropped(monkeypatch, autojump_clock):
+    # routing forgets a member's latency filter when it leaves; a late answer must not bring one back
+    ex, routing, _ = exchange_for(monkeypatch, {"coord": GOOD})
+    routing.g._view = mview(a=State.ALIVE)
+    await ex.fetch(B, 0.042)
+    assert routing.updates == []
 
 
 @pytest.mark.parametrize("coord", [

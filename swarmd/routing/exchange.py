@@ -62,7 +62,8 @@ class Exchange:
             self.failed += 1
             return
         self.fetched += 1
-        self.r.update_coordinate(peer, coord, rtt)
+        if peer in g.view():  # one that left meanwhile was forgotten: no latency filter may come back for it
+            self.r.update_coordinate(peer, coord, rtt)
 
     async def handle(self, stream: INetStream) -> None:
         g = self.r.g
