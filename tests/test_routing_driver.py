@@ -13,6 +13,8 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -335,6 +337,26 @@ async def test_rules_that_cannot_be_applied_are_retried_and_reported(autojump_cl
         assert fwd.applied == [(t0 + 10, ())] and srv.status()["error"] is None
         nursery.cancel_scope.cancel()
     assert fwd.closed
+
+_junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
+                     | st.binary(max_size=40),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                     max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(req=st.one_of(_junk, st.builds(lambda extra: {**ask(A, other=B), **extra},
+                                       st.dictionaries(st.sampled_from(["req", "cert", "x"]), _junk, max_size=2))))
+def test_any_request_is_answered_with_a_grant_or_a_counted_refusal(req):
+    srv, routing = relay_server()
+    if not isinstance(req, dict):
+        req = {"cert": CERT, "req": req}
+    reply = trio.run(srv.answer, req, A, stream_from(A))
+    if "error" in reply:
+        assert routing.rejected(reply["reason"]) == 1 and srv.rejected == {reply["reason"]: 1}
+        assert srv.relay.pairs == 0
+    else:
+        assert reply == {"port": 51821, "active": False, "expires_in": 60.0} and srv.rejected == {}
 
 # --- this node's side: sessions.Sessions -------------------------------------------------------
 

@@ -161,3 +161,29 @@ def test_an_oversize_blob_is_refused_before_it_is_decoded():
 def test_another_version_or_kind(changes):
     assert refused(seal(body(**changes), signer("a"))).reason == "malformed"
 
+
+
+# --- whatever a member signs, check answers a Request or Invalid, nothing else ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
+    | st.binary(max_size=40) | st.sampled_from([RAW["a"], RAW["b"], RAW["relay"], "192.0.2.7", "relay", "release"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes=st.dictionaries(st.sampled_from(sorted(body())), _values | st.just(...), max_size=4))
+def test_any_signed_body_is_a_request_or_invalid(changes):
+    try:
+        got = check(seal(body(**changes), signer("a")))
+    except Invalid as exc:
+        assert exc.reason in ("malformed", "swarm", "signature", "stale", "bad_address")
+        return
+    # what passed is exactly what the rules allow
+    assert got.peer == A and got.relay == RELAY and got.other not in (A, RELAY)
+    assert got.op in rq.OPS and abs(got.issued - NOW) <= rq.FRESH
+    assert rq.ipv4_host(got.via_ip, "via_ip") == got.via_ip
