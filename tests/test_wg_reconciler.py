@@ -307,6 +307,24 @@ def test_relay_endpoints_are_canonical():
     assert summary(r.set_relayed({"A": "[2001:db8:0:0::9]:51821"})) == [("set", 1, "[2001:db8::9]:51821", routes(1))]
 
 
+def test_direct_ip_of_a_version_for_a_relay_that_is_reached_over_ipv6():
+    # routing's relays are IPv4 only: a relay reached over IPv6 must still give its IPv4 address
+    v6_first = member("A", 1, endpoints=(IP3, IP1, IP2))
+    r = Reconciler(ME)
+    r.update_view(0.0, [v6_first])
+    assert r.direct_ip("A") == IP3 and r.direct_ip("A", 6) == IP3
+    assert r.direct_ip("A", 4) == IP1  # none measured: the first IPv4 candidate
+    r.endpoint_rtt(1.0, "A", IP3, 0.010)
+    r.endpoint_rtt(1.0, "A", IP1, None)  # failed
+    r.endpoint_rtt(1.0, "A", IP2, 0.080)
+    assert r.direct_ip("A") == IP3 and r.direct_ip("A", 4) == IP2
+    r.endpoint_rtt(2.0, "A", IP2, None)
+    assert r.direct_ip("A", 4) is None  # every IPv4 candidate failed
+    assert r.direct_ip("B", 4) is None and r.direct_ip("B") is None
+    v4_first = Reconciler(ME)
+    v4_first.update_view(0.0, [member("A", 1, endpoints=(IP1, IP3))])
+    assert v4_first.direct_ip("A", 4) == v4_first.direct_ip("A") == IP1  # the one in use, when it is IPv4
+
 @pytest.mark.parametrize("endpoint", ["203.0.113.9", "203.0.113.9:0", "203.0.113.9:65536", "203.0.113.9:x",
                                       "2001:db8::9:51821", "[203.0.113.9]:51821", "relay.example:51821", "",
                                       "203.0.113.9:-1", "203.0.113.9:51821 "])

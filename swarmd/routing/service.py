@@ -121,7 +121,7 @@ class Routing:
         return [ip for ip in (info.endpoints if info else ()) if "." in ip]
 
     def direct_ip(self, peer: str) -> str | None:
-        ip = self.mesh.direct_ip(peer) if self.mesh is not None else None
+        ip = self.mesh.direct_ip(peer, 4) if self.mesh is not None else None  # relays are IPv4 only
         return ip if ip is not None and "." in ip else None
 
     # --- lifecycle ----------------------------------------------------------------------

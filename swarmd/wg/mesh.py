@@ -285,9 +285,10 @@ class Mesh:
         """The members this node's WireGuard device has as peers."""
         return set(self._members)
 
-    def direct_ip(self, peer: str) -> str | None:
-        """The underlay IP we reach ``peer``'s WireGuard at directly (never a relay's)."""
-        return self.reconciler.direct_ip(peer)
+    def direct_ip(self, peer: str, version: int | None = None) -> str | None:
+        """The underlay IP we reach ``peer``'s WireGuard at directly (never a relay's), of ``version``
+        if given (Reconciler.direct_ip)."""
+        return self.reconciler.direct_ip(peer, version)
 
     async def _keepalive_later(self, spec: Any) -> None:
         await trio.sleep(KEEPALIVE_DEFER)

@@ -216,9 +216,22 @@ class Reconciler:
         self._relayed = {peer: format_endpoint(*split_endpoint(e)) for peer, e in relayed.items()}
         return self._apply({m.public: self._spec(m) for m in self._members.values()})
 
-    def direct_ip(self, peer: str) -> str | None:
-        """The underlay IP of ``peer`` in use or first to try (never a relay's)."""
-        return self._chosen.get(peer)
+    def direct_ip(self, peer: str, version: int | None = None) -> str | None:
+        """The underlay IP of ``peer`` in use or first to try (never a relay's). With ``version``
+        (routing's relays are IPv4 only), one of that IP version: the one in use if it is, else
+        the fastest candidate measured alive, else the first not yet measured."""
+        chosen = self._chosen.get(peer)
+        if version is None or (chosen is not None and ipaddress.ip_address(chosen).version == version):
+            return chosen
+        m = self._members.get(peer)
+        if m is None:
+            return None
+        rtts = self._rtt.get(peer, {})
+        alive = [(rtt, i, ip) for i, ip in enumerate(m.endpoints)
+                 if ipaddress.ip_address(ip).version == version and (rtt := rtts.get(ip)) is not None]
+        if alive:
+            return min(alive)[2]
+        return next((ip for ip in m.endpoints if ipaddress.ip_address(ip).version == version and ip not in rtts), None)
 
     def resync(self, device_peers: Mapping[bytes, PeerSpec]) -> list[Action]:
         """The actions that bring the device, as read back, to ``current``."""
