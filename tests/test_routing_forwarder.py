@@ -109,12 +109,16 @@ class Lab:
 
     def forwarder(self, cap: int = 1 << 30) -> Forwarder:
         exec_r = ("ip", "netns", "exec", self.r)
-        return Forwarder(TABLE, cap_bytes_per_s=cap, nft=(*exec_r, "nft"), sysctl=(*exec_r, "sysctl"))
+        return Forwarder(TABLE, cap_bytes_per_s=cap, ports=(40000, 40099), nft=(*exec_r, "nft"),
+                         sysctl=(*exec_r, "sysctl"), netns=f"/run/netns/{self.r}")
 
     def ip_forward(self, value: int | None = None) -> int:
         if value is not None:
             _sh("ip", "netns", "exec", self.r, "sysctl", "-qw", f"net.ipv4.ip_forward={value}")
         return int(_sh("ip", "netns", "exec", self.r, "sysctl", "-n", "net.ipv4.ip_forward"))
+
+    def conntrack(self) -> str:
+        return _sh("ip", "netns", "exec", self.r, "cat", "/proc/net/nf_conntrack")
 
     def tables(self) -> str:
         return _sh("ip", "netns", "exec", self.r, "nft", "list", "tables")
@@ -159,8 +163,8 @@ def fake(tmp_path):
 
 
 def fake_forwarder(fake) -> Forwarder:
-    return Forwarder(TABLE, cap_bytes_per_s=1000, nft=(sys.executable, str(fake / "nft.py")),
-                     ip_forward=fake / "ip_forward")
+    return Forwarder(TABLE, cap_bytes_per_s=1000, ports=(40000, 40099), nft=(sys.executable, str(fake / "nft.py")),
+                     ip_forward=fake / "ip_forward", flush_conntrack=False)
 
 
 def test_forwarding_goes_on_only_after_the_table_and_off_before_it_goes(fake):
@@ -222,7 +226,8 @@ def lab() -> Iterator[Lab]:
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         _sh("ip", "-n", r, "link", "add", "vra", "type", "veth", "peer", "name", "va", "netns", a)
         _sh("ip", "-n", r, "link", "add", "vrb", "type", "veth", "peer", "name", "vb", "netns", b)
-        for ns, dev, addrs in ((a, "va", (A_IP, STRANGER_IP)), (r, "vra", (RA,)), (r, "vrb", (RB,)), (b, "vb", (B_IP,))):
+        links = ((a, "va", (A_IP, STRANGER_IP)), (r, "vra", (RA,)), (r, "vrb", (RB,)), (b, "vb", (B_IP,)))
+        for ns, dev, addrs in links:
             for addr in addrs:
                 _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
             _sh("ip", "-n", ns, "link", "set", dev, "up")
@@ -251,7 +256,8 @@ def forwarder(lab) -> Iterator[Forwarder]:
 
 
 def pair(port: int, a_port: int, b_port: int) -> Pair:
-    return Pair(port, End(peer="A", ip=A_IP, wg_port=a_port, via_ip=RA), End(peer="B", ip=B_IP, wg_port=b_port, via_ip=RB))
+    return Pair(port, End(peer="A", ip=A_IP, wg_port=a_port, via_ip=RA),
+                End(peer="B", ip=B_IP, wg_port=b_port, via_ip=RB))
 
 
 @pytest.fixture
@@ -309,6 +315,44 @@ def test_a_removed_pair_stops_at_once_though_its_flow_lives_on(lab, forwarder, s
     assert lab.relayed(lab.agent_b, "b", (RB, 40004), lab.agent_a, "a", "after", wait=NO) == []
     trio.run(forwarder.apply, [p])
     assert lab.relayed(lab.agent_a, "a", (RA, 40004), lab.agent_b, "b", "back") == [["back", RB, 40004]]
+
+
+@real
+def test_an_end_at_a_new_address_gets_through_at_once(lab, forwarder, sockets):
+    """The old flow's entry holds B's side (B:port -> R:P) while B keeps sending: A's flow from its
+    new address could not be NATed until it timed out, had the forwarder not deleted it."""
+    a_port, b_port = sockets
+    p = pair(40007, a_port, b_port)
+    trio.run(forwarder.apply, [p])
+    assert lab.relayed(lab.agent_a, "a", (RA, 40007), lab.agent_b, "b", "old") == [["old", RB, 40007]]
+    assert lab.relayed(lab.agent_b, "b", (RB, 40007), lab.agent_a, "a", "old") == [["old", RA, 40007]]
+    moved = Pair(40007, End(peer="A", ip=STRANGER_IP, wg_port=a_port, via_ip=RA), p.b)
+    trio.run(forwarder.apply, [moved])  # A asked again from its new address
+    assert lab.relayed(lab.agent_a, "stranger", (RA, 40007), lab.agent_b, "b", "new") == [["new", RB, 40007]]
+    assert lab.relayed(lab.agent_b, "b", (RB, 40007), lab.agent_a, "stranger", "new") == [["new", RA, 40007]]
+    assert lab.relayed(lab.agent_a, "a", (RA, 40007), lab.agent_b, "b", "old", wait=NO) == []
+
+
+@real
+def test_after_close_a_live_flow_is_not_relayed_even_where_the_host_forwards(lab, sockets):
+    """A host with NAT of its own (docker's, say) and forwarding on: after close a live flow of a pair
+    is not relayed, and none of the relay's conntrack entries is left."""
+    a_port, b_port = sockets
+    lab.ip_forward(1)  # a router already: forwarding stays on after close
+    _sh("ip", "netns", "exec", lab.r, "nft", "add table ip hosts_own; add chain ip hosts_own pre "
+        "{ type nat hook prerouting priority dstnat; }")
+    try:
+        fw = lab.forwarder()
+        trio.run(fw.apply, [pair(40008, a_port, b_port)])
+        assert lab.relayed(lab.agent_a, "a", (RA, 40008), lab.agent_b, "b", "on") == [["on", RB, 40008]]
+        assert f"mark={nft.mark(40008)}" in lab.conntrack()
+        trio.run(fw.close)
+        assert lab.relayed(lab.agent_a, "a", (RA, 40008), lab.agent_b, "b", "off", wait=NO) == []
+        assert fw.conntrack_errors == 0
+        assert f"mark={nft.mark(40008)}" not in lab.conntrack()
+    finally:
+        _sh("ip", "netns", "exec", lab.r, "nft", "delete table ip hosts_own")
+        lab.ip_forward(0)
 
 
 SIZE, COUNT, RATE = 1000, 1500, 1_000_000  # 1.5 MB at 1 MB/s

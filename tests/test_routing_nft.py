@@ -28,6 +28,9 @@ table ip swarmd_relay_wg0 {
     ip saddr 10.9.2.1 ip daddr 10.9.2.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.1.1:5001
     ip saddr 10.9.2.1 ip daddr 10.9.2.2 udp dport 40001 ct mark set 0x53579c41 dnat to 192.168.7.3:51820
     ip saddr 192.168.7.3 ip daddr 10.9.1.2 udp dport 40001 ct mark set 0x53579c41 dnat to 10.9.2.1:5000
+    # a new flow to a relay port that is no pair's: no conntrack entry either (it would catch
+    # the pair's datagrams if the pair came back on this port)
+    fib daddr type local udp dport 40000-40099 drop
   }
   chain post {
     type nat hook postrouting priority srcnat; policy accept;
@@ -55,14 +58,19 @@ table ip swarmd_relay_wg0 {
 }
 """
 PAIRS = [Pair(40000, A, B), Pair(40001, B, C)]
+PORTS = (40000, 40099)
+
+
+def render_(*args, **kw) -> str:
+    return nft.render(*args, **{"ports": PORTS, **kw})
 
 
 def test_render_golden():
-    assert nft.render("swarmd_relay_wg0", PAIRS, cap_bytes_per_s=12_500_000, drop_other_forwarding=True) == GOLDEN
+    assert render_("swarmd_relay_wg0", PAIRS, cap_bytes_per_s=12_500_000, drop_other_forwarding=True) == GOLDEN
 
 
 def test_forwarding_that_was_on_is_left_alone_and_no_pairs_is_an_empty_table():
-    script = nft.render("t", [], cap_bytes_per_s=1000, drop_other_forwarding=False)
+    script = render_("t", [], cap_bytes_per_s=1000, drop_other_forwarding=False)
     assert nft.FORWARDING_WAS_OFF not in script
     forward = script[script.index("chain forward"):script.index("chain relayed")]
     assert "drop" not in forward  # only the relayed flows are judged
@@ -100,7 +108,7 @@ def end(**kw) -> End:
 def test_render_refuses_what_relay_should_have_refused(bad):
     """Defence in depth: a value that slipped past relay.py (or a Pair built by hand) adds no statement."""
     with pytest.raises(ValueError):
-        nft.render("t", [Pair(40000, A, end(**bad))], cap_bytes_per_s=1000, drop_other_forwarding=False)
+        render_("t", [Pair(40000, A, end(**bad))], cap_bytes_per_s=1000, drop_other_forwarding=False)
 
 
 @pytest.mark.parametrize(("table", "pairs", "cap"), [
@@ -111,13 +119,14 @@ def test_render_refuses_what_relay_should_have_refused(bad):
     ("t", [], 1.5),
     ("t", [], 2**41),
     ("t", [Pair(0, A, B)], 1000),
+    ("t", [Pair(40100, A, B)], 1000),  # outside the relay's ports
     ("t", [Pair(40000, A, B), Pair(40000, A, C)], 1000),  # one port twice
     ("t", [Pair(40000, A, End(peer="B", ip="10.9.1.1", wg_port=1, via_ip="10.9.2.2"))], 1000),  # one address
     ("t", [(40000, A, B)], 1000),
 ])
 def test_render_refuses_bad_tables_caps_and_pairs(table, pairs, cap):
     with pytest.raises(ValueError):
-        nft.render(table, pairs, cap_bytes_per_s=cap, drop_other_forwarding=True)
+        render_(table, pairs, cap_bytes_per_s=cap, drop_other_forwarding=True)
     if table != "t":
         with pytest.raises(ValueError):
             nft.delete(table)
@@ -130,7 +139,7 @@ def test_nft_accepts_the_script():
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         for drop in (True, False):
-            script = nft.render("swarmd_relay_wg0", PAIRS, cap_bytes_per_s=12_500_000, drop_other_forwarding=drop)
+            script = render_("swarmd_relay_wg0", PAIRS, cap_bytes_per_s=12_500_000, drop_other_forwarding=drop)
             done = subprocess.run(["ip", "netns", "exec", ns, "nft", "-c", "-f", "-"], input=script.encode(),
                                   capture_output=True)
             assert done.returncode == 0, done.stderr.decode()

@@ -21,7 +21,8 @@ def relay(**kw) -> Relay:
 
 
 def end(peer: str, *, ip: str | None = None, wg_port: int = 51820, via_ip: str | None = None) -> End:
-    ip = ip or IPS.get(peer) or f"10.8.{sum(map(ord, peer)) % 250}.{len(peer) % 250 + 1}"  # distinct for the names used here
+    # distinct for the names used here
+    ip = ip or IPS.get(peer) or f"10.8.{sum(map(ord, peer)) % 250}.{len(peer) % 250 + 1}"
     return End(peer=peer, ip=ip, wg_port=wg_port, via_ip=via_ip or (OURS[0] if ip.startswith("10.9.1") else OURS[1]))
 
 

@@ -12,37 +12,55 @@ Rules of this module:
 - ip_forward is the daemon's network namespace's (/proc/sys/net/ipv4/ip_forward); `sysctl`
   names a command instead (tests: `ip netns exec NS sysctl`, since /proc/sys/net is the
   namespace of whoever opens it).
+- Conntrack entries outlive rules (conntrack.py says why that matters): after a new table
+  is in place, the entries of every pair that changed or went are deleted, and all of ours
+  when the forwarder starts (a previous run's) and closes. A failed deletion is logged and
+  counted, never fatal: the forward chain drops a stale flow anyway.
 - Only one change at a time (a lock); a script identical to the one in place is not run again.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import structlog
 import trio
 
 from ..nft import NftError, apply
+from . import conntrack
 from . import nft as rules
-from .relay import Pair
+from .relay import PORTS, Pair
+
+log = structlog.get_logger("swarmd.routing")
 
 PROC_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 CLOSE_TIMEOUT = 10.0  # seconds close() may take even when cancelled (it undoes kernel state)
 
 
 class Forwarder:
-    def __init__(self, table: str, *, cap_bytes_per_s: int, nft: Sequence[str] = ("nft",),
-                 sysctl: Sequence[str] | None = None, ip_forward: Path = PROC_IP_FORWARD) -> None:
-        rules.render(table, (), cap_bytes_per_s=cap_bytes_per_s, drop_other_forwarding=True)  # refuse bad values now
+    def __init__(self, table: str, *, cap_bytes_per_s: int, ports: tuple[int, int] = PORTS,
+                 nft: Sequence[str] = ("nft",),
+                 sysctl: Sequence[str] | None = None, ip_forward: Path = PROC_IP_FORWARD,
+                 flush_conntrack: bool = True, netns: str | None = None) -> None:
+        """`nft`, `sysctl`, `netns` (a path like /run/netns/NAME, for the conntrack socket) reach
+        another network namespace than the daemon's (tests); `flush_conntrack=False` without root."""
+        rules.render(table, (), ports=ports, cap_bytes_per_s=cap_bytes_per_s, drop_other_forwarding=True)  # checks
         self.table = table
+        self.ports = ports
         self.cap_bytes_per_s = cap_bytes_per_s
         self.nft = tuple(nft)
         self.sysctl = None if sysctl is None else tuple(sysctl)
         self.ip_forward = ip_forward
+        self.flush_conntrack = flush_conntrack
+        self.netns = netns
+        self.conntrack_errors = 0  # deletions that failed (status)
         self.forwarding_was_off: bool | None = None  # None: not known yet (not started)
         self.started = False  # the table is in place and forwarding on
         self.applied = 0  # scripts run (status, tests)
         self._pairs: tuple[Pair, ...] = ()
+        self._in_place: dict[int, Pair] = {}  # port -> the pair the table in place forwards there
         self._script: str | None = None
         self._lock = trio.Lock()
 
@@ -59,18 +77,24 @@ class Forwarder:
             if not self.started:
                 await self._start()
                 return True
-            return await self._run(self._render())
+            if not await self._run(self._render()):
+                return False
+            now = {p.port: p for p in pairs}
+            stale, self._in_place = [port for port, was in self._in_place.items() if now.get(port) != was], now
+            await self._forget(stale)  # a pair gone or changed (an end at a new address): its flows too
+            return True
 
     async def close(self) -> None:
         """ip_forward back off if this daemon (or a crashed run of it) turned it on, then the
-        table removed. Runs even when cancelled (bounded by CLOSE_TIMEOUT); raises NftError or
-        OSError after trying both."""
+        table removed, then its flows' conntrack entries. Runs even when cancelled (bounded by
+        CLOSE_TIMEOUT); raises NftError or OSError after trying all."""
         with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_TIMEOUT):
             async with self._lock:
                 was_off = self.forwarding_was_off
                 if was_off is None:
                     was_off = await self._left_off()
                 self.forwarding_was_off, self.started, self._script, self._pairs = None, False, None, ()
+                self._in_place = {}
                 failed: Exception | None = None
                 if was_off:
                     try:
@@ -81,6 +105,7 @@ class Forwarder:
                     await apply(rules.delete(self.table), nft=self.nft)
                 except NftError as exc:
                     failed = failed or exc
+                await self._forget(None)  # what the table NATed goes on being NATed without it
                 if failed is not None:
                     raise failed
 
@@ -93,12 +118,14 @@ class Forwarder:
         if self.forwarding_was_off is None:  # known before anything changes: close() undoes a partial start
             self.forwarding_was_off = not on or await self._left_off()
         await self._run(self._render())
+        await self._forget(None)  # a previous run's flows, made by rules that are gone
+        self._in_place = {p.port: p for p in self._pairs}
         if not on:
             await self._write(True)
         self.started = True
 
     def _render(self) -> str:
-        return rules.render(self.table, self._pairs, cap_bytes_per_s=self.cap_bytes_per_s,
+        return rules.render(self.table, self._pairs, ports=self.ports, cap_bytes_per_s=self.cap_bytes_per_s,
                             drop_other_forwarding=bool(self.forwarding_was_off))
 
     async def _run(self, script: str) -> bool:
@@ -108,6 +135,18 @@ class Forwarder:
         self._script = script
         self.applied += 1
         return True
+
+    async def _forget(self, ports: list[int] | None) -> None:
+        """Delete the conntrack entries of the pairs on `ports` (None: of every pair)."""
+        if not self.flush_conntrack or ports == []:
+            return
+        marks = [(rules.MARK, rules.MARK_MASK)] if ports is None else [(rules.mark(p), 0xFFFFFFFF) for p in ports]
+        for mark, mask in marks:
+            try:
+                await trio.to_thread.run_sync(functools.partial(conntrack.delete_by_mark, mark, mask, netns=self.netns))
+            except OSError as exc:
+                self.conntrack_errors += 1
+                log.warning("relay: cannot delete conntrack entries", mark=f"0x{mark:08x}", error=str(exc))
 
     async def _left_off(self) -> bool:
         """Whether a table of ours left by an earlier run says it turned forwarding on."""

@@ -10,6 +10,8 @@ pair's WireGuard session is end to end, the relay sees only ciphertext. One tabl
   conntrack mark MARK | P and is DNATed to B's port (and B's to R_b:P to A's). Conntrack
   makes every later datagram, both ways, part of that flow: B's answers are the flow's
   replies and reach A at the address and port A really sends from (A behind a NAT works).
+  A new flow to a relay port of this host that matches no pair is dropped there: it leaves
+  no conntrack entry behind that would hold the port's datagrams once the pair is back.
 - chain `post` (nat, postrouting): a marked flow is SNATed to R's address on the far side
   and port P, so B sees R_b:P, the endpoint it sends to.
 - chain `forward` (filter, forward): a marked packet goes to `relayed`; everything else is
@@ -36,7 +38,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
-from .relay import Pair, check_host, parse_ipv4, port_number
+from .relay import PORTS, Pair, check_host, parse_ipv4, port_number
 
 MARK = 0x53570000  # "SW" in the high 16 bits, the port in the low 16: the flow of the pair on that port
 MARK_MASK = 0xFFFF0000
@@ -55,21 +57,26 @@ def table_name(ifname: str) -> str:
     return ("swarmd_relay_" + re.sub(r"[^A-Za-z0-9_]", "_", ifname))[:32]
 
 
-def render(table: str, pairs: Iterable[Pair], *, cap_bytes_per_s: int, drop_other_forwarding: bool) -> str:
-    """The script that replaces `table` with the rules for `pairs` (relay.Relay.active())."""
+def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS, cap_bytes_per_s: int,
+           drop_other_forwarding: bool) -> str:
+    """The script that replaces `table` with the rules for `pairs` (relay.Relay.active()), whose
+    ports are in the relay's range `ports`."""
     _check_table(table)
+    low, high = (port_number(p, "ports") for p in ports)
+    if low > high:
+        raise ValueError(f"ports: {low}-{high} is empty")
     if not isinstance(cap_bytes_per_s, int) or isinstance(cap_bytes_per_s, bool) \
             or not 1 <= cap_bytes_per_s <= MAX_CAP:
         raise ValueError(f"cap_bytes_per_s: {cap_bytes_per_s!r:.20} is not a rate of 1-{MAX_CAP} bytes/s")
     pre, post, relayed = [], [], []
-    ports = set()
+    seen = set()
     for pair in pairs:
         if not isinstance(pair, Pair):
             raise ValueError(f"not a Pair: {pair!r:.60}")
         m = f"0x{mark(pair.port):08x}"
-        if pair.port in ports:
-            raise ValueError(f"port {pair.port} twice")
-        ports.add(pair.port)
+        if pair.port in seen or not low <= pair.port <= high:
+            raise ValueError(f"port {pair.port} twice or outside {low}-{high}")
+        seen.add(pair.port)
         a, a_port, a_via = _end(pair.a, "a")
         b, b_port, b_via = _end(pair.b, "b")
         if a == b:
@@ -81,7 +88,7 @@ def render(table: str, pairs: Iterable[Pair], *, cap_bytes_per_s: int, drop_othe
                  f"    ct mark {m} ip daddr {a} meta l4proto udp snat to {a_via}:{p}"]
         relayed += [f"    ct mark {m} ip saddr . ip daddr {{ {a} . {b}, {b} . {a} }} jump cap"]
     lines = [
-        f"# swarmd relay: {len(ports)} pairs, cap {cap_bytes_per_s} bytes/s",
+        f"# swarmd relay: {len(seen)} pairs, cap {cap_bytes_per_s} bytes/s",
         f"add table ip {table}",
         f"delete table ip {table}",
         f"table ip {table} {{",
@@ -92,6 +99,9 @@ def render(table: str, pairs: Iterable[Pair], *, cap_bytes_per_s: int, drop_othe
         "  chain pre {",
         "    type nat hook prerouting priority dstnat; policy accept;",
         *pre,
+        "    # a new flow to a relay port that is no pair's: no conntrack entry either (it would catch",
+        "    # the pair's datagrams if the pair came back on this port)",
+        f"    fib daddr type local udp dport {low}-{high} drop",
         "  }",
         "  chain post {",
         "    type nat hook postrouting priority srcnat; policy accept;",
