@@ -334,6 +334,26 @@ def test_an_end_at_a_new_address_gets_through_at_once(lab, forwarder, sockets):
 
 
 @real
+def test_a_rebound_source_port_recovers_when_the_pair_is_released_and_asked_again(lab, forwarder, sockets):
+    """An end's NAT gives it a new source port (same address): the relay cannot see it, and the old
+    flow, kept alive by B, blocks the new one. Releasing and asking again clears it."""
+    a_port, b_port = sockets
+    p = pair(40009, a_port, b_port)
+    trio.run(forwarder.apply, [p])
+    assert lab.relayed(lab.agent_a, "a", (RA, 40009), lab.agent_b, "b", "old") == [["old", RB, 40009]]
+    lab.agent_a(op="bind", sock="rebound", ip=A_IP, port=a_port + 4000)
+    try:
+        assert lab.relayed(lab.agent_b, "b", (RB, 40009), lab.agent_a, "a", "keep") == [["keep", RA, 40009]]
+        assert lab.relayed(lab.agent_a, "rebound", (RA, 40009), lab.agent_b, "b", "new", wait=NO) == []
+        trio.run(forwarder.apply, [])  # A released...
+        trio.run(forwarder.apply, [p])  # ...and asked again
+        assert lab.relayed(lab.agent_a, "rebound", (RA, 40009), lab.agent_b, "b", "new") == [["new", RB, 40009]]
+        assert lab.relayed(lab.agent_b, "b", (RB, 40009), lab.agent_a, "rebound", "back") == [["back", RA, 40009]]
+    finally:
+        lab.agent_a(op="close", sock="rebound")
+
+
+@real
 def test_after_close_a_live_flow_is_not_relayed_even_where_the_host_forwards(lab, sockets):
     """A host with NAT of its own (docker's, say) and forwarding on: after close a live flow of a pair
     is not relayed, and none of the relay's conntrack entries is left."""
