@@ -73,7 +73,13 @@ LAB_RTT = {frozenset(("h1", "h2")): 120.0, frozenset(("h1", "h3")): 20.0, frozen
 LAB_OTHER_MS = 80.0  # h4 (and every other pair): a relay that never wins
 LAB_EQUAL_MS = 50.0  # the relayed path's legs, 20 + 30: direct at this RTT compares the relay's own cost
 FAILOVERS = 3
+# the relay's cap (relay_max_mbit, all its pairs and both directions together: 100 by default) would
+# bound a relayed all-reduce to half of it each way; raised far above what the lab's userspace
+# WireGuard carries, so relayed vs direct is the relay's own cost; the default is measured at the end
+LAB_ARGS = ["--sandbox", "off"]  # the all-reduce runs as root beside the daemons (as bench/mesh.py's)
+RAISED_CAP_MBIT = 10_000
 POLL_S = 0.05
+ALLREDUCE_REPEATS = 3  # the median of 3: one all-reduce on a shared machine varies by 10-20 %
 
 
 def lab_figures() -> dict[str, float]:
@@ -83,11 +89,17 @@ def lab_figures() -> dict[str, float]:
     - the overlay RTT h1->h2 (ping -c 20 -i 0.1, mean) and a 16 MB gloo all-reduce between h1
       and h2 on the mesh interface, once relayed via h3 and once direct with the h1-h2 link set
       to 50 ms (the relayed legs' sum), after the pair went back to direct: the same underlay
-      RTT both ways, so the ratios are the relay's own cost (all-reduce target: >= 0.9);
+      RTT both ways, so the ratios are the relay's own cost (all-reduce target: >= 0.9; the
+      median of ``ALLREDUCE_REPEATS`` runs each);
     - the detour's setup: from the h1-h2 link going back to 120 ms until both ends say `via h3`;
     - failover: from ``lab.crash("h3")`` until both ends say `direct` (the mesh rows polled every
       50 ms; the daemons evaluate paths once a second), three times, h3 revived and the pair
-      relayed again in between (target: within 5 s).
+      relayed again in between (target: within 5 s);
+    - the relayed all-reduce once more with the relay's default cap (h3 revived with it);
+    - a control without daemons or WireGuard (``underlay_control``): the lab's own cost of a
+      second hop.
+
+    The daemons run with relay_max_mbit raised to ``RAISED_CAP_MBIT`` until then.
     """
     from sim.netlab import lab as labmod
     from sim.netlab import topology
@@ -130,8 +142,8 @@ def lab_figures() -> dict[str, float]:
     started = time.monotonic()
     labmod.down(LAB)
     hosts, links = topology.plan(4, lambda a, b: LAB_RTT.get(frozenset((a.name, b.name)), LAB_OTHER_MS))
-    # the sandbox off: the all-reduce runs as root beside the daemons (as bench/mesh.py's)
-    lab = labmod.Lab.up(LAB, hosts, links, mesh=True, daemon_args=["--sandbox", "off"])
+    lab = labmod.Lab.up(LAB, hosts, links, mesh=True,
+                        daemon_args=[*LAB_ARGS, "--relay-max-mbit", str(RAISED_CAP_MBIT)])
     names = {h.peer_id: h.name for h in lab.state.hosts}
     results: dict[str, float] = {}
     try:
@@ -142,7 +154,7 @@ def lab_figures() -> dict[str, float]:
         ifaces = {h: mesh_interface(LAB, h) for h in ("h1", "h2")}
         over1, over2 = call("h1", "status")["mesh"]["address"], call("h2", "status")["mesh"]["address"]
         ping_relayed = _ping_ms(lab, "h1", over2)
-        bw_relayed = _allreduce(lab, over1, ifaces)
+        bw_relayed = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
         if not relayed():
             raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
         step(f"relayed: {ping_relayed:.1f} ms, all-reduce {bw_relayed:.1f} MB/s")
@@ -150,7 +162,7 @@ def lab_figures() -> dict[str, float]:
         lab.set_link("h1", "h2", rtt_ms=LAB_EQUAL_MS)
         results["routing_lab_back_to_direct_at_equal_rtt_s"] = wait(direct, 60, "h1-h2 back to direct at 50 ms")
         ping_direct = _ping_ms(lab, "h1", over2)
-        bw_direct = _allreduce(lab, over1, ifaces)
+        bw_direct = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
         if not direct():
             raise RuntimeError("bench: h1-h2 left the direct path during the direct measurement")
         step(f"direct at {LAB_EQUAL_MS:g} ms: {ping_direct:.1f} ms, all-reduce {bw_direct:.1f} MB/s")
@@ -176,9 +188,52 @@ def lab_figures() -> dict[str, float]:
             failovers.append(time.monotonic() - t0)
             step(f"h3 crashed: direct after {failovers[-1]:.2f} s")
         results |= {"routing_lab_failover_p50_s": statistics.median(failovers),
-                    "routing_lab_failover_max_s": max(failovers),
-                    "routing_lab_relayed_again_after_revive_max_s": max(rerelays),
-                    "routing_lab_wall_s": time.monotonic() - started}
+                    "routing_lab_failover_max_s": max(failovers)}
+
+        lab.state.daemon_args = list(LAB_ARGS)  # h3 comes back with the default relay_max_mbit
+        lab.revive("h3")
+        rerelays.append(wait(relayed, 150, "h1-h2 via h3 after h3's revival"))
+        bw_capped = _allreduce(lab, over1, ifaces)
+        if not relayed():
+            raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
+        step(f"relayed, h3 with the default cap: all-reduce {bw_capped:.1f} MB/s")
+        results |= {"routing_lab_relayed_again_after_revive_max_s": max(rerelays),
+                    f"routing_lab_allreduce_{ALLREDUCE_MB}mb_relayed_default_cap_mb_s": bw_capped}
     finally:
         labmod.down(LAB)
+    results |= underlay_control()
+    step("underlay control")
+    results["routing_lab_wall_s"] = time.monotonic() - started
     return results
+
+
+def underlay_control() -> dict[str, float]:
+    """The lab's own cost of a second hop, with no daemon, WireGuard or relay: a 3-host lab with
+    the same RTTs (h1-h2 at 50 ms), a gloo all-reduce between h1 and h2 over their segment, and
+    over h1-h3-h2 with h3 routing it in the kernel (the same 50 ms). Each hop is a wirefilter
+    and two vde switches in user space, so two hops cost this machine's CPU twice: the relayed
+    all-reduce's ratio is the relay's cost only beside this one."""
+    from sim.netlab import lab as labmod
+    from sim.netlab import topology
+
+    from .mesh import ALLREDUCE_MB, _allreduce, _ns
+
+    rtts = LAB_RTT | {frozenset(("h1", "h2")): LAB_EQUAL_MS}
+    labmod.down(f"{LAB}c")
+    hosts, links = topology.plan(3, lambda a, b: rtts[frozenset((a.name, b.name))])
+    lab = labmod.Lab.up(f"{LAB}c", hosts, links, daemons=False, mesh=False)
+    try:
+        d, l13, l23 = lab.state.link("h1", "h2"), lab.state.link("h1", "h3"), lab.state.link("h2", "h3")
+        _ns(lab, "h3", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _ns(lab, "h1", "ip", "route", "add", f"{l23.a_addr}/32", "via", l13.b_addr)  # h2's h2-h3 end via h3
+        _ns(lab, "h2", "ip", "route", "add", f"{l13.a_addr}/32", "via", l23.b_addr)  # h1's h1-h3 end via h3
+        one, two = [], []
+        for _ in range(ALLREDUCE_REPEATS):
+            one.append(_allreduce(lab, d.a_addr, {"h1": "to-h2", "h2": "to-h1"}))
+            two.append(_allreduce(lab, l13.a_addr, {"h1": "to-h3", "h2": "to-h3"}))
+    finally:
+        labmod.down(f"{LAB}c")
+    one_bw, two_bw = statistics.median(one), statistics.median(two)
+    return {f"routing_lab_underlay_allreduce_{ALLREDUCE_MB}mb_one_hop_mb_s": one_bw,
+            f"routing_lab_underlay_allreduce_{ALLREDUCE_MB}mb_two_hops_mb_s": two_bw,
+            "routing_lab_underlay_two_hops_over_one": two_bw / one_bw}
