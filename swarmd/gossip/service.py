@@ -154,6 +154,7 @@ class Gossip:
         ps.count_drops(self.rejects.dropped)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            self.pinger.start(nursery)
             nursery.start_soon(self.own.sample)
             task_status.started()
             await self.joined.wait()

@@ -117,23 +117,64 @@ async def reset_quietly(stream: INetStream) -> None:
 
 class Pinger:
     """One reusable ping stream per peer (the ping protocol echoes 32 bytes for as long as the
-    stream lives), so a probe's RTT is one round trip, not a stream negotiation."""
+    stream lives), so a probe's RTT is one round trip, not a stream negotiation.
+
+    Opening the stream takes a few round trips (multistream-select) on top of the echo: with
+    the probe's 0.5 s timeout around both, a member more than ~170 ms away was never pinged
+    successfully (every probe cancelled the opening, and the next one started over), so its
+    RTT stayed unknown and it lived on indirect probes alone. With a nursery (``start``), the
+    opening runs on its own, up to ``OPEN_TIMEOUT``: a probe that times out during it fails,
+    and the next one finds the stream ready."""
+
+    OPEN_TIMEOUT = 10.0
 
     def __init__(self, host: IHost) -> None:
         self.host = host
         self._streams: dict[ID, INetStream] = {}
         self._locks: dict[ID, trio.Lock] = {}
+        self._opening: dict[ID, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    async def _open(self, peer: ID) -> INetStream:
+        try:
+            return await self.host.new_stream(peer, [PING_PROTOCOL])
+        except Exception as exc:
+            raise PeerError(f"cannot reach ({exc.__class__.__name__})") from None
+
+    async def _open_apart(self, peer: ID, done: trio.Event) -> None:
+        try:
+            with trio.move_on_after(self.OPEN_TIMEOUT):
+                stream = await self._open(peer)
+                if self._opening.get(peer) is done:  # not forgotten meanwhile
+                    self._streams[peer] = stream
+                else:
+                    await reset_quietly(stream)
+        except PeerError:
+            pass
+        finally:
+            if self._opening.get(peer) is done:
+                del self._opening[peer]
+            done.set()
 
     async def ping(self, peer: ID) -> float:
         """Seconds for one echo; raises PeerError. Callers bound it with a timeout."""
         lock = self._locks.setdefault(peer, trio.Lock())
         async with lock:
             stream = self._streams.get(peer)
-            if stream is None:
-                try:
-                    stream = await self.host.new_stream(peer, [PING_PROTOCOL])
-                except Exception as exc:
-                    raise PeerError(f"cannot reach ({exc.__class__.__name__})") from None
+            if stream is None and self._nursery is not None:
+                done = self._opening.get(peer)
+                if done is None:
+                    done = self._opening[peer] = trio.Event()
+                    self._nursery.start_soon(self._open_apart, peer, done)
+                await done.wait()
+                stream = self._streams.get(peer)
+                if stream is None:
+                    raise PeerError("cannot reach (no ping stream)")
+            elif stream is None:
+                stream = await self._open(peer)
                 self._streams[peer] = stream
             payload = os.urandom(PING_SIZE)
             ok = False
@@ -150,6 +191,7 @@ class Pinger:
                     await self.forget(peer)
 
     async def forget(self, peer: ID) -> None:
+        self._opening.pop(peer, None)
         stream = self._streams.pop(peer, None)
         if stream is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(0.5):
