@@ -426,4 +426,8 @@ def load(*, config_file: Path | None, env: Mapping[str, str] = os.environ,
     config = _apply(config, from_env, lambda k: f"environment {env_name(k)}")
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     config = _apply(config, given, lambda k: f"flag --{k.replace('_', '-')}")
+    low, high = config.relay_ports
+    if low <= config.mesh_port <= high:
+        raise ConfigError(f"relay_ports {low}-{high} includes mesh_port {config.mesh_port}: a relay port is "
+                          "forwarded to other members, so WireGuard's own port cannot be one; move either")
     return config

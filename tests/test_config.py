@@ -90,3 +90,14 @@ def test_daemon_exits_2_on_bad_file(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert f"{path}: key 'listen': expected a list of multiaddr strings" in proc.stderr
+
+
+def test_relay_ports_may_not_include_the_mesh_port(tmp_path):
+    from swarmd.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="relay_ports 51800-51900 includes mesh_port 51820"):
+        load(config_file=None, env={}, flags={"relay_ports": "51800-51900"})
+    assert load(config_file=None, env={}, flags={"relay_ports": "51800-51900", "mesh_port": "51799"}).relay_ports \
+        == (51800, 51900)
+    with pytest.raises(ConfigError, match="UDP port range"):
+        load(config_file=None, env={}, flags={"relay_ports": "9-2"})

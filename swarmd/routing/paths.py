@@ -38,6 +38,9 @@ Rules:
 - Failure. A relay that is failing (the driver pings relays in use) or no longer an alive
   relay-offering member sends its pairs back to direct at once, on both roles, and is held
   down (not chosen nor followed) for ``hold_down_s``, so a flaky relay cannot make paths flap.
+  A relay that refused one pair, or whose pair the other end never asked for, or whose relayed
+  path did not carry that pair's packets (``refused``) is held down for that pair only: a
+  hostile peer that never asks cannot take a relay away from our other pairs.
 - Bounds. At most ``max_relayed`` chosen relayed paths (the biggest gains: a new one beyond
   the cap must gain ``min_gain_ms`` more than the weakest in use, which goes back to direct)
   and at most ``max_relayed`` followed ones (those followed keep their place; new ones in
@@ -79,6 +82,8 @@ class PathView:
     estimate: Callable[[str, str], float | None]  # coordinate estimate ms; None if either has none
     announced: Callable[[str], str | None]  # peer -> the relay its record's `via` names for me
     failing: frozenset[str] = frozenset()  # relays this node cannot reach now (driver pings)
+    refused: frozenset[tuple[str, str]] = frozenset()  # (peer, relay): the relay refused that pair, or the
+    # pair's other end never asked it, or the relayed path did not carry our packets (driver's checks)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +163,7 @@ class Paths:
         self._followed: dict[str, str] = {}  # follower pairs on a relay: peer (the chooser) -> relay
         self._refused: dict[str, str] = {}  # follower pairs whose announcement was not followed -> why
         self._held: dict[str, float] = {}  # relay -> held down until
+        self._held_pairs: dict[tuple[str, str], float] = {}  # (peer, relay) -> held down until
         self._asked: dict[str, float] = {}  # peer -> when its RTT was last asked for
         self._last_round: float | None = None
         self._cache: tuple[PathView | None, dict[str, dict[str, float]]] = (None, {})  # cleaned reports
@@ -199,6 +205,9 @@ class Paths:
         for relay in view.failing:
             self._held[relay] = now + self.hold_down_s
         self._held = {r: t for r, t in self._held.items() if t > now and r in view.peers}
+        for pair in view.refused:  # only that pair: one member cannot take a relay from our other pairs
+            self._held_pairs[pair] = now + self.hold_down_s
+        self._held_pairs = {k: t for k, t in self._held_pairs.items() if t > now and k[0] in view.peers}
         self._asked = {p: t for p, t in self._asked.items() if now - t < self.measure_interval_s and p in view.peers}
         for peer in sorted(set(self._chosen) - view.peers):
             if self._chosen.pop(peer).relay is not None:
@@ -296,6 +305,8 @@ class Paths:
             return "failing from here"
         if self._held.get(relay, 0.0) > now:
             return "held down after a failure"
+        if (peer, relay) in view.refused or self._held_pairs.get((peer, relay), 0.0) > now:
+            return "refused or did not carry this pair lately"
         return None
 
     def _unusable(self, now: float, relay: str, peer: str, view: PathView) -> bool:
@@ -340,7 +351,7 @@ class Paths:
         shortlist: list[tuple[float, str]] = []
         for relay in reported:
             if relay in (self.me, peer) or relay not in view.relays or relay not in view.peers \
-                    or relay in view.failing or relay in self._held:
+                    or relay in view.failing or relay in self._held or (peer, relay) in self._held_pairs:
                 continue
             leg2 = self.leg(relay, peer, view, reported)
             if leg2 is None:

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("swarmd.routing")
 
+# A suspect member keeps its pairs: any member can make another suspect for a moment, and the
+# relay must not be a way to cut a pair's traffic; dead, left, revoked or gone ends it.
+IN_SERVICE = (State.ALIVE, State.SUSPECT)
+APPLY_WAIT = 3.0  # seconds an answer waits for the rules that make its pair active
+
 class RelayServer:
     def __init__(self, routing: Routing, relay: Relay, forwarder: Any) -> None:
         self.r = routing
@@ -43,12 +48,16 @@ class RelayServer:
         self.applied = -1  # the relay core's version last written to nftables
         self.error: str | None = None  # the last failure to apply the rules
         self.rejected: dict[str, int] = {}
+        self._logged: set[tuple[str, str]] = set()
         self.wake = trio.Event()
+        self.applied_event = trio.Event()  # set (and replaced) whenever the rules caught up with the core
 
     def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
         self.r.metrics_rejected.labels(reason).inc()
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        log.info("relay request refused", peer=peer, reason=reason, detail=detail)
+        if (reason, peer) not in self._logged and len(self._logged) < 10_000:  # once per (reason, peer)
+            self._logged.add((reason, peer))
+            log.info("relay request refused", peer=peer, reason=reason, detail=detail)
         return {"error": detail, "reason": reason}
 
     async def handle(self, stream: INetStream) -> None:
@@ -81,9 +90,11 @@ class RelayServer:
             self.relay.release(now, peer, r.other)
             self.wake.set()
             return {"released": True}
+        if self.error is not None:
+            return self.refuse("rules_failed", peer, "this relay cannot install its forwarding rules now")
         mine, theirs = view.get(peer), view.get(r.other)
         for who, m in (("requester", mine), ("other end", theirs)):
-            if m is None or m.state is not State.ALIVE or m.record.wg is None:
+            if m is None or m.state not in IN_SERVICE or m.record.wg is None:
                 return self.refuse("not_member", peer, f"the pair's {who} is not an alive member of the mesh here")
         remote = stream.muxed_conn.get_remote_address() if hasattr(stream.muxed_conn, "get_remote_address") else None
         if not remote:
@@ -93,13 +104,18 @@ class RelayServer:
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)
         self.wake.set()
-        return {"port": result.port, "active": result.active, "expires_in": round(result.expires - now, 1)}
+        if result.active and self.relay.version != self.applied:  # the rules go in first: "active" means forwarded
+            with trio.move_on_after(APPLY_WAIT):
+                while self.relay.version != self.applied and self.error is None:
+                    await self.applied_event.wait()
+        active = result.active and self.relay.version == self.applied
+        return {"port": result.port, "active": active, "expires_in": round(result.expires - now, 1)}
 
     def view_changed(self) -> None:
         """Members no longer alive in the view lose their pairs; our own IPs may have changed."""
         view = self.r.g.view()
         gone = {p for pair in self.relay.active() for p in (pair.a.peer, pair.b.peer)
-                if (m := view.get(p)) is None or m.state is not State.ALIVE}
+                if (m := view.get(p)) is None or m.state not in IN_SERVICE}
         for peer in gone:
             self.relay.end_member(peer)
         self.relay.set_addresses(self.r.own_ips())
@@ -115,6 +131,8 @@ class RelayServer:
                     try:
                         await self.forwarder.apply(self.relay.active())
                         self.applied, self.error = version, None
+                        self.applied_event.set()
+                        self.applied_event = trio.Event()
                     except Exception as exc:  # nft refused or vanished: say so, keep serving, retry
                         self.error = f"{exc.__class__.__name__}: {exc}"
                         log.error("cannot apply the relay's forwarding rules", error=self.error)

@@ -28,10 +28,12 @@ from typing import Any
 
 import structlog
 import trio
+from libp2p.peer.id import ID
 from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
 from ..gossip.signed import short
+from ..gossip.wire import MAX_RTTS
 from . import exchange
 from . import request as rq
 from .coordinates import Client, Coordinate
@@ -74,6 +76,8 @@ class Routing:
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
         self._wake = trio.Event()
+        self.errors = 0
+        self._last_error: str | None = None
         registry = metrics.registry
         self.metrics_rejected = Counter("swarmd_relay_rejected", "Relay requests refused, by reason", ["reason"],
                                         registry=registry)
@@ -120,6 +124,31 @@ class Routing:
         info = self.mesh.info() if self.mesh is not None else None
         return [ip for ip in (info.endpoints if info else ()) if "." in ip]
 
+    def overlay_address(self, peer: str) -> str | None:
+        m = self.g.view().get(peer)
+        return None if m is None or m.record.wg is None else m.record.wg.addr4
+
+    def relay_ip(self, relay: str) -> str | None:
+        """The relay's IPv4 address we send its pairs' packets to: the one our libp2p connection
+        to it reaches (proven by TCP: a relay cannot point us at another host by listing it
+        first), if its record lists it; else the mesh's endpoint for it."""
+        listed = set()
+        m = self.g.view().get(relay)
+        if m is not None and m.record.wg is not None:
+            listed = set(m.record.wg.endpoints)
+        try:
+            conns = self.g.host.get_network().get_connections(ID.from_base58(relay))
+        except Exception:
+            conns = []
+        for conn in conns:
+            try:
+                ip = str(conn.muxed_conn.get_remote_address()[0])
+            except Exception:
+                continue
+            if ip in listed and "." in ip:
+                return ip
+        return self.direct_ip(relay)
+
     def direct_ip(self, peer: str) -> str | None:
         ip = self.mesh.direct_ip(peer, 4) if self.mesh is not None else None  # relays are IPv4 only
         return ip if ip is not None and "." in ip else None
@@ -132,12 +161,25 @@ class Routing:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self.sessions.run)
-            nursery.start_soon(self._start_relay, nursery)
+            nursery.start_soon(self._contained, self._start_relay, nursery)
             while True:
                 with trio.move_on_after(EVALUATE_EVERY):
                     await self._wake.wait()
                 self._wake = trio.Event()
-                await self._evaluate(nursery)
+                await self._contained(self._evaluate, nursery)
+
+    async def _contained(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Routing is an optimisation: a bug or a failing backend in it must never take the
+        daemon (and its jobs) down. Logged once per distinct error, counted, and tried again
+        at the next evaluation."""
+        try:
+            await fn(*args)
+        except Exception as exc:
+            self.errors += 1
+            text = f"{exc.__class__.__name__}: {exc}"
+            if text != self._last_error:
+                self._last_error = text
+                log.exception("routing step failed; the daemon goes on", step=fn.__name__, error=text)
 
     async def _start_relay(self, nursery: trio.Nursery) -> None:
         why = self._relay_unavailable()
@@ -149,14 +191,17 @@ class Routing:
             from .relay import Relay
             from .server import RelayServer
 
-            forwarder = Forwarder(table_name(self.mesh.interface), cap_bytes_per_s=self.config.relay_max_mbit * 125_000)
+            forwarder = Forwarder(table_name(self.mesh.interface), cap_bytes_per_s=self.config.relay_max_mbit * 125_000,
+                                  ports=self.config.relay_ports)
             try:
                 await forwarder.start()
             except Exception as exc:
                 why = f"cannot install forwarding rules ({exc.__class__.__name__}: {exc})"
+                await self._quietly(forwarder.close)  # the table may be in already
         if why is not None:
             self.relay_off = why
             log.info("not relaying for others", why=why)
+            await self._clean_leftovers()
             return
         relay = Relay(self.g.me, is_member=self._alive_member, addresses=self.own_ips(),
                       exclude=(str(self.mesh.network),), ports=self.config.relay_ports)
@@ -166,6 +211,23 @@ class Routing:
         self.g.readvertise()
         log.info("relaying for members", ports="%d-%d" % self.config.relay_ports, cap_mbit=self.config.relay_max_mbit)
         nursery.start_soon(self.server.run)
+
+    async def _clean_leftovers(self) -> None:
+        """A crashed run's relay table (and the ip_forward it turned on) when this one does not relay."""
+        if self.mesh is None or os.geteuid() != 0 or shutil.which("nft") is None:
+            return
+        from .forwarder import Forwarder
+        from .nft import table_name
+
+        await self._quietly(Forwarder(table_name(self.mesh.interface), cap_bytes_per_s=125_000,
+                                      ports=self.config.relay_ports).close)
+
+    @staticmethod
+    async def _quietly(fn: Callable[[], Any]) -> None:
+        try:
+            await fn()
+        except Exception as exc:
+            log.warning("relay clean-up failed", error=f"{exc.__class__.__name__}: {exc}")
 
     def _relay_unavailable(self) -> str | None:
         if self.config.relay == "off":
@@ -199,7 +261,7 @@ class Routing:
 
         return PathView(me=self.g.me, peers=peers, relays=relays, own=own, reports=reports,
                         estimate=self._estimator(view, self.client.coordinate), announced=announced,
-                        failing=self.sessions.failing())
+                        failing=self.sessions.failing(), refused=self.sessions.refused())
 
     def _estimator(self, view: View, mine: Coordinate | None):
         me = self.g.me
@@ -235,18 +297,23 @@ class Routing:
             self.g.readvertise()
         relayed = {p: e for p, e in self.sessions.endpoints().items() if self.paths.path(p) is not None}
         if relayed != self._relayed and self.mesh is not None:
+            await self.mesh.set_relayed(relayed)  # raises while the backend is down: tried again next round
             self._relayed = relayed
-            await self.mesh.set_relayed(relayed)
         path_ms = {}
         for peer, relay in self.paths.paths().items():
-            if peer in relayed and (leg := self.paths.leg(relay, peer, pv)) is not None and relay in own:
+            if peer not in relayed:
+                continue
+            echoed = (self.sessions.row(peer) or {}).get("path_rtt_ms")
+            if echoed is not None:  # through the relay, end to end
+                path_ms[peer] = echoed
+            elif (leg := self.paths.leg(relay, peer, pv)) is not None and relay in own:
                 path_ms[peer] = own[relay] + leg
         self._snap = _Snap(view=view, me=self.g.me, own=own, coord=self.client.coordinate, path_ms=path_ms)
 
     def _report_due(self, own: Mapping[str, float]) -> bool:
         """Our record's RTTs are others' legs (paths.py): re-advertise when a member is measured
         for the first time or an RTT moved by more than REPORT_CHANGE (the core rate-limits)."""
-        for peer, ms in own.items():
+        for peer, ms in sorted(own.items(), key=lambda kv: kv[1])[:MAX_RTTS]:  # what the record carries
             old = self._reported.get(peer)
             if old is None or abs(ms - old) > REPORT_CHANGE * old + 1.0:
                 return True
@@ -328,6 +395,7 @@ class Routing:
                 "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets,
                             "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
+                "errors": self.errors, "last_error": self._last_error,
                 "relay": relay}
 
 

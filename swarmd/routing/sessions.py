@@ -3,11 +3,20 @@
 A session asks the relay (request.py, ``op: relay``) until the relay says the pair is
 active (the other end asked too), then renews its lease every ``RENEW`` seconds. Meanwhile
 it pings the relay every ``PING_INTERVAL`` over libp2p (the relay's leg of our path); after
-``FAIL_AFTER`` missed pings in a row the session is *failing*: path choice sends the pair
-back to direct at its next evaluation, without waiting for the failure detector. Only an
-active, not failing session gives the mesh an endpoint (the relay's IP and the pair's port);
-until then the pair stays direct. Ending a session tells the relay (``op: release``), best
-effort: its lease would run out anyway.
+``FAIL_AFTER`` missed pings in a row the session is *failing*: path choice sends every pair
+through that relay back to direct at its next evaluation (and holds the relay down), without
+waiting for the failure detector. Only an active, not failing session gives the mesh an
+endpoint (the relay's IP and the pair's port); until then the pair stays direct.
+
+Once active, the session also checks end to end that the relayed path carries the pair's
+packets: an ICMP echo to the peer's overlay address every second (icmp.py); ``BROKEN_AFTER``
+unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. A relay that
+refuses, a pair whose other end never asks (``PENDING_LIMIT``), and a broken path are held
+down for that pair only (``refused``): the relay may serve our other pairs well.
+
+Ending a session tells the relay (``op: release``): at once when it failed, ``LINGER``
+seconds later when path choice merely moved the pair (the other end follows the chooser's
+record a moment later and may still send through the relay meanwhile).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from libp2p.peer.id import ID
 
 from ..gossip.streams import PeerError, request
 from ..wg.reconciler import format_endpoint
+from . import icmp
 from . import request as rq
 
 if TYPE_CHECKING:
@@ -36,16 +46,23 @@ ASK_INTERVAL = 1.0  # while the relay has not activated the pair
 RENEW = 20.0  # seconds between renewals of an active lease (the relay's lease is 60 s)
 REQUEST_TIMEOUT = 5.0
 PENDING_LIMIT = 15.0  # seconds a relay may wait for the pair's other end before we give up on it
+GRACE = 3.0  # seconds after activation before overlay echoes count (the other end switches too)
+BROKEN_AFTER = 3  # overlay echoes unanswered in a row: the relayed path does not carry our packets
+ECHO_TIMEOUT = 1.0
+LINGER = 10.0  # a moved (not failed) pair is released this much later: make before break
 
 
 @dataclass(slots=True)
 class Session:
     peer: str
     relay: str
-    state: str = "requesting"  # requesting | active | failing | refused
+    state: str = "requesting"  # requesting | active | failing | refused | broken
     port: int | None = None
     via_ip: str | None = None
     misses: int = 0
+    echo_misses: int = 0
+    active_since: float | None = None
+    path_rtt: float | None = None  # seconds: the last overlay echo through the relay
     granted: bool = False  # the relay's last answer said the pair is active (both ends asked)
     error: str | None = None
     since: float = 0.0
@@ -84,14 +101,20 @@ class Sessions:
         return {p: e for p, s in self.by_peer.items() if (e := s.endpoint) is not None}
 
     def failing(self) -> frozenset[str]:
-        """Relays path choice must not use now: failing or refusing (paths.py holds them down)."""
-        return frozenset(s.relay for s in self.by_peer.values() if s.state in ("failing", "refused"))
+        """Relays this node cannot reach now: path choice moves all their pairs (and holds them down)."""
+        return frozenset(s.relay for s in self.by_peer.values() if s.state == "failing")
+
+    def refused(self) -> frozenset[tuple[str, str]]:
+        """(peer, relay) pairs the relay refused, never activated, or did not carry: held down
+        for that pair only."""
+        return frozenset((s.peer, s.relay) for s in self.by_peer.values() if s.state in ("refused", "broken"))
 
     def row(self, peer: str) -> dict[str, Any] | None:
         s = self.by_peer.get(peer)
         if s is None:
             return None
         return {"relay": s.relay, "state": s.state, "port": s.port, "via_ip": s.via_ip, "misses": s.misses,
+                "echo_misses": s.echo_misses, "path_rtt_ms": None if s.path_rtt is None else round(s.path_rtt * 1000, 2),
                 "error": s.error, "for_s": round(trio.current_time() - s.since, 1)}
 
     async def run(self) -> None:
@@ -104,7 +127,13 @@ class Sessions:
         if s.cancel is not None:
             s.cancel.cancel()
         if self.nursery is not None and s.port is not None:
-            self.nursery.start_soon(self._ask, s, "release")
+            self.nursery.start_soon(self._release, s, 0.0 if s.state in ("failing", "refused", "broken") else LINGER)
+
+    async def _release(self, s: Session, after: float) -> None:
+        await trio.sleep(after)
+        current = self.by_peer.get(s.peer)
+        if current is None or current.relay != s.relay:  # not asked again through the same relay meanwhile
+            await self._ask(s, "release")
 
     async def _run(self, s: Session) -> None:
         assert s.cancel is not None
@@ -118,7 +147,10 @@ class Sessions:
                     reply = await self._ask(s, "relay")
                     if reply is not None:
                         renew_at = now + (RENEW if s.state == "active" else ASK_INTERVAL)
-                await self._ping(s)
+                async with trio.open_nursery() as checks:
+                    checks.start_soon(self._ping, s)
+                    if s.state == "active":
+                        checks.start_soon(self._echo, s)
                 await trio.sleep_until(now + PING_INTERVAL)
 
     async def _ask(self, s: Session, op: str) -> dict[str, Any] | None:
@@ -126,7 +158,7 @@ class Sessions:
         g = r.g
         if g.swarm is None:
             return None
-        via_ip = r.direct_ip(s.relay)
+        via_ip = r.relay_ip(s.relay)
         if via_ip is None:
             self._set(s, "refused", error="no IPv4 endpoint of the relay is known")
             return None
@@ -173,9 +205,28 @@ class Sessions:
                 log.warning("relay unreachable: the path goes direct", peer=s.peer, relay=s.relay, misses=s.misses)
                 self._set(s, "failing")
 
+    async def _echo(self, s: Session) -> None:
+        """One overlay echo to the peer, through the relay (the mesh sends it there)."""
+        address = self.r.overlay_address(s.peer)
+        if address is None or s.active_since is None or trio.current_time() - s.active_since < GRACE:
+            return
+        rtt = await icmp.echo(address, ECHO_TIMEOUT)
+        if self.by_peer.get(s.peer) is not s or s.state != "active":
+            return
+        if rtt is not None:
+            s.echo_misses, s.path_rtt = 0, rtt
+            return
+        s.echo_misses += 1
+        if s.echo_misses >= BROKEN_AFTER:
+            log.warning("the relayed path does not carry our packets: the pair goes direct", peer=s.peer,
+                        relay=s.relay, unanswered=s.echo_misses)
+            self._set(s, "broken", error=f"{s.echo_misses} overlay echoes through the relay unanswered")
+
     def _set(self, s: Session, state: str, *, error: str | None = None) -> None:
         if state == s.state and error == s.error:
             return
+        if state == "active" and s.state != "active":
+            s.active_since, s.echo_misses = trio.current_time(), 0
         if state != s.state:
             log.info("relayed path", peer=s.peer, relay=s.relay, state=state, port=s.port,
                      **({"error": error} if error else {}))

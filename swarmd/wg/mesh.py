@@ -98,6 +98,7 @@ class Mesh:
         self.error: str | None = None  # the last failure of the backend, shown in status
         self.readdressed = 0
         self._members: dict[str, Member] = {}
+        self._relayed: dict[str, str] = {}  # routing's: peer -> relay endpoint
         self._configured: set[bytes] = set()  # peers set on the device since it started
         self._proof: tuple[bytes, bytes] | None = None  # (our key, its proof)
         self._warned_network = False
@@ -155,6 +156,7 @@ class Mesh:
         else:
             self._set_addr4(address.choose(swarm, self.keys.public, self._claims(), self.network, self._bound()))
         self.reconciler = Reconciler(self.keys.public)  # a new device has no peers yet
+        self.reconciler.set_relayed(self._relayed)  # routing's relayed paths outlive a restart of the mesh
         self._configured: set[bytes] = set()
         await self.backend.start(private_key=self.keys.private, listen_port=self.port,
                                  addresses=self._cidrs(), mtu=self.mtu)
@@ -274,6 +276,7 @@ class Mesh:
     async def set_relayed(self, relayed: dict[str, str]) -> None:
         """Routing's relayed paths: peer -> the relay endpoint ("IP:port") its packets go to;
         every peer not named goes back to its own endpoint."""
+        self._relayed = dict(relayed)
         if not self.started:
             return
         actions = self.reconciler.set_relayed(relayed)

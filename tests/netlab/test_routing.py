@@ -158,7 +158,7 @@ def test_the_relay_crashing_sends_the_pair_back_to_direct_within_seconds(rl):
                  "both ends back to direct after the relay crashed", interval=0.1)
     assert ping_ms(rl, "h1", overlay(rl, "h2"), count=3) is not None, "h1 reaches h2 directly"
     print(f"failover took {took:.2f} s ({time.monotonic() - crashed:.2f} s with the ping)")
-    assert took < 10, f"back to direct {took:.1f} s after the crash"
+    assert took < 5, f"back to direct {took:.1f} s after the crash (the issue: within 5 s)"
 
 
 def test_a_country_lab_detours_where_the_data_has_a_faster_path(lab):
