@@ -23,6 +23,7 @@ class World:
         self.reported: dict[str, dict[str, float]] = {}
         self.via: dict[str, str] = {}  # peer -> the relay its record names for me
         self.failing: set[str] = set()
+        self.refused: set[tuple[str, str]] = set()  # (peer, relay): the driver's per-pair refusals
         self.coords: dict[tuple[str, str], float] = {}
 
     def add(self, *peers: str, relay: bool = True) -> None:
@@ -45,7 +46,7 @@ class World:
         return PathView(me=self.me, peers=frozenset(self.peers), relays=frozenset(self.relays),
                         own=dict(self.own), reports=lambda p: self.reported.get(p, {}),
                         estimate=lambda a, b: self.coords.get((a, b)), announced=self.via.get,
-                        failing=frozenset(self.failing))
+                        failing=frozenset(self.failing), refused=frozenset(self.refused))
 
 
 def detour_world() -> World:
@@ -353,3 +354,57 @@ def test_property_only_valid_relays_and_deterministic(links, vias, failing, roun
             for peer, relay in one.paths().items():
                 assert relay not in (me, peer, "g", "x") and relay in w.peers and relay not in w.failing
             assert len(one.announced()) <= 2
+
+
+def two_pair_world(me: str = "a") -> World:
+    """b and c both 120 ms from me directly, 20 + 30 through r."""
+    w = World(me)
+    w.add("b", "c", "r")
+    for peer in ("b", "c"):
+        w.link(me, peer, 120)
+        w.link("r", peer, 30)
+    w.link(me, "r", 20)
+    return w
+
+
+def test_a_refused_pair_holds_the_relay_down_for_that_pair_only():
+    w, core = two_pair_world(), Paths("a")
+    run(core, w, 3)
+    assert core.paths() == {"b": "r", "c": "r"}
+    w.refused = {("b", "r")}  # r refused b's pair, or b never asked, or the path did not carry it
+    assert core.evaluate(3.0, w.view()) == [UsePath(peer="b", relay=None)]  # b at once; c stays
+    w.refused = set()  # the session is gone: held down all the same, for HOLD_DOWN_S
+    w.add("d")
+    w.link("a", "d", 120)
+    w.link("r", "d", 30)
+    out = run(core, w, int(HOLD_DOWN_S) - 2, 4)
+    assert [a for a in out if a] == [[UsePath(peer="d", relay="r")]]  # another pair may still take r
+    assert core.paths() == {"c": "r", "d": "r"} and core.held(10.0) == {}  # r itself is not held down
+    out = run(core, w, STABLE_ROUNDS + 1, 3 + HOLD_DOWN_S)
+    assert [a for a in out if a] == [[UsePath(peer="b", relay="r")]]  # after HOLD_DOWN_S, b may use r again
+    assert core.paths() == {"b": "r", "c": "r", "d": "r"}
+
+
+def test_a_refused_pair_is_not_chosen_through_that_relay_but_through_another():
+    w, core = two_pair_world(), Paths("a")
+    w.add("s")
+    w.link("a", "s", 25)
+    w.link("s", "b", 30)  # 55 through s: worse than r's 50, still clearly better than 120
+    w.refused = {("b", "r")}
+    out = run(core, w, 3)
+    assert sorted(out[-1], key=lambda u: u.peer) == [UsePath(peer="b", relay="s"), UsePath(peer="c", relay="r")]
+
+
+def test_the_follower_does_not_follow_a_refused_pair_and_keeps_its_other_pairs():
+    w, core = World("z"), Paths("z")
+    w.add("b", "c", "r")
+    w.via = {"b": "r", "c": "r"}
+    assert sorted(core.evaluate(0.0, w.view()), key=lambda u: u.peer) == [UsePath(peer="b", relay="r"),
+                                                                          UsePath(peer="c", relay="r")]
+    w.refused = {("b", "r")}
+    assert core.evaluate(1.0, w.view()) == [UsePath(peer="b", relay=None)]
+    assert core.explain("b", w.view(), now=1.0)["refused"] == "refused or did not carry this pair lately"
+    w.refused = set()
+    assert run(core, w, int(HOLD_DOWN_S) - 1, 2) == [[]] * (int(HOLD_DOWN_S) - 1)  # held until 61
+    assert core.paths() == {"c": "r"}
+    assert core.evaluate(1.0 + HOLD_DOWN_S, w.view()) == [UsePath(peer="b", relay="r")]
