@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.relay import LEASE, REASONS, End, Grant, Pair, Refused, Relay
+from swarmd.routing.relay import LEASE, PENDING, REASONS, End, Grant, Pair, Refused, Relay
 
 ME = "relay"
 OURS = ("10.9.1.2", "10.9.2.2")
@@ -20,10 +20,12 @@ def relay(**kw) -> Relay:
     return Relay(ME, **kw)
 
 
-def end(peer: str, *, ip: str | None = None, wg_port: int = 51820, via_ip: str | None = None) -> End:
+def end(peer: str, *, ip: str | None = None, wg_port: int = 51820, via_ip: str | None = None,
+        pinned: bool = False) -> End:
     # distinct for the names used here
     ip = ip or IPS.get(peer) or f"10.8.{sum(map(ord, peer)) % 250}.{len(peer) % 250 + 1}"
-    return End(peer=peer, ip=ip, wg_port=wg_port, via_ip=via_ip or (OURS[0] if ip.startswith("10.9.1") else OURS[1]))
+    return End(peer=peer, ip=ip, wg_port=wg_port, via_ip=via_ip or (OURS[0] if ip.startswith("10.9.1") else OURS[1]),
+               pinned=pinned)
 
 
 def ask(r: Relay, now: float, a: str, b: str, **kw) -> Grant | Refused:
@@ -33,7 +35,7 @@ def ask(r: Relay, now: float, a: str, b: str, **kw) -> Grant | Refused:
 def test_a_pair_is_active_only_once_both_ends_asked_and_both_get_one_port():
     r = relay()
     first = ask(r, 0.0, "A", "B")
-    assert first == Grant(40000, False, LEASE) and r.active() == () and r.pairs == 1
+    assert first == Grant(40000, False, PENDING) and r.active() == () and r.pairs == 1
     v = r.version
     second = ask(r, 1.0, "B", "A")
     assert second == Grant(40000, True, 1.0 + LEASE)
@@ -51,7 +53,7 @@ def test_leases_expire_one_end_then_the_pair_and_its_port():
     assert r.next_deadline() == LEASE
     assert r.expire(LEASE - 0.1) is False and len(r.active()) == 1
     assert r.expire(LEASE) is True and r.active() == ()  # A's lease ended: B alone is not relayed
-    assert r.pairs == 1 and r.next_deadline() == 10.0 + LEASE
+    assert r.pairs == 1 and r.pending == 1 and r.next_deadline() == 10.0 + LEASE  # pending again, B's lease first
     assert r.expire(10.0 + LEASE) is False and r.pairs == 0 and r.next_deadline() is None
     assert r.ports_free == 10
 
@@ -99,19 +101,47 @@ def test_ports_are_reused_least_recently_used_first():
     assert ask(r, 0.0, "B", "D").port == 40001
 
 
-def test_the_relay_is_full_at_max_pairs_or_when_ports_run_out():
+def test_the_relay_is_full_at_max_pairs_active_or_when_ports_run_out():
     r = relay(max_pairs=2, ports=(40000, 40009))
-    ask(r, 0.0, "A", "B")
-    ask(r, 0.0, "C", "D")
-    assert ask(r, 0.0, "E", "A") == Refused("full", "this relay forwards for 2 pairs, its limit")
-    assert isinstance(ask(r, 0.0, "B", "A"), Grant)  # the other end of a pair it holds is no new pair
+    for x, y in (("A", "B"), ("B", "A"), ("C", "D"), ("D", "C")):
+        assert isinstance(ask(r, 0.0, x, y), Grant)
+    assert isinstance(ask(r, 0.0, "E", "A"), Grant)  # pending: not counted towards max_pairs
+    assert ask(r, 0.0, "A", "E") == Refused("full", "this relay forwards for 2 pairs, its limit")
+    assert isinstance(ask(r, 1.0, "B", "A"), Grant)  # a renewal of an active pair is no new pair
+    r.release(1.0, "C", "D")
+    assert ask(r, 1.0, "A", "E").active is True
     r2 = relay(ports=(40000, 40000))
     ask(r2, 0.0, "A", "B")
     assert ask(r2, 0.0, "C", "D").reason == "full"
 
 
+def test_pending_pairs_have_small_caps_of_their_own_and_go_after_15_s():
+    """A few members naming arbitrary others cannot fill the relay: a member opens at most 2
+    pairs the other end has not asked for, the relay holds at most 16, and each lasts 15 s
+    from its first request, renewed or not, unless the other end asks."""
+    r = relay(ports=(40000, 40099))
+    assert isinstance(ask(r, 0.0, "A", "m0"), Grant) and isinstance(ask(r, 0.0, "A", "m1"), Grant)
+    refused = ask(r, 0.0, "A", "m2")
+    assert refused.reason == "pending_limit" and "2" in refused.detail
+    for i in range(2, 16, 2):  # 7 more members, 2 pending pairs each: 16 in all
+        assert isinstance(ask(r, 0.0, f"m{i}", f"m{i + 20}"), Grant)
+        assert isinstance(ask(r, 0.0, f"m{i}", f"m{i + 21}"), Grant)
+    assert r.pending == 16 and ask(r, 0.0, "B", "C").reason == "full"
+    assert isinstance(ask(r, 1.0, "m1", "A"), Grant) and len(r.active()) == 1  # the other end: active
+    assert ask(r, 1.0, "B", "C").port  # a pending slot is free again
+    grant = ask(r, 10.0, "A", "m0")  # a renewal does not extend the wait
+    assert grant == Grant(40000, False, PENDING)
+    assert r.expire(PENDING) is False and r.pending == 1  # all but B-C (asked at 1.0) went
+    assert ask(r, PENDING, "m0", "A").active is False  # too late: A's side went, m0's is a new pending pair
+    # an active pair that falls back to one end waits 15 s from then
+    assert r.release(20.0, "m1", "A") is True and r.pending == 2  # with m0-A (B-C went at 16)
+    assert r.expire(20.0 + PENDING - 0.1) is False and r.pending == 1  # m0-A went at 30, A-m1 waits
+    r.expire(20.0 + PENDING)
+    assert r.pending == 0 and r.pairs == 0
+
+
 def test_a_member_holds_at_most_max_per_member_leases_and_cannot_use_up_anothers():
-    r = relay(max_per_member=3)
+    r = relay(max_per_member=3, max_pending_per_member=10)
     for i in range(3):
         assert isinstance(ask(r, 0.0, "A", f"m{i}"), Grant)
     refused = ask(r, 0.0, "A", "m3")
@@ -148,6 +178,7 @@ def test_a_member_holds_at_most_max_per_member_leases_and_cannot_use_up_anothers
     ("A", "B", {"wg_port": 65536}, "malformed"),
     ("A", "B", {"wg_port": True}, "malformed"),
     ("A", "B", {"wg_port": "51820"}, "malformed"),
+    ("A", "B", {"pinned": 1}, "malformed"),
     ("", "B", {"ip": "10.9.1.9"}, "malformed"),
     ("A", "x" * 129, {}, "malformed"),
 ])
@@ -200,7 +231,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["ask", "release", "end", "expire"]),
 def test_invariants_hold_whatever_members_ask(ops):
     """Active pairs are always of two distinct members with distinct addresses, on distinct ports of the
     range, with both leases unexpired; caps hold; ports are never lost."""
-    r = relay(max_pairs=4, max_per_member=2, ports=(40000, 40005), lease=10.0)
+    r = relay(max_pairs=4, max_per_member=2, ports=(40000, 40005), lease=10.0, max_pending=3, pending=4.0)
     now = 0.0
     for op, x, y, dt in ops:
         now += dt
@@ -217,7 +248,7 @@ def test_invariants_hold_whatever_members_ask(ops):
         for p in active:
             assert 40000 <= p.port <= 40005 and p.a.peer < p.b.peer and p.a.ip != p.b.ip
             assert ME not in (p.a.peer, p.b.peer)
-        assert r.pairs <= 4 and r.pairs + r.ports_free == 6
+        assert len(active) <= 4 and r.pending <= 3 and r.pairs + r.ports_free == 6
         held = {}
         for row in r.rows(now):
             for side in ("a", "b"):

@@ -20,7 +20,17 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
 - Nobody pairs with itself or with the relay; both ends must be members (`is_member`).
 - Caps: a member holds at most `max_per_member` leases (a lease counts only for the member
   that asked, so nobody can use up another member's share by naming it), the relay at most
-  `max_pairs` pairs (pending ones included) and never more than its port range.
+  `max_pairs` active pairs and never more than its port range.
+- Pending pairs (one end asked, the other not yet) have caps of their own, small ones: a
+  member may open at most `max_pending_per_member` of them and the relay holds at most
+  `max_pending`, and a pending pair lasts `pending` seconds (15) from its first request,
+  renewed or not, unless the other end asks. A few members naming arbitrary others cannot
+  fill the relay (only active pairs count towards `max_pairs`), and a pair that falls back
+  to one end (the other released or expired) is pending again, with the same limit.
+- `End.pinned`: the end is not behind a NAT (the driver sets it when the request's address is
+  one of the end's WireGuard endpoints), so its WireGuard packets come from `ip:wg_port`,
+  and the rules accept nothing else from it (nft.py: no flow squatting from another port of
+  its address).
 - Leases last `lease` seconds from the last request (the driver renews every 20 s); their
   length is the relay's, never the requester's. An expired lease, a release, a member that
   is gone (`end_member`) or an address of ours that went away (`set_addresses`) takes the
@@ -44,11 +54,14 @@ from dataclasses import dataclass, field
 PORTS = (51821, 52820)  # default relay_ports: one UDP port per relayed pair, above WireGuard's 51820
 MAX_PAIRS = 64  # pairs at once; each is two nat rules and one forward rule
 MAX_PER_MEMBER = 16  # leases one member may hold (paths.MAX_RELAYED: the relayed peers a node keeps)
+MAX_PENDING = 16  # pending pairs (one end asked) the relay holds at once
+MAX_PENDING_PER_MEMBER = 2  # pending pairs one member may open at once
+PENDING = 15.0  # seconds a pending pair waits for its other end (sessions.PENDING_LIMIT: the end gives up then too)
 LEASE = 60.0  # seconds; renewed every 20 s, so two lost renewals are survived
 MAX_PEER_ID = 128  # characters; a libp2p peer id is about 52
 
 REASONS = ("malformed", "not_member", "self_pair", "bad_address", "not_our_address", "same_address",
-           "member_limit", "full")
+           "member_limit", "pending_limit", "full")
 
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 
@@ -60,7 +73,8 @@ class End:
     peer: str  # its peer id (the request's signer)
     ip: str  # where its request came from: the connection's remote IPv4 address
     wg_port: int  # its WireGuard listen port (its record's)
-    via_ip: str  # this relay's IPv4 address it sends to
+    via_ip: str  # this relay's IPv4 address it sends to (one it announces; maybe not local: 1:1 NAT)
+    pinned: bool = False  # not NATed: its packets come from ip:wg_port, and only those are relayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +138,7 @@ def port_number(value: object, where: str) -> int:
 class _Slot:
     port: int
     ends: dict[str, tuple[End, float]] = field(default_factory=dict)  # peer -> (its End, lease expiry)
+    pending_until: float | None = None  # with one end: when the pair goes unless the other end asked
 
 
 class Relay:
@@ -131,21 +146,27 @@ class Relay:
 
     def __init__(self, me: str, *, is_member: Callable[[str], bool], addresses: Iterable[str] = (),
                  exclude: Iterable[str] = (), ports: tuple[int, int] = PORTS, max_pairs: int = MAX_PAIRS,
-                 max_per_member: int = MAX_PER_MEMBER, lease: float = LEASE) -> None:
+                 max_per_member: int = MAX_PER_MEMBER, lease: float = LEASE, max_pending: int = MAX_PENDING,
+                 max_pending_per_member: int = MAX_PENDING_PER_MEMBER, pending: float = PENDING) -> None:
         low, high = ports
         port_number(low, "ports")
         port_number(high, "ports")
         if low > high:
             raise ValueError(f"ports: {low}-{high} is empty")
-        if not (max_pairs >= 1 and max_per_member >= 1 and lease > 0):
-            raise ValueError("max_pairs, max_per_member and lease must be positive")
+        if not (max_pairs >= 1 and max_per_member >= 1 and lease > 0 and max_pending >= 1
+                and max_pending_per_member >= 1 and pending > 0):
+            raise ValueError("max_pairs, max_per_member, lease and the pending limits must be positive")
         self.me = me
         self.is_member = is_member
         self.exclude = tuple(ipaddress.IPv4Network(n, strict=False) for n in exclude)
         self.max_pairs = max_pairs
         self.max_per_member = max_per_member
         self.lease = lease
+        self.max_pending = max_pending
+        self.max_pending_per_member = max_pending_per_member
+        self.pending_for = pending
         self.version = 0
+        self._now = float("-inf")  # the latest time seen (end_member, set_addresses have none)
         self._addresses: frozenset[ipaddress.IPv4Address] = frozenset()
         self._free: deque[int] = deque(range(low, high + 1))
         self._slots: dict[frozenset[str], _Slot] = {}
@@ -157,6 +178,11 @@ class Relay:
     def pairs(self) -> int:
         """Pairs holding a port (pending ones, with one end, included)."""
         return len(self._slots)
+
+    @property
+    def pending(self) -> int:
+        """Pairs with one end: waiting for the other."""
+        return sum(len(slot.ends) == 1 for slot in self._slots.values())
 
     @property
     def ports_free(self) -> int:
@@ -172,7 +198,8 @@ class Relay:
         return tuple(sorted(out, key=lambda p: p.port))
 
     def next_deadline(self) -> float | None:
-        return min((expires for slot in self._slots.values() for _, expires in slot.ends.values()), default=None)
+        return min([expires for slot in self._slots.values() for _, expires in slot.ends.values()]
+                   + [s.pending_until for s in self._slots.values() if s.pending_until is not None], default=None)
 
     def rows(self, now: float) -> list[dict]:
         rows = []
@@ -212,13 +239,24 @@ class Relay:
                 return Refused("member_limit", f"{end.peer} already holds {held} relayed pairs here, the limit "
                                                f"is {self.max_per_member}")
         if slot is None:
-            if len(self._slots) >= self.max_pairs or not self._free:
-                return Refused("full", f"this relay forwards for {len(self._slots)} pairs, its limit")
+            if self.pending >= self.max_pending or not self._free:
+                return Refused("full", f"this relay holds {self.pending} pairs waiting for their other end and "
+                                       f"{len(self._free)} free ports")
+            opened = sum(list(s.ends) == [end.peer] for s in self._slots.values())
+            if opened >= self.max_pending_per_member:
+                return Refused("pending_limit", f"{end.peer} already has {opened} pairs here whose other end has "
+                                                f"not asked, the limit is {self.max_pending_per_member}")
             slot = self._slots[key] = _Slot(self._free.popleft())
+        elif end.peer not in slot.ends and len(self.active()) >= self.max_pairs:
+            return Refused("full", f"this relay forwards for {len(self.active())} pairs, its limit")
         before = self.active()
         expires = now + self.lease
-        slot.ends[end.peer] = (End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via)), expires)
+        slot.ends[end.peer] = (End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via),
+                                   pinned=end.pinned), expires)
+        self._settle()
         self._changed(before)
+        if slot.pending_until is not None:
+            expires = min(expires, slot.pending_until)
         return Grant(slot.port, len(slot.ends) == 2, expires)
 
     def release(self, now: float, peer: str, other: str) -> bool:
@@ -229,7 +267,7 @@ class Relay:
             return changed
         before = self.active()
         del slot.ends[peer]
-        self._free_empty()
+        self._settle()
         return self._changed(before) or changed
 
     def end_member(self, peer: str) -> bool:
@@ -237,11 +275,16 @@ class Relay:
         before = self.active()
         for key in [key for key in self._slots if peer in key]:
             self._slots[key].ends.clear()
-        self._free_empty()
+        self._settle()
         return self._changed(before)
 
     def expire(self, now: float) -> bool:
-        """Leases that ended by `now` go. True if `active()` changed."""
+        """Leases that ended by `now` go, and pending pairs whose other end did not ask in time.
+        True if `active()` changed."""
+        self._now = max(self._now, now)
+        for slot in self._slots.values():
+            if slot.pending_until is not None and slot.pending_until <= now:
+                slot.ends.clear()
         return self._drop(lambda end, expires: expires <= now)
 
     # --- inside ----------------------------------------------------------------------------
@@ -256,6 +299,8 @@ class Relay:
             raise _Refuse("self_pair", "a pair of a member with itself or with the relay")
         try:
             port_number(end.wg_port, "wg_port")
+            if not isinstance(end.pinned, bool):
+                raise ValueError(f"pinned: {end.pinned!r:.20} is not a bool")
             ip = parse_ipv4(end.ip, "the requester's address")
             via = parse_ipv4(end.via_ip, "via_ip")
         except ValueError as exc:
@@ -282,10 +327,17 @@ class Relay:
         for slot in self._slots.values():
             for peer in [peer for peer, (end, expires) in slot.ends.items() if gone(end, expires)]:
                 del slot.ends[peer]
-        self._free_empty()
+        self._settle()
         return self._changed(before)
 
-    def _free_empty(self) -> None:
+    def _settle(self) -> None:
+        """A pair with one end is pending from now (its clock starts when it becomes so); a pair
+        nobody holds frees its port."""
+        for slot in self._slots.values():
+            if len(slot.ends) == 2:
+                slot.pending_until = None
+            elif slot.pending_until is None:
+                slot.pending_until = self._now + self.pending_for
         for key in [key for key, slot in self._slots.items() if not slot.ends]:
             self._free.append(self._slots.pop(key).port)  # to the back: least recently used first
 
