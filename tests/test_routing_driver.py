@@ -3,16 +3,20 @@ this node's relay sessions (sessions.Sessions) and the coordinate exchange (exch
 
 Time is trio's MockClock with autojump (the ``autojump_clock`` fixture), so the timings the
 modules promise (a ping a second, failing after 2 misses, giving up after 15 s pending,
-renewing every 20 s, one coordinate fetch per member per exchange.FRESH) are checked exactly. Every
+renewing every 20 s, an overlay echo a second after a 3 s grace and broken after 3 unanswered,
+a moved pair released 10 s later, one coordinate fetch per member per exchange.FRESH) are
+checked exactly. Every
 member is hostile: answers and requests are the kinds a certified member could send."""
 
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
@@ -34,6 +38,7 @@ ID = {name: peer_str(peer_from_key(bytes(k.verify_key))) for name, k in KEYS.ite
 A, B, C, R, R2, X = (ID[n] for n in ("a", "b", "c", "r", "r2", "x"))
 NAME = {v: k for k, v in ID.items()}
 IP = {A: "198.51.100.1", B: "198.51.100.2", C: "198.51.100.3", R: "192.0.2.100", R2: "192.0.2.200"}
+OVERLAY = {A: "10.211.0.1", B: "10.211.0.2", C: "10.211.0.3"}
 CERT = b"member certificate"
 
 
@@ -92,6 +97,12 @@ class FakeRouting:
     def direct_ip(self, peer: str) -> str | None:
         return IP.get(peer)
 
+    def relay_ip(self, relay: str) -> str | None:
+        return IP.get(relay)
+
+    def overlay_address(self, peer: str) -> str | None:
+        return OVERLAY.get(peer)
+
     def own_ips(self) -> list[str]:
         return [IP[self.g.me]] if self.g.me in IP else []
 
@@ -106,6 +117,13 @@ class FakeRouting:
 
     def rejected(self, reason: str) -> float:
         return self.registry.get_sample_value("swarmd_relay_rejected_total", {"reason": reason}) or 0.0
+
+
+def pending(reply: dict) -> bool:
+    """A grant for a pair whose other end has not asked: a port, not active, a lease of at most
+    60 s (how long a pending pair waits is relay.py's, tested there)."""
+    return set(reply) == {"port", "active", "expires_in"} and reply["port"] == 51821 and reply["active"] is False \
+        and 0 < reply["expires_in"] <= 60.0
 
 
 def stream_from(peer: str, remote=...):
@@ -123,7 +141,43 @@ def relay_server(**states) -> tuple[server.RelayServer, FakeRouting]:
         return peer in view.members
 
     relay = Relay(R, is_member=is_member, addresses=[IP[R]], exclude=("10.211.0.0/16",))
-    return server.RelayServer(routing, relay, forwarder=None), routing
+    return server.RelayServer(routing, relay, forwarder=FakeForwarder()), routing
+
+
+class FakeForwarder:
+    """Records the pairs it was given; ``fail`` applies fail first; ``gate`` (an Event) holds
+    each apply until it is set (nft taking its time)."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.applied: list[tuple[float, tuple]] = []
+        self.fail = fail
+        self.gate: trio.Event | None = None
+        self.closed = False
+
+    async def apply(self, pairs) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("nft: Operation not permitted")
+        self.applied.append((trio.current_time(), tuple((p.port, p.a.peer, p.b.peer) for p in pairs)))
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.closed = True
+
+
+@asynccontextmanager
+async def serving(srv: server.RelayServer):
+    """The server's run loop, which writes the rules: an answer says "active" only once they are in."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(srv.run)
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            yield srv.forwarder
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 def ask(frm: str, *, other: str, op: str = "relay", relay: str = R, via_ip: str = IP[R], issued=None,
@@ -135,11 +189,13 @@ def ask(frm: str, *, other: str, op: str = "relay", relay: str = R, via_ip: str 
 
 async def test_a_pair_is_active_once_both_ends_asked():
     srv, routing = relay_server()
-    first = await srv.answer(ask(A, other=B), A, stream_from(A))
-    assert first == {"port": 51821, "active": False, "expires_in": 60.0}
-    assert srv.relay.active() == ()
-    second = await srv.answer(ask(B, other=A), B, stream_from(B))
-    assert second == {"port": 51821, "active": True, "expires_in": 60.0}
+    async with serving(srv) as fwd:
+        first = await srv.answer(ask(A, other=B), A, stream_from(A))
+        assert pending(first)
+        assert srv.relay.active() == ()
+        second = await srv.answer(ask(B, other=A), B, stream_from(B))
+        assert second == {"port": 51821, "active": True, "expires_in": 60.0}
+        assert fwd.applied[-1][1] == ((51821, *sorted((A, B))),)  # the rules were in before the answer
     (pair,) = srv.relay.active()
     ends = {end.peer: end for end in (pair.a, pair.b)}
     # each end's address is its connection's, its WireGuard port its record's
@@ -149,8 +205,8 @@ async def test_a_pair_is_active_once_both_ends_asked():
 
 
 @pytest.mark.parametrize("who, state", [
-    ("a", None), ("a", State.SUSPECT), ("a", State.DEAD), ("a", State.LEFT), ("a", "nowg"),
-    ("b", None), ("b", State.SUSPECT), ("b", State.DEAD), ("b", State.LEFT), ("b", "nowg"),
+    ("a", None), ("a", State.DEAD), ("a", State.LEFT), ("a", "nowg"),
+    ("b", None), ("b", State.DEAD), ("b", State.LEFT), ("b", "nowg"),
 ])
 async def test_a_pair_end_that_is_not_an_alive_member_with_a_mesh_side_is_refused(who, state):
     states = {"a": State.ALIVE, "b": State.ALIVE, "r": State.ALIVE}
@@ -226,8 +282,9 @@ async def test_every_refusal_is_counted():
 
 async def test_a_release_ends_only_the_senders_lease():
     srv, _ = relay_server()
-    await srv.answer(ask(A, other=B), A, stream_from(A))
-    await srv.answer(ask(B, other=A), B, stream_from(B))
+    async with serving(srv):
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"]
     # C cannot end the pair A-B: its release names its own pair with B, which it holds none of
     assert await srv.answer(ask(C, other=B, op="release"), C, stream_from(C)) == {"released": True}
     assert await srv.answer(ask(C, other=A, op="release"), C, stream_from(C)) == {"released": True}
@@ -242,7 +299,8 @@ async def test_handle_answers_members_and_counts_an_oversize_frame():
     ok = FakeStream(A, [ask(A, other=B)])
     ok.muxed_conn.get_remote_address = lambda: (IP[A], 4001)
     await srv.handle(ok)
-    assert ok.replies() == [{"port": 51821, "active": False, "expires_in": 60.0}]
+    (reply,) = ok.replies()
+    assert pending(reply)
     outsider = FakeStream(X, [{"cert": b"forged", "req": b""}])
     await srv.handle(outsider)
     assert outsider.replies() == [] and srv.rejected == {"not_member": 1}
@@ -259,42 +317,29 @@ async def test_handle_gives_up_on_a_silent_requester(autojump_clock):
     assert trio.current_time() - start == pytest.approx(10.0) and silent.replies() == []
 
 
-async def test_members_that_leave_the_view_lose_their_pairs():
+@pytest.mark.parametrize("state", [State.DEAD, State.LEFT, None])
+async def test_members_that_leave_the_view_lose_their_pairs(state):
     srv, routing = relay_server()
-    await srv.answer(ask(A, other=B), A, stream_from(A))
-    await srv.answer(ask(B, other=A), B, stream_from(B))
+    async with serving(srv):
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"]
     srv.view_changed()
     assert len(srv.relay.active()) == 1
-    routing.g._view = mview(a=State.ALIVE, b=State.DEAD, c=State.ALIVE, r=State.ALIVE)
+    states = {"a": State.ALIVE, "b": state, "c": State.ALIVE, "r": State.ALIVE}
+    routing.g._view = mview(**{k: v for k, v in states.items() if v is not None})
     srv.view_changed()
     assert srv.relay.active() == () and srv.relay.pairs == 0
 
 
 async def test_an_address_of_ours_that_went_away_ends_the_pairs_sent_to_it():
     srv, routing = relay_server()
-    await srv.answer(ask(A, other=B), A, stream_from(A))
-    await srv.answer(ask(B, other=A), B, stream_from(B))
+    async with serving(srv):
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        await srv.answer(ask(B, other=A), B, stream_from(B))
+    assert len(srv.relay.active()) == 1
     routing.own_ips = lambda: ["192.0.2.101"]
     srv.view_changed()
     assert srv.relay.active() == ()
-
-
-class FakeForwarder:
-    def __init__(self, fail: int = 0) -> None:
-        self.applied: list[tuple[float, tuple]] = []
-        self.fail = fail
-        self.closed = False
-
-    async def apply(self, pairs) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.fail:
-            self.fail -= 1
-            raise RuntimeError("nft: Operation not permitted")
-        self.applied.append((trio.current_time(), tuple((p.port, p.a.peer, p.b.peer) for p in pairs)))
-
-    async def close(self) -> None:
-        await trio.lowlevel.checkpoint()
-        self.closed = True
 
 
 async def test_the_kernel_rules_follow_the_active_pairs_and_leases_expire_on_time(autojump_clock):
@@ -356,16 +401,32 @@ def test_any_request_is_answered_with_a_grant_or_a_counted_refusal(req):
         assert routing.rejected(reply["reason"]) == 1 and srv.rejected == {reply["reason"]: 1}
         assert srv.relay.pairs == 0
     else:
-        assert reply == {"port": 51821, "active": False, "expires_in": 60.0} and srv.rejected == {}
+        assert pending(reply) and srv.rejected == {}
 
 # --- this node's side: sessions.Sessions -------------------------------------------------------
 
 class RelayScript:
-    """The relays' answers, by relay and op; records every request (time, relay, op, other, via_ip)."""
+    """The relays' answers, by relay and op; records every request (time, relay, op, other, via_ip).
+    Also the overlay echoes (icmp.echo): each recorded (time, address); an address in
+    ``unanswered`` gets no reply (after the echo's timeout), any other one after ``echo_rtt``."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[float, str, str, str, str]] = []
         self.answer = lambda relay, op, n: {"port": 51821, "active": True, "expires_in": 60.0}
+        self.echoes: list[tuple[float, str]] = []
+        self.unanswered: set[str] = set()
+        self.echo_rtt = 0.052
+
+    async def echo(self, address: str, timeout: float = 1.0) -> float | None:
+        self.echoes.append((trio.current_time(), address))
+        if address in self.unanswered:
+            await trio.sleep(timeout)
+            return None
+        await trio.sleep(self.echo_rtt)
+        return self.echo_rtt
+
+    def echoed(self, peer: str = B) -> list[float]:
+        return [t for t, address in self.echoes if address == OVERLAY[peer]]
 
     async def request(self, host, peer_id, protocol, obj):
         await trio.lowlevel.checkpoint()  # opening a stream: nothing reaches the relay before it
@@ -387,6 +448,7 @@ class RelayScript:
 def script(monkeypatch):
     s = RelayScript()
     monkeypatch.setattr(sessions, "request", s.request)
+    monkeypatch.setattr(sessions.icmp, "echo", s.echo)
     return s
 
 
@@ -412,7 +474,7 @@ async def test_a_session_is_active_only_once_the_relay_says_so(script, autojump_
         await at(t0, 2.5)
         assert s.row(B)["state"] == "requesting" and s.endpoints() == {} and s.failing() == frozenset()
         assert script.ops() == [t0, t0 + 1, t0 + 2]  # asked once a second while pending
-        assert [a[3:] for a in script.asked] == [(B, IP[R])] * 3  # for the pair with B, at the relay's direct IP
+        assert [a[3:] for a in script.asked] == [(B, IP[R])] * 3  # for the pair with B, at the relay's IP
         await at(t0, 3.5)
         assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
         nursery.cancel_scope.cancel()
@@ -458,9 +520,11 @@ async def test_a_pending_session_gives_up_after_15_s(script, autojump_clock):
         t0 = trio.current_time()
         s.use(B, R)
         await at(t0, 15.5)
-        assert s.row(B)["state"] == "requesting" and s.failing() == frozenset()
+        assert s.row(B)["state"] == "requesting" and s.failing() == frozenset() and s.refused() == frozenset()
         await at(t0, 16.5)
-        assert s.row(B)["state"] == "refused" and s.failing() == {R} and s.endpoints() == {}
+        # held down for this pair only: the other end not asking says nothing about the relay
+        assert s.row(B)["state"] == "refused" and s.refused() == {(B, R)} and s.failing() == frozenset()
+        assert s.endpoints() == {}
         assert "other end" in s.row(B)["error"]
         nursery.cancel_scope.cancel()
 
@@ -479,7 +543,8 @@ async def test_a_refusal_or_a_malformed_answer_never_gives_an_endpoint(script, a
         t0 = trio.current_time()
         s.use(B, R)
         await at(t0, 30.5)
-        assert s.row(B)["state"] == "refused" and s.endpoints() == {} and s.failing() == {R}
+        assert s.row(B)["state"] == "refused" and s.endpoints() == {}
+        assert s.refused() == {(B, R)} and s.failing() == frozenset()  # that pair only
         assert s.row(B)["port"] is None
         assert len(s.row(B)["error"]) <= 200
         nursery.cancel_scope.cancel()
@@ -535,10 +600,12 @@ async def test_ending_a_session_releases_it_and_stops_its_pings(script, autojump
         t0 = trio.current_time()
         s.use(B, R)
         await at(t0, 3.5)
-        s.use(B, None)
+        s.use(B, None)  # a planned move: released LINGER later (the other end may still send there)
         assert s.row(B) is None and s.endpoints() == {}
-        await at(t0, 10.5)
-        assert script.ops(op="release") == [t0 + 3.5]
+        await at(t0, 13.4)
+        assert script.ops(op="release") == []
+        await at(t0, 15.5)
+        assert script.ops(op="release") == [t0 + 3.5 + sessions.LINGER]
         assert [a[3] for a in script.asked if a[2] == "release"] == [B]
         assert max(t for t, peer in routing.g.pings) < t0 + 3.5
         assert script.ops() == [t0]
@@ -553,7 +620,7 @@ async def test_switching_relays_releases_the_old_one_and_asks_the_new(script, au
         await at(t0, 2.5)
         s.use(B, R2)
         await at(t0, 30.5)
-        assert script.ops(R, "release") == [t0 + 2.5] and script.ops(R) == [t0]
+        assert script.ops(R, "release") == [t0 + 2.5 + sessions.LINGER] and script.ops(R) == [t0]
         assert script.ops(R2) == [t0 + 2.5, t0 + 22.5] and s.endpoints() == {B: f"{IP[R2]}:51821"}
         assert {peer for t, peer in routing.g.pings if t > t0 + 2.5} == {R2}
         nursery.cancel_scope.cancel()
@@ -589,10 +656,11 @@ async def test_a_release_is_sent_only_for_a_granted_pair(script, autojump_clock)
 async def test_a_relay_without_a_known_ipv4_address_is_refused_at_once(script, autojump_clock):
     async with trio.open_nursery() as nursery:
         s, routing = await start_sessions(nursery)
-        routing.direct_ip = lambda peer: None
+        routing.relay_ip = lambda peer: None
         s.use(B, X)
         await trio.sleep(0.5)
-        assert s.row(B)["state"] == "refused" and script.asked == [] and s.failing() == {X}
+        assert s.row(B)["state"] == "refused" and script.asked == []
+        assert s.refused() == {(B, X)} and s.failing() == frozenset()
         nursery.cancel_scope.cancel()
 
 
