@@ -73,7 +73,7 @@ LAB_RTT = {frozenset(("h1", "h2")): 120.0, frozenset(("h1", "h3")): 20.0, frozen
 LAB_OTHER_MS = 80.0  # h4 (and every other pair): a relay that never wins
 LAB_EQUAL_MS = 50.0  # the relayed path's legs, 20 + 30: direct at this RTT compares the relay's own cost
 FAILOVERS = 3
-# the relay's cap (relay_max_mbit, all its pairs and both directions together: 100 by default) would
+# the relay's cap (relay_max_mbit, all its pairs and both directions together: 1000 by default, 100 before) would
 # bound a relayed all-reduce to half of it each way; raised far above what the lab's userspace
 # WireGuard carries, so relayed vs direct is the relay's own cost; the default is measured at the end
 LAB_ARGS = ["--sandbox", "off"]  # the all-reduce runs as root beside the daemons (as bench/mesh.py's)

@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-interface", metavar="NAME", help="WireGuard interface (default swarm0)")
     p.add_argument("--mesh-port", metavar="PORT", help="WireGuard UDP port (default 51820)")
     p.add_argument("--relay", metavar="auto|off", help="relay other members' WireGuard packets (default auto)")
-    p.add_argument("--relay-max-mbit", metavar="N", help="bandwidth cap on relaying, Mbit/s (default 100)")
+    p.add_argument("--relay-max-mbit", metavar="N", help="bandwidth cap on relaying, Mbit/s (default 1000)")
     p.add_argument("--relay-ports", metavar="LOW-HIGH", help="UDP ports for relayed pairs (default 51821-52820)")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="Prometheus endpoint (port 0: any free port; 'off' to disable)")

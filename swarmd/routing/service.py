@@ -45,6 +45,7 @@ log = structlog.get_logger("swarmd.routing")
 EVALUATE_EVERY = 1.0  # seconds between path evaluations (paths.py counts its rounds in them)
 WINDOW = 5  # our RTT to a peer: the least of its last WINDOW samples (rises again when a path slows)
 MEASURE_TIMEOUT = 2.0
+REASSERT_FOR = 10.0  # seconds after a path change its endpoint is written again each evaluation (roaming)
 REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news worth a record
 
 
@@ -75,6 +76,7 @@ class Routing:
         self._snap = _Snap(view=gossip.view(), me=gossip.me)
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
+        self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
         self._wake = trio.Event()
         self.errors = 0
         self._last_error: str | None = None
@@ -296,9 +298,15 @@ class Routing:
             self._reported = dict(own)
             self.g.readvertise()
         relayed = {p: e for p, e in self.sessions.endpoints().items() if self.paths.path(p) is not None}
+        now = trio.current_time()
         if relayed != self._relayed and self.mesh is not None:
             await self.mesh.set_relayed(relayed)  # raises while the backend is down: tried again next round
+            for peer in set(relayed) ^ set(self._relayed) | {p for p in relayed if self._relayed.get(p) != relayed[p]}:
+                self._switched[peer] = now
             self._relayed = relayed
+        self._switched = {p: t for p, t in self._switched.items() if now - t < REASSERT_FOR}
+        if self._switched and self.mesh is not None:
+            await self.mesh.reassert(self._switched)
         path_ms = {}
         for peer, relay in self.paths.paths().items():
             if peer not in relayed:

@@ -284,6 +284,17 @@ class Mesh:
         if configs:
             await self.backend.set_peers(configs)
 
+    async def reassert(self, peers: Iterable[str]) -> None:
+        """Write these peers' endpoints to the device again, as the reconciler has them: WireGuard
+        roams a peer's endpoint to wherever its last packet came from, and just after a path
+        change the other end may still send the old way (routing calls this for a few seconds)."""
+        if not self.started:
+            return
+        wanted = {m.public for p in peers if (m := self._members.get(p)) is not None}
+        configs = [_config(spec) for public, spec in self.reconciler.current.items() if public in wanted]
+        if configs:
+            await self.backend.set_peers(configs)
+
     def peers(self) -> set[str]:
         """The members this node's WireGuard device has as peers."""
         return set(self._members)
