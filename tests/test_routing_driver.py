@@ -679,6 +679,160 @@ async def test_a_slow_relay_is_bounded_by_the_request_timeout(monkeypatch, autoj
         nursery.cancel_scope.cancel()
 
 
+async def test_the_relay_is_asked_and_sent_to_at_the_ip_relay_ip_gives(script, autojump_clock):
+    # Routing.relay_ip: our libp2p connection's address of the relay when its record lists it,
+    # not simply the first endpoint the relay's record names
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        routing.relay_ip = lambda relay: "203.0.113.7"
+        s.use(B, R)
+        await trio.sleep(0.5)
+        assert [a[4] for a in script.asked] == ["203.0.113.7"] and s.endpoints() == {B: "203.0.113.7:51821"}
+        nursery.cancel_scope.cancel()
+
+
+# --- the end-to-end check: an overlay echo through the relay (icmp.echo) ----------------------
+
+async def test_a_path_that_does_not_carry_echoes_is_broken_after_exactly_three_past_the_grace(script,
+                                                                                            autojump_clock):
+    script.unanswered.add(OVERLAY[B])
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)  # active at once
+        await at(t0, 2.99)
+        assert s.row(B)["state"] == "active" and script.echoes == []  # GRACE: the other end switches too
+        await at(t0, 5.99)
+        assert script.echoed() == [t0 + 3, t0 + 4, t0 + 5]  # one a second, to the peer's overlay address
+        row = s.row(B)
+        assert row["state"] == "active" and row["echo_misses"] == 2 and s.endpoints() != {}
+        await at(t0, 6.01)  # the third went unanswered (ECHO_TIMEOUT) at t0 + 6
+        row = s.row(B)
+        assert row["state"] == "broken" and row["error"] == "3 overlay echoes through the relay unanswered"
+        # held down for this pair only (the relay may carry our other pairs well), no endpoint
+        assert s.refused() == {(B, R)} and s.failing() == frozenset() and s.endpoints() == {}
+        await at(t0, 30.5)  # the renewal at t0 + 20 says the pair is active at the relay: still broken
+        assert s.row(B)["state"] == "broken" and s.endpoints() == {}
+        assert len(script.echoed()) == 3  # a broken path is not echoed any more
+        s.use(B, None)  # path choice sends it direct: released at once, it failed
+        await at(t0, 30.6)
+        assert script.ops(op="release") == [t0 + 30.5]
+        nursery.cancel_scope.cancel()
+
+
+async def test_answered_echoes_keep_a_path_active_and_measure_it(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 2.99)
+        assert s.row(B)["path_rtt_ms"] is None
+        await at(t0, 3.5)
+        assert s.row(B)["path_rtt_ms"] == 52.0  # end to end through the relay
+        script.echo_rtt = 0.061
+        await at(t0, 4.5)
+        assert s.row(B)["path_rtt_ms"] == 61.0
+        script.unanswered.add(OVERLAY[B])  # two lost in a row (sent at t0 + 5 and + 6) are not three
+        await at(t0, 6.5)
+        script.unanswered.clear()
+        await at(t0, 7.03)
+        assert s.row(B)["state"] == "active" and s.row(B)["echo_misses"] == 2
+        await at(t0, 7.5)
+        assert s.row(B)["echo_misses"] == 0
+        script.unanswered.add(OVERLAY[B])  # one more lost (sent at t0 + 8): the count started again
+        await at(t0, 8.5)
+        script.unanswered.clear()
+        await at(t0, 9.03)
+        assert s.row(B)["state"] == "active" and s.row(B)["echo_misses"] == 1
+        await at(t0, 60.5)
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
+        assert script.echoed() == [t0 + i for i in range(3, 61)]
+        assert s.refused() == frozenset() and s.failing() == frozenset()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_active_again_path_gets_a_new_grace(script, autojump_clock):
+    # back from failing (the relay's pings recovered), the other end may be switching back too
+    script.unanswered.add(OVERLAY[B])
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        routing.g.relay_down.add(R)
+        await at(t0, 1.5)
+        assert s.row(B)["state"] == "failing"
+        routing.g.relay_down.clear()
+        await at(t0, 2.5)
+        assert s.row(B)["state"] == "active"  # at t0 + 2
+        await at(t0, 4.99)
+        assert script.echoed() == []
+        await at(t0, 8.01)
+        assert script.echoed() == [t0 + 5, t0 + 6, t0 + 7] and s.row(B)["state"] == "broken"
+        nursery.cancel_scope.cancel()
+
+
+# --- releases: make before break on a planned move, at once on a failure ----------------------
+
+async def test_a_pair_moved_back_to_the_same_relay_within_linger_is_not_released(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 3.5)
+        s.use(B, None)
+        await at(t0, 8.5)
+        s.use(B, R)  # asked again before its release was due
+        await at(t0, 40.5)
+        assert script.ops(op="release") == [] and script.ops() == [t0, t0 + 8.5, t0 + 28.5]
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pair_moved_away_and_back_releases_only_the_relay_it_left(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 3.5)
+        s.use(B, R2)
+        await at(t0, 5.5)
+        s.use(B, R)
+        await at(t0, 30.5)
+        assert script.ops(R, "release") == [] and script.ops(R2, "release") == [t0 + 5.5 + sessions.LINGER]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failing_pair_is_released_at_once(script, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 4.5)
+        routing.g.relay_down.add(R)
+        await at(t0, 6.5)
+        assert s.row(B)["state"] == "failing"
+        s.use(B, None)
+        await at(t0, 6.6)
+        assert script.ops(op="release") == [t0 + 6.5]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_pair_refused_after_a_grant_is_released_at_once(script, autojump_clock):
+    script.answer = lambda relay, op, n: ({"port": 51821, "active": True, "expires_in": 60.0} if n == 1
+                                          else {"error": "this relay cannot install its forwarding rules now",
+                                                "reason": "rules_failed"})
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 20.5)  # the renewal is refused
+        assert s.row(B)["state"] == "refused" and s.refused() == {(B, R)}
+        s.use(B, None)
+        await at(t0, 20.6)
+        assert script.ops(op="release") == [t0 + 20.5]
+        nursery.cancel_scope.cancel()
+
+
 # --- coordinates: exchange.Exchange ----------------------------------------------------------
 
 GOOD = [0.01, -0.02, 0.0, 0.003, 0.0, 0.0, 0.0, 0.0, 0.002, 0.4, -0.001]

@@ -181,7 +181,7 @@ class Sessions:
             self._set(s, "refused", error=str(reply.get("error", "a malformed answer"))[:200])
             return None
         s.port, s.via_ip, s.granted = port, via_ip, active is True
-        if active is True and s.state != "failing":
+        if active is True and s.state not in ("failing", "broken"):  # the relay's word cannot undo our echoes
             self._set(s, "active", error=None)
         elif active is not True and s.state == "active":  # the other end let go: direct until it asks again
             s.since = trio.current_time()
