@@ -146,18 +146,21 @@ def relay_server(**states) -> tuple[server.RelayServer, FakeRouting]:
 
 class FakeForwarder:
     """Records the pairs it was given; ``fail`` applies fail first; ``gate`` (an Event) holds
-    each apply until it is set (nft taking its time)."""
+    each apply until it is set, ``delay`` makes each take that long (nft taking its time)."""
 
     def __init__(self, fail: int = 0) -> None:
         self.applied: list[tuple[float, tuple]] = []
         self.fail = fail
         self.gate: trio.Event | None = None
+        self.delay = 0.0
         self.closed = False
 
     async def apply(self, pairs) -> None:
         await trio.lowlevel.checkpoint()
+        pairs = tuple(pairs)
         if self.gate is not None:
             await self.gate.wait()
+        await trio.sleep(self.delay)
         if self.fail:
             self.fail -= 1
             raise RuntimeError("nft: Operation not permitted")
@@ -382,6 +385,130 @@ async def test_rules_that_cannot_be_applied_are_retried_and_reported(autojump_cl
         assert fwd.applied == [(t0 + 10, ())] and srv.status()["error"] is None
         nursery.cancel_scope.cancel()
     assert fwd.closed
+
+async def test_a_pair_is_answered_active_only_once_its_rules_are_in(autojump_clock):
+    srv, _ = relay_server()
+    async with serving(srv) as fwd:
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        fwd.gate = trio.Event()  # nft is slow this time
+        answers = []
+
+        async def b_asks():
+            answers.append((await srv.answer(ask(B, other=A), B, stream_from(B)), trio.current_time()))
+
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(b_asks)
+            await trio.sleep(1.0)
+            assert answers == [] and len(srv.relay.active()) == 1  # granted by the core, not yet forwarded
+            fwd.gate.set()
+        (reply, when), = answers
+        assert reply["active"] is True and when == t0 + 1.0
+        assert fwd.applied[-1] == (t0 + 1.0, ((51821, *sorted((A, B))),))
+
+
+async def test_a_pair_whose_rules_do_not_go_in_is_not_answered_active(autojump_clock):
+    srv, _ = relay_server()  # no run loop: nothing writes the rules
+    await srv.answer(ask(A, other=B), A, stream_from(A))
+    t0 = trio.current_time()
+    reply = await srv.answer(ask(B, other=A), B, stream_from(B))
+    assert reply["port"] == 51821 and reply["active"] is False
+    assert trio.current_time() - t0 == pytest.approx(server.APPLY_WAIT)
+
+
+async def test_rules_failing_while_an_answer_waits_for_them_answer_not_active_at_once(autojump_clock):
+    srv, _ = relay_server()
+    async with serving(srv) as fwd:
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        fwd.fail, fwd.delay = 1, 0.5
+        t0 = trio.current_time()
+        reply = await srv.answer(ask(B, other=A), B, stream_from(B))
+        assert reply["active"] is False and trio.current_time() == t0 + 0.5  # not after APPLY_WAIT
+        assert srv.error is not None
+
+
+async def test_others_changing_the_rules_meanwhile_do_not_keep_an_answer_waiting(autojump_clock):
+    # nft takes 1 s; another pair (A-C) is switched on and off every 0.25 s meanwhile: the rules
+    # written are never the core's latest, but those holding B's pair go in within 2 s
+    srv, _ = relay_server()
+    async with serving(srv) as fwd:
+        fwd.delay = 1.0
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+
+        async def churn(nursery):
+            while True:
+                await srv.answer(ask(C, other=A), C, stream_from(C))
+                nursery.start_soon(srv.answer, ask(A, other=C), A, stream_from(A))
+                await trio.sleep(0.25)
+                await srv.answer(ask(A, other=C, op="release"), A, stream_from(A))
+                await trio.sleep(0.25)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(churn, nursery)
+            await trio.sleep(0.1)
+            t0 = trio.current_time()
+            reply = await srv.answer(ask(B, other=A), B, stream_from(B))
+            assert reply["active"] is True and trio.current_time() - t0 <= 2.0
+            nursery.cancel_scope.cancel()
+
+
+async def test_while_its_rules_cannot_be_applied_the_relay_refuses_and_then_serves_again(autojump_clock):
+    srv, routing = relay_server()
+    srv.forwarder = FakeForwarder(fail=2)  # the first write and the next try fail
+    async with serving(srv) as fwd:
+        t0 = trio.current_time()
+        assert "Operation not permitted" in srv.status()["error"]
+        for who, other in ((A, B), (B, A), (A, B)):
+            reply = await srv.answer(ask(who, other=other), who, stream_from(who))
+            assert reply["reason"] == "rules_failed" and "port" not in reply
+        assert routing.rejected("rules_failed") == 3 and srv.rejected == {"rules_failed": 3}
+        assert srv.relay.pairs == 0  # nothing granted meanwhile
+        # a release is still taken (and wakes the loop, which tries again at once: the second failure)
+        assert await srv.answer(ask(A, other=B, op="release"), A, stream_from(A)) == {"released": True}
+        await at(t0, 4.9)
+        assert srv.status()["error"] is not None and fwd.fail == 0
+        await at(t0, 5.1)  # retried 5 s later
+        assert srv.status()["error"] is None and fwd.applied == [(t0 + 5, ())]
+        assert pending(await srv.answer(ask(A, other=B), A, stream_from(A)))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"] is True
+
+
+@pytest.mark.parametrize("who", ["a", "b"])
+async def test_a_suspect_end_is_still_served(who):
+    # any member can make another suspect for a moment: the relay must not be a way to cut a pair
+    srv, routing = relay_server(**{"a": State.ALIVE, "b": State.ALIVE, "r": State.ALIVE, who: State.SUSPECT})
+    async with serving(srv):
+        assert pending(await srv.answer(ask(A, other=B), A, stream_from(A)))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"] is True
+    assert srv.rejected == {} and routing.rejected("not_member") == 0
+
+
+@pytest.mark.parametrize("state, kept", [(State.SUSPECT, True), (State.ALIVE, True), (State.DEAD, False),
+                                         (State.LEFT, False)])
+async def test_a_suspect_members_pairs_survive_a_view_change_a_dead_ones_do_not(state, kept):
+    srv, routing = relay_server()
+    async with serving(srv) as fwd:
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"] is True
+        routing.g._view = mview(a=State.ALIVE, b=state, c=State.ALIVE, r=State.ALIVE)
+        srv.view_changed()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(srv.relay.active()) == (1 if kept else 0)
+        assert fwd.applied[-1][1] == (((51821, *sorted((A, B))),) if kept else ())
+
+
+async def test_a_refusal_is_logged_once_per_reason_and_peer_but_counted_every_time():
+    srv, routing = relay_server(a=State.ALIVE, b=State.ALIVE, r=State.ALIVE)
+    with capture_logs() as logs:
+        for _ in range(5):
+            await srv.answer(ask(A, other=C), A, stream_from(A))  # C is not in the view
+            await srv.answer(ask(B, other=C), B, stream_from(B))
+            await srv.answer(ask(A, other=B, via_ip="10.0.0.1"), A, stream_from(A))
+    refused = [(e["peer"], e["reason"]) for e in logs if e["event"] == "relay request refused"]
+    assert sorted(refused) == sorted([(A, "not_member"), (B, "not_member"), (A, "not_our_address")])
+    assert routing.rejected("not_member") == 10 and routing.rejected("not_our_address") == 5
+    assert srv.rejected == {"not_member": 10, "not_our_address": 5}
+
 
 _junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
                      | st.binary(max_size=40),

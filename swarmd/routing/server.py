@@ -50,7 +50,7 @@ class RelayServer:
         self.rejected: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self.wake = trio.Event()
-        self.applied_event = trio.Event()  # set (and replaced) whenever the rules caught up with the core
+        self.applied_event = trio.Event()  # set (and replaced) whenever an attempt to write the rules ended
 
     def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
         self.r.metrics_rejected.labels(reason).inc()
@@ -104,11 +104,13 @@ class RelayServer:
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)
         self.wake.set()
-        if result.active and self.relay.version != self.applied:  # the rules go in first: "active" means forwarded
+        needed = self.relay.version  # rules of this version or a later one hold the pair (others' changes
+        # meanwhile must not keep it waiting: versions only grow, and the loop writes the latest)
+        if result.active and self.applied < needed:  # the rules go in first: "active" means forwarded
             with trio.move_on_after(APPLY_WAIT):
-                while self.relay.version != self.applied and self.error is None:
+                while self.applied < needed and self.error is None:
                     await self.applied_event.wait()
-        active = result.active and self.relay.version == self.applied
+        active = result.active and self.applied >= needed
         return {"port": result.port, "active": active, "expires_in": round(result.expires - now, 1)}
 
     def view_changed(self) -> None:
@@ -136,6 +138,8 @@ class RelayServer:
                     except Exception as exc:  # nft refused or vanished: say so, keep serving, retry
                         self.error = f"{exc.__class__.__name__}: {exc}"
                         log.error("cannot apply the relay's forwarding rules", error=self.error)
+                        self.applied_event.set()  # answers waiting for these rules: not active, now
+                        self.applied_event = trio.Event()
                     self.r.metrics_pairs.set(len(self.relay.active()))
                 deadline = self.relay.next_deadline()
                 wait = 5.0 if self.error else (60.0 if deadline is None else max(0.05, deadline - trio.current_time()))
