@@ -1070,3 +1070,135 @@ async def test_the_exchange_answers_members_only(monkeypatch):
     await ex.handle(big)
     assert big.replies() == [] and [r[0] for r in routing.g.rejected] == ["too_large"]
 
+
+
+# --- the driver: Routing (containment, the relay's IP, the peer's overlay address) ---------------
+
+class HostGossip(FakeGossip):
+    """What Routing.run and Routing.relay_ip read of the gossip service besides FakeGossip's."""
+
+    def __init__(self, me: str, view: View | None = None, connections: dict[str, list[str]] | None = None) -> None:
+        super().__init__(me, view)
+        self.joined = trio.Event()
+        self.joined.set()
+        self.handlers: dict[str, object] = {}
+        self.readvertised = 0
+        conns = connections or {}
+
+        def get_connections(peer_id):
+            return [SimpleNamespace(muxed_conn=SimpleNamespace(get_remote_address=lambda ip=ip: (ip, 4001)))
+                    for ip in conns.get(str(peer_id), [])]
+
+        self.host = SimpleNamespace(set_stream_handler=self.handlers.__setitem__,
+                                    get_network=lambda: SimpleNamespace(get_connections=get_connections))
+
+    def guarded(self, handler):
+        return handler
+
+    def readvertise(self) -> None:
+        self.readvertised += 1
+
+
+class FakeMesh:
+    def __init__(self, direct: dict[str, str] | None = None) -> None:
+        self.direct = direct or {}
+        self.set_calls: list[tuple[float, dict]] = []
+        self.down = 0  # set_relayed calls that raise (the backend being restarted)
+
+    def peers(self) -> set[str]:
+        return set()
+
+    def info(self):
+        return None
+
+    def direct_ip(self, peer: str, version: int) -> str | None:
+        return self.direct.get(peer)
+
+    async def reassert(self, peers) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def set_relayed(self, relayed: dict[str, str]) -> None:
+        self.set_calls.append((trio.current_time(), dict(relayed)))
+        if self.down:
+            self.down -= 1
+            raise RuntimeError("wireguard-go is not running")
+
+
+def make_routing(gossip: FakeGossip, mesh=None):
+    from swarmd.routing.service import Routing
+
+    config = SimpleNamespace(relay="off", relay_ports=(51821, 52820), relay_max_mbit=100)
+    return Routing(gossip=gossip, mesh=mesh, config=config, metrics=SimpleNamespace(registry=CollectorRegistry()))
+
+
+async def test_an_exception_in_a_routing_step_is_counted_and_logged_and_the_next_step_runs(autojump_clock):
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)))
+    real, calls = routing._evaluate, []
+
+    async def _evaluate(nursery):
+        calls.append(trio.current_time())
+        if len(calls) <= 2:
+            raise ValueError("an own endpoint is loopback")
+        if len(calls) == 3:
+            raise KeyError("something else")
+        await real(nursery)
+
+    async def _start_relay(nursery):
+        raise RuntimeError("nft vanished")
+
+    routing._evaluate, routing._start_relay = _evaluate, _start_relay
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            t0 = trio.current_time()
+            nursery.start_soon(routing.run)  # would raise out of here, and take the daemon down, if not contained
+            await trio.sleep(5.5)
+            nursery.cancel_scope.cancel()
+    assert calls == [t0 + i for i in range(1, 6)]  # every second, on after each failure
+    assert routing.errors == 4 and routing.status()["errors"] == 4  # the relay's start and three evaluations
+    failed = [(e["step"], e["error"]) for e in logs if e["event"] == "routing step failed; the daemon goes on"]
+    assert failed == [("_start_relay", "RuntimeError: nft vanished"),
+                      ("_evaluate", "ValueError: an own endpoint is loopback"),  # the same twice: logged once
+                      ("_evaluate", "KeyError: 'something else'")]
+    assert routing.status()["last_error"] == "KeyError: 'something else'"
+
+
+async def test_relayed_paths_the_mesh_could_not_take_are_pushed_again_next_round(autojump_clock):
+    mesh = FakeMesh()
+    mesh.down = 2
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)), mesh)
+
+    async def no_clean_up():  # as root with nft, it would remove this host's real relay table
+        pass
+
+    routing._clean_leftovers = no_clean_up
+    routing.sessions.endpoints = lambda: {B: f"{IP[R]}:51821"}
+    routing.paths.path = lambda peer: R
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(routing.run)
+        await trio.sleep(3.5)
+        nursery.cancel_scope.cancel()
+    t0 = mesh.set_calls[0][0]
+    assert mesh.set_calls == [(t0 + i, {B: f"{IP[R]}:51821"}) for i in range(3)]  # until it took them, then once
+    assert routing.errors == 2 and routing._relayed == {B: f"{IP[R]}:51821"}
+
+
+def test_the_relays_ip_is_the_one_our_connection_reaches_if_its_record_lists_it():
+    view = mview(a=State.ALIVE, r=State.ALIVE, r2=State.ALIVE, c=State.ALIVE)
+    for name, endpoints in (("r", ("2001:db8::1", "203.0.113.9", "192.0.2.100")), ("r2", ("192.0.2.200",)),
+                            ("c", ("2001:db8::3",))):
+        view.members[ID[name]].record.wg.endpoints = endpoints
+    connections = {R: ["198.18.0.1", "192.0.2.100"], R2: ["198.18.0.2"], C: ["2001:db8::3"]}
+    mesh = FakeMesh({R: "203.0.113.9", R2: "192.0.2.200", C: "2001:db8::3"})
+    routing = make_routing(HostGossip(A, view, connections), mesh)
+    assert routing.relay_ip(R) == "192.0.2.100"  # proven by TCP and listed; not the mesh's first choice
+    assert routing.relay_ip(R2) == "192.0.2.200"  # connected from an address it does not list: the mesh's
+    assert routing.relay_ip(C) is None  # IPv6 only: relays are IPv4
+    assert routing.relay_ip(X) is None  # unknown, no connection, no endpoint
+
+
+def test_the_overlay_address_is_the_peers_records():
+    view = mview(a=State.ALIVE, b=State.ALIVE, c="nowg")
+    view.members[B].record.wg.addr4 = "10.211.0.2"
+    routing = make_routing(HostGossip(A, view))
+    assert routing.overlay_address(B) == "10.211.0.2"
+    assert routing.overlay_address(C) is None and routing.overlay_address(X) is None
