@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+import structlog.testing
 import trio
 
 from swarmd.routing import nft
@@ -34,6 +35,7 @@ real = pytest.mark.skipif(os.geteuid() != 0 or not all(map(shutil.which, ("nft",
                                 reason="needs root (network namespaces), nft, ip and sysctl")
 
 A_IP, STRANGER_IP, RA, RB, B_IP = "10.9.1.1", "10.9.1.3", "10.9.1.2", "10.9.2.2", "10.9.2.1"
+PUBLIC = "203.0.113.2"  # R's address as a 1:1 NAT in front of it shows it to A (no interface of R holds it)
 TABLE = "swarmd_relay_test"
 NO = 1.0  # seconds a datagram that must not arrive is waited for (one that must takes well under a millisecond)
 YES = 5.0
@@ -110,7 +112,7 @@ class Lab:
     def forwarder(self, cap: int = 1 << 30) -> Forwarder:
         exec_r = ("ip", "netns", "exec", self.r)
         return Forwarder(TABLE, cap_bytes_per_s=cap, ports=(40000, 40099), nft=(*exec_r, "nft"),
-                         sysctl=(*exec_r, "sysctl"), netns=f"/run/netns/{self.r}")
+                         sysctl=(*exec_r, "sysctl"), netns=f"/run/netns/{self.r}", local_ips=lambda: (RA, RB))
 
     def ip_forward(self, value: int | None = None) -> int:
         if value is not None:
@@ -204,6 +206,21 @@ def test_no_forwarding_when_nft_fails_and_close_runs_even_when_cancelled(fake):
     assert (fake / "ip_forward").read_text() == "0\n" and not (fake / "table").exists()
 
 
+def test_ip_forward_someone_changed_is_left_alone_at_close(fake):
+    """This daemon wrote 1; someone set it back to 0 meanwhile (another tool owns it now): close
+    writes nothing and says so."""
+    fw = fake_forwarder(fake)
+    trio.run(fw.start)
+    assert (fake / "ip_forward").read_text() == "1\n"
+    (fake / "ip_forward").write_text("0\n")
+    os.utime(fake / "ip_forward", (1_000_000, 1_000_000))
+    with structlog.testing.capture_logs() as logs:
+        trio.run(fw.close)
+    assert (fake / "ip_forward").stat().st_mtime == 1_000_000  # not written
+    assert any("no longer the 1 this daemon wrote" in entry["event"] for entry in logs)
+    assert not (fake / "table").exists()
+
+
 def test_bad_settings_are_refused_before_anything_runs():
     for table, cap in (("bad name", 1000), (TABLE, 0)):
         with pytest.raises(ValueError):
@@ -215,6 +232,10 @@ def test_bad_settings_are_refused_before_anything_runs():
 
 def _sh(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+def _nft(ns: str, script: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script, check=True, text=True, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -258,9 +279,10 @@ def forwarder(lab) -> Iterator[Forwarder]:
         lab.ip_forward(0)
 
 
-def pair(port: int, a_port: int, b_port: int) -> Pair:
-    return Pair(port, End(peer="A", ip=A_IP, wg_port=a_port, via_ip=RA),
-                End(peer="B", ip=B_IP, wg_port=b_port, via_ip=RB))
+def pair(port: int, a_port: int, b_port: int, *, a_pinned: bool = True, a_via: str = RA) -> Pair:
+    """A and B not NATed (pinned: their packets come from their WireGuard ports) unless said."""
+    return Pair(port, End(peer="A", ip=A_IP, wg_port=a_port, via_ip=a_via, pinned=a_pinned),
+                End(peer="B", ip=B_IP, wg_port=b_port, via_ip=RB, pinned=True))
 
 
 @pytest.fixture
@@ -341,7 +363,7 @@ def test_a_rebound_source_port_recovers_when_the_pair_is_released_and_asked_agai
     """An end's NAT gives it a new source port (same address): the relay cannot see it, and the old
     flow, kept alive by B, blocks the new one. Releasing and asking again clears it."""
     a_port, b_port = sockets
-    p = pair(40009, a_port, b_port)
+    p = pair(40009, a_port, b_port, a_pinned=False)  # behind a NAT
     trio.run(forwarder.apply, [p])
     assert lab.relayed(lab.agent_a, "a", (RA, 40009), lab.agent_b, "b", "old") == [["old", RB, 40009]]
     lab.agent_a(op="bind", sock="rebound", ip=A_IP, port=a_port + 4000)
@@ -378,6 +400,59 @@ def test_after_close_a_live_flow_is_not_relayed_even_where_the_host_forwards(lab
         lab.ip_forward(0)
 
 
+@real
+def test_a_relay_behind_1_to_1_nat_forwards(lab, forwarder, sockets):
+    """R announces PUBLIC, which none of its interfaces holds (a cloud VM): A sends to PUBLIC:P, a
+    1:1 NAT in front of R (modelled in A's namespace) hands it to R as RA:P and maps R's answers from
+    RA back to PUBLIC; what leaves R from PUBLIC is dropped (the cloud's anti-spoofing)."""
+    a_port, b_port = sockets
+    _nft(lab.a, f"""table ip cloud_nat {{
+      chain out {{ type nat hook output priority -100; ip daddr {PUBLIC} udp dport 40000-40099 dnat to {RA}; }}
+      chain in {{ type nat hook input priority 100; ip saddr {RA} udp sport 40000-40099 snat to {PUBLIC}; }}
+    }}""")
+    _sh("ip", "-n", lab.a, "route", "add", PUBLIC, "via", RA)
+    _nft(lab.r, f"table ip cloud_egress {{ chain post {{ type filter hook postrouting priority 200; "
+                f"ip saddr {PUBLIC} drop; }}; }}")
+    try:
+        trio.run(forwarder.apply, [pair(40010, a_port, b_port, a_via=PUBLIC), pair(40011, a_port, b_port, a_via=PUBLIC)])
+        assert lab.relayed(lab.agent_a, "a", (PUBLIC, 40010), lab.agent_b, "b", "up") == [["up", RB, 40010]]
+        assert lab.relayed(lab.agent_b, "b", (RB, 40010), lab.agent_a, "a", "down") == [["down", PUBLIC, 40010]]
+        # B first (a flow towards A made at R): it leaves R from RA, A sees PUBLIC
+        assert lab.relayed(lab.agent_b, "b", (RB, 40011), lab.agent_a, "a", "b first") == [["b first", PUBLIC, 40011]]
+        assert lab.relayed(lab.agent_a, "a", (PUBLIC, 40011), lab.agent_b, "b", "reply") == [["reply", RB, 40011]]
+    finally:
+        _sh("ip", "netns", "exec", lab.a, "nft", "delete table ip cloud_nat")
+        _sh("ip", "-n", lab.a, "route", "del", PUBLIC)
+        _sh("ip", "netns", "exec", lab.r, "nft", "delete table ip cloud_egress")
+
+
+@real
+def test_nobody_else_at_a_pinned_ends_address_can_take_the_pair(lab, forwarder, sockets):
+    """Another port of A's address (a job on A, a host behind A's NAT, a spoofer) speaks first: it
+    makes no flow, and A's WireGuard port still gets the pair, both ways."""
+    a_port, b_port = sockets
+    lab.agent_a(op="bind", sock="squat", ip=A_IP, port=a_port + 4000)
+    try:
+        trio.run(forwarder.apply, [pair(40012, a_port, b_port)])
+        assert lab.relayed(lab.agent_a, "squat", (RA, 40012), lab.agent_b, "b", "mine now", wait=NO) == []
+        assert lab.relayed(lab.agent_a, "a", (RA, 40012), lab.agent_b, "b", "real") == [["real", RB, 40012]]
+        assert lab.relayed(lab.agent_b, "b", (RB, 40012), lab.agent_a, "a", "back") == [["back", RA, 40012]]
+    finally:
+        lab.agent_a(op="close", sock="squat")
+
+
+@real
+def test_b_first_to_a_natted_a_waits_for_a_and_then_works(lab, forwarder, sockets):
+    """A is behind a port-translating NAT: its record's port (here a_port + 3000) is not where its
+    packets come from. B speaking first must not make a flow to that port (it would hold the pair's
+    mapping against A's real flow for as long as B keeps sending): B's datagrams wait for A's."""
+    a_port, b_port = sockets
+    trio.run(forwarder.apply, [pair(40013, a_port + 3000, b_port, a_pinned=False)])
+    lab.agent_b(op="send", sock="b", to=[RB, 40013], data="too early")
+    assert lab.relayed(lab.agent_a, "a", (RA, 40013), lab.agent_b, "b", "a speaks") == [["a speaks", RB, 40013]]
+    assert lab.relayed(lab.agent_b, "b", (RB, 40013), lab.agent_a, "a", "b answers") == [["b answers", RA, 40013]]
+
+
 SIZE, COUNT, RATE = 1000, 1500, 1_000_000  # 1.5 MB at 1 MB/s
 
 
@@ -402,6 +477,32 @@ def test_the_bandwidth_cap_drops_what_is_above_it(lab, forwarder, sockets):
     allowed = cap * (seconds + 1.0) / wire  # the rate for the whole burst, plus a bucket of up to 1 s
     assert 0.5 * cap * seconds / wire <= got <= 1.2 * allowed, (got, seconds)
     assert got < 0.3 * COUNT
+
+
+@real
+def test_pairs_coming_and_going_do_not_lift_the_cap(lab, forwarder, sockets):
+    """Two members toggle their own pair every 50 ms while a third pair streams at 10 x the cap: every
+    change of the rules must leave the cap's bucket as it was (the table is not made anew)."""
+    a_port, b_port = sockets
+    cap, count, rate = 50_000, 1000, 500_000  # bytes/s; 1 MB at 500 kB/s: 2 s
+    forwarder.cap_bytes_per_s = cap
+    streaming, toggled = pair(40014, a_port, b_port), pair(40015, a_port + 1, b_port + 1)
+    trio.run(forwarder.apply, [streaming])
+    applied = forwarder.applied
+
+    async def toggle() -> None:
+        for i in range(40):
+            await forwarder.apply([streaming, toggled] if i % 2 == 0 else [streaming])
+            await trio.sleep(0.05)
+
+    lab.agent_b.post(op="recv", sock="b", count=count, first=YES, quiet=0.5)
+    lab.agent_a.post(op="send", sock="a", to=[RA, 40014], data="x", size=SIZE, count=count, rate=rate)
+    trio.run(toggle)
+    seconds = lab.agent_a.answer()["seconds"]
+    got = lab.agent_b.answer()["n"]
+    assert forwarder.applied >= applied + 30  # the rules did change all along
+    allowed = cap * (seconds + 1.0) / (SIZE + 28)  # the cap for the whole burst, plus its bucket of 1 s
+    assert got <= 1.2 * allowed, (got, seconds)
 
 
 @real

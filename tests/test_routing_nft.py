@@ -12,9 +12,10 @@ import pytest
 from swarmd.routing import nft
 from swarmd.routing.relay import End, Pair
 
-A = End(peer="A", ip="10.9.1.1", wg_port=5001, via_ip="10.9.1.2")
-B = End(peer="B", ip="10.9.2.1", wg_port=5000, via_ip="10.9.2.2")
-C = End(peer="C", ip="192.168.7.3", wg_port=51820, via_ip="10.9.1.2")
+A = End(peer="A", ip="10.9.1.1", wg_port=5001, via_ip="10.9.1.2", pinned=True)
+B = End(peer="B", ip="10.9.2.1", wg_port=5000, via_ip="10.9.2.2", pinned=True)
+C = End(peer="C", ip="192.168.7.3", wg_port=51820, via_ip="10.9.1.2")  # behind a NAT: not pinned
+LOCAL = ("10.9.1.2", "10.9.2.2")
 
 GOLDEN = """\
 # swarmd relay: 2 pairs, cap 12500000 bytes/s
@@ -22,11 +23,11 @@ add table ip swarmd_relay_wg0
 delete table ip swarmd_relay_wg0
 table ip swarmd_relay_wg0 {
   comment "swarmd: ip_forward was off"
+  limit cap { rate over 12500000 bytes/second }
   chain pre {
     type nat hook prerouting priority dstnat; policy accept;
-    ip saddr 10.9.1.1 ip daddr 10.9.1.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.2.1:5000
-    ip saddr 10.9.2.1 ip daddr 10.9.2.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.1.1:5001
-    ip saddr 10.9.2.1 ip daddr 10.9.2.2 udp dport 40001 ct mark set 0x53579c41 dnat to 192.168.7.3:51820
+    ip saddr 10.9.1.1 udp sport 5001 ip daddr 10.9.1.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.2.1:5000
+    ip saddr 10.9.2.1 udp sport 5000 ip daddr 10.9.2.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.1.1:5001
     ip saddr 192.168.7.3 ip daddr 10.9.1.2 udp dport 40001 ct mark set 0x53579c41 dnat to 10.9.2.1:5000
     # a new flow to a relay port that is no pair's: no conntrack entry either (it would catch
     # the pair's datagrams if the pair came back on this port)
@@ -52,7 +53,7 @@ table ip swarmd_relay_wg0 {
     drop
   }
   chain cap {
-    limit rate over 12500000 bytes/second drop
+    limit name "cap" drop
     accept
   }
 }
@@ -62,7 +63,7 @@ PORTS = (40000, 40099)
 
 
 def render_(*args, **kw) -> str:
-    return nft.render(*args, **{"ports": PORTS, **kw})
+    return nft.render(*args, **{"ports": PORTS, "local": LOCAL, **kw})
 
 
 def test_render_golden():
@@ -77,6 +78,38 @@ def test_forwarding_that_was_on_is_left_alone_and_no_pairs_is_an_empty_table():
     assert "dnat" not in script and "snat" not in script
     relayed = script[script.index("chain relayed"):script.index("chain cap")]
     assert relayed.splitlines()[-3:-1] == ["    drop", "  }"]  # stale flows of removed pairs are dropped
+
+
+def test_pinned_ends_are_matched_on_their_port_and_no_flow_goes_towards_a_natted_end():
+    """B (pinned) and C (behind a NAT) above: only C may make their flow, and A's and B's
+    flows come only from their WireGuard ports (nobody else at their address can squat the pair)."""
+    pre = GOLDEN[GOLDEN.index("chain pre"):GOLDEN.index("chain post")]
+    assert "ip saddr 10.9.2.1 udp sport 5000 ip daddr 10.9.2.2 udp dport 40001" not in pre
+    unpinned = [End(peer=e.peer, ip=e.ip, wg_port=e.wg_port, via_ip=e.via_ip) for e in (A, B)]
+    script = render_("t", [Pair(40000, *unpinned)], cap_bytes_per_s=1000, drop_other_forwarding=False)
+    assert "sport" not in script and script.count("dnat to") == 2  # neither pinned: the first sender's flow
+
+
+def test_a_relay_behind_1_to_1_nat_matches_any_local_address_and_masquerades():
+    """A cloud VM announces its public address; the datagrams reach it addressed to its private one,
+    and its answers must leave from it (the cloud's NAT turns them into the public one)."""
+    public = End(peer="A", ip="10.9.1.1", wg_port=5001, via_ip="203.0.113.2", pinned=True)
+    script = render_("t", [Pair(40000, public, B)], cap_bytes_per_s=1000, drop_other_forwarding=False)
+    assert ("ip saddr 10.9.1.1 udp sport 5001 fib daddr type local udp dport 40000 ct mark set 0x53579c40 "
+            "dnat to 10.9.2.1:5000") in script
+    assert "ct mark 0x53579c40 ip daddr 10.9.1.1 meta l4proto udp masquerade to :40000" in script
+    assert "ct mark 0x53579c40 ip daddr 10.9.2.1 meta l4proto udp snat to 10.9.2.2:40000" in script  # local
+    assert "203.0.113.2" not in script
+
+
+def test_an_update_refills_no_bucket_it_only_refills_the_rule_chains():
+    script = render_("t", PAIRS, cap_bytes_per_s=1000, drop_other_forwarding=True, update=True)
+    head = script.splitlines()[1:5]
+    assert head == [f"flush chain ip t {c}" for c in ("pre", "post", "forward", "relayed")]
+    assert "delete table" not in script and "limit" not in script and "chain cap" not in script
+    fresh = render_("t", PAIRS, cap_bytes_per_s=1000, drop_other_forwarding=True)
+    assert script.split("table ip t {\n")[1] == fresh.split('  limit cap { rate over 1000 bytes/second }\n')[1] \
+        .replace('  chain cap {\n    limit name "cap" drop\n    accept\n  }\n', "")
 
 
 def test_table_names_and_marks():
@@ -104,6 +137,7 @@ def end(**kw) -> End:
     {"wg_port": "51820 accept"},
     {"wg_port": 70000},
     {"wg_port": False},
+    {"pinned": "yes"},
 ])
 def test_render_refuses_what_relay_should_have_refused(bad):
     """Defence in depth: a value that slipped past relay.py (or a Pair built by hand) adds no statement."""
@@ -138,10 +172,13 @@ def test_nft_accepts_the_script():
     ns = f"swrc{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
+        natted = [Pair(40002, End(peer="D", ip="10.9.3.1", wg_port=1, via_ip="203.0.113.2"), C)]
         for drop in (True, False):
-            script = render_("swarmd_relay_wg0", PAIRS, cap_bytes_per_s=12_500_000, drop_other_forwarding=drop)
-            done = subprocess.run(["ip", "netns", "exec", ns, "nft", "-c", "-f", "-"], input=script.encode(),
-                                  capture_output=True)
-            assert done.returncode == 0, done.stderr.decode()
+            for check, update in (("-c", False), ("", False), ("-c", True)):  # an update needs the table in
+                script = render_("swarmd_relay_wg0", PAIRS + natted, cap_bytes_per_s=12_500_000,
+                                 drop_other_forwarding=drop, update=update)
+                done = subprocess.run(["ip", "netns", "exec", ns, "nft", *([check] if check else []), "-f", "-"],
+                                      input=script.encode(), capture_output=True)
+                assert done.returncode == 0, done.stderr.decode()
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -17,14 +17,24 @@ Rules of this module:
   when the forwarder starts (a previous run's) and closes. A failed deletion is logged and
   counted, never fatal: the forward chain drops a stale flow anyway.
 - Only one change at a time (a lock); a script identical to the one in place is not run again.
+  The table is made once (and again when the cap changes, or after an update failed);
+  after that a change only refills its rule chains (nft.render(update=True)): the
+  bandwidth cap's bucket survives pairs coming and going.
+- Which of the relay's addresses are local is read at every apply (`local_ips`; by default
+  this namespace's IPv4 addresses): an end's via_ip that is not local is the public
+  address of a 1:1 NAT in front of the relay (nft.py).
+- ip_forward goes back off at close only if it still holds the 1 this daemon wrote; if
+  someone changed it meanwhile it is theirs now: left alone, and logged.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+import socket
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import psutil
 import structlog
 import trio
 
@@ -39,13 +49,20 @@ PROC_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 CLOSE_TIMEOUT = 10.0  # seconds close() may take even when cancelled (it undoes kernel state)
 
 
+def own_ipv4() -> list[str]:
+    """This network namespace's IPv4 addresses (every interface's)."""
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET})
+
+
 class Forwarder:
     def __init__(self, table: str, *, cap_bytes_per_s: int, ports: tuple[int, int] = PORTS,
                  nft: Sequence[str] = ("nft",),
                  sysctl: Sequence[str] | None = None, ip_forward: Path = PROC_IP_FORWARD,
-                 flush_conntrack: bool = True, netns: str | None = None) -> None:
-        """`nft`, `sysctl`, `netns` (a path like /run/netns/NAME, for the conntrack socket) reach
-        another network namespace than the daemon's (tests); `flush_conntrack=False` without root."""
+                 flush_conntrack: bool = True, netns: str | None = None,
+                 local_ips: Callable[[], Iterable[str]] = own_ipv4) -> None:
+        """`nft`, `sysctl`, `netns` (a path like /run/netns/NAME, for the conntrack socket) and
+        `local_ips` reach another network namespace than the daemon's (tests);
+        `flush_conntrack=False` without root."""
         rules.render(table, (), ports=ports, cap_bytes_per_s=cap_bytes_per_s, drop_other_forwarding=True)  # checks
         self.table = table
         self.ports = ports
@@ -55,13 +72,15 @@ class Forwarder:
         self.ip_forward = ip_forward
         self.flush_conntrack = flush_conntrack
         self.netns = netns
+        self.local_ips = local_ips
         self.conntrack_errors = 0  # deletions that failed (status)
         self.forwarding_was_off: bool | None = None  # None: not known yet (not started)
         self.started = False  # the table is in place and forwarding on
         self.applied = 0  # scripts run (status, tests)
         self._pairs: tuple[Pair, ...] = ()
         self._in_place: dict[int, Pair] = {}  # port -> the pair the table in place forwards there
-        self._script: str | None = None
+        self._script: str | None = None  # the table in place, as a whole-table script
+        self._made: tuple[int, bool] | None = None  # (cap, drop_other_forwarding) the table was made with
         self._lock = trio.Lock()
 
     async def start(self) -> None:
@@ -77,7 +96,7 @@ class Forwarder:
             if not self.started:
                 await self._start()
                 return True
-            if not await self._run(self._render()):
+            if not await self._run():
                 return False
             now = {p.port: p for p in pairs}
             stale, self._in_place = [port for port, was in self._in_place.items() if now.get(port) != was], now
@@ -94,11 +113,14 @@ class Forwarder:
                 if was_off is None:
                     was_off = await self._left_off()
                 self.forwarding_was_off, self.started, self._script, self._pairs = None, False, None, ()
-                self._in_place = {}
+                self._in_place, self._made = {}, None
                 failed: Exception | None = None
                 if was_off:
                     try:
-                        await self._write(False)
+                        if await self._read():
+                            await self._write(False)
+                        else:  # someone turned it off meanwhile: theirs now
+                            log.warning("relay: net.ipv4.ip_forward is no longer the 1 this daemon wrote; left as is")
                     except (OSError, NftError) as exc:
                         failed = exc
                 try:
@@ -117,21 +139,36 @@ class Forwarder:
         on = await self._read()
         if self.forwarding_was_off is None:  # known before anything changes: close() undoes a partial start
             self.forwarding_was_off = not on or await self._left_off()
-        await self._run(self._render())
+        await self._run()
         await self._forget(None)  # a previous run's flows, made by rules that are gone
         self._in_place = {p.port: p for p in self._pairs}
         if not on:
             await self._write(True)
         self.started = True
 
-    def _render(self) -> str:
+    def _render(self, local: tuple[str, ...], *, update: bool = False) -> str:
         return rules.render(self.table, self._pairs, ports=self.ports, cap_bytes_per_s=self.cap_bytes_per_s,
-                            drop_other_forwarding=bool(self.forwarding_was_off))
+                            drop_other_forwarding=bool(self.forwarding_was_off), local=local, update=update)
 
-    async def _run(self, script: str) -> bool:
+    async def _run(self) -> bool:
+        """Put the table for the pairs in place: its rule chains only when the table was made with
+        the same cap and policy (the cap's bucket lives on), else the whole table. False if the
+        table in place is that already."""
+        local = tuple(self.local_ips())
+        script = self._render(local)
         if script == self._script:
             return False
-        await apply(script, nft=self.nft)
+        made = (self.cap_bytes_per_s, bool(self.forwarding_was_off))
+        try:
+            if self._made != made:
+                raise NftError("the table is made anew")
+            await apply(self._render(local, update=True), nft=self.nft)
+        except NftError as exc:
+            if self._made == made:  # the table went (someone deleted it?): made anew
+                log.warning("relay: updating the rules failed, replacing the table", error=str(exc))
+            self._made = None
+            await apply(script, nft=self.nft)
+            self._made = made
         self._script = script
         self.applied += 1
         return True

@@ -9,24 +9,44 @@ pair's WireGuard session is end to end, the relay sees only ciphertext. One tabl
 - chain `pre` (nat, prerouting): the first datagram of a flow from A to R_a:P sets the
   conntrack mark MARK | P and is DNATed to B's port (and B's to R_b:P to A's). Conntrack
   makes every later datagram, both ways, part of that flow: B's answers are the flow's
-  replies and reach A at the address and port A really sends from (A behind a NAT works).
+  replies and reach A at the address and port A really sends from.
   A new flow to a relay port of this host that matches no pair is dropped there: it leaves
   no conntrack entry behind that would hold the port's datagrams once the pair is back.
+- Whoever makes the first flow owns the pair's mapping (one SNAT port per pair), so: a
+  *pinned* end (not NATed, relay.End.pinned) is matched on its source port too (its
+  WireGuard port): nobody else at its address (another process, a spoofer, a host behind
+  the same NAT) can make the flow. Towards an end that is not pinned (behind a NAT, its
+  real source port unknown) a pinned end makes no flow: it would go to the record's port,
+  which the NAT drops, and then hold the mapping against the end's real flow. That end
+  speaks first (its WireGuard keepalive at the latest), the flow is its, and the pinned
+  end's datagrams are its replies. Two ends that are both not pinned: the first sender's
+  flow (to the other's record port), as before.
+- The relay behind a 1:1 NAT (a cloud VM announcing its public address, which no local
+  interface holds): the datagrams arrive addressed to the private address. An end's
+  `via_ip` that is a local address is matched as the destination; one that is not is
+  matched as "any local address" (`fib daddr type local`).
 - chain `post` (nat, postrouting): a marked flow is SNATed to R's address on the far side
-  and port P, so B sees R_b:P, the endpoint it sends to.
+  and port P, so B sees R_b:P, the endpoint it sends to; when R_b is not local (1:1 NAT),
+  to port P of the address the route to B leaves from (`masquerade to :P`), which the NAT
+  in front turns into R_b.
 - chain `forward` (filter, forward): a marked packet goes to `relayed`; everything else is
   dropped when this daemon turned forwarding on (`drop_other_forwarding`: the host had
   net.ipv4.ip_forward off and must not become a router for anything but the pairs), and
   left alone otherwise.
 - chain `relayed`: a packet passes only between the two addresses of an active pair with
   that pair's mark, then through one byte rate limit for all pairs (the relay's bandwidth
-  cap: above it packets are dropped, WireGuard's inner TCP slows down). A marked packet of
+  cap, the named limit `cap`: above it packets are dropped, WireGuard's inner TCP slows
+  down). One pair can take the whole cap (no per-pair share). A marked packet of
   any other flow is dropped: conntrack entries outlive the rules that made them (UDP flows
   last while packets keep coming), so a pair that was removed (a member revoked, a lease
   expired) or a port that now belongs to another pair must be stopped here.
 
-Every script replaces the whole table in one transaction (`add table` so that the
-`delete table` finds one; then the new table), so a rule set is never half applied.
+A script is one transaction, so a rule set is never half applied. The first one (and one
+that changes the cap or the forwarding policy) replaces the whole table (`add table` so
+that the `delete table` finds one; then the new table). Later ones (`update=True`) flush
+the rule chains and add their rules again, leaving the table and its named limit in place:
+the limit's bucket is not refilled by a pair coming or going (else toggling a pair, which
+any two members can do, would lift the cap for everyone).
 Everything written is validated again here, whatever relay.py checked: addresses through
 `ipaddress` (unicast IPv4 hosts), ports as ints in range, the table name against a strict
 pattern, the cap as an int in range. No value can add a statement.
@@ -57,11 +77,17 @@ def table_name(ifname: str) -> str:
     return ("swarmd_relay_" + re.sub(r"[^A-Za-z0-9_]", "_", ifname))[:32]
 
 
+RULE_CHAINS = ("pre", "post", "forward", "relayed")  # what an update flushes and fills again
+
+
 def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS, cap_bytes_per_s: int,
-           drop_other_forwarding: bool) -> str:
-    """The script that replaces `table` with the rules for `pairs` (relay.Relay.active()), whose
-    ports are in the relay's range `ports`."""
+           drop_other_forwarding: bool, local: Iterable[str] = (), update: bool = False) -> str:
+    """The script that puts the rules for `pairs` (relay.Relay.active()), whose ports are in the
+    relay's range `ports`, in `table`: the whole table replaced, or with `update` its rule chains
+    only (the table, made by the same arguments but the pairs, must be there). `local`: this
+    host's own IPv4 addresses (an end's via_ip that is not one of them is behind a 1:1 NAT)."""
     _check_table(table)
+    local_ips = {parse_ipv4(ip, "local address") for ip in local}
     low, high = (port_number(p, "ports") for p in ports)
     if low > high:
         raise ValueError(f"ports: {low}-{high} is empty")
@@ -77,24 +103,31 @@ def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS,
         if pair.port in seen or not low <= pair.port <= high:
             raise ValueError(f"port {pair.port} twice or outside {low}-{high}")
         seen.add(pair.port)
-        a, a_port, a_via = _end(pair.a, "a")
-        b, b_port, b_via = _end(pair.b, "b")
+        a, a_port, a_via, a_pinned = _end(pair.a, "a")
+        b, b_port, b_via, b_pinned = _end(pair.b, "b")
         if a == b:
             raise ValueError(f"pair on port {pair.port}: both ends at {a}")
         p = pair.port
-        pre += [f"    ip saddr {a} ip daddr {a_via} udp dport {p} ct mark set {m} dnat to {b}:{b_port}",
-                f"    ip saddr {b} ip daddr {b_via} udp dport {p} ct mark set {m} dnat to {a}:{a_port}"]
-        post += [f"    ct mark {m} ip daddr {b} meta l4proto udp snat to {b_via}:{p}",
-                 f"    ct mark {m} ip daddr {a} meta l4proto udp snat to {a_via}:{p}"]
+        for src, s_port, s_via, s_pinned, dst, d_port, d_pinned in (
+                (a, a_port, a_via, a_pinned, b, b_port, b_pinned), (b, b_port, b_via, b_pinned, a, a_port, a_pinned)):
+            if s_pinned and not d_pinned:
+                continue  # no flow towards a NATed end: it makes the pair's flow, from its real port
+            sport = f" udp sport {s_port}" if s_pinned else ""
+            daddr = f"ip daddr {s_via}" if s_via in local_ips else "fib daddr type local"
+            pre.append(f"    ip saddr {src}{sport} {daddr} udp dport {p} ct mark set {m} dnat to {dst}:{d_port}")
+        for dst, d_via in ((b, b_via), (a, a_via)):
+            snat = f"snat to {d_via}:{p}" if d_via in local_ips else f"masquerade to :{p}"
+            post.append(f"    ct mark {m} ip daddr {dst} meta l4proto udp {snat}")
         relayed += [f"    ct mark {m} ip saddr . ip daddr {{ {a} . {b}, {b} . {a} }} jump cap"]
-    lines = [
-        f"# swarmd relay: {len(seen)} pairs, cap {cap_bytes_per_s} bytes/s",
-        f"add table ip {table}",
-        f"delete table ip {table}",
-        f"table ip {table} {{",
-    ]
-    if drop_other_forwarding:
-        lines.append(f'  comment "{FORWARDING_WAS_OFF}"')
+    lines = [f"# swarmd relay: {len(seen)} pairs, cap {cap_bytes_per_s} bytes/s"]
+    if update:
+        lines += [f"flush chain ip {table} {chain}" for chain in RULE_CHAINS]
+        lines.append(f"table ip {table} {{")
+    else:
+        lines += [f"add table ip {table}", f"delete table ip {table}", f"table ip {table} {{"]
+        if drop_other_forwarding:
+            lines.append(f'  comment "{FORWARDING_WAS_OFF}"')
+        lines.append(f"  limit cap {{ rate over {cap_bytes_per_s} bytes/second }}")
     lines += [
         "  chain pre {",
         "    type nat hook prerouting priority dstnat; policy accept;",
@@ -118,12 +151,10 @@ def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS,
         "    # a flow of no active pair (its conntrack entry outlived the rules)",
         "    drop",
         "  }",
-        "  chain cap {",
-        f"    limit rate over {cap_bytes_per_s} bytes/second drop",
-        "    accept",
-        "  }",
-        "}",
     ]
+    if not update:
+        lines += ["  chain cap {", '    limit name "cap" drop', "    accept", "  }"]
+    lines.append("}")
     return "\n".join(lines) + "\n"
 
 
@@ -138,9 +169,12 @@ def _check_table(table: object) -> None:
         raise ValueError(f"bad nftables table name {table!r:.40}")
 
 
-def _end(end: object, name: str) -> tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address]:
+def _end(end: object, name: str) -> tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address, bool]:
     ip = parse_ipv4(getattr(end, "ip", None), f"{name}.ip")
     via = parse_ipv4(getattr(end, "via_ip", None), f"{name}.via_ip")
     check_host(ip, f"{name}.ip")
     check_host(via, f"{name}.via_ip")
-    return ip, port_number(getattr(end, "wg_port", None), f"{name}.wg_port"), via
+    pinned = getattr(end, "pinned", None)
+    if not isinstance(pinned, bool):
+        raise ValueError(f"{name}.pinned: {pinned!r:.20} is not a bool")
+    return ip, port_number(getattr(end, "wg_port", None), f"{name}.wg_port"), via, pinned
