@@ -898,6 +898,30 @@ async def test_an_active_again_path_gets_a_new_grace(script, autojump_clock):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_host_that_cannot_echo_keeps_its_relayed_paths_unchecked(script, monkeypatch, autojump_clock):
+    tried = []
+
+    async def unavailable(address, timeout=1.0):
+        tried.append(trio.current_time())
+        raise sessions.icmp.Unavailable("no raw ICMP socket (PermissionError: [Errno 1] Operation not permitted)")
+
+    monkeypatch.setattr(sessions.icmp, "echo", unavailable)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            s, routing = await start_sessions(nursery)
+            t0 = trio.current_time()
+            s.use(B, R)
+            s.use(C, R)
+            await at(t0, 30.5)
+            assert s.row(B)["state"] == s.row(C)["state"] == "active" and s.refused() == frozenset()
+            assert s.endpoints() == {B: f"{IP[R]}:51821", C: f"{IP[R]}:51821"}
+            nursery.cancel_scope.cancel()
+    assert tried == [t0 + 3]  # tried once: the host cannot, and says so once
+    assert "no raw ICMP socket" in s.unchecked
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "relayed paths are not checked end to end here (needs CAP_NET_RAW)"]
+
+
 # --- releases: make before break on a planned move, at once on a failure ----------------------
 
 async def test_a_pair_moved_back_to_the_same_relay_within_linger_is_not_released(script, autojump_clock):

@@ -6,7 +6,9 @@ packets, no NAT in the way, an honest relay) shows only end to end: an echo to t
 overlay address, which its kernel answers through WireGuard, hence through the relay.
 A raw ICMP socket (the daemon is root wherever relayed paths exist: the mesh needs it),
 IPv4; the reply is matched by identifier and sequence. Returns the RTT in seconds, or
-None when no reply came within ``timeout`` (or no raw socket can be had).
+None when no reply came within ``timeout``; raises ``Unavailable`` when no raw socket can be
+had (no CAP_NET_RAW, as under a unit whose capability set leaves it out): the path cannot be
+checked, which says nothing about the path.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import trio
 
 ECHO_REQUEST, ECHO_REPLY = 8, 0
 PAYLOAD = b"swarmd path check"
+
+
+class Unavailable(OSError):
+    """No raw ICMP socket here: echoes cannot be sent (not an unanswered echo)."""
 
 
 def checksum(data: bytes) -> int:
@@ -51,8 +57,8 @@ async def echo(address: str, timeout: float = 1.0) -> float | None:
     ident, seq = os.getpid() & 0xFFFF, int.from_bytes(os.urandom(2), "big")
     try:
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
-    except OSError:
-        return None
+    except OSError as exc:
+        raise Unavailable(f"no raw ICMP socket ({exc.__class__.__name__}: {exc})") from None
     with sock:
         started = time.monotonic()
         with trio.move_on_after(timeout):

@@ -80,6 +80,7 @@ class Sessions:
         self.r = routing
         self.by_peer: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
+        self.unchecked: str | None = None  # why relayed paths cannot be echoed here (no raw socket)
 
     def use(self, peer: str, relay: str | None) -> None:
         """Path choice changed ``peer``'s path: end its session, start one through ``relay``."""
@@ -208,9 +209,15 @@ class Sessions:
     async def _echo(self, s: Session) -> None:
         """One overlay echo to the peer, through the relay (the mesh sends it there)."""
         address = self.r.overlay_address(s.peer)
-        if address is None or s.active_since is None or trio.current_time() - s.active_since < GRACE:
+        if address is None or s.active_since is None or trio.current_time() - s.active_since < GRACE \
+                or self.unchecked is not None:
             return
-        rtt = await icmp.echo(address, ECHO_TIMEOUT)
+        try:
+            rtt = await icmp.echo(address, ECHO_TIMEOUT)
+        except icmp.Unavailable as exc:  # cannot check is not broken: every relayed path would go direct
+            self.unchecked = str(exc)
+            log.warning("relayed paths are not checked end to end here (needs CAP_NET_RAW)", error=self.unchecked)
+            return
         if self.by_peer.get(s.peer) is not s or s.state != "active":
             return
         if rtt is not None:
