@@ -1119,6 +1119,9 @@ class HostGossip(FakeGossip):
     def guarded(self, handler):
         return handler
 
+    def is_member(self, peer: str) -> bool:  # the gate: a certificate not revoked
+        return peer != X
+
     def readvertise(self) -> None:
         self.readvertised += 1
 
@@ -1226,3 +1229,20 @@ def test_the_overlay_address_is_the_peers_records():
     routing = make_routing(HostGossip(A, view))
     assert routing.overlay_address(B) == "10.211.0.2"
     assert routing.overlay_address(C) is None and routing.overlay_address(X) is None
+
+
+@pytest.mark.parametrize("state, served", [(State.ALIVE, True), (State.SUSPECT, True), (State.DEAD, False),
+                                           (State.LEFT, False)])
+async def test_the_relay_core_counts_a_suspect_member_as_a_member(state, served):
+    # the server lets a suspect end through (server.IN_SERVICE); the core's is_member, the driver's
+    # _alive_member, must not refuse it after all
+    view = mview(a=state, b=State.ALIVE, r=State.ALIVE)
+    routing = make_routing(HostGossip(R, view))
+    relay = Relay(R, is_member=routing._alive_member, addresses=[IP[R]], exclude=("10.211.0.0/16",))
+    srv = server.RelayServer(routing, relay, FakeForwarder())
+    async with serving(srv):
+        first = await srv.answer(ask(B, other=A), B, stream_from(B))
+        assert pending(first) if served else first["reason"] == "not_member"
+        if served:
+            assert (await srv.answer(ask(A, other=B), A, stream_from(A)))["active"] is True
+    assert routing._alive_member(B) and not routing._alive_member(X)

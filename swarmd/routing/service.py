@@ -243,8 +243,9 @@ class Routing:
         return None
 
     def _alive_member(self, peer: str) -> bool:
+        # suspect counts (server.IN_SERVICE): anyone can make a member suspect for a moment
         m = self.g.view().get(peer)
-        return m is not None and m.state is State.ALIVE and self.g.is_member(peer)
+        return m is not None and m.state in (State.ALIVE, State.SUSPECT) and self.g.is_member(peer)
 
     # --- the evaluation -----------------------------------------------------------------
 
