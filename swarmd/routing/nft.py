@@ -36,7 +36,9 @@ pair's WireGuard session is end to end, the relay sees only ciphertext. One tabl
 - chain `relayed`: a packet passes only between the two addresses of an active pair with
   that pair's mark, then through one byte rate limit for all pairs (the relay's bandwidth
   cap, the named limit `cap`: above it packets are dropped, WireGuard's inner TCP slows
-  down). One pair can take the whole cap (no per-pair share). A marked packet of
+  down). One pair can take the whole cap: there is no per-pair share (a policer is not
+  work-conserving, so a split of the cap by pairs would waste an idle pair's part, and
+  fair queueing is tc's, not nftables'). A marked packet of
   any other flow is dropped: conntrack entries outlive the rules that made them (UDP flows
   last while packets keep coming), so a pair that was removed (a member revoked, a lease
   expired) or a port that now belongs to another pair must be stopped here.
