@@ -251,7 +251,9 @@ class Routing:
 
     def _path_view(self, view: View, own: Mapping[str, float]) -> PathView:
         targets = self.mesh.peers() if self.mesh is not None else set()
-        peers = frozenset(m.peer for m in view if m.state is State.ALIVE and m.peer in targets)
+        # a suspect member keeps its paths (anyone can accuse for a moment; our own pings of a relay
+        # decide whether it is gone, and membership removes a dead one from the mesh)
+        peers = frozenset(m.peer for m in view if m.state in (State.ALIVE, State.SUSPECT) and m.peer in targets)
         relays = frozenset(p for p in peers if view.get(p).record.relay)
 
         def reports(peer: str) -> Mapping[str, float]:
@@ -404,7 +406,7 @@ class Routing:
                 "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets,
                             "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
-                "errors": self.errors, "last_error": self._last_error,
+                "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
                 "relay": relay}
 
 
