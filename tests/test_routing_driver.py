@@ -46,7 +46,8 @@ def mview(**states):
     """A membership view: name -> state (or "nowg": alive without a mesh side)."""
     members = {}
     for name, state in states.items():
-        wg = None if state == "nowg" else SimpleNamespace(port=51820 + list(ID).index(name))
+        wg = None if state == "nowg" else SimpleNamespace(port=51820 + list(ID).index(name),
+                                                           endpoints=(IP[ID[name]],) if ID[name] in IP else ())
         members[ID[name]] = SimpleNamespace(peer=ID[name], state=State.ALIVE if state == "nowg" else state,
                                             record=SimpleNamespace(wg=wg, issued=time.time() - 100, coord=None,
                                                                    relay=False, via={}, rtts={}))
@@ -204,7 +205,19 @@ async def test_a_pair_is_active_once_both_ends_asked():
     # each end's address is its connection's, its WireGuard port its record's
     assert (ends[A].ip, ends[A].wg_port, ends[A].via_ip) == (IP[A], 51820, IP[R])
     assert (ends[B].ip, ends[B].wg_port, ends[B].via_ip) == (IP[B], 51821, IP[R])
+    assert ends[A].pinned and ends[B].pinned  # each asked from an address its record lists: no NAT
     assert srv.rejected == {} and routing.rejected("not_member") == 0
+
+
+async def test_an_end_asking_from_an_address_its_record_does_not_list_is_not_pinned():
+    """Behind a NAT its WireGuard source port is not its record's: the rules must not pin it."""
+    srv, _ = relay_server()
+    async with serving(srv):
+        await srv.answer(ask(A, other=B), A, stream_from(A, remote=("203.0.113.9", 40000)))
+        await srv.answer(ask(B, other=A), B, stream_from(B))
+    (pair,) = srv.relay.active()
+    ends = {end.peer: end for end in (pair.a, pair.b)}
+    assert (ends[A].ip, ends[A].pinned) == ("203.0.113.9", False) and ends[B].pinned
 
 
 @pytest.mark.parametrize("who, state", [
@@ -1246,3 +1259,20 @@ async def test_the_relay_core_counts_a_suspect_member_as_a_member(state, served)
         if served:
             assert (await srv.answer(ask(A, other=B), A, stream_from(A)))["active"] is True
     assert routing._alive_member(B) and not routing._alive_member(X)
+
+
+async def test_a_pending_limit_refusal_keeps_the_session_asking(script, autojump_clock):
+    """A relay holds at most 2 pending pairs per member: a node that moves 3 peers onto one relay at
+    once is told so for the third until the first go active, and must keep asking, not give up on
+    the relay for that pair."""
+    script.answer = lambda relay, op, n: ({"error": "2 pairs of yours are pending here", "reason": "pending_limit"}
+                                          if n <= 3 else {"port": 51821, "active": True, "expires_in": 60.0})
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 2.5)
+        assert s.row(B)["state"] == "requesting" and s.refused() == frozenset() and s.endpoints() == {}
+        await at(t0, 3.5)
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
+        nursery.cancel_scope.cancel()

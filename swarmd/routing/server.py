@@ -99,7 +99,10 @@ class RelayServer:
         remote = stream.muxed_conn.get_remote_address() if hasattr(stream.muxed_conn, "get_remote_address") else None
         if not remote:
             return self.refuse("bad_address", peer, "cannot tell the requester's address")
-        end = End(peer=peer, ip=str(remote[0]), wg_port=mine.record.wg.port, via_ip=r.via_ip)
+        # pinned: it asks from an address its record lists, so no NAT rewrites its WireGuard port
+        # (the rules then take only ip:port from it: no other socket of that host takes the pair)
+        end = End(peer=peer, ip=str(remote[0]), wg_port=mine.record.wg.port, via_ip=r.via_ip,
+                  pinned=str(remote[0]) in mine.record.wg.endpoints)
         result = self.relay.request(now, end, r.other)
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)

@@ -177,6 +177,8 @@ class Sessions:
         if not isinstance(reply, dict):
             return None  # no answer: the pings decide whether the relay is gone
         port, active = reply.get("port"), reply.get("active")
+        if reply.get("reason") == "pending_limit" and s.state == "requesting":
+            return None  # our other pairs there are still pending: ask again (PENDING_LIMIT bounds it)
         if "error" in reply or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             s.granted = False
             self._set(s, "refused", error=str(reply.get("error", "a malformed answer"))[:200])
