@@ -11,9 +11,9 @@ It owns three sans-IO cores and feeds them from the daemon:
   relay side, served by server.py, its rules kept in the kernel by forwarder.py.
 The mesh gets the endpoints of active relayed paths (``Mesh.set_relayed``).
 
-Everyone else reads routing through immutable snapshots (``_Snap``, replaced at each
-evaluation): ``rtt_ms`` (placement, from a worker thread), ``peer_rtt``, ``path_row``,
-``explain``, ``status`` (the control API).
+Everyone else reads routing through immutable snapshots (readout.py: ``Snap``, replaced at
+each evaluation): ``rtt_function`` (placement, from a worker thread), ``peer_rtt``,
+``path_row``, ``explain``, ``status`` (the control API).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -32,12 +31,12 @@ from libp2p.peer.id import ID
 from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
-from ..gossip.signed import short
 from ..gossip.wire import MAX_RTTS
 from . import exchange
 from . import request as rq
 from .coordinates import Client, Coordinate
 from .paths import Measure, Paths, PathView, UsePath
+from .readout import Readout, Snap, estimator
 from .sessions import Sessions
 
 log = structlog.get_logger("swarmd.routing")
@@ -49,18 +48,7 @@ REASSERT_FOR = 10.0  # seconds after a path change its endpoint is written again
 REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news worth a record
 
 
-@dataclass(frozen=True, slots=True)
-class _Snap:
-    """What readers from other threads see: replaced whole, never changed."""
-
-    view: View
-    me: str
-    own: Mapping[str, float] = field(default_factory=dict)  # peer -> ms, our recent measurements
-    coord: Coordinate | None = None
-    path_ms: Mapping[str, float] = field(default_factory=dict)  # relayed peers -> the path's RTT, ms
-
-
-class Routing:
+class Routing(Readout):
     def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any) -> None:
         self.g = gossip
         self.mesh = mesh
@@ -73,7 +61,7 @@ class Routing:
         self.server: Any = None  # server.RelayServer while this node relays for others
         self.relay_off: str | None = "starting"  # why this node does not relay, if it does not
         self._samples: dict[str, deque[float]] = {}
-        self._snap = _Snap(view=gossip.view(), me=gossip.me)
+        self._snap = Snap(view=gossip.view(), me=gossip.me)
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
@@ -265,17 +253,8 @@ class Routing:
             return m.record.via.get(self.g.me) if m is not None else None
 
         return PathView(me=self.g.me, peers=peers, relays=relays, own=own, reports=reports,
-                        estimate=self._estimator(view, self.client.coordinate), announced=announced,
+                        estimate=estimator(view, self.g.me, self.client.coordinate), announced=announced,
                         failing=self.sessions.failing(), refused=self.sessions.refused())
-
-    def _estimator(self, view: View, mine: Coordinate | None):
-        me = self.g.me
-
-        def estimate(a: str, b: str) -> float | None:
-            ca = mine if a == me else (m.record.coord if (m := view.get(a)) is not None else None)
-            cb = mine if b == me else (m.record.coord if (m := view.get(b)) is not None else None)
-            return None if ca is None or cb is None else ca.distance_to(cb) * 1000
-        return estimate
 
     async def _evaluate(self, nursery: trio.Nursery) -> None:
         view = self.g.view()
@@ -319,7 +298,7 @@ class Routing:
                 path_ms[peer] = echoed
             elif (leg := self.paths.leg(relay, peer, pv)) is not None and relay in own:
                 path_ms[peer] = own[relay] + leg
-        self._snap = _Snap(view=view, me=self.g.me, own=own, coord=self.client.coordinate, path_ms=path_ms)
+        self._snap = Snap(view=view, me=self.g.me, own=own, coord=self.client.coordinate, path_ms=path_ms)
 
     def _report_due(self, own: Mapping[str, float]) -> bool:
         """Our record's RTTs are others' legs (paths.py): re-advertise when a member is measured
@@ -334,81 +313,3 @@ class Routing:
         rtt = await self.g.probes.ping(peer, MEASURE_TIMEOUT)
         if rtt is not None:
             self.rtt_observed(peer, rtt, probe=False)
-
-    # --- what others read (immutable snapshots: any thread) ------------------------------
-
-    def rtt_ms(self, a: str, b: str) -> float | None:
-        """The RTT a job between ``a`` and ``b`` will see, ms (``rtt_function``'s, on the snapshot now)."""
-        return self.rtt_function()(a, b)
-
-    def rtt_function(self) -> Callable[[str, str], float | None]:
-        """``rtt(a, b)`` in ms on one snapshot (placement calls it for every pair, from a worker
-        thread: one placement never mixes two snapshots): the path in use where this node is an
-        end (relayed or direct, measured), else what either end's record reports, else the
-        coordinate estimate; None when nothing is known."""
-        snap = self._snap
-        members = snap.view.members
-        coords = {p: m.record.coord for p, m in members.items() if m.record.coord is not None}
-        if snap.coord is not None:
-            coords[snap.me] = snap.coord
-
-        def rtt(a: str, b: str) -> float | None:
-            if snap.me in (a, b):
-                other = b if a == snap.me else a
-                if other in snap.path_ms:
-                    return snap.path_ms[other]
-                if other in snap.own:
-                    return snap.own[other]
-            else:
-                for x, y in ((a, b), (b, a)):
-                    m = members.get(x)
-                    if m is not None and y in m.record.rtts:
-                        return m.record.rtts[y]
-            ca, cb = coords.get(a), coords.get(b)
-            return None if ca is None or cb is None else ca.distance_to(cb) * 1000
-        return rtt
-
-    def peer_rtt(self, peer: str) -> tuple[float, str] | None:
-        snap = self._snap
-        if peer in snap.own:
-            return round(snap.own[peer], 2), "measured"
-        est = self._estimator(snap.view, snap.coord)(snap.me, peer)
-        return None if est is None else (round(est, 2), "estimated")
-
-    def path_row(self, peer: str) -> dict[str, Any]:
-        snap = self._snap
-        relay = self.paths.path(peer)
-        session = self.sessions.row(peer)
-        est = self._estimator(snap.view, snap.coord)(snap.me, peer)
-        direct = snap.own.get(peer)
-        in_use = relay if peer in snap.path_ms else None
-        return {"path": "direct" if in_use is None else f"via {short(in_use)}", "relay": relay,
-                "relay_state": None if session is None else session["state"],
-                "path_rtt_ms": _r(snap.path_ms.get(peer, direct)), "direct_rtt_ms": _r(direct),
-                "estimate_ms": _r(est)}
-
-    def explain(self, peer: str) -> dict[str, Any]:
-        snap = self._snap
-        out = self.paths.explain(peer, self._path_view(snap.view, snap.own), now=trio.current_time())
-        out["session"] = self.sessions.row(peer)
-        out["in_use"] = "direct" if peer not in snap.path_ms else f"via {self.paths.path(peer)}"
-        return out
-
-    def status(self) -> dict[str, Any]:
-        c = self.client
-        relay = {"mode": self.config.relay, "offered": self.server is not None, "off": self.relay_off,
-                 "ports": "%d-%d" % self.config.relay_ports, "cap_mbit": self.config.relay_max_mbit}
-        if self.server is not None:
-            relay.update(self.server.status())
-        return {"coordinate": {"vec_ms": [round(x * 1000, 3) for x in c.coordinate.vec],
-                               "height_ms": round(c.coordinate.height * 1000, 3),
-                               "error": round(c.coordinate.error, 3)},
-                "vivaldi": {"updates": c.updates, "rejected": c.rejected, "resets": c.resets,
-                            "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
-                "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
-                "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
-                "relay": relay}
-
-
-def _r(ms: float | None) -> float | None:
-    return None if ms is None else round(ms, 2)
