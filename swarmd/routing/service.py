@@ -96,7 +96,7 @@ class Routing(Readout):
         now = trio.current_time()
         stale = time.time() - m.record.issued > exchange.FRESH
         if probe and stale and self.nursery is not None and self.exchange.due(peer, now):
-            self.nursery.start_soon(self.exchange.fetch, peer, rtt)
+            self.nursery.start_soon(self.contained, self.exchange.fetch, peer, rtt)
         elif m.record.coord is not None:
             self.update_coordinate(peer, m.record.coord, rtt)
 
@@ -151,14 +151,14 @@ class Routing(Readout):
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self.sessions.run)
-            nursery.start_soon(self._contained, self._start_relay, nursery)
+            nursery.start_soon(self.contained, self._start_relay, nursery)
             while True:
                 with trio.move_on_after(EVALUATE_EVERY):
                     await self._wake.wait()
                 self._wake = trio.Event()
-                await self._contained(self._evaluate, nursery)
+                await self.contained(self._evaluate, nursery)
 
-    async def _contained(self, fn: Callable[..., Any], *args: Any) -> None:
+    async def contained(self, fn: Callable[..., Any], *args: Any) -> None:
         """Routing is an optimisation: a bug or a failing backend in it must never take the
         daemon (and its jobs) down. Logged once per distinct error, counted, and tried again
         at the next evaluation."""
@@ -200,7 +200,7 @@ class Routing(Readout):
         self.relay_off = None
         self.g.readvertise()
         log.info("relaying for members", ports="%d-%d" % self.config.relay_ports, cap_mbit=self.config.relay_max_mbit)
-        nursery.start_soon(self.server.run)
+        nursery.start_soon(self.contained, self.server.run)
 
     async def _clean_leftovers(self) -> None:
         """A crashed run's relay table (and the ip_forward it turned on) when this one does not relay."""
@@ -272,7 +272,7 @@ class Routing(Readout):
                     self.sessions.use(peer, relay)
                 case Measure(peers=peers):
                     for peer in peers:
-                        nursery.start_soon(self._measure, peer)
+                        nursery.start_soon(self.contained, self._measure, peer)
         if self.server is not None:
             self.server.view_changed()
         if (announced := self.paths.announced()) != self._announced or self._report_due(own):

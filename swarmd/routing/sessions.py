@@ -94,7 +94,7 @@ class Sessions:
             # on entry instead of leaving a task that asks and pings its relay forever
             session = Session(peer=peer, relay=relay, since=trio.current_time(), cancel=trio.CancelScope())
             self.by_peer[peer] = session
-            self.nursery.start_soon(self._run, session)
+            self.nursery.start_soon(self.r.contained, self._run, session)
         self.r.paths_changed()
 
     def endpoints(self) -> dict[str, str]:
@@ -128,7 +128,8 @@ class Sessions:
         if s.cancel is not None:
             s.cancel.cancel()
         if self.nursery is not None and s.port is not None:
-            self.nursery.start_soon(self._release, s, 0.0 if s.state in ("failing", "refused", "broken") else LINGER)
+            self.nursery.start_soon(self.r.contained, self._release, s,
+                                    0.0 if s.state in ("failing", "refused", "broken") else LINGER)
 
     async def _release(self, s: Session, after: float) -> None:
         await trio.sleep(after)
