@@ -61,8 +61,8 @@ class Readout:
         end (relayed or direct, measured), else what either end's record reports, else the
         coordinate estimate; None when nothing is known."""
         snap = self._snap
-        members = snap.view.members
-        coords = {p: m.record.coord for p, m in members.items() if m.record.coord is not None}
+        view = snap.view
+        coords = {m.peer: m.record.coord for m in view if m.record.coord is not None}
         if snap.coord is not None:
             coords[snap.me] = snap.coord
 
@@ -75,7 +75,7 @@ class Readout:
                     return snap.own[other]
             else:
                 for x, y in ((a, b), (b, a)):
-                    m = members.get(x)
+                    m = view.get(x)
                     if m is not None and y in m.record.rtts:
                         return m.record.rtts[y]
             ca, cb = coords.get(a), coords.get(b)
