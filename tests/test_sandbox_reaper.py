@@ -224,7 +224,8 @@ def test_ranks_die_with_their_daemon_without_a_sandbox(workdir):
     p, pid, _ = daemon({"cwd": str(workdir), "scripts": scripts, "user": "nobody" if ROOT else None,
                         "sandbox": None})
     try:
-        assert len(marked(m)) == 3
+        # `ready` follows the forks, not the children's exec of sleep: until then they are `sh`
+        wait_until(lambda: len(marked(m)) == 3, 10, "the three sleeps")
         kill_daemon(p, pid)
         wait_until(lambda: not marked(m), GONE_WITHIN, "every rank process to die with the daemon")
         wait_until(lambda: not alive(pid), GONE_WITHIN, "the reaper to exit")
