@@ -27,6 +27,7 @@ from swarmd.gossip.membership import State, View
 from swarmd.gossip.signed import peer_from_key, peer_str, unseal
 from swarmd.gossip.streams import PeerError
 from swarmd.routing import exchange, server, sessions
+from swarmd.routing import relay as relay_mod
 from swarmd.routing import request as rq
 from swarmd.routing.coordinates import Coordinate
 from swarmd.routing.relay import Relay
@@ -253,13 +254,27 @@ async def test_a_requester_whose_address_is_unknown_is_refused(remote):
 
 @pytest.mark.parametrize("remote, reason", [
     (("127.0.0.1", 4001), "bad_address"), (("10.211.0.5", 4001), "bad_address"),  # loopback, the overlay
-    ((IP[R], 4001), "bad_address"), (("::ffff:198.51.100.1", 4001), "malformed"),
-    (("224.0.0.1", 4001), "bad_address"),
+    ((IP[R], 4001), "bad_address"), (("::ffff:" + IP[R], 4001), "bad_address"),
+    (("224.0.0.1", 4001), "bad_address"), (("2001:db8::1", 4001), "ipv6"), (("::1", 4001), "ipv6"),
 ])
 async def test_a_requester_address_no_host_could_hold_is_refused(remote, reason):
     srv, routing = relay_server()
     reply = await srv.answer(ask(A, other=B), A, stream_from(A, remote))
     assert reply["reason"] == reason and routing.rejected(reason) == 1 and srv.relay.pairs == 0
+    if reason == "ipv6":
+        assert "IPv4 only" in reply["error"]
+
+
+async def test_an_ipv4_mapped_ipv6_connection_is_served_as_its_ipv4_address():
+    """A dual-stack listener shows an IPv4 member as ::ffff:a.b.c.d: its pair is relayed to
+    that IPv4 address, pinned as its record lists it."""
+    srv, routing = relay_server()
+    async with serving(srv):
+        assert pending(await srv.answer(ask(A, other=B), A, stream_from(A, ("::ffff:" + IP[A], 4001))))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"] is True
+    (pair,) = srv.relay.active()
+    ends = {end.peer: end for end in (pair.a, pair.b)}
+    assert (ends[A].ip, ends[A].pinned) == (IP[A], True) and srv.rejected == {}
 
 
 async def test_two_ends_at_one_address_are_refused():
@@ -524,6 +539,32 @@ async def test_a_refusal_is_logged_once_per_reason_and_peer_but_counted_every_ti
     assert sorted(refused) == sorted([(A, "not_member"), (B, "not_member"), (A, "not_our_address")])
     assert routing.rejected("not_member") == 10 and routing.rejected("not_our_address") == 5
     assert srv.rejected == {"not_member": 10, "not_our_address": 5}
+
+
+async def test_a_member_toggling_its_pair_is_rate_limited_counted_and_logged_once(autojump_clock):
+    """Two colluding members toggle their pair (ask, release, ask, ...) as fast as the relay
+    answers; each change is one `nft -f` here. Past its burst the toggler is refused
+    `rate_limited`, each refusal counted, logged once; the rules are written at most burst + rate
+    x time times, and its partner's renewals are never refused."""
+    srv, routing = relay_server()
+    async with serving(srv) as fwd:
+        t0 = trio.current_time()
+        assert pending(await srv.answer(ask(A, other=B), A, stream_from(A)))
+        replies = []
+        with capture_logs() as logs:
+            while trio.current_time() < t0 + 10:
+                for op in ("relay", "release"):
+                    replies.append(await srv.answer(ask(B, other=A, op=op), B, stream_from(B)))
+                assert "error" not in await srv.answer(ask(A, other=B), A, stream_from(A))  # A renews
+                await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
+    refused = [r for r in replies if "error" in r]
+    assert refused and {r["reason"] for r in refused} == {"rate_limited"}
+    assert routing.rejected("rate_limited") == len(refused) and srv.rejected == {"rate_limited": len(refused)}
+    assert [(e["peer"], e["reason"]) for e in logs if e["event"] == "relay request refused"] == [(B, "rate_limited")]
+    changes = srv.relay.version  # each change of the active pairs (A's first ask changed none)
+    assert abs(changes - (relay_mod.CHANGE_BURST + 10 * relay_mod.CHANGE_RATE)) <= 1
+    assert len(fwd.applied) <= 1 + changes  # the initial empty table, then one `nft -f` per change at most
 
 
 _junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.relay import LEASE, PENDING, REASONS, End, Grant, Pair, Refused, Relay
+from swarmd.routing.relay import CHANGE_BURST, CHANGE_RATE, LEASE, PENDING, REASONS, End, Grant, Pair, Refused, Relay
 
 ME = "relay"
 OURS = ("10.9.1.2", "10.9.2.2")
@@ -170,7 +170,12 @@ def test_a_member_holds_at_most_max_per_member_leases_and_cannot_use_up_anothers
     ("A", "B", {"ip": "240.0.0.1"}, "bad_address"),
     ("A", "B", {"ip": "10.77.0.5"}, "bad_address"),  # inside the overlay
     ("A", "B", {"via_ip": "127.0.0.1"}, "bad_address"),
-    ("A", "B", {"ip": "::1"}, "malformed"),
+    ("A", "B", {"ip": "::1"}, "ipv6"),
+    ("A", "B", {"ip": "2001:db8::1"}, "ipv6"),
+    ("A", "B", {"ip": "fe80::1%eth0"}, "ipv6"),
+    ("A", "B", {"ip": "::ffff:127.0.0.1"}, "bad_address"),  # mapped: the IPv4 address's own checks
+    ("A", "B", {"ip": "::ffff:10.9.1.2"}, "bad_address"),  # the relay itself, mapped
+    ("A", "B", {"ip": "::ffff:10.9.1.1 x"}, "malformed"),
     ("A", "B", {"ip": "10.9.1.1 dnat"}, "malformed"),
     ("A", "B", {"ip": "10.9.1.1; flush ruleset"}, "malformed"),
     ("A", "B", {"via_ip": "10.9.1.2\n"}, "malformed"),
@@ -190,6 +195,19 @@ def test_hostile_requests_are_refused_with_their_reason(a, b, kw, reason):
     assert r.pairs == 0 and r.version == 0
 
 
+def test_an_ipv4_mapped_ipv6_address_is_that_ipv4_address():
+    """A dual-stack listener shows an IPv4 peer as ::ffff:a.b.c.d: it is served as the IPv4
+    address (its rules are IPv4 rules), and two ends at one address are still told apart."""
+    r = relay()
+    assert ask(r, 0.0, "A", "B", ip="::ffff:10.9.1.1", via_ip=OURS[0]).port == 40000
+    assert ask(r, 0.0, "B", "A").active is True
+    assert r.active()[0].a == end("A")  # stored as 10.9.1.1
+    assert ask(r, 1.0, "A", "B").active is True and r.version == 1  # the same end either way
+    r2 = relay()
+    ask(r2, 0.0, "A", "B")
+    assert ask(r2, 0.0, "B", "A", ip="::ffff:10.9.1.1", via_ip=OURS[1]).reason == "same_address"
+
+
 def test_two_ends_at_one_address_are_refused():
     r = relay()
     ask(r, 0.0, "A", "B", ip="10.9.1.1")
@@ -207,6 +225,77 @@ def test_an_address_that_is_no_longer_ours_takes_its_ends_out():
         r.set_addresses(["127.0.0.1"])
 
 
+def test_a_member_toggling_its_own_pair_is_rate_limited_and_its_partner_is_not():
+    """Two colluding members toggle their pair as fast as they can (each change would be one
+    `nft -f` on the relay): the one sending the changes gets CHANGE_BURST at once, then
+    CHANGE_RATE a second; its refused changes change nothing, a release included (its lease runs
+    on), and its partner's renewals are never refused."""
+    r = relay()
+    assert isinstance(ask(r, 0.0, "A", "B"), Grant)  # pending: no rule changes, nothing charged
+    refused = []
+    for _ in range(100):
+        for got in (ask(r, 0.0, "B", "A"), r.release(0.0, "B", "A")):
+            if isinstance(got, Refused):
+                refused.append(got)
+    assert r.version == CHANGE_BURST  # 16 activations and 16 releases, then nothing
+    assert refused and {x.reason for x in refused} == {"rate_limited"} and "rate_limited" in REASONS
+    assert "too often" in refused[0].detail and r.active() == ()
+    assert ask(r, 1.0, "B", "A").active is True  # a second later: one more change
+    assert r.release(1.0, "B", "A").reason == "rate_limited" and len(r.active()) == 1  # its lease runs on
+    assert ask(r, 1.0, "B", "A").active is True  # a renewal that changes nothing is free
+    assert ask(r, 1.0, "A", "B").active is True  # the partner renews as it likes
+    assert ask(r, 1.0, "B", "A", wg_port=4000).reason == "rate_limited"  # moving its end is a change
+    assert r.active()[0].b.wg_port == 51820 and r.version == CHANGE_BURST + 1
+    v, now = r.version, 1.0
+    while now < 61.0:  # a minute of toggling every 10 ms
+        now += 0.01
+        for got in (ask(r, now, "B", "A"), r.release(now, "B", "A")):
+            assert not isinstance(got, Refused) or got.reason == "rate_limited"
+        assert isinstance(ask(r, now, "A", "B"), Grant)
+    assert 60 * CHANGE_RATE - 1 <= r.version - v <= 60 * CHANGE_RATE + 1
+    # others are not held to B's bucket
+    assert ask(r, now, "C", "D").port and ask(r, now, "D", "C").active is True
+
+
+def test_honest_use_never_hits_the_rate_limit():
+    """A node with the most pairs a member may hold here (16) moves all of them onto the relay at
+    once, renews every 20 s, moves one pair off and back every 30 s, and at 300 s moves all of
+    them off and back on: never refused."""
+    r = relay(ports=(40000, 40099))
+    partners = [f"m{i}" for i in range(16)]
+    got = [ask(r, 0.0, m, "A") for m in partners] + [ask(r, 0.5, "A", m) for m in partners]
+    assert len(r.active()) == 16
+    for t in range(1, 600):
+        now = float(t)
+        if t % 20 == 0:
+            got += [ask(r, now, m, "A") for m in partners] + [ask(r, now, "A", m) for m in partners]
+        if t % 30 == 10:
+            got.append(r.release(now, "A", "m0"))
+        if t % 30 == 15:
+            got.append(ask(r, now, "A", "m0"))
+        if t == 300:
+            got += [r.release(now, "A", m) for m in partners]
+        if t == 301:
+            got += [ask(r, now, "A", m) for m in partners]
+    assert not [x for x in got if isinstance(x, Refused)]
+    assert len(r.active()) == 16
+
+
+def test_the_rate_limits_state_is_bounded(monkeypatch):
+    """Members come and go: at most MAX_LIMITED members' buckets are kept (the least recently
+    used go, and come back full)."""
+    from swarmd.routing import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "MAX_LIMITED", 4)
+    r = relay(change_burst=1, ports=(40000, 40099))
+    for i in range(0, 20, 2):
+        ask(r, 0.0, f"m{i}", f"m{i + 1}")
+        assert ask(r, 0.0, f"m{i + 1}", f"m{i}").active is True
+    assert len(r._changes) == 4
+    assert r.release(0.0, "m19", "m18").reason == "rate_limited"  # a recent one is still held to its bucket
+    assert r.release(0.0, "m1", "m0") is True  # a forgotten one comes back full
+
+
 def test_rows_show_each_pair_and_its_leases():
     r = relay()
     ask(r, 0.0, "A", "B")
@@ -215,7 +304,8 @@ def test_rows_show_each_pair_and_its_leases():
 
 
 def test_bad_settings_are_refused():
-    for kw in ({"ports": (0, 10)}, {"ports": (50000, 40000)}, {"max_pairs": 0}, {"lease": 0}):
+    for kw in ({"ports": (0, 10)}, {"ports": (50000, 40000)}, {"max_pairs": 0}, {"lease": 0}, {"change_burst": 0},
+               {"change_rate": 0}):
         with pytest.raises(ValueError):
             relay(**kw)
 

@@ -15,8 +15,10 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
 - Addresses: IPv4 only; an end's ip must be a unicast host address of another host (not
   loopback, link-local, multicast, broadcast, 0.0.0.0/8, 240.0.0.0/4, one of this node's
   own, nor inside `exclude`, the overlay), and `via_ip` one of this node's own addresses
-  (`set_addresses`). Two ends at one address cannot be told apart by the rules (they match
-  on the source address): refused. Ports 1-65535.
+  (`set_addresses`). An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`: how a dual-stack socket
+  shows an IPv4 peer) is that IPv4 address; any other IPv6 address is refused (`ipv6`: the
+  rules are an `ip` table). Two ends at one address cannot be told apart by the rules (they
+  match on the source address): refused. Ports 1-65535.
 - Nobody pairs with itself or with the relay; both ends must be members (`is_member`).
 - Caps: a member holds at most `max_per_member` leases (a lease counts only for the member
   that asked, so nobody can use up another member's share by naming it), the relay at most
@@ -31,6 +33,15 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
   one of the end's WireGuard endpoints), so its WireGuard packets come from `ip:wg_port`,
   and the rules accept nothing else from it (nft.py: no flow squatting from another port of
   its address).
+- Rule changes are rate-limited per member: each request or release that changes `active()`
+  (a pair activated, an end of an active pair that moved, an active pair released) costs the
+  member that sent it a token (`change_burst` held, `change_rate` a second); without one it is
+  refused (`rate_limited`) and nothing changes. Each change is one `nft -f` and a conntrack
+  flush on this host, so two colluding members toggling their own pair could otherwise keep
+  the relay busy rewriting its rules. A renewal that changes nothing costs nothing and is
+  never refused by it; nor is opening a pending pair (no rule changes). At most
+  `MAX_LIMITED` members' buckets are kept (least recently used dropped: a dropped bucket
+  comes back full, which only ever lets a member through).
 - Leases last `lease` seconds from the last request (the driver renews every 20 s); their
   length is the relay's, never the requester's. An expired lease, a release, a member that
   is gone (`end_member`) or an address of ours that went away (`set_addresses`) takes the
@@ -51,6 +62,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..gossip.limits import TokenBuckets
+
 PORTS = (51821, 52820)  # default relay_ports: one UDP port per relayed pair, above WireGuard's 51820
 MAX_PAIRS = 64  # pairs at once; each is two nat rules and one forward rule
 MAX_PER_MEMBER = 16  # leases one member may hold (paths.MAX_RELAYED: the relayed peers a node keeps)
@@ -59,9 +72,16 @@ MAX_PENDING_PER_MEMBER = 2  # pending pairs one member may open at once
 PENDING = 15.0  # seconds a pending pair waits for its other end (sessions.PENDING_LIMIT: the end gives up then too)
 LEASE = 60.0  # seconds; renewed every 20 s, so two lost renewals are survived
 MAX_PEER_ID = 128  # characters; a libp2p peer id is about 52
+# Rule changes one member may make (each is one `nft -f` here). An honest node changes a pair's
+# rules when path choice moves it (3 rounds to switch, a 60 s hold-down after a failure) or its
+# address changes; renewals (every 20 s) change nothing and cost nothing.
+CHANGE_BURST = 32.0  # 2 x MAX_PER_MEMBER: all of a node's 16 pairs moved off this relay and back at once
+CHANGE_RATE = 1.0  # a second after that: each of 16 pairs moved on and off every 32 s; a toggling member
+# costs this host at most one `nft -f` a second (before: as many as it could send)
+MAX_LIMITED = 1024  # members whose change buckets are kept (only members holding a lease here make changes)
 
 REASONS = ("malformed", "not_member", "self_pair", "bad_address", "not_our_address", "same_address",
-           "member_limit", "pending_limit", "full")
+           "member_limit", "pending_limit", "full", "ipv6", "rate_limited")
 
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 
@@ -128,6 +148,29 @@ def check_host(ip: ipaddress.IPv4Address, where: str) -> None:
         raise ValueError(f"{where}: {ip} is {why}")
 
 
+def unmap(value: object) -> object:
+    """An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, how a dual-stack socket shows an IPv4
+    peer) as the IPv4 address it is; anything else as it is."""
+    if isinstance(value, str) and ":" in value and len(value) <= 64:
+        try:
+            mapped = ipaddress.IPv6Address(value).ipv4_mapped
+        except ValueError:
+            return value
+        if mapped is not None:
+            return str(mapped)
+    return value
+
+
+def is_ipv6(value: object) -> bool:
+    if not isinstance(value, str) or len(value) > 64:
+        return False
+    try:
+        ipaddress.IPv6Address(value)
+    except ValueError:
+        return False
+    return True
+
+
 def port_number(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
         raise ValueError(f"{where}: {value!r:.20} is not a port (1-65535)")
@@ -147,15 +190,17 @@ class Relay:
     def __init__(self, me: str, *, is_member: Callable[[str], bool], addresses: Iterable[str] = (),
                  exclude: Iterable[str] = (), ports: tuple[int, int] = PORTS, max_pairs: int = MAX_PAIRS,
                  max_per_member: int = MAX_PER_MEMBER, lease: float = LEASE, max_pending: int = MAX_PENDING,
-                 max_pending_per_member: int = MAX_PENDING_PER_MEMBER, pending: float = PENDING) -> None:
+                 max_pending_per_member: int = MAX_PENDING_PER_MEMBER, pending: float = PENDING,
+                 change_burst: float = CHANGE_BURST, change_rate: float = CHANGE_RATE) -> None:
         low, high = ports
         port_number(low, "ports")
         port_number(high, "ports")
         if low > high:
             raise ValueError(f"ports: {low}-{high} is empty")
         if not (max_pairs >= 1 and max_per_member >= 1 and lease > 0 and max_pending >= 1
-                and max_pending_per_member >= 1 and pending > 0):
-            raise ValueError("max_pairs, max_per_member, lease and the pending limits must be positive")
+                and max_pending_per_member >= 1 and pending > 0 and change_burst >= 1 and change_rate > 0):
+            raise ValueError("max_pairs, max_per_member, lease, the pending limits and the change rate must be "
+                             "positive")
         self.me = me
         self.is_member = is_member
         self.exclude = tuple(ipaddress.IPv4Network(n, strict=False) for n in exclude)
@@ -165,6 +210,7 @@ class Relay:
         self.max_pending = max_pending
         self.max_pending_per_member = max_pending_per_member
         self.pending_for = pending
+        self._changes = TokenBuckets(change_rate, change_burst, size=MAX_LIMITED)  # per member: rule changes
         self.version = 0
         self._now = float("-inf")  # the latest time seen (end_member, set_addresses have none)
         self._addresses: frozenset[ipaddress.IPv4Address] = frozenset()
@@ -249,22 +295,29 @@ class Relay:
             slot = self._slots[key] = _Slot(self._free.popleft())
         elif end.peer not in slot.ends and len(self.active()) >= self.max_pairs:
             return Refused("full", f"this relay forwards for {len(self.active())} pairs, its limit")
+        new = End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via), pinned=end.pinned)
+        held = slot.ends.get(end.peer)
+        if other in slot.ends and (held is None or held[0] != new) and not self._changes.allow(end.peer, now):
+            return self._rate_limited(end.peer)  # (a slot made just now has no `other`: none is left behind)
         before = self.active()
         expires = now + self.lease
-        slot.ends[end.peer] = (End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via),
-                                   pinned=end.pinned), expires)
+        slot.ends[end.peer] = (new, expires)
         self._settle()
         self._changed(before)
         if slot.pending_until is not None:
             expires = min(expires, slot.pending_until)
         return Grant(slot.port, len(slot.ends) == 2, expires)
 
-    def release(self, now: float, peer: str, other: str) -> bool:
-        """`peer` stopped using its pair with `other`. True if `active()` changed."""
+    def release(self, now: float, peer: str, other: str) -> bool | Refused:
+        """`peer` stopped using its pair with `other`. True if `active()` changed; Refused
+        (`rate_limited`) when it would end an active pair and `peer` has made too many changes:
+        its lease then runs on."""
         changed = self.expire(now)
         slot = self._slots.get(frozenset((peer, other)))
         if slot is None or peer not in slot.ends:
             return changed
+        if len(slot.ends) == 2 and not self._changes.allow(peer, now):
+            return self._rate_limited(peer)
         before = self.active()
         del slot.ends[peer]
         self._settle()
@@ -289,6 +342,11 @@ class Relay:
 
     # --- inside ----------------------------------------------------------------------------
 
+    def _rate_limited(self, peer: str) -> Refused:
+        return Refused("rate_limited", f"{peer} changes this relay's forwarding rules too often: at most "
+                                       f"{self._changes.burst:g} changes at once, then {self._changes.rate:g} a "
+                                       "second (renewals that change nothing are free)")
+
     def _check(self, end: End, other: str) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
         if not isinstance(end, End):
             raise _Refuse("malformed", "not an End")
@@ -301,7 +359,10 @@ class Relay:
             port_number(end.wg_port, "wg_port")
             if not isinstance(end.pinned, bool):
                 raise ValueError(f"pinned: {end.pinned!r:.20} is not a bool")
-            ip = parse_ipv4(end.ip, "the requester's address")
+            address = unmap(end.ip)
+            if is_ipv6(address):
+                raise _Refuse("ipv6", f"the requester's address {address} is IPv6: relays forward IPv4 only")
+            ip = parse_ipv4(address, "the requester's address")
             via = parse_ipv4(end.via_ip, "via_ip")
         except ValueError as exc:
             raise _Refuse("malformed", str(exc)) from None

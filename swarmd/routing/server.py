@@ -5,9 +5,11 @@
 (relay.py) with what only this side knows: the requester's IP is the one its libp2p
 connection comes from (an end cannot aim the relay at an address it does not hold), its
 WireGuard port the one its record advertises, the pair's other end an alive member of our
-view with a mesh side. The answer is ``{port, active, expires_in}`` or ``{error, reason}``;
-every refusal is counted in ``swarmd_relay_rejected{reason}`` and the stream closed,
-nothing else: one request cannot end the read loop or the daemon.
+view with a mesh side. A member changing the rules too often (each change is one ``nft -f``
+here) is refused ``rate_limited``, a release too (relay.py). The answer is ``{port, active,
+expires_in}``, ``{released: true}`` or ``{error, reason}``; every refusal is counted in
+``swarmd_relay_rejected{reason}`` and the stream closed, nothing else: one request cannot end
+the read loop or the daemon.
 
 The rules follow the core's active pairs: after any change the forwarder replaces the
 nftables table (forwarder.py). ``expire`` runs when the earliest lease ends, and members
@@ -28,7 +30,7 @@ from ..gossip.signed import Invalid
 from ..gossip.streams import PeerError, close_quietly, read_frame, write_frame
 from ..rpc.framing import FrameTooLarge
 from . import request as rq
-from .relay import End, Grant, Relay
+from .relay import End, Grant, Refused, Relay, unmap
 
 if TYPE_CHECKING:
     from .service import Routing
@@ -87,7 +89,9 @@ class RelayServer:
         view = g.view()
         now = trio.current_time()
         if r.op == "release":
-            self.relay.release(now, peer, r.other)
+            released = self.relay.release(now, peer, r.other)
+            if isinstance(released, Refused):  # rate_limited: its lease runs on
+                return self.refuse(released.reason, peer, released.detail)
             self.wake.set()
             return {"released": True}
         if self.error is not None:
@@ -100,9 +104,10 @@ class RelayServer:
         if not remote:
             return self.refuse("bad_address", peer, "cannot tell the requester's address")
         # pinned: it asks from an address its record lists, so no NAT rewrites its WireGuard port
-        # (the rules then take only ip:port from it: no other socket of that host takes the pair)
-        end = End(peer=peer, ip=str(remote[0]), wg_port=mine.record.wg.port, via_ip=r.via_ip,
-                  pinned=str(remote[0]) in mine.record.wg.endpoints)
+        # (the rules then take only ip:port from it: no other socket of that host takes the pair).
+        # A dual-stack listener shows an IPv4 peer as ::ffff:a.b.c.d: that is its IPv4 address.
+        ip = str(unmap(str(remote[0])))
+        end = End(peer=peer, ip=ip, wg_port=mine.record.wg.port, via_ip=r.via_ip, pinned=ip in mine.record.wg.endpoints)
         result = self.relay.request(now, end, r.other)
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)
