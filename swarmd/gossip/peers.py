@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("swarmd.gossip")
 
+DIAL_TIMEOUT = 10.0  # seconds a dial may take, whatever the deadline of the probe or sync that wanted it
+
 
 class Notifee(INotifee):
     """py-libp2p's connection events, onto a channel the driver reads."""
@@ -58,9 +60,18 @@ class Notifee(INotifee):
         pass
 
 
+class _Dial:
+    """One dial under way: its waiters read ``error`` once ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: str | None = None
+
+
 class Peers:
     def __init__(self, gossip: Gossip) -> None:
         self.g = gossip
+        self._dialing: dict[ID, _Dial] = {}
         self.events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](float("inf"))
 
     async def events(self) -> None:
@@ -98,9 +109,38 @@ class Peers:
                     log.debug("disconnect failed", peer=str(pid), error=f"{exc.__class__.__name__}: {exc}")
 
     async def ensure_connected(self, peer: ID) -> None:
+        """Connected to ``peer``, or PeerError. The dial runs apart from the caller (up to
+        ``DIAL_TIMEOUT``) and callers wait for it within their own deadlines: a dial takes
+        several round trips (TCP, multistream-select, Noise, the muxer), about 1.2 s to a
+        member 243 ms away, more than a probe's timeout; cut off with each probe, it would
+        start over at every one and that member would never be probed directly again."""
         g = self.g
         if peer in g.host.get_connected_peers():
             return
+        if g.nursery is None:
+            return await self._dial(peer)
+        dial = self._dialing.get(peer)
+        if dial is None:
+            dial = self._dialing[peer] = _Dial()
+            g.nursery.start_soon(self._dial_apart, peer, dial)
+        await dial.done.wait()
+        if peer not in g.host.get_connected_peers():
+            raise PeerError(dial.error or "cannot connect (the connection closed at once)")
+
+    async def _dial_apart(self, peer: ID, dial: _Dial) -> None:
+        try:
+            with trio.move_on_after(DIAL_TIMEOUT) as scope:
+                await self._dial(peer)
+            if scope.cancelled_caught:
+                dial.error = f"cannot connect (no answer within {DIAL_TIMEOUT:g} s)"
+        except PeerError as exc:
+            dial.error = str(exc)
+        finally:
+            del self._dialing[peer]
+            dial.done.set()
+
+    async def _dial(self, peer: ID) -> None:
+        g = self.g
         m = g.view().get(str(peer))
         addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if parses(a)]
         if addrs:  # the signed record is the authority on where a member listens
