@@ -66,7 +66,8 @@ class Config:
                "packets are dropped: a relayed pair's throughput is bounded by it, so keep it above what one "
                "all-reduce needs; measured: 100 Mbit held a relayed 16 MB all-reduce to 0.45 of direct)"})
     relay_ports: tuple[int, int] = field(default=(51821, 52820), metadata={
-        "doc": "UDP ports relayed pairs are given, one per pair: LOW-HIGH (open them in the host's firewall)"})
+        "doc": "UDP ports relayed pairs are given, one per pair: LOW-HIGH within 1024-65535 (open them in the "
+               "host's firewall)"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
     job_user: str | None = field(default="nobody", metadata={
@@ -300,9 +301,9 @@ def _port_range(v: Any) -> tuple[int, int]:
         v = v.split("-", 1)
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(str(x).strip().isdigit() for x in v):
         low, high = (int(str(x).strip()) for x in v)
-        if 1 <= low <= high <= 65535:
+        if 1024 <= low <= high <= 65535:  # members refuse a relay's grant below 1024 (routing/sessions.py)
             return low, high
-    raise _Bad("a UDP port range LOW-HIGH within 1-65535, e.g. 51821-52820")
+    raise _Bad("a UDP port range LOW-HIGH within 1024-65535, e.g. 51821-52820")
 
 
 def _networks(v: Any) -> tuple[str, ...]:

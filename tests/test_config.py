@@ -101,3 +101,5 @@ def test_relay_ports_may_not_include_the_mesh_port(tmp_path):
         == (51800, 51900)
     with pytest.raises(ConfigError, match="UDP port range"):
         load(config_file=None, env={}, flags={"relay_ports": "9-2"})
+    with pytest.raises(ConfigError, match="within 1024-65535"):  # members refuse privileged grants
+        load(config_file=None, env={}, flags={"relay_ports": "1000-2000"})

@@ -90,6 +90,7 @@ class FakeRouting:
 
     def __init__(self, gossip: FakeGossip) -> None:
         self.g = gossip
+        self.config = SimpleNamespace(mesh_port=51820, relay_ports=(51821, 52820))
         self.registry = CollectorRegistry()
         self.metrics_rejected = Counter("swarmd_relay_rejected", "refused", ["reason"], registry=self.registry)
         self.metrics_pairs = Gauge("swarmd_relay_pairs", "pairs", registry=self.registry)
@@ -731,6 +732,43 @@ async def test_a_refusal_or_a_malformed_answer_never_gives_an_endpoint(script, a
         assert s.refused() == {(B, R)} and s.failing() == frozenset()  # that pair only
         assert s.row(B)["port"] is None
         assert len(s.row(B)["error"]) <= 200
+        assert set(s.rejected) == {"refused" if "error" in reply else "malformed"} and s.rejected
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("port", [53, 22, 1023, 51820, 51823])  # privileged, ours, the relay's WireGuard port
+async def test_a_relay_granting_a_port_no_relay_could_have_is_refused_and_counted(script, autojump_clock, port):
+    """A hostile relay grants a port that would aim our WireGuard packets at another service of
+    its host (DNS, ssh) or at a WireGuard: a bad answer, held down for the pair, counted."""
+    script.answer = lambda relay, op, n: {"port": port, "active": True, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        routing.g._view = mview(a=State.ALIVE, b=State.ALIVE, r=State.ALIVE)  # R's record: WireGuard on 51823
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 5.5)
+        assert s.row(B)["state"] == "refused" and s.endpoints() == {} and s.row(B)["port"] is None
+        assert s.refused() == {(B, R)} and s.failing() == frozenset()
+        assert f"port {port}" in s.row(B)["error"] and s.rejected["bad_port"] >= 1
+        s.use(B, None)
+        await at(t0, 6.5)
+        assert script.ops(op="release") == []  # nothing was granted: nothing to release
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_moving_an_active_pair_to_a_bad_port_ends_it_at_once(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"port": 51821 if n == 1 else 443, "active": True, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 19.5)
+        assert s.endpoints() == {B: f"{IP[R]}:51821"}
+        await at(t0, 20.5)  # the renewal's answer
+        assert s.row(B)["state"] == "refused" and s.endpoints() == {} and s.rejected == {"bad_port": 1}
+        s.use(B, None)
+        await at(t0, 21.5)
+        assert len(script.ops(op="release")) == 1  # the pair it held is released at once
         nursery.cancel_scope.cancel()
 
 
@@ -1239,6 +1277,7 @@ async def test_an_exception_in_a_routing_step_is_counted_and_logged_and_the_next
             nursery.cancel_scope.cancel()
     assert calls == [t0 + i for i in range(1, 6)]  # every second, on after each failure
     assert routing.errors == 4 and routing.status()["errors"] == 4  # the relay's start and three evaluations
+    assert routing.status()["relay_answers_rejected"] == {}
     failed = [(e["step"], e["error"]) for e in logs if e["event"] == "routing step failed; the daemon goes on"]
     assert failed == [("_start_relay", "RuntimeError: nft vanished"),
                       ("_evaluate", "ValueError: an own endpoint is loopback"),  # the same twice: logged once

@@ -121,7 +121,7 @@ class Readout:
                             "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
                 "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
-                "relay": relay}
+                "relay_answers_rejected": dict(self.sessions.rejected), "relay": relay}
 
 
 def _r(ms: float | None) -> float | None:

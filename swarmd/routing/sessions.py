@@ -14,6 +14,13 @@ unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. A
 refuses, a pair whose other end never asks (``PENDING_LIMIT``), and a broken path are held
 down for that pair only (``refused``): the relay may serve our other pairs well.
 
+A relay's answer is hostile like any peer's: a refusal, a malformed answer, or a grant whose
+port is not one a relay could have been given (below ``MIN_PORT``: config refuses such
+``relay_ports``; our own WireGuard port or the relay's, from its record, which would aim our
+packets at a WireGuard, not at a relayed pair) holds the pair down for that relay, and is
+counted in ``Sessions.rejected`` (``refused``, ``malformed``, ``bad_port``). Records do not
+carry a relay's port range, so a port inside it cannot be checked here.
+
 Ending a session tells the relay (``op: release``): at once when it failed, ``LINGER``
 seconds later when path choice merely moved the pair (the other end follows the chooser's
 record a moment later and may still send through the relay meanwhile).
@@ -50,6 +57,7 @@ GRACE = 3.0  # seconds after activation before overlay echoes count (the other e
 BROKEN_AFTER = 3  # overlay echoes unanswered in a row: the relayed path does not carry our packets
 ECHO_TIMEOUT = 1.0
 LINGER = 10.0  # a moved (not failed) pair is released this much later: make before break
+MIN_PORT = 1024  # a granted port below it is refused: privileged ports are other services' (config.relay_ports)
 
 
 @dataclass(slots=True)
@@ -81,6 +89,7 @@ class Sessions:
         self.by_peer: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
         self.unchecked: str | None = None  # why relayed paths cannot be echoed here (no raw socket)
+        self.rejected: dict[str, int] = {}  # relays' answers that granted nothing: refused, malformed, bad_port
 
     def use(self, peer: str, relay: str | None) -> None:
         """Path choice changed ``peer``'s path: end its session, start one through ``relay``."""
@@ -180,9 +189,12 @@ class Sessions:
         port, active = reply.get("port"), reply.get("active")
         if reply.get("reason") == "pending_limit" and s.state == "requesting":
             return None  # our other pairs there are still pending: ask again (PENDING_LIMIT bounds it)
-        if "error" in reply or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        bad = self._bad_answer(s, reply, port)
+        if bad is not None:
+            kind, error = bad
+            self.rejected[kind] = self.rejected.get(kind, 0) + 1
             s.granted = False
-            self._set(s, "refused", error=str(reply.get("error", "a malformed answer"))[:200])
+            self._set(s, "refused", error=error[:200])
             return None
         s.port, s.via_ip, s.granted = port, via_ip, active is True
         if active is True and s.state not in ("failing", "broken"):  # the relay's word cannot undo our echoes
@@ -191,6 +203,20 @@ class Sessions:
             s.since = trio.current_time()
             self._set(s, "requesting")
         return reply
+
+    def _bad_answer(self, s: Session, reply: dict[str, Any], port: Any) -> tuple[str, str] | None:
+        """Why the relay's answer grants us nothing: (what it counts as, the session's error), or None."""
+        if "error" in reply:
+            return "refused", str(reply["error"])
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            return "malformed", "a malformed answer"
+        if port < MIN_PORT:
+            return "bad_port", f"the relay granted port {port}: relay ports are {MIN_PORT} and above"
+        m = self.r.g.view().get(s.relay)
+        theirs = m.record.wg.port if m is not None and m.record.wg is not None else None
+        if port in (self.r.config.mesh_port, theirs):
+            return "bad_port", f"the relay granted port {port}, a WireGuard listen port, not a relay port"
+        return None
 
     async def _ping(self, s: Session) -> None:
         rtt = await self.r.g.probes.ping(s.relay, PING_TIMEOUT)
