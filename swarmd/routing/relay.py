@@ -76,8 +76,8 @@ MAX_PEER_ID = 128  # characters; a libp2p peer id is about 52
 # rules when path choice moves it (3 rounds to switch, a 60 s hold-down after a failure) or its
 # address changes; renewals (every 20 s) change nothing and cost nothing.
 CHANGE_BURST = 32.0  # 2 x MAX_PER_MEMBER: all of a node's 16 pairs moved off this relay and back at once
-CHANGE_RATE = 1.0  # a second after that: each of 16 pairs moved on and off every 32 s; a toggling member
-# costs this host at most one `nft -f` a second (before: as many as it could send)
+CHANGE_RATE = 1.0  # a second after that: each of 16 pairs moved on and off every 32 s; a member toggling
+# its pair costs this host at most one `nft -f` a second
 MAX_LIMITED = 1024  # members whose change buckets are kept (only members holding a lease here make changes)
 
 REASONS = ("malformed", "not_member", "self_pair", "bad_address", "not_our_address", "same_address",
@@ -91,7 +91,7 @@ class End:
     """One end of a relayed pair, as the relay sees it."""
 
     peer: str  # its peer id (the request's signer)
-    ip: str  # where its request came from: the connection's remote IPv4 address
+    ip: str  # where its request came from: the connection's remote IPv4 address (or IPv4-mapped IPv6)
     wg_port: int  # its WireGuard listen port (its record's)
     via_ip: str  # this relay's IPv4 address it sends to (one it announces; maybe not local: 1:1 NAT)
     pinned: bool = False  # not NATed: its packets come from ip:wg_port, and only those are relayed
