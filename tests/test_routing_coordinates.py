@@ -1,5 +1,7 @@
 """routing/coordinates: serf's Vivaldi (its unit cases and its performance_test.go scenarios),
-the safeguards (bad RTTs, NaN reset), and hostile coordinates from the wire."""
+the safeguards (bad RTTs, NaN reset), hostile coordinates from the wire, and what a hostile
+member's well-formed samples can do to a converged node (the bounds on weight, force and
+plausibility)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ def test_defaults_are_serfs():
 
 @pytest.mark.parametrize("field, value", [("dimensionality", 0), ("latency_filter_size", 0),
                                           ("adjustment_window_size", -1), ("vivaldi_cc", math.nan),
-                                          ("gravity_rho", 0.0), ("height_min", -1.0), ("vivaldi_ce", 1.5)])
+                                          ("gravity_rho", 0.0), ("height_min", -1.0), ("vivaldi_ce", 1.5),
+                                          ("peer_error_share", -0.1), ("force_rtt_min", 0.0),
+                                          ("implausible_slack", math.inf), ("implausible_reset", 1)])
 def test_a_bad_config_is_refused(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         replace(DEFAULT, **{field: value})
@@ -149,13 +153,15 @@ PEER = st.builds(lambda vec, h, e, a: coord(vec, height=h, error=e, adjustment=a
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abc"), PEER, st.floats(1e-9, MAX_RTT)), min_size=1, max_size=40))
 def test_no_peer_can_make_our_coordinate_unsendable(samples):
-    """Hostile but well-formed coordinates and RTTs: ours always passes from_wire."""
+    """Hostile but well-formed coordinates and RTTs: ours always passes from_wire. Each is used,
+    resets us, or is dropped as implausible (its estimate absurd against its RTT)."""
     client = Client(C3, seed=1)
     for peer, other, rtt in samples:
         client.update(peer, other, rtt)
         mine = client.coordinate
         assert Coordinate.from_wire(mine.to_wire(), 3) == mine
-    assert client.updates + client.resets == len(samples) and client.rejected == 0
+    assert client.updates + client.resets + client.rejected == len(samples)
+    assert set(client.rejections) <= {"implausible"}
 
 
 def test_wire_round_trip():
@@ -322,3 +328,177 @@ def test_gravity_pulls_a_drifting_system_back():
     baseline = centre_error()
     simulate(clients, truth, 10000, 2)
     assert centre_error() <= 0.8 * baseline
+
+
+# A hostile member (module header, "A hostile peer"). SERF_RULE is serf's update without the
+# bounds (the height's own bound aside), to show what each attack did before them.
+
+SERF_RULE = replace(DEFAULT, peer_error_share=0.0, force_rtt_min=1e9, implausible_slack=1e9)
+HONEST = grid(25, 0.050)  # 5 x 5 at 50 ms: RTTs of 50-283 ms, internet-like
+
+
+def _step_bound(rtt, config=DEFAULT):
+    """The most one sample moves our point or our height: vivaldi_cc * 4/5 * max(rtt, 100 ms);
+    1e-5 s for gravity's pull in the same update."""
+    return config.vivaldi_cc * 4 / 5 * max(rtt, config.force_rtt_min) + 1e-5
+
+
+def _attack(config, liar, rtt, *, every=1, rounds=500):
+    """A converged honest swarm (HONEST, 1,000 cycles) goes on probing; node 0 also takes a
+    sample of ``liar`` (a Coordinate, or a function of node 0's coordinate) after every
+    ``every``-th of its rounds. Returns (node 0, its converged coordinate, the largest move of
+    point or height one liar sample made, the worst median relative error of node 0's estimates
+    of the honest nodes, the largest move of point or height from the converged coordinate)."""
+    clients = [Client(config, seed=f"attack/{i}") for i in range(len(HONEST))]
+    simulate(clients, HONEST, 1000, 1)
+    victim, start = clients[0], clients[0].coordinate
+    rng = random.Random(5)
+    step = worst_error = moved = 0.0
+    for r in range(rounds):
+        for i, client in enumerate(clients):
+            j = rng.randrange(len(clients))
+            if j != i:
+                client.update(f"node_{j}", clients[j].coordinate, HONEST[i][j])
+            if i == 0 and r % every == 0:
+                before = victim.coordinate
+                victim.update("liar", liar(before) if callable(liar) else liar, rtt)
+                after = victim.coordinate
+                step = max(step, math.dist(before.vec, after.vec), abs(before.height - after.height))
+        now = victim.coordinate
+        moved = max(moved, math.dist(now.vec, start.vec), abs(now.height - start.height))
+        worst_error = max(worst_error, statistics.median(
+            abs(victim.estimate(c.coordinate) - HONEST[0][j]) / HONEST[0][j] for j, c in enumerate(clients) if j))
+    return victim, start, step, worst_error, moved
+
+
+AT_THE_BOUNDS = Coordinate(vec=(MAX_COMPONENT,) * 8, height=10.0, adjustment=10.0, error=0.0)
+FAR_AWAY = Coordinate(vec=(1.0,) * 8, height=0.5, adjustment=0.0, error=0.0)  # 3.3 s from everyone
+
+
+@pytest.mark.parametrize("liar, rtt", [(AT_THE_BOUNDS, 0.5), (FAR_AWAY, 0.05)], ids=["at-the-bounds", "far-away"])
+def test_a_member_at_the_wire_bounds_or_far_away_never_moves_us(liar, rtt):
+    """Fed every other sample for 500 rounds (its RTT delayed to the probes' 0.5 s, or a true
+    50 ms), claiming error 0: each of its samples is dropped and counted as implausible, we never
+    reset, and we stay within 2 ms of where we had converged (1.2 ms: the honest swarm's own
+    jitter). Under serf's rule the first resets us 115 times (28 s moves), the second carries us
+    2.6 s away; each makes our estimates of the honest nodes several times too large."""
+    victim, start, step, worst_error, moved = _attack(DEFAULT, liar, rtt)
+    assert victim.rejections == {"implausible": 500} and victim.resets == 0
+    assert step < 1e-4 and moved < 0.002 and worst_error < 0.01
+    victim, start, step, worst_error, moved = _attack(SERF_RULE, liar, rtt)
+    assert worst_error > 5 and moved > 2.0 and victim.rejected == 0
+    assert (victim.resets > 100) == (liar is AT_THE_BOUNDS)
+
+
+def _offset(coordinate, seconds, **fields):
+    """A liar ``seconds`` from ``coordinate`` along the first axis, claiming error 0."""
+    return Coordinate(vec=(coordinate.vec[0] + seconds, *coordinate.vec[1:]),
+                      **({"height": 10.0e-6, "adjustment": 0.0, "error": 0.0} | fields))
+
+
+def test_a_liar_claiming_error_0_moves_us_one_bounded_step_per_sample():
+    """A plausible liar (1 s from where we converged, measured at 50 ms, claiming error 0) in
+    one of our 25 samples, as a member of a 25-node swarm gets by round-robin, for 12,000
+    rounds (500 of its samples): each of its samples moves our point and height by at most
+    20 ms (vivaldi_cc * 4/5 * 100 ms; serf's rule: 237 ms), we never reset, and our estimates
+    of the honest nodes stay within 25 % (median; 20 % here, and 11 % over the first 40 of its
+    samples). Under serf's rule they are 110 % off within those 40. It is plausible (1 s < 10 x
+    50 ms + 1 s), so it is not dropped, and it still drags us, slowly (232 ms by the end): the
+    bounds are per sample; our honest samples are what pull us back."""
+    liar = _offset(_converged_victim(), 1.0)
+    victim, start, step, worst_error, moved = _attack(DEFAULT, liar, 0.05, every=24, rounds=12_000)
+    assert step <= _step_bound(0.05) and victim.resets == 0 and victim.rejected == 0
+    assert worst_error < 0.25 and moved < 0.3
+    victim, start, step, worst_error, moved = _attack(SERF_RULE, liar, 0.05, every=24, rounds=960)
+    assert step > 0.2 and worst_error > 1.0
+
+
+def _converged_victim():
+    clients = [Client(DEFAULT, seed=f"attack/{i}") for i in range(len(HONEST))]
+    simulate(clients, HONEST, 1000, 1)
+    return clients[0].coordinate
+
+
+def test_an_adaptive_liar_beside_us_is_bounded_per_sample_only():
+    """The limit of these bounds: a liar that places itself, at every sample, right beside our
+    current coordinate with a large height (plausible: 1 s at 50 ms), or on top of us with its
+    answers delayed to 0.5 s, is never dropped. Each sample still moves us by at most one step
+    (20 ms, or 100 ms at 0.5 s: a fifth of the RTT), and we never reset. As every other of our
+    samples for 200 rounds, far more than a member gets, they still carry us off: 355 ms and
+    85 % median error beside us (serf's rule: 1.5 s, 396 %), 503 ms and 378 % on top (serf's:
+    476 ms, 289 %). A push away is bounded by the RTT, which a member can delay."""
+    beside = _attack(DEFAULT, lambda me: _offset(me, 2.0e-6, height=1.0), 0.05, rounds=200)
+    on_top = _attack(DEFAULT, lambda me: _offset(me, 1.0e-3, adjustment=-10.0), 0.5, rounds=200)
+    for (victim, _, step, _, _), rtt in ((beside, 0.05), (on_top, 0.5)):
+        assert step <= _step_bound(rtt) and victim.resets == 0 and victim.rejected == 0
+
+
+def test_a_peer_claiming_error_0_weighs_four_fifths_not_one():
+    """serf's weight e_me / (e_me + e_peer) is 1 for a peer claiming error 0; ours floors the
+    peer's error at a quarter of ours: 4/5. A peer 1 ms above us measured at 2 ms pushes us down by
+    vivaldi_cc * weight * (2 ms - 1.02 ms)."""
+    peer = coord([0.0, 0.0, 0.001], error=0.0)
+    for config, weight in ((C3, 4 / 5), (replace(C3, peer_error_share=0.0), 1.0)):
+        client = Client(config)
+        moved = client.update("node", peer, 0.002)
+        assert moved.vec[2] == pytest.approx(-0.25 * weight * (0.002 - 0.001 - 2 * 10.0e-6), rel=1e-3)
+    honest = coord([0.0, 0.0, 0.001], error=1.5)  # as unsure as we are: serf's 1/2, untouched
+    assert Client(C3).update("node", honest, 0.002).vec[2] == pytest.approx(-0.25 * 0.5 * 0.00098, rel=1e-3)
+
+
+NEAR = st.builds(lambda me, d, h, e, a: (me, coord([x + y for x, y in zip(me, d)], height=h, error=e, adjustment=a)),
+                 st.lists(st.floats(-0.3, 0.3), min_size=3, max_size=3),
+                 st.lists(st.floats(-1e-3, 1e-3), min_size=3, max_size=3),
+                 st.floats(10.0e-6, 10.0), st.floats(0.0, 1.5), st.floats(-10.0, 10.0))
+ANYWHERE = st.builds(lambda me, other: (me, other), st.lists(st.floats(-0.3, 0.3), min_size=3, max_size=3), PEER)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(NEAR, ANYWHERE), st.floats(0.1, 1.5), st.floats(1e-4, 1.0))
+def test_one_sample_moves_us_by_one_step_at_most(us_and_peer, error, rtt):
+    """Any well-formed peer coordinate (anywhere within the wire bounds, or just beside us, any
+    height, error and adjustment) and any RTT up to 1 s, against a coordinate an honest swarm
+    could hold: the sample is dropped as implausible, or it moves our point and our height by at
+    most vivaldi_cc * 4/5 * max(rtt, 100 ms) and puts at most max(rtt, 100 ms) / 40 into our
+    adjustment (serf's rule: up to 12 s and 1 s); never a reset."""
+    me, other = us_and_peer
+    client = Client(C3, seed=2)
+    client._coord = before = coord(me, error=error, height=0.005)
+    after = client.update("peer", other, rtt)
+    assert client.resets == 0
+    if after is None:
+        assert client.rejections == {"implausible": 1} and before.distance_to(other) > 10 * rtt + 1.0
+        return
+    assert math.dist(before.vec, after.vec) <= _step_bound(rtt, C3)
+    assert abs(after.height - before.height) <= _step_bound(rtt, C3)
+    assert abs(after.adjustment) <= max(rtt, C3.force_rtt_min) / 40 + 1e-12
+
+
+def test_implausible_samples_from_5_peers_in_a_row_reset_us_and_we_converge_again():
+    """Our own coordinate far off (5 s out, as a node before these bounds could be left): every
+    honest peer's estimate is absurd, so each sample is dropped; the fifth peer in a row makes us
+    the odd one out, we reset to the origin and converge like a new node. One peer alone, or
+    peers with a plausible sample between them, never reset us."""
+    clients = [Client(DEFAULT, seed=f"attack/{i}") for i in range(len(HONEST))]
+    simulate(clients, HONEST, 1000, 1)
+    victim = clients[0]
+    victim._coord = replace(victim.coordinate, vec=(5.0,) + victim.coordinate.vec[1:])
+    for j in range(1, 5):
+        assert victim.update(f"node_{j}", clients[j].coordinate, HONEST[0][j]) is None
+    assert victim.resets == 0 and victim.rejections == {"implausible": 4}
+    assert victim.update("node_5", clients[5].coordinate, HONEST[0][5]) == origin()
+    assert victim.resets == 1 and victim.rejections == {"implausible": 5}
+    simulate(clients, HONEST, 200, 2)
+    assert statistics.median(abs(victim.estimate(c.coordinate) - HONEST[0][j]) / HONEST[0][j]
+                             for j, c in enumerate(clients) if j) < 0.05
+    assert victim.resets == 1
+
+    client = Client(C3)
+    for _ in range(20):
+        client.update("liar", coord([MAX_COMPONENT] * 3, error=0.0), 0.05)
+    for peer in "abc":  # with "liar": 4 peers in a row
+        client.update(peer, coord([MAX_COMPONENT] * 3, error=0.0), 0.05)
+    client.update("honest", coord([0.0, 0.0, 0.01]), 0.02)  # plausible: the row is broken
+    for peer in "efgh":
+        client.update(peer, coord([MAX_COMPONENT] * 3, error=0.0), 0.05)
+    assert client.resets == 0 and client.rejections == {"implausible": 27} and client.updates == 1
