@@ -12,12 +12,14 @@ import time
 def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | None]:
     """Path choice on the country matrix (sim/detours.py): the share of node pairs the switch
     rule detours through a relay and the median/p90 RTT it saves among them, with every leg
-    known, with legs as records carry them, and under the 16-path caps; the share of pairs
-    any faster relay would help, for comparison."""
+    known, with legs as records carry them, under the 16-path caps, and with legs from records
+    and asked for (``asked``: every member measured, the steady state; ``asked_120s``: each node
+    has measured the members its probes reached in 120 s); the share of pairs any faster relay
+    would help, for comparison."""
     from sim import detours
 
     result = detours.run(nodes, seed)
-    keys = dict(zip(detours.ROWS, ("any", "rule", "records", "capped")))
+    keys = dict(zip(detours.ROWS, ("any", "rule", "records", "capped", "asked")))
     out: dict[str, float | int | None] = {"sim_detour_nodes": result["nodes"],
                                           "sim_detour_countries": result["countries"]}
     for row, figures in result["rows"].items():
@@ -27,6 +29,9 @@ def detour_figures(nodes: int = 1000, seed: int = 1) -> dict[str, float | int | 
             out[f"sim_detour_{key}_{name}"] = figures[name]
     for row, share in result["country_pairs_detoured"].items():
         out[f"sim_detour_country_pairs_{keys[row]}_pct"] = round(100 * share, 2)
+    early = detours.run(nodes, seed, measured=detours.measured_after(120.0, nodes))["rows"][detours.ROWS[4]]
+    out["sim_detour_asked_120s_share_pct"] = round(100 * early["detoured_share"], 2)
+    out["sim_detour_asked_120s_median_gain_ms"] = early["median_gain_ms"]
     return out
 
 
@@ -79,6 +84,11 @@ FAILOVERS = 3
 LAB_ARGS = ["--sandbox", "off"]  # the all-reduce runs as root beside the daemons (as bench/mesh.py's)
 RAISED_CAP_MBIT = 10_000
 POLL_S = 0.05
+LINK_BOUND_MBIT = 40.0  # the all-reduce once more with every link at this rate: below what this machine's
+# userspace emulation and WireGuard carry (~100 Mbit/s, CPU-bound: the relayed path's extra vde hop costs CPU
+# the direct path's does not, `underlay_control`), as a WAN's links bound it; there the relay's own cost shows
+# (the underlay alone at 40 Mbit/s: two hops 0.95 of one, 3.6 against 3.8 MB/s, 2026-11-24)
+BOUND_LINKS = (("h1", "h2"), ("h1", "h3"), ("h2", "h3"))
 ALLREDUCE_REPEATS = 3  # the median of 3: one all-reduce on a shared machine varies by 10-20 %
 
 
@@ -90,7 +100,8 @@ def lab_figures() -> dict[str, float]:
       and h2 on the mesh interface, once relayed via h3 and once direct with the h1-h2 link set
       to 50 ms (the relayed legs' sum), after the pair went back to direct: the same underlay
       RTT both ways, so the ratios are the relay's own cost (all-reduce target: >= 0.9; the
-      median of ``ALLREDUCE_REPEATS`` runs each);
+      median of ``ALLREDUCE_REPEATS`` runs each); each once more with the links at
+      ``LINK_BOUND_MBIT``, where the links bound it and not this machine's CPU;
     - the detour's setup: from the h1-h2 link going back to 120 ms until both ends say `via h3`;
     - failover: from ``lab.crash("h3")`` until both ends say `direct` (the mesh rows polled every
       50 ms; the daemons evaluate paths once a second), three times, h3 revived and the pair
@@ -136,6 +147,17 @@ def lab_figures() -> dict[str, float]:
             time.sleep(POLL_S)
         return time.monotonic() - t0
 
+    def bound_allreduce() -> float:
+        """The all-reduce with every link h1, h2 and h3 use at ``LINK_BOUND_MBIT`` (the median of
+        ``ALLREDUCE_REPEATS``), the links unbounded again after it."""
+        for a, b in BOUND_LINKS:
+            lab.set_link(a, b, bandwidth_mbit=LINK_BOUND_MBIT)
+        try:
+            return statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
+        finally:
+            for a, b in BOUND_LINKS:
+                lab.set_link(a, b, bandwidth_mbit=0)
+
     def step(text: str) -> None:
         print(f"  routing lab: {text} ({time.monotonic() - started:.0f} s)", file=sys.stderr)
 
@@ -155,22 +177,33 @@ def lab_figures() -> dict[str, float]:
         over1, over2 = call("h1", "status")["mesh"]["address"], call("h2", "status")["mesh"]["address"]
         ping_relayed = _ping_ms(lab, "h1", over2)
         bw_relayed = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
+        bw_relayed_bound = bound_allreduce()
         if not relayed():
             raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
-        step(f"relayed: {ping_relayed:.1f} ms, all-reduce {bw_relayed:.1f} MB/s")
+        step(f"relayed: {ping_relayed:.1f} ms, all-reduce {bw_relayed:.1f} MB/s, "
+             f"{bw_relayed_bound:.2f} MB/s at {LINK_BOUND_MBIT:g} Mbit/s")
 
         lab.set_link("h1", "h2", rtt_ms=LAB_EQUAL_MS)
         results["routing_lab_back_to_direct_at_equal_rtt_s"] = wait(direct, 60, "h1-h2 back to direct at 50 ms")
         ping_direct = _ping_ms(lab, "h1", over2)
+        # the relay's first leg lengthened meanwhile: the all-reduce's queues on the direct link
+        # must not make the idle relayed path (also 50 ms) look faster and move the pair
+        lab.set_link("h1", "h3", rtt_ms=LAB_RTT[frozenset(("h1", "h3"))] + LAB_EQUAL_MS)
         bw_direct = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
+        bw_direct_bound = bound_allreduce()
         if not direct():
             raise RuntimeError("bench: h1-h2 left the direct path during the direct measurement")
-        step(f"direct at {LAB_EQUAL_MS:g} ms: {ping_direct:.1f} ms, all-reduce {bw_direct:.1f} MB/s")
+        lab.set_link("h1", "h3", rtt_ms=LAB_RTT[frozenset(("h1", "h3"))])
+        step(f"direct at {LAB_EQUAL_MS:g} ms: {ping_direct:.1f} ms, all-reduce {bw_direct:.1f} MB/s, "
+             f"{bw_direct_bound:.2f} MB/s at {LINK_BOUND_MBIT:g} Mbit/s")
         results |= {"routing_lab_ping_relayed_ms": ping_relayed, "routing_lab_ping_direct_equal_rtt_ms": ping_direct,
                     "routing_lab_ping_relayed_over_direct": ping_relayed / ping_direct,
                     f"routing_lab_allreduce_{ALLREDUCE_MB}mb_relayed_mb_s": bw_relayed,
                     f"routing_lab_allreduce_{ALLREDUCE_MB}mb_direct_equal_rtt_mb_s": bw_direct,
-                    "routing_lab_allreduce_relayed_over_direct": bw_relayed / bw_direct}
+                    "routing_lab_allreduce_relayed_over_direct": bw_relayed / bw_direct,
+                    f"routing_lab_allreduce_{ALLREDUCE_MB}mb_relayed_link_bound_mb_s": bw_relayed_bound,
+                    f"routing_lab_allreduce_{ALLREDUCE_MB}mb_direct_link_bound_mb_s": bw_direct_bound,
+                    "routing_lab_allreduce_link_bound_relayed_over_direct": bw_relayed_bound / bw_direct_bound}
 
         lab.set_link("h1", "h2", rtt_ms=LAB_RTT[frozenset(("h1", "h2"))])
         results["routing_lab_detour_setup_s"] = wait(relayed, 120, "h1-h2 via h3 again at 120 ms")

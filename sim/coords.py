@@ -83,9 +83,11 @@ def place(nodes: int, seed: int) -> list[str]:
     return random.Random(f"{seed}:place").choices(codes, weights=[weights[c] for c in codes], k=nodes)
 
 
-def run(setup: Setup = Setup()) -> dict:
+def run(setup: Setup = Setup(), *, keep: dict | None = None) -> dict:
     """Simulate and return the figures: per checkpoint the median/p90/mean relative error, plus
-    the setup, the wall time and the cores' counters."""
+    the setup, the wall time and the cores' counters. ``keep`` (a dict) receives the end's
+    coordinates: ``current`` (each node's own) and ``known`` (what peers see of it: the last
+    published with ``publish_every``, else the current; sim/detours.py ranks relays with them)."""
     wall0 = time.perf_counter()
     n = setup.nodes
     if n < 2:
@@ -148,6 +150,9 @@ def run(setup: Setup = Setup()) -> dict:
             current = _errors(now_coords, None, a, b, truth)
             row |= {"current_median": float(np.median(current)), "current_p90": float(np.quantile(current, 0.9))}
         out.append(row)
+    if keep is not None:
+        keep["current"] = [c.coordinate for c in clients]
+        keep["known"] = list(published) if every else keep["current"]
     return {"setup": {k: v for k, v in asdict(setup).items() if k != "config"} | {"countries": len(set(placed))},
             "checkpoints": out, "updates": sum(c.updates for c in clients),
             "rejected": sum(c.rejected for c in clients), "resets": sum(c.resets for c in clients),

@@ -17,8 +17,18 @@ Model:
   nearest members: the daemon's trust rule, so a relay's own claim does not count; the
   chooser, the lower of two random ids, measures its own leg), and ``the switch rule,
   at most MAX_RELAYED`` (each node chooses its 16 biggest gains and follows at most 16,
-  the daemon's caps, with every member a path target). Beside them, the share of *pairs of
-  countries* (each once, unweighted, as the issue's figure counts) with a faster relay.
+  the daemon's caps, with every member a path target), and ``the switch rule, legs from
+  records and asked for``: the chooser A also asks B for its legs to ``ASK_LEGS`` more relays
+  (swarmd/routing/paths.py), those not in B's record that rank best by A's own leg (its
+  measured RTT where it has one, else the coordinate estimate) + the coordinate estimate
+  R-B, and measures its own leg to them; B answers for those it has measured. Coordinates:
+  sim/coords.py run as the daemon runs it (records plus the 10 s exchange) for
+  ``coord_seconds`` (A's own, the records' for the others, as ``PathView.estimate``).
+  ``measured``: the share of other members each node has an RTT to (1.0: every one, the
+  steady state; membership's probes reach one member per 0.5 s, round robin, so about
+  ``t / 0.5 / (nodes - 1)`` after t seconds, ``measured_after``: 0.24 at 120 s on 1,000
+  nodes), drawn at random per pair. Beside them, the share of *pairs of countries* (each once, unweighted, as the
+  issue's figure counts) with a faster relay.
 - Figures per row: the share of node pairs detoured, and among them the median and p90
   gain, in ms and in % of the direct RTT. Countries are computed once per pair of
   countries, then counted per node pair.
@@ -36,14 +46,17 @@ import time
 
 import numpy as np
 
+from swarmd.gossip.membership import Timing
 from swarmd.gossip.wire import MAX_RTTS
-from swarmd.routing.paths import MAX_RELAYED, SWITCH_MIN_GAIN_MS, SWITCH_RATIO, best_relay
+from swarmd.routing.paths import ASK_LEGS, MAX_RELAYED, SWITCH_MIN_GAIN_MS, SWITCH_RATIO, best_relay
 
+from . import coords
 from .coords import place
 from .network import Latency
 
 ROWS = ("any faster relay", "the switch rule", "the switch rule, legs from records",
-        f"the switch rule, at most {MAX_RELAYED} relayed paths")
+        f"the switch rule, at most {MAX_RELAYED} relayed paths", "the switch rule, legs from records and asked for")
+EXCHANGE_FRESH = 10.0  # swarmd/routing/exchange.py FRESH (not imported: it brings trio and libp2p)
 
 
 def _country_gains(rtt: np.ndarray, counts: np.ndarray, labels: list[str], *, ratio: float, min_gain_ms: float,
@@ -117,8 +130,65 @@ def _capped(gain: np.ndarray, order: np.ndarray, cap: int) -> np.ndarray:
     return used | used.T
 
 
+def measured_after(seconds: float, nodes: int) -> float:
+    """The share of other members a node has an RTT to after ``seconds``: membership probes one
+    per ``probe_interval``, each member once per round (its shuffled round robin)."""
+    return min(1.0, seconds / Timing.wan().probe_interval / max(1, nodes - 1))
+
+
+def _estimates(mine: list, known: list) -> np.ndarray:
+    """est[i, j] in ms: ``mine[i].distance_to(known[j])`` for every i, j (vectorized; a check in
+    tests/test_sim_detours.py)."""
+    def arrays(cs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (np.array([c.vec for c in cs]), np.array([c.height for c in cs]), np.array([c.adjustment for c in cs]))
+    va, ha, aa = arrays(mine)
+    vb, hb, ab = arrays(known)
+    sq = (va ** 2).sum(1)[:, None] + (vb ** 2).sum(1)[None, :] - 2.0 * va @ vb.T
+    dist = np.sqrt(np.maximum(sq, 0.0)) + ha[:, None] + hb[None, :]
+    adjusted = dist + aa[:, None] + ab[None, :]
+    return np.where(adjusted > 0.0, adjusted, dist) * 1000.0
+
+
+def _asked_gains(rtt: np.ndarray, site: np.ndarray, near: list[set[int]], order: np.ndarray, est_mine: np.ndarray,
+                 est_known: np.ndarray, measured: np.ndarray, *, ask: int, ratio: float,
+                 min_gain_ms: float) -> np.ndarray:
+    """gain[a, b] in ms for each chooser a of a pair (a, b) (0 elsewhere) when the R-B leg is
+    known for R in B's record (``near``) and for the ``ask`` relays outside it that rank best by
+    A's leg (``rtt`` where ``measured[a, r]``, else ``est_mine``) + ``est_known[r, b]``, if B has
+    measured R (``measured[b, r]``)."""
+    n = site.size
+    k = len(near)
+    near_mask = np.zeros((k, k), dtype=bool)
+    for t, us in enumerate(near):
+        near_mask[t, list(us)] = True
+    own = np.where(measured, rtt[site[:, None], site[None, :]], est_mine)
+    gain = np.zeros((n, n))
+    for a in range(n):
+        bs = np.flatnonzero(order[a] < order)
+        if not bs.size:
+            continue
+        rows = np.arange(bs.size)
+        total = rtt[site[a], site][None, :] + rtt[site[bs]][:, site]  # [b, R], true legs
+        direct = rtt[site[a], site[bs]]
+        other = np.ones(total.shape, dtype=bool)
+        other[:, a] = False
+        other[rows, bs] = False
+        reported = near_mask[site[bs]][:, site] & other
+        best = np.where(reported, total, np.inf).min(axis=1)
+        if ask > 0:
+            score = np.where(reported | ~other, np.inf, own[a][None, :] + est_known[:, bs].T)
+            kth = min(ask, n - 1)
+            top = np.argpartition(score, kth - 1, axis=1)[:, :kth]
+            usable = np.isfinite(np.take_along_axis(score, top, 1)) & measured[bs[:, None], top]
+            best = np.minimum(best, np.where(usable, np.take_along_axis(total, top, 1), np.inf).min(axis=1))
+        win = (best <= direct * ratio) & (direct - best >= min_gain_ms)
+        gain[a, bs[win]] = (direct - best)[win]
+    return gain
+
+
 def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_gain_ms: float = SWITCH_MIN_GAIN_MS,
-        near_size: int = MAX_RTTS, cap: int = MAX_RELAYED) -> dict:
+        near_size: int = MAX_RTTS, cap: int = MAX_RELAYED, ask: int = ASK_LEGS, measured: float = 1.0,
+        coord_seconds: float = 120.0) -> dict:
     """The figures (one dict per row of ``ROWS``) and the setup."""
     wall0 = time.perf_counter()
     if nodes < 3:
@@ -146,6 +216,14 @@ def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_ga
     used = _capped(full, order, cap)
     pair_gain = gains[1][site[a], site[b]]
     rows[ROWS[3]] = _figures(used[a, b], pair_gain, direct)
+    kept: dict = {}
+    coords.run(coords.Setup(nodes=nodes, seed=seed, seconds=coord_seconds, checkpoints=(),
+                            publish_every=coords.record_refresh(nodes), fresh_after=EXCHANGE_FRESH), keep=kept)
+    known = np.random.default_rng([seed, 16]).random((nodes, nodes)) < measured
+    asked = _asked_gains(rtt, site, near, order, _estimates(kept["current"], kept["known"]),
+                         _estimates(kept["known"], kept["known"]), known, ask=ask, ratio=ratio, min_gain_ms=min_gain_ms)
+    pair_gain = asked[a, b]
+    rows[ROWS[4]] = _figures(pair_gain > 0, pair_gain, direct)
     present = np.flatnonzero(counts)
     cs, ct = np.triu_indices(len(present), k=1)
     by_country = {name: round(float((g[present[cs], present[ct]] > 0).mean()), 4) if cs.size else 0.0
@@ -153,18 +231,18 @@ def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_ga
     return {"nodes": nodes, "seed": seed, "countries": int((counts > 0).sum()),
             "country_pairs_detoured": by_country,
             "thresholds": {"switch_ratio": ratio, "switch_min_gain_ms": min_gain_ms, "records_report": near_size,
-                           "max_relayed": cap},
+                           "max_relayed": cap, "legs_asked": ask, "measured": measured, "coord_seconds": coord_seconds},
             "rows": rows, "wall_s": round(time.perf_counter() - wall0, 2)}
 
 
 def table(result: dict) -> str:
-    head = f"{'':<42} {'detoured':>9} {'gain median':>16} {'gain p90':>16}"
+    head = f"{'':<50} {'detoured':>9} {'gain median':>16} {'gain p90':>16}"
     lines = [f"detours on the country matrix: {result['nodes']} nodes in {result['countries']} countries, "
              f"seed {result['seed']}", head]
     for name, r in result["rows"].items():
         def g(ms, pct):
             return "-" if ms is None else f"{ms:.1f} ms {pct:.0f} %"
-        lines.append(f"{name:<42} {100 * r['detoured_share']:>8.1f}% {g(r['median_gain_ms'], r['median_gain_pct']):>16}"
+        lines.append(f"{name:<50} {100 * r['detoured_share']:>8.1f}% {g(r['median_gain_ms'], r['median_gain_pct']):>16}"
                      f" {g(r['p90_gain_ms'], r['p90_gain_pct']):>16}")
     lines.append("pairs of countries (each once, not weighted by nodes): "
                  + ", ".join(f"{name} {100 * v:.1f} %" for name, v in result["country_pairs_detoured"].items()))
@@ -175,8 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sim.detours", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ask", type=int, default=ASK_LEGS, help="relays asked for per peer")
+    p.add_argument("--measured", type=float, default=1.0,
+                   help="share of members each node has measured (1.0: steady state; 0.24: 1,000 nodes at 120 s)")
+    p.add_argument("--coord-seconds", type=float, default=120.0, help="seconds of Vivaldi before the ranking")
     args = p.parse_args(argv)
-    result = run(args.nodes, args.seed)
+    result = run(args.nodes, args.seed, ask=args.ask, measured=args.measured, coord_seconds=args.coord_seconds)
     print(table(result))
     print(json.dumps(result, indent=2))
     return 0

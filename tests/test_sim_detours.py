@@ -5,8 +5,9 @@ import itertools
 import json
 
 import numpy as np
+import pytest
 
-from sim import detours
+from sim import coords, detours
 from sim.coords import place
 from sim.network import Latency
 from swarmd.routing.paths import best_relay
@@ -40,6 +41,7 @@ def test_small_swarm_figures():
     assert list(result["rows"]) == list(detours.ROWS)
     share = [r["detoured_share"] for r in rows]
     assert share[0] >= share[1] >= share[2] and share[1] >= share[3]  # each rule is stricter
+    assert share[1] >= share[4] > share[2]  # legs asked for: more than the records', at most every leg
     assert share[1] > 0
     for r in rows[1:]:
         if r["detoured_pairs"]:
@@ -69,3 +71,23 @@ def test_bench_figures_are_flat_numbers():
     figures = detour_figures(200, 1)
     assert figures["sim_detour_rule_share_pct"] > 0
     assert all(v is None or isinstance(v, (int, float)) for v in figures.values())
+
+
+def test_asked_legs_row_is_the_records_row_without_asking_and_grows_with_what_is_asked_and_measured():
+    # node by node (the asked row) against the country shortcut (the records row): the same without asking
+    base = detours.run(200, 2, ask=0)["rows"]
+    assert base[detours.ROWS[4]] == base[detours.ROWS[2]]
+    share = [detours.run(200, 2, ask=k)["rows"][detours.ROWS[4]]["detoured_share"] for k in (2, 8, 32)]
+    assert base[detours.ROWS[2]]["detoured_share"] <= share[0] <= share[1] <= share[2]
+    unmeasured = detours.run(200, 2, measured=0.0)["rows"]
+    assert unmeasured[detours.ROWS[4]] == unmeasured[detours.ROWS[2]]  # a peer answers only what it measured
+    assert detours.measured_after(120.0, 1000) == pytest.approx(240 / 999) and detours.measured_after(1e4, 10) == 1.0
+
+
+def test_estimates_are_coordinate_distances():
+    kept: dict = {}
+    coords.run(coords.Setup(nodes=30, seconds=20.0, checkpoints=(), publish_every=10.0), keep=kept)
+    est = detours._estimates(kept["current"], kept["known"])
+    for i in range(0, 30, 7):
+        for j in range(30):
+            assert est[i, j] == pytest.approx(kept["current"][i].distance_to(kept["known"][j]) * 1000, rel=1e-6, abs=1e-6)
