@@ -1359,3 +1359,15 @@ async def test_a_pending_limit_refusal_keeps_the_session_asking(script, autojump
         await at(t0, 3.5)
         assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
         nursery.cancel_scope.cancel()
+
+
+async def test_status_counts_refused_coordinate_samples_by_reason(autojump_clock):
+    """A member whose coordinate puts it seconds away answering in 20 ms: dropped, and `swarmctl
+    status --json` says why (coordinates.py's `implausible`), beside the RTTs refused."""
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)))
+    far = Coordinate.from_wire([9.0] + GOOD[1:])
+    routing.update_coordinate(B, far, 0.02)
+    routing.update_coordinate(B, Coordinate.from_wire(GOOD), -1.0)
+    vivaldi = routing.status()["vivaldi"]
+    assert vivaldi["rejections"] == {"implausible": 1, "rtt": 1} and vivaldi["rejected"] == 2
+    assert vivaldi["updates"] == 0 and routing.client.coordinate.vec == (0.0,) * 8
