@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.paths import (HOLD_DOWN_S, MAX_RELAYED, STABLE_ROUNDS, Measure, Paths, PathView, UsePath,
-                                  best_relay)
+from swarmd.routing.paths import (HOLD_DOWN_S, MAX_RELAYED, STABLE_ROUNDS, AskLegs, Measure, Paths, PathView,
+                                  UsePath, best_relay)
 
 
 class World:
@@ -408,3 +408,152 @@ def test_the_follower_does_not_follow_a_refused_pair_and_keeps_its_other_pairs()
     assert run(core, w, int(HOLD_DOWN_S) - 1, 2) == [[]] * (int(HOLD_DOWN_S) - 1)  # held until 61
     assert core.paths() == {"c": "r"}
     assert core.evaluate(1.0 + HOLD_DOWN_S, w.view()) == [UsePath(peer="b", relay="r")]
+
+
+# --- legs asked for (AskLegs, legs_answered) --------------------------------------------------
+
+def hidden_world() -> World:
+    """a-b 120 ms direct; b's record reports only q (its nearest, no help); r would carry the pair in
+    20 + 30 ms, but b does not report r: only asking b finds it. Coordinates rank r first."""
+    w = World("a")
+    w.add("b", "q", "r")
+    w.link("a", "b", 120)
+    w.link("a", "q", 100)
+    w.report("b", "q", 10)
+    w.own["r"] = 20
+    w.coords = {("r", "b"): 35.0, ("q", "b"): 12.0, ("a", "q"): 100.0}
+    return w
+
+
+def asks(actions: list) -> list[AskLegs]:
+    return [a for a in actions if isinstance(a, AskLegs)]
+
+
+def test_a_detour_only_the_peers_unpublished_leg_shows_is_found_by_asking():
+    w, core = hidden_world(), Paths("a")
+    out = core.evaluate(0.0, w.view())
+    assert out == [AskLegs(peer="b", relays=("r",))]  # q is in b's record: nothing to ask about it
+    assert core.legs_answered(0.5, "b", {"r": 30.0}) is None
+    out = run(core, w, STABLE_ROUNDS, 1.0)
+    assert out[-1] == [UsePath(peer="b", relay="r")] and core.legs("b") == {"r": 30.0}
+    found = core.explain("b", w.view(), now=4.0)["candidates"]
+    assert found[0]["relay"] == "r" and found[0]["total_ms"] == 50.0
+
+
+def test_an_asked_leg_counts_as_the_peers_claim_the_relays_larger_report_still_applies():
+    w, core = hidden_world(), Paths("a")
+    w.report("r", "b", 100)  # r says its leg to b is 100: the larger of b's and r's counts
+    core.evaluate(0.0, w.view())
+    assert core.legs_answered(0.5, "b", {"r": 30.0}) is None
+    assert run(core, w, STABLE_ROUNDS + 1, 1.0) == [[]] * (STABLE_ROUNDS + 1)
+    assert core.leg("r", "b", w.view()) == 100.0
+
+
+def test_the_records_own_value_wins_over_an_answer():
+    w, core = hidden_world(), Paths("a")
+    core.evaluate(0.0, w.view())
+    assert core.legs_answered(0.5, "b", {"r": 30.0}) is None
+    w.report("b", "r", 90)  # r entered b's record since: its value is the newer claim
+    assert core.leg("r", "b", w.view()) == 90.0
+
+
+def test_asked_legs_are_ranked_by_my_leg_plus_the_estimate_and_bounded():
+    w, core = World("a"), Paths("a", ask_legs=3)
+    w.add("b", "c", "r1", "r2", "r3", "r4", "r5", "r6", "f", "h")
+    w.add("x", relay=False)  # offers no relaying
+    w.link("a", "b", 120)
+    w.report("b", "r6", 5)  # in b's record: its leg is known already
+    w.own.update({"r1": 50, "r2": 10})  # my measured legs rank before my estimates
+    est = {"r1": (5, 10), "r2": (80, 30), "r3": (20, 20), "r4": (10, 45), "r5": (None, 1), "r6": (1, 1),
+           "f": (1, 1), "h": (1, 1), "x": (1, 1), "c": (30, 30)}
+    for relay, (mine, theirs) in est.items():
+        w.coords[("a", relay)] = mine
+        w.coords[(relay, "b")] = theirs
+    w.failing = {"f"}
+    w.refused = {("b", "h")}  # held down for this pair
+    # r1 50 + 10 = 60, r2 10 + 30 = 40, r3 40, r4 55, c 60; r5 has no estimate from me; r6 is in the record;
+    # f is failing, h held down for b; x offers no relaying
+    assert asks(core.evaluate(0.0, w.view())) == [AskLegs(peer="b", relays=("r2", "r3", "r4"))]
+
+
+def test_peers_are_asked_in_rotation_a_few_per_round_each_once_per_interval():
+    w, core = World("a"), Paths("a", ask_per_round=2, ask_interval_s=10.0)
+    peers = ["b", "c", "d", "e", "f"]
+    w.add(*peers, "r")
+    w.add("0")  # a follower pair (0 < a): its chooser asks, not us
+    w.link("a", "0", 100)
+    for p in peers:
+        if p != "e":  # e: no direct RTT known, nothing to improve on yet
+            w.link("a", p, 100)
+        w.coords[("r", p)] = 10.0
+    w.own["r"] = 10
+    asked = [[a.peer for a in asks(core.evaluate(float(t), w.view()))] for t in range(12)]
+    assert asked[:3] == [["b", "c"], ["d", "f"], []]
+    assert asked[10:] == [["b", "c"], ["d", "f"]]  # after ask_interval_s, the same rotation
+    w.link("a", "e", 100)
+    assert [a.peer for a in asks(core.evaluate(12.0, w.view()))] == ["e"]
+
+
+@pytest.mark.parametrize("legs,why", [
+    ({"s": 30.0}, "not asked for"),  # a key that was not asked
+    ({"r": 30.0, "b": 1.0}, "entries"),  # more than asked
+    ({"r": float("nan")}, "outside"), ({"r": float("inf")}, "outside"), ({"r": -1.0}, "outside"),
+    ({"r": 0}, "outside"), ({"r": 1e9}, "outside"), ({"r": True}, "outside"), ({"r": "30"}, "outside"),
+    ({"r": [30]}, "outside"), ({"r": None}, "outside"), ({b"r": 30.0}, "not asked for"), ({1: 30.0}, "not asked for"),
+    ([["r", 30.0]], "expected a map"), ("r", "expected a map"), (None, "expected a map"), (30.0, "expected a map"),
+])
+def test_a_hostile_answer_is_dropped_whole_and_counted(legs, why):
+    w, core = hidden_world(), Paths("a")
+    w.add("s")
+    core.evaluate(0.0, w.view())
+    assert why in core.legs_answered(0.5, "b", legs)
+    assert core.legs("b") == {} and (core.legs_taken, core.legs_dropped) == (0, 1)
+    assert run(core, w, STABLE_ROUNDS + 1, 1.0) == [[]] * (STABLE_ROUNDS + 1)  # no detour from it
+    assert core.legs_answered(5.0, "b", {"r": 30.0}) is None  # the honest answer is still taken
+
+
+def test_an_answer_is_taken_once_per_ask_and_only_from_the_peer_asked():
+    w, core = hidden_world(), Paths("a")
+    assert core.legs_answered(0.0, "b", {"r": 30.0}) == "not asked"  # before any ask
+    core.evaluate(0.0, w.view())
+    assert core.legs_answered(0.5, "q", {"r": 1.0}) == "not asked"  # q was not asked
+    assert core.legs_answered(0.5, "b", {}) is None  # b measured none of them: taken, nothing known
+    assert core.legs_answered(0.6, "b", {"r": 30.0}) == "not asked"  # a second answer to one ask
+    assert core.legs("b") == {} and (core.legs_taken, core.legs_dropped) == (1, 3)
+
+
+def test_answered_legs_are_forgotten_after_their_ttl_or_when_the_peer_leaves():
+    w, core = hidden_world(), Paths("a", ask_interval_s=100.0, legs_ttl_s=200.0)
+    core.evaluate(0.0, w.view())
+    core.legs_answered(0.5, "b", {"r": 30.0})
+    core.evaluate(200.0, w.view())  # asked again at 100 s; that answer never came
+    assert core.legs("b") == {"r": 30.0}
+    core.evaluate(200.5, w.view())
+    assert core.legs("b") == {} and core.leg("r", "b", w.view()) is None
+    core.legs_answered(200.6, "b", {"r": 30.0})  # the ask at 200 s
+    w.peers.discard("b")
+    core.evaluate(201.0, w.view())
+    assert core.legs("b") == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=3), st.lists(st.floats(), max_size=3),
+                 st.dictionaries(st.one_of(st.sampled_from(["r", "q", "b", "a", "s"]), st.binary(max_size=2),
+                                           st.integers()),
+                                 st.one_of(st.floats(), st.integers(), st.booleans(), st.none(), st.text(max_size=2)),
+                                 max_size=4)))
+def test_property_an_answer_is_taken_only_when_every_entry_is_a_valid_asked_leg(legs):
+    w, core = hidden_world(), Paths("a")
+    w.add("s")
+    w.coords[("s", "b")] = 50.0
+    w.own["s"] = 10
+    core.evaluate(0.0, w.view())  # asks b about r and s
+    why = core.legs_answered(0.5, "b", legs)
+    if why is None:
+        assert isinstance(legs, dict) and set(legs) <= {"r", "s"}
+        assert all(0 < ms <= 60000 for ms in core.legs("b").values())
+    else:
+        assert core.legs("b") == {} and core.legs_dropped == 1
+    for i in range(STABLE_ROUNDS + 1):
+        for action in core.evaluate(1.0 + i, w.view()):
+            assert not isinstance(action, UsePath) or action.relay in {"r", "s", None}

@@ -90,4 +90,5 @@ def test_estimates_are_coordinate_distances():
     est = detours._estimates(kept["current"], kept["known"])
     for i in range(0, 30, 7):
         for j in range(30):
-            assert est[i, j] == pytest.approx(kept["current"][i].distance_to(kept["known"][j]) * 1000, rel=1e-6, abs=1e-6)
+            expect = kept["current"][i].distance_to(kept["known"][j]) * 1000
+            assert est[i, j] == pytest.approx(expect, rel=1e-6, abs=1e-6)

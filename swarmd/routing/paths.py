@@ -27,6 +27,16 @@ Rules:
 - Coordinates only shortlist: among B's reported relays whose leg from me is unmeasured, the
   ``shortlist`` best by ``estimate(me, R) + leg(R, B)`` that could pass the switch rule are
   asked for (``Measure``), each at most once per ``MEASURE_INTERVAL_S``.
+- Legs asked for. B's record reports only its ``MAX_RTTS`` nearest members, but B has an RTT
+  to every member its probes reached; so a chooser asks B (``AskLegs``, the driver's
+  exchange) for its legs to the ``ask_legs`` relays outside B's record that rank best by my
+  leg (measured, else estimated) + the estimate R-B. No threshold: coordinates cannot predict
+  a detour, they only rank. Each evaluation asks at most ``ASK_PER_ROUND`` chooser peers with
+  a known direct RTT, in rotation, each at most once per ``ask_interval_s``. The answer
+  (``legs_answered``) is B's claim like its record's rtts and counts the same way (the larger
+  of B's and R's report), for ``legs_ttl_s``; the record's own value wins where both have one.
+  It is dropped whole, and counted, unless it is exactly the expected kind: a map of relays
+  from the last ask (pending, at most once) to finite RTTs in (0, ``MAX_RTT_MS``].
 - Hysteresis (chooser). A move needs ``stable_rounds`` consecutive evaluations (at least
   ``MIN_ROUND_S`` apart: an extra evaluation does not count) wanting the same kind of move:
   to a relay when ``best_relay`` finds one at most ``ratio`` x the current path and at least
@@ -112,7 +122,17 @@ class Measure:
     peers: tuple[str, ...]
 
 
-Action = UsePath | Measure
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AskLegs:
+    """Ask ``peer`` for its RTTs to ``relays`` (the driver's coordinate exchange); the answer goes
+    to ``Paths.legs_answered``; best effort."""
+
+    __match_args__ = ("peer", "relays")
+    peer: str
+    relays: tuple[str, ...]
+
+
+Action = UsePath | Measure | AskLegs
 
 
 def best_relay(direct_ms: float, legs: Mapping[str, tuple[float, float]], *, ratio: float = SWITCH_RATIO,
@@ -154,18 +174,26 @@ class Paths:
                  stable_rounds: int = STABLE_ROUNDS, back_ratio: float = BACK_RATIO,
                  back_min_gain_ms: float = BACK_MIN_GAIN_MS, shortlist: int = SHORTLIST,
                  max_relayed: int = MAX_RELAYED, hold_down_s: float = HOLD_DOWN_S,
-                 measure_interval_s: float = MEASURE_INTERVAL_S) -> None:
+                 measure_interval_s: float = MEASURE_INTERVAL_S, ask_legs: int = ASK_LEGS,
+                 ask_per_round: int = ASK_PER_ROUND, ask_interval_s: float = ASK_INTERVAL_S,
+                 legs_ttl_s: float = LEGS_TTL_S) -> None:
         if not 0 < ratio <= back_ratio <= 1:
             raise ValueError(f"need 0 < ratio <= back_ratio <= 1, got {ratio} and {back_ratio}")
         if min_gain_ms < back_min_gain_ms or back_min_gain_ms < 0:
             raise ValueError("need min_gain_ms >= back_min_gain_ms >= 0")
         if stable_rounds < 1 or shortlist < 0 or max_relayed < 0 or hold_down_s < 0 or measure_interval_s <= 0:
             raise ValueError("stable_rounds >= 1, shortlist, max_relayed, hold_down_s >= 0, measure_interval_s > 0")
+        if ask_legs < 0 or ask_per_round < 0 or ask_interval_s <= 0 or legs_ttl_s <= 0:
+            raise ValueError("ask_legs, ask_per_round >= 0, ask_interval_s, legs_ttl_s > 0")
         self.me = me
         self.ratio, self.min_gain_ms, self.stable_rounds = ratio, min_gain_ms, stable_rounds
         self.back_ratio, self.back_min_gain_ms = back_ratio, back_min_gain_ms
         self.shortlist, self.max_relayed, self.hold_down_s = shortlist, max_relayed, hold_down_s
         self.measure_interval_s = measure_interval_s
+        self.ask_legs, self.ask_per_round = ask_legs, ask_per_round
+        self.ask_interval_s, self.legs_ttl_s = ask_interval_s, legs_ttl_s
+        self.legs_taken = 0  # counter: answers to AskLegs taken
+        self.legs_dropped = 0  # counter: answers dropped (the driver also counts them as rejected input)
         self.ignored_values = 0  # counter: bad RTTs in views (the driver exports it)
         self.switches = 0  # counter: path changes made
         self._chosen: dict[str, _Chosen] = {}  # chooser pairs: peer -> state
@@ -175,7 +203,12 @@ class Paths:
         self._held_pairs: dict[tuple[str, str], float] = {}  # (peer, relay) -> held down until
         self._asked: dict[str, float] = {}  # peer -> when its RTT was last asked for
         self._last_round: float | None = None
-        self._cache: tuple[PathView | None, dict[str, dict[str, float]]] = (None, {})  # cleaned reports
+        # per view: peer -> (its record's reports cleaned, those with the legs it answered)
+        self._cache: tuple[PathView | None, dict[str, tuple[dict[str, float], dict[str, float]]]] = (None, {})
+        self._legs_asked: dict[str, tuple[float, frozenset[str] | None]] = {}  # peer -> when, relays (None:
+        # answered)
+        self._legs: dict[str, tuple[float, dict[str, float]]] = {}  # peer -> when answered, its legs
+        self._ask_after = ""  # the rotation: the next peers asked come after this id
 
     # --- queries ------------------------------------------------------------------------
 
@@ -218,6 +251,9 @@ class Paths:
             self._held_pairs[pair] = now + self.hold_down_s
         self._held_pairs = {k: t for k, t in self._held_pairs.items() if t > now and k[0] in view.peers}
         self._asked = {p: t for p, t in self._asked.items() if now - t < self.measure_interval_s and p in view.peers}
+        self._legs_asked = {p: v for p, v in self._legs_asked.items() if now - v[0] < self.ask_interval_s
+                            and p in view.peers}
+        self._legs = {p: v for p, v in self._legs.items() if now - v[0] < self.legs_ttl_s and p in view.peers}
         for peer in sorted(set(self._chosen) - view.peers):
             if self._chosen.pop(peer).relay is not None:
                 actions.append(UsePath(peer=peer, relay=None))
@@ -228,6 +264,7 @@ class Paths:
 
         own = self._clean(view.own)
         wanted: list[tuple[float, str]] = []
+        askable: list[str] = []  # chooser pairs with direct known: those worth asking for legs
         ready: list[tuple[float, str, str]] = []  # (-gain, peer, relay): direct -> relay moves due
         gains: dict[str, float] = {}  # chooser pairs on a relay -> its gain now
         for peer in sorted(view.peers):
@@ -240,6 +277,8 @@ class Paths:
             if state.relay is not None and self._unusable(now, state.relay, peer, view):
                 actions.append(self._switch(peer, None))
             data = self._measure(peer, view, own, wanted)
+            if data.direct is not None:
+                askable.append(peer)
             move = self._wanted(state, data)
             if state.relay is not None:  # counted against the cap; unknown gain: the first to go
                 known = data.direct is not None and state.relay in data.legs
@@ -273,7 +312,80 @@ class Paths:
         ask = self._ask(now, wanted)
         if ask:
             actions.append(Measure(peers=ask))
+        actions += self._ask_legs(now, view, own, askable)
         return actions
+
+    # --- legs asked for -----------------------------------------------------------------
+
+    def _ask_legs(self, now: float, view: PathView, own: Mapping[str, float], known: list[str]) -> list[AskLegs]:
+        """Up to ``ask_per_round`` of ``known`` (sorted), the rotation going on after the last
+        one asked, not asked within ``ask_interval_s``: each asked for its best-ranked relays."""
+        if self.ask_legs == 0 or self.ask_per_round == 0:
+            return []
+        due = [p for p in known if p not in self._legs_asked]
+        due = [p for p in due if p > self._ask_after] + [p for p in due if p <= self._ask_after]
+        out = []
+        for peer in due[:self.ask_per_round]:
+            self._ask_after = peer
+            relays = self._rank(peer, view, own)
+            self._legs_asked[peer] = (now, frozenset(relays) if relays else None)  # None: no answer expected
+            if relays:
+                out.append(AskLegs(peer=peer, relays=relays))
+        return out
+
+    def _rank(self, peer: str, view: PathView, own: Mapping[str, float]) -> tuple[str, ...]:
+        """The ``ask_legs`` usable relays for the pair (me, peer) that ``peer``'s record does not
+        report, the best by my leg (measured, else estimated) + the estimate R-peer."""
+        recorded = self._reports(peer, view, asked=False)
+        scored = []
+        for relay in view.relays:
+            if relay in (self.me, peer) or relay in recorded or relay not in view.peers or relay in view.failing \
+                    or relay in self._held or (peer, relay) in self._held_pairs:
+                continue
+            mine = own[relay] if relay in own else view.estimate(self.me, relay)
+            theirs = view.estimate(relay, peer)
+            if mine is None or theirs is None or not math.isfinite(mine + theirs):
+                continue
+            scored.append((mine + theirs, relay))
+        scored.sort()
+        return tuple(relay for _, relay in scored[:self.ask_legs])
+
+    def legs_answered(self, now: float, peer: str, legs: object) -> str | None:
+        """``peer``'s answer to the pending ``AskLegs``: relay -> its RTT in ms. Taken only whole:
+        a map of at most the relays asked, each a finite RTT in (0, ``MAX_RTT_MS``]; it replaces
+        the peer's earlier answer and counts for ``legs_ttl_s``. Returns why it was dropped (the
+        driver counts it as rejected input), None when taken. A peer's answer is taken once per
+        ask: a second one (or one never asked for) is dropped."""
+        pending = self._legs_asked.get(peer)
+        why = None
+        if pending is None or pending[1] is None:
+            why = "not asked"
+        elif not isinstance(legs, Mapping):
+            why = "legs: expected a map of relay -> ms"
+        elif len(legs) > len(pending[1]):
+            why = f"legs: {len(legs)} entries, {len(pending[1])} asked"
+        else:
+            for relay, ms in legs.items():
+                if not isinstance(relay, str) or relay not in pending[1]:
+                    why = "legs: a relay that was not asked for"
+                    break
+                if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
+                        or not 0 < ms <= MAX_RTT_MS:
+                    why = f"legs: an RTT outside (0, {MAX_RTT_MS:g}] ms"
+                    break
+        if why is not None:
+            self.legs_dropped += 1
+            return why
+        self._legs_asked[peer] = (pending[0], None)
+        self._legs[peer] = (now, {relay: float(ms) for relay, ms in legs.items()})
+        self._cache = (None, {})
+        self.legs_taken += 1
+        return None
+
+    def legs(self, peer: str) -> dict[str, float]:
+        """The legs ``peer`` answered, still counted (relay -> ms)."""
+        found = self._legs.get(peer)
+        return dict(found[1]) if found is not None else {}
 
     def _follow(self, now: float, peer: str, view: PathView) -> list[Action]:
         """A follower pair: the chooser's announcement if it is safe to use, else direct."""
@@ -397,14 +509,16 @@ class Paths:
             out.append(peer)
         return tuple(out)
 
-    def _reports(self, peer: str, view: PathView) -> dict[str, float]:
-        """``peer``'s reported RTTs, cleaned once per view."""
+    def _reports(self, peer: str, view: PathView, *, asked: bool = True) -> dict[str, float]:
+        """``peer``'s reported RTTs, cleaned once per view: its record's, and (``asked``) the
+        legs it answered where its record has none."""
         if self._cache[0] is not view:
             self._cache = (view, {})
         found = self._cache[1].get(peer)
         if found is None:
-            found = self._cache[1][peer] = self._clean(view.reports(peer))
-        return found
+            record = self._clean(view.reports(peer))
+            found = self._cache[1][peer] = (record, {**self._legs[peer][1], **record} if peer in self._legs else record)
+        return found[1] if asked else found[0]
 
     def _clean(self, values: Mapping[str, float]) -> dict[str, float]:
         out = {}
