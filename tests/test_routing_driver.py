@@ -1371,3 +1371,122 @@ async def test_status_counts_refused_coordinate_samples_by_reason(autojump_clock
     vivaldi = routing.status()["vivaldi"]
     assert vivaldi["rejections"] == {"implausible": 1, "rtt": 1} and vivaldi["rejected"] == 2
     assert vivaldi["updates"] == 0 and routing.client.coordinate.vec == (0.0,) * 8
+
+
+# --- legs asked for: exchange.Exchange.ask_legs / handle, through Routing -----------------------
+# B (the lowest id here but r2) chooses for its pair with C: 120 ms direct; C's record carries no RTT to R,
+# through which the pair would take 20 + 30 ms. Only asking C for its leg to R finds that.
+
+def legs_routing(monkeypatch, reply):
+    """Routing on B with the world above; C answers ``reply`` when asked. A and R, B's other chooser pairs
+    with a known direct RTT, are asked first (two peers a round, in id order: A, R, then C) and answer
+    that they measured none of the relays asked."""
+    view = mview(b=State.ALIVE, c=State.ALIVE, r=State.ALIVE, a=State.ALIVE)
+    for i, name in enumerate(("b", "c", "r", "a")):
+        record = view.members[ID[name]].record
+        record.coord = Coordinate(vec=(0.01 * i,) + (0.0,) * 7, error=0.2, adjustment=0.0, height=0.001)
+        record.relay = name in ("r", "a")
+    gossip = HostGossip(B, view)
+    mesh = FakeMesh()
+    mesh.peers = lambda: {A, C, R}
+    routing = make_routing(gossip, mesh)
+    for peer, rtt in ((C, 0.120), (R, 0.020), (A, 0.100)):
+        routing.rtt_observed(peer, rtt, probe=False)
+    asked = []
+
+    async def request(host, peer_id, protocol, obj):
+        if str(peer_id) != C:
+            return {"coord": GOOD, "legs": {}}
+        asked.append((str(peer_id), protocol, obj))
+        if isinstance(reply, BaseException):
+            raise reply
+        if reply == "hang":
+            await trio.sleep_forever()
+        return reply
+
+    monkeypatch.setattr(exchange, "request", request)
+    return routing, gossip, asked
+
+
+async def evaluations(routing, n: int) -> None:
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            await routing._evaluate(nursery)
+            await trio.sleep(1.0)
+
+
+async def test_a_detour_only_an_asked_leg_shows_is_taken(monkeypatch, autojump_clock):
+    routing, gossip, asked = legs_routing(monkeypatch, {"coord": GOOD, "legs": {R: 30.0}})
+    await evaluations(routing, 2)  # C is asked in the second round
+    assert routing.paths.legs(C) == {R: 30.0} and routing.paths.path(C) is None
+    await evaluations(routing, 3)  # three rounds wanting R
+    (peer, protocol, obj), = asked
+    assert (peer, protocol, set(obj)) == (C, exchange.PROTOCOL, {"cert", "legs"}) and obj["cert"] == CERT
+    assert sorted(obj["legs"]) == sorted([A, R])  # the relays C's record does not carry, nothing else
+    assert routing.paths.path(C) == R and routing.paths.legs(C) == {R: 30.0}
+    assert routing.status()["legs"] == {"asked": 3, "taken": 3, "dropped": 0, "failed": 0, "served": 0}
+    assert gossip.rejected == []
+
+
+@pytest.mark.parametrize("legs", [
+    {X: 30.0}, {R: 30.0, C: 1.0, A: 5.0}, {R: float("nan")}, {R: -30.0}, {R: 0.0}, {R: 1e12}, {R: True},
+    {R: "30"}, {R: None}, [R, 30.0], "legs", 30.0, None,
+])
+async def test_a_hostile_answerer_is_dropped_counted_and_finds_no_detour(monkeypatch, autojump_clock, legs):
+    routing, gossip, asked = legs_routing(monkeypatch, {"coord": GOOD, "legs": legs})
+    await evaluations(routing, 6)
+    assert len(asked) == 1 and routing.paths.path(C) is None and routing.paths.legs(C) == {}
+    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("malformed", C)]
+    assert gossip.rejected[0][2].startswith("legs answer: ")
+    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 1, "failed": 0, "served": 0}
+
+
+@pytest.mark.parametrize("reply", [None, {"coord": GOOD}, {"error": "not a member"}, [GOOD], "hang",
+                                   PeerError("reset")])
+async def test_no_answer_with_legs_is_a_failure_not_a_rejection(monkeypatch, autojump_clock, reply):
+    # {"coord"} alone: a member running the version before legs were asked for
+    routing, gossip, asked = legs_routing(monkeypatch, reply)
+    await evaluations(routing, 6)
+    assert len(asked) == 1 and routing.paths.path(C) is None and gossip.rejected == []
+    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 0, "failed": 1, "served": 0}
+
+
+async def answered_by(routing, peer: str, request: object) -> list:
+    stream = FakeStream(peer, [request])
+    await routing.exchange.handle(stream)
+    return stream.replies()
+
+
+async def test_legs_are_answered_from_our_own_measurements_only(monkeypatch, autojump_clock):
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    gossip.pings.clear()
+    (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": [R, C, X, "no such peer"]})
+    assert reply["legs"] == {R: 20.0, C: 120.0}  # X and the junk id: never measured, not answered
+    assert Coordinate.from_wire(reply["coord"]) == routing.client.coordinate
+    assert gossip.pings == [] and gossip.rejected == []  # nothing measured on demand: no amplification
+    assert routing.status()["legs"]["served"] == 1
+    assert await answered_by(routing, X, {"cert": b"not one", "legs": [R]}) == []  # members only
+
+
+@pytest.mark.parametrize("legs", [
+    [f"12D3KooW{i:044d}" for i in range(60)], [R] * (exchange.MAX_LEGS + 1), R, {R: 1}, 5, None, [1, 2],
+    [b"peer"], [""], ["x" * (exchange.MAX_ID_CHARS + 1)], [R, None],
+])
+async def test_a_hostile_asker_is_refused_with_the_reason_and_counted(monkeypatch, autojump_clock, legs):
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": legs})
+    assert set(reply) == {"error"} and reply["error"].startswith("legs: ")
+    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("malformed", A)]
+    assert routing.status()["legs"]["served"] == 0
+    (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": [R]})  # its next request is answered
+    assert reply["legs"] == {R: 20.0}
+
+
+async def test_an_asker_of_a_thousand_ids_is_cut_off_at_the_frame_bound(monkeypatch, autojump_clock):
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    assert await answered_by(routing, A, {"cert": CERT, "legs": [f"12D3KooW{i:044d}" for i in range(1000)]}) == []
+    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("too_large", A)]
+    assert routing.status()["legs"]["served"] == 0

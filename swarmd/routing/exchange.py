@@ -10,6 +10,14 @@ measured; at most once per member per ``FRESH``. With FRESH = 10 s nodes' estima
 8.4 % median error at 120 s on 1,000 nodes (30 s: 12 %); the cost is about one small
 request per probe in a large swarm (records there are nearly always older than 10 s). Members only, both ways; the answer is
 hostile like any coordinate (``Coordinate.from_wire`` checks it).
+
+Legs. The same request may carry ``legs``, a list of at most ``MAX_LEGS`` peer ids (strings
+of 1 to ``MAX_ID_CHARS`` characters; anything else is refused with the reason and counted):
+the answer then adds ``legs: {id: ms}``, our recent RTT to each of them that we measured
+(routing's own samples; nothing is measured on demand, so a request cannot make us send
+anything but its answer). Path choice asks its chooser peers this (paths.AskLegs) for
+relays their records do not carry, and hands the answer to ``Paths.legs_answered``, which
+takes it only whole and only as asked; a dropped answer is counted as malformed input.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
 PROTOCOL = "/swarmd/coord/1.0.0"
 FRESH = 10.0  # seconds: a record's coordinate older than this is asked for again after a probe
 TIMEOUT = 2.0
+MAX_LEGS = 8  # ids one request may ask legs for: paths.ASK_LEGS (not imported: keeps the wire's bound here)
+MAX_ID_CHARS = 64  # a peer id as text: 52 characters for our Ed25519 keys; longer names no member
 
 
 class Exchange:
@@ -38,6 +48,9 @@ class Exchange:
         self.asked: dict[str, float] = {}  # peer -> when we last asked it (monotonic)
         self.fetched = 0
         self.failed = 0
+        self.legs_asked = 0  # requests for legs sent
+        self.legs_failed = 0  # of those, no answer with legs (none, an error, a timeout, an older peer)
+        self.legs_served = 0  # requests for legs answered
 
     def due(self, peer: str, now: float) -> bool:
         last = self.asked.get(peer)
@@ -65,6 +78,26 @@ class Exchange:
         if peer in g.view():  # one that left meanwhile was forgotten: no latency filter may come back for it
             self.r.update_coordinate(peer, coord, rtt)
 
+    async def ask_legs(self, peer: str, relays: tuple[str, ...]) -> None:
+        """Ask ``peer`` for its RTTs to ``relays`` (paths.AskLegs); the answer goes to path choice."""
+        g = self.r.g
+        self.legs_asked += 1
+        reply = None
+        with trio.move_on_after(TIMEOUT):
+            try:
+                reply = await request(g.host, ID.from_base58(peer), PROTOCOL,
+                                      {"cert": g.swarm.cert.blob, "legs": list(relays)})
+            except PeerError:
+                pass
+        if not isinstance(reply, dict) or "legs" not in reply:
+            self.legs_failed += 1
+            return
+        if peer not in g.view():
+            return
+        why = self.r.paths.legs_answered(trio.current_time(), peer, reply["legs"])
+        if why is not None:
+            g.reject("malformed", peer, f"legs answer: {why}")
+
     async def handle(self, stream: INetStream) -> None:
         g = self.r.g
         peer = stream.muxed_conn.peer_id
@@ -72,7 +105,16 @@ class Exchange:
             with trio.fail_after(10):
                 req = await read_frame(stream, 4096)
                 if await g.check_member(req, peer, stream):
-                    await write_frame(stream, {"coord": self.r.client.coordinate.to_wire()})
+                    answer = {"coord": self.r.client.coordinate.to_wire()}
+                    if "legs" in req:
+                        why = _legs_refused(req["legs"])
+                        if why is not None:
+                            g.reject("malformed", str(peer), f"coordinate request: {why}")
+                            await write_frame(stream, {"error": why})
+                            return
+                        answer["legs"] = self.r.legs_for(req["legs"])
+                        self.legs_served += 1
+                    await write_frame(stream, answer)
         except FrameTooLarge as exc:
             g.reject("too_large", str(peer), f"coordinate request: {exc}")
         except (PeerError, trio.TooSlowError) as exc:
@@ -85,3 +127,12 @@ class Exchange:
 
     def status(self) -> dict[str, Any]:
         return {"fetched": self.fetched, "failed": self.failed}
+
+
+def _legs_refused(legs: Any) -> str | None:
+    """Why a request's ``legs`` is refused, or None."""
+    if not isinstance(legs, list) or len(legs) > MAX_LEGS:
+        return f"legs: expected a list of at most {MAX_LEGS} peer ids"
+    if not all(isinstance(p, str) and 0 < len(p) <= MAX_ID_CHARS for p in legs):
+        return f"legs: each a peer id of 1-{MAX_ID_CHARS} characters"
+    return None

@@ -35,7 +35,7 @@ from ..gossip.wire import MAX_RTTS
 from . import exchange
 from . import request as rq
 from .coordinates import Client, Coordinate
-from .paths import Measure, Paths, PathView, UsePath
+from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
 from .sessions import Sessions
 
@@ -102,6 +102,11 @@ class Routing(Readout):
 
     def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None:
         self.client.update(peer, coord, rtt)
+
+    def legs_for(self, peers: list[str]) -> dict[str, float]:
+        """Our recent RTT (ms) to each of ``peers`` we measured: a member's answer to legs asked for."""
+        own = self._snap.own
+        return {p: own[p] for p in peers if p in own}
 
     def record_fields(self) -> dict[str, Any]:
         """What our record says about routing: our coordinate, whether we relay, our choices."""
@@ -273,6 +278,8 @@ class Routing(Readout):
                 case Measure(peers=peers):
                     for peer in peers:
                         nursery.start_soon(self.contained, self._measure, peer)
+                case AskLegs(peer=peer, relays=relays):
+                    nursery.start_soon(self.contained, self.exchange.ask_legs, peer, relays)
         if self.server is not None:
             self.server.view_changed()
         if (announced := self.paths.announced()) != self._announced or self._report_due(own):
