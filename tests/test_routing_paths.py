@@ -557,3 +557,29 @@ def test_property_an_answer_is_taken_only_when_every_entry_is_a_valid_asked_leg(
     for i in range(STABLE_ROUNDS + 1):
         for action in core.evaluate(1.0 + i, w.view()):
             assert not isinstance(action, UsePath) or action.relay in {"r", "s", None}
+
+
+def test_a_pair_on_an_asked_relay_keeps_its_leg_known_however_long_the_rotation():
+    # 21 chooser pairs, one asked a second: the rotation takes 21 s, longer than an answer counts (15 s);
+    # b's pair, on r through an asked leg, is asked first whenever it is due, and for r first, even once
+    # another relay s ranks better (with ask_legs = 1, s is never asked while b is on r)
+    w, core = hidden_world(), Paths("a", ask_legs=1, ask_per_round=1, ask_interval_s=10.0, legs_ttl_s=15.0)
+    others = [f"c{i:02d}" for i in range(20)]
+    w.add(*others)
+    for p in others:
+        w.link("a", p, 100)
+    w.add("s")
+    w.own["s"] = 25
+    w.coords[("s", "b")] = 60.0  # r: 20 + 35, s: 25 + 60
+    asked_b = []
+    for t in range(120):
+        if t == 30:
+            w.coords[("s", "b")] = 1.0  # s ranks first from now on
+        for action in core.evaluate(float(t), w.view()):
+            if isinstance(action, AskLegs) and action.peer == "b":
+                asked_b.append((t, action.relays))
+                assert core.legs_answered(t + 0.5, "b", {"r": 30.0} if "r" in action.relays else {}) is None
+        if t >= 3:
+            assert core.path("b") == "r", t
+    assert asked_b[0] == (0, ("r",)) and all(relays == ("r",) for _, relays in asked_b)
+    assert [t for t, _ in asked_b] == list(range(0, 120, 10))

@@ -32,7 +32,8 @@ Rules:
   exchange) for its legs to the ``ask_legs`` relays outside B's record that rank best by my
   leg (measured, else estimated) + the estimate R-B. No threshold: coordinates cannot predict
   a detour, they only rank. Each evaluation asks at most ``ASK_PER_ROUND`` chooser peers with
-  a known direct RTT, in rotation, each at most once per ``ask_interval_s``. The answer
+  a known direct RTT, in rotation, each at most once per ``ask_interval_s``; a pair on a relay
+  is asked first when due, for the relay in use first, so its leg never runs out. The answer
   (``legs_answered``) is B's claim like its record's rtts and counts the same way (the larger
   of B's and R's report), for ``legs_ttl_s``; the record's own value wins where both have one.
   It is dropped whole, and counted, unless it is exactly the expected kind: a map of relays
@@ -318,15 +319,20 @@ class Paths:
     # --- legs asked for -----------------------------------------------------------------
 
     def _ask_legs(self, now: float, view: PathView, own: Mapping[str, float], known: list[str]) -> list[AskLegs]:
-        """Up to ``ask_per_round`` of ``known`` (sorted), the rotation going on after the last
-        one asked, not asked within ``ask_interval_s``: each asked for its best-ranked relays."""
+        """Up to ``ask_per_round`` of ``known`` (sorted) not asked within ``ask_interval_s``:
+        first those on a relay (at most ``max_relayed``: their leg is asked again before its
+        ``legs_ttl_s`` runs out, however many peers the rotation has), then the rotation going
+        on after the last one asked; each asked for its best-ranked relays."""
         if self.ask_legs == 0 or self.ask_per_round == 0:
             return []
         due = [p for p in known if p not in self._legs_asked]
-        due = [p for p in due if p > self._ask_after] + [p for p in due if p <= self._ask_after]
+        relayed = [p for p in due if self._chosen[p].relay is not None]
+        due = relayed + [p for p in due if p > self._ask_after and p not in relayed] \
+            + [p for p in due if p <= self._ask_after and p not in relayed]
         out = []
         for peer in due[:self.ask_per_round]:
-            self._ask_after = peer
+            if peer not in relayed:
+                self._ask_after = peer
             relays = self._rank(peer, view, own)
             self._legs_asked[peer] = (now, frozenset(relays) if relays else None)  # None: no answer expected
             if relays:
@@ -335,12 +341,15 @@ class Paths:
 
     def _rank(self, peer: str, view: PathView, own: Mapping[str, float]) -> tuple[str, ...]:
         """The ``ask_legs`` usable relays for the pair (me, peer) that ``peer``'s record does not
-        report, the best by my leg (measured, else estimated) + the estimate R-peer."""
+        report, the best by my leg (measured, else estimated) + the estimate R-peer; the relay in
+        use first (its leg must stay known, or the pair would go back to direct)."""
         recorded = self._reports(peer, view, asked=False)
+        current = self._chosen[peer].relay
+        first = () if current is None or current in recorded else (current,)
         scored = []
         for relay in view.relays:
             if relay in (self.me, peer) or relay in recorded or relay not in view.peers or relay in view.failing \
-                    or relay in self._held or (peer, relay) in self._held_pairs:
+                    or relay in self._held or (peer, relay) in self._held_pairs or relay in first:
                 continue
             mine = own[relay] if relay in own else view.estimate(self.me, relay)
             theirs = view.estimate(relay, peer)
@@ -348,7 +357,7 @@ class Paths:
                 continue
             scored.append((mine + theirs, relay))
         scored.sort()
-        return tuple(relay for _, relay in scored[:self.ask_legs])
+        return (first + tuple(relay for _, relay in scored))[:self.ask_legs]
 
     def legs_answered(self, now: float, peer: str, legs: object) -> str | None:
         """``peer``'s answer to the pending ``AskLegs``: relay -> its RTT in ms. Taken only whole:

@@ -5,7 +5,8 @@ It owns three sans-IO cores and feeds them from the daemon:
   peer's coordinate from its record; our own coordinate goes into our record.
 - paths.Paths: once a second (and when a relay session changes) a ``PathView`` built from
   the membership snapshot, our own recent RTTs and the records' reports; its ``UsePath``
-  actions start or end relay sessions (sessions.py), its ``Measure`` actions are pings. The
+  actions start or end relay sessions (sessions.py), its ``Measure`` actions are pings, its
+  ``AskLegs`` requests on the coordinate exchange (a peer's RTTs to relays). The
   pairs we choose a relay for go into our record (``via``), which the other ends follow.
 - relay.Relay (when ``relay = "auto"`` and this host can: root, nftables, the mesh): the
   relay side, served by server.py, its rules kept in the kernel by forwarder.py.
