@@ -1490,3 +1490,9 @@ async def test_an_asker_of_a_thousand_ids_is_cut_off_at_the_frame_bound(monkeypa
     assert await answered_by(routing, A, {"cert": CERT, "legs": [f"12D3KooW{i:044d}" for i in range(1000)]}) == []
     assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("too_large", A)]
     assert routing.status()["legs"]["served"] == 0
+
+
+def test_what_path_choice_asks_for_fits_in_what_a_member_answers():
+    from swarmd.routing import paths
+
+    assert paths.ASK_LEGS <= exchange.MAX_LEGS
