@@ -133,13 +133,19 @@ def routing_rows(r: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     if not r:
         return []
     coord, vivaldi, relay = r.get("coordinate") or {}, r.get("vivaldi") or {}, r.get("relay") or {}
-    relayed = r.get("relayed_paths") or {}
+    relayed, legs = r.get("relayed_paths") or {}, r.get("legs") or {}
+    why = ", ".join(f"{reason} {n}" for reason, n in sorted((vivaldi.get("rejections") or {}).items()))
     rows: list[tuple[str, Any]] = [
         ("coordinate", f"error {coord.get('error', 0):.2f} after {vivaldi.get('updates', 0)} RTTs"
-                       + (f" ({vivaldi['rejected']} rejected)" if vivaldi.get("rejected") else "")
+                       + (f" ({vivaldi['rejected']} rejected{': ' + why if why else ''})"
+                          if vivaldi.get("rejected") else "")
                        + (f" ({vivaldi['resets']} resets)" if vivaldi.get("resets") else "")),
         ("relayed paths", [f"{peer[-8:]} via {via[-8:]}" for peer, via in relayed.items()] or "none: all direct"),
     ]
+    if legs:  # relay legs asked of the peers we choose for (paths.py AskLegs), and answered for others
+        rows.append(("relay legs", f"asked {legs.get('asked', 0)}, taken {legs.get('taken', 0)}, dropped "
+                                   f"{legs.get('dropped', 0)}, unanswered {legs.get('failed', 0)}; "
+                                   f"answered {legs.get('served', 0)} for others"))
     if relay.get("offered"):
         text = (f"on: {relay.get('pairs', 0)} pairs, up to {relay.get('cap_mbit')} Mbit/s, "
                 f"ports {relay.get('ports')}" + (f"; rules failed: {relay['error']}" if relay.get("error") else ""))
