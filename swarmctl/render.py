@@ -305,14 +305,16 @@ def route(r: Mapping[str, Any]) -> None:
     if not candidates:
         print("no relay considered: no member that offers relaying reports a leg to this peer")
         return
-    table = Table(title="relays considered (legs measured; coordinates only shortlist)", title_justify="left")
+    table = Table(title="relays considered (legs measured; coordinates only shortlist; leg 2 from the peer's "
+                        "record, or asked of it)", title_justify="left")
     for column in ("relay", "leg 1 (here → relay)", "leg 2 (relay → peer)", "total", "estimate", "vs direct"):
         table.add_column(column, no_wrap=True)
     for c in candidates:
         total = c.get("total_ms")
         gain = "-" if total is None or not direct else f"{(total / direct - 1) * 100:+.0f} %"
         note = " (in use)" if c["relay"] == r.get("current") else "" if c.get("usable", True) else " (not usable)"
-        table.add_row(c["relay"][-8:] + note, rtt(c.get("leg1_ms")), rtt(c.get("leg2_ms")), rtt(total),
+        leg2 = rtt(c.get("leg2_ms")) + (" (asked)" if c.get("leg2_source") == "asked" else "")
+        table.add_row(c["relay"][-8:] + note, rtt(c.get("leg1_ms")), leg2, rtt(total),
                       rtt(c.get("estimate_ms"), "estimated"), gain)
     Console().print(table)
 

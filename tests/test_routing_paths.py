@@ -308,8 +308,8 @@ def test_explain_is_plain_json():
     info = core.explain("b", w.view(), now=2.0)
     assert json.loads(json.dumps(info)) == info
     assert info["role"] == "chooser" and info["path"] == "direct" and info["direct_ms"] == 120
-    assert info["candidates"][0] == {"relay": "r", "leg1_ms": 20.0, "leg2_ms": 30.0, "total_ms": 50.0,
-                                     "estimate_ms": None, "usable": True}
+    assert info["candidates"][0] == {"relay": "r", "leg1_ms": 20.0, "leg2_ms": 30.0, "leg2_source": "record",
+                                     "total_ms": 50.0, "estimate_ms": None, "usable": True}
     assert info["hysteresis"] == {"wants": "relay", "candidate": "r", "rounds": 2, "needed": STABLE_ROUNDS}
     run(core, w, 1, 2)
     info = core.explain("b", w.view(), now=3.0)
@@ -437,7 +437,7 @@ def test_a_detour_only_the_peers_unpublished_leg_shows_is_found_by_asking():
     out = run(core, w, STABLE_ROUNDS, 1.0)
     assert out[-1] == [UsePath(peer="b", relay="r")] and core.legs("b") == {"r": 30.0}
     found = core.explain("b", w.view(), now=4.0)["candidates"]
-    assert found[0]["relay"] == "r" and found[0]["total_ms"] == 50.0
+    assert found[0]["relay"] == "r" and found[0]["total_ms"] == 50.0 and found[0]["leg2_source"] == "asked"
 
 
 def test_an_asked_leg_counts_as_the_peers_claim_the_relays_larger_report_still_applies():

@@ -297,6 +297,16 @@ def test_route_explains_a_relayed_path(monkeypatch, capsys):
     assert table_rows(out)[f"{c[-8:]} (in use)"][1:] == ["20.0 ms", "30.0 ms", "50.0 ms", "~82 ms", "-58 %"]
 
 
+def test_route_marks_a_leg_the_peer_answered_when_asked(monkeypatch, capsys):
+    """A relay leg from outside the peer's record (paths.py AskLegs) is marked as asked."""
+    answer = explained(rounds=3)
+    me, b, c = sorted([H2, H3, H4])
+    answer["candidates"][0]["leg2_source"] = "asked"
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", b)
+    assert code == 0
+    assert table_rows(out)[f"{c[-8:]} (in use)"][2] == "30.0 ms (asked)"
+
+
 def test_route_shows_a_switch_under_way(monkeypatch, capsys):
     me, b, c = sorted([H2, H3, H4])
     code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": explained(rounds=2)}, "route", b)

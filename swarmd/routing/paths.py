@@ -548,7 +548,7 @@ class Paths:
         if peer not in view.peers or peer == self.me:
             raise KeyError(peer)
         own = self._clean(view.own)
-        reported = self._reports(peer, view)
+        reported, published = self._reports(peer, view), self._reports(peer, view, asked=False)
         direct = own.get(peer, reported.get(self.me))
         source = "measured" if peer in own else ("reported by the peer" if direct is not None else None)
         candidates = []
@@ -558,6 +558,7 @@ class Paths:
             leg1, leg2 = own.get(relay), self.leg(relay, peer, view, reported)
             guess = view.estimate(self.me, relay)
             candidates.append({"relay": relay, "leg1_ms": _r(leg1), "leg2_ms": _r(leg2),
+                               "leg2_source": "record" if relay in published else "asked",
                                "total_ms": _r(leg1 + leg2) if leg1 is not None and leg2 is not None else None,
                                "estimate_ms": _r(guess + leg2) if guess is not None and leg2 is not None else None,
                                "usable": self._refusal(now, relay, peer, view) is None})
