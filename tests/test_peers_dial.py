@@ -48,8 +48,21 @@ class SlowHost:
         self.connected.add(info.peer_id)
 
 
-def peers_on(host: SlowHost, nursery: trio.Nursery | None) -> Peers:
-    return Peers(SimpleNamespace(host=host, nursery=nursery, view=lambda: {}))
+def peers_on(host: SlowHost, nursery: trio.Nursery | None, view=lambda: {}) -> Peers:
+    async def forget(pid) -> None:
+        pass
+
+    async def disconnect(pid) -> None:
+        host.connected.discard(pid)
+
+    async def watch(pid, gated) -> None:
+        pass
+
+    host.disconnect = disconnect
+    return Peers(SimpleNamespace(host=host, nursery=nursery, view=view, pinger=SimpleNamespace(forget=forget),
+                                 admission=SimpleNamespace(proof_of_revocation=lambda peer: None),
+                                 core=SimpleNamespace(), gate=SimpleNamespace(watch=watch),
+                                 syncs=SimpleNamespace(busy=lambda peer: True), excluded=set()))
 
 
 async def probe(peers: Peers, peer: str = "far") -> bool:
@@ -116,3 +129,54 @@ async def test_a_dial_that_never_answers_ends_after_its_own_timeout(nursery, aut
         await peers.ensure_connected("far")
     assert trio.current_time() - started == pytest.approx(DIAL_TIMEOUT)
     assert host.cancelled == 1 and not peers._dialing
+
+
+async def test_hanging_up_on_a_member_cancels_its_dial_under_way(nursery, autojump_clock):
+    """A member declared dead (or revoked) while a probe's dial to it runs apart: hang_up ends
+    the dial, so it cannot connect us again to a member we just hung up on."""
+    host = SlowHost()
+    peers = peers_on(host, nursery)
+    assert not await probe(peers)  # the dial goes on after the probe ...
+    await peers.hang_up("far")  # ... until we hang up on the member
+    await trio.sleep(10 * RTT)  # well past when the dial would have connected
+    assert not host.connected and host.dials == 1 and host.cancelled == 1 and not peers._dialing
+
+
+async def test_a_waiter_whose_dial_fails_after_a_hang_up_hears_why(nursery, autojump_clock):
+    host = SlowHost()
+    peers = peers_on(host, nursery)
+
+    async def hang_up_soon() -> None:
+        await trio.sleep(RTT)
+        await peers.hang_up("far")
+
+    nursery.start_soon(hang_up_soon)
+    with pytest.raises(PeerError, match=r"cannot connect \(hung up on\)"):
+        await peers.ensure_connected("far")
+
+
+async def test_a_connection_from_the_member_meanwhile_ends_the_wait(nursery, autojump_clock):
+    """The far member dialled us first: the probe waiting for our dial goes on at once."""
+    host = SlowHost(hang=True)
+    peers = peers_on(host, nursery)
+    nursery.start_soon(peers.events)
+    started = trio.current_time()
+
+    async def they_connect() -> None:
+        await trio.sleep(0.2)
+        host.connected.add("far")
+        peers.events_send.send_nowait(("connected", "far"))
+
+    nursery.start_soon(they_connect)
+    assert await probe(peers)
+    assert trio.current_time() - started == pytest.approx(0.2)
+
+
+async def test_whatever_a_dial_raises_is_the_waiters_error_and_gossip_goes_on(nursery, autojump_clock):
+    def view():
+        raise RuntimeError("a view that cannot be read")
+
+    peers = peers_on(SlowHost(), nursery, view=view)
+    with pytest.raises(PeerError, match="RuntimeError: a view that cannot be read"):
+        await peers.ensure_connected("far")
+    assert not peers._dialing  # (and the nursery, gossip's, still runs: this test would fail otherwise)

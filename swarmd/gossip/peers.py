@@ -66,6 +66,7 @@ class _Dial:
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: str | None = None
+        self.scope = trio.CancelScope()  # hang_up cancels it: no dial outlives our hanging up
 
 
 class Peers:
@@ -80,6 +81,8 @@ class Peers:
         gated: set[ID] = set()
         async for kind, pid in self._events_recv:
             peer = str(pid)
+            if kind == "connected" and (dial := self._dialing.get(pid)) is not None:
+                dial.done.set()  # it reached us first: whoever waits for our dial has a connection now
             if kind == "disconnected":
                 if pid not in g.host.get_connected_peers():
                     g.gate.checked.pop(peer, None)
@@ -95,8 +98,12 @@ class Peers:
                 g.nursery.start_soon(g.syncs.sync, peer)  # a new peer: exchange views at once
 
     async def hang_up(self, pid: ID) -> None:
-        """Close what we hold to a member gone dead, left or excluded (or never checked)."""
+        """Close what we hold to a member gone dead, left or excluded (or never checked), a
+        dial to it under way included (it would connect us again)."""
         g = self.g
+        if (dial := self._dialing.get(pid)) is not None:
+            dial.error = "cannot connect (hung up on)"
+            dial.scope.cancel()
         await g.pinger.forget(pid)
         if pid in g.host.get_connected_peers() and (proof := g.admission.proof_of_revocation(str(pid))):
             with trio.move_on_after(2):  # a revoked member learns it now, not when its syncs start failing
@@ -129,12 +136,13 @@ class Peers:
 
     async def _dial_apart(self, peer: ID, dial: _Dial) -> None:
         try:
-            with trio.move_on_after(DIAL_TIMEOUT) as scope:
+            with dial.scope:
+                dial.scope.deadline = trio.current_time() + DIAL_TIMEOUT
                 await self._dial(peer)
-            if scope.cancelled_caught:
+            if dial.scope.cancelled_caught and dial.error is None:
                 dial.error = f"cannot connect (no answer within {DIAL_TIMEOUT:g} s)"
-        except PeerError as exc:
-            dial.error = str(exc)
+        except Exception as exc:  # in gossip's nursery: nothing a dial raises may end gossip
+            dial.error = str(exc) if isinstance(exc, PeerError) else f"cannot connect ({cause(exc)})"
         finally:
             del self._dialing[peer]
             dial.done.set()
