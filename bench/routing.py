@@ -148,13 +148,25 @@ def lab_figures() -> dict[str, float]:
             time.sleep(POLL_S)
         return time.monotonic() - t0
 
-    def bound_allreduce() -> float:
-        """The all-reduce with every link h1, h2 and h3 use at ``LINK_BOUND_MBIT`` (the median of
+    def allreduce(on_path, repeats: int) -> float:
+        """The median of ``repeats`` all-reduces h1-h2, each on the path ``on_path`` checks
+        (before and after it: a move away and back between repeats would mix two paths)."""
+        runs = []
+        for _ in range(repeats):
+            if not on_path():
+                raise RuntimeError(f"bench: h1-h2 left its path ({on_path.__name__}) during the measurement")
+            runs.append(_allreduce(lab, over1, ifaces))
+        if not on_path():
+            raise RuntimeError(f"bench: h1-h2 left its path ({on_path.__name__}) during the measurement")
+        return statistics.median(runs)
+
+    def bound_allreduce(on_path) -> float:
+        """``allreduce`` with every link h1, h2 and h3 use at ``LINK_BOUND_MBIT`` (the median of
         ``LINK_BOUND_REPEATS``), the links unbounded again after it."""
         for a, b in BOUND_LINKS:
             lab.set_link(a, b, bandwidth_mbit=LINK_BOUND_MBIT)
         try:
-            return statistics.median(_allreduce(lab, over1, ifaces) for _ in range(LINK_BOUND_REPEATS))
+            return allreduce(on_path, LINK_BOUND_REPEATS)
         finally:
             for a, b in BOUND_LINKS:
                 lab.set_link(a, b, bandwidth_mbit=0)
@@ -177,10 +189,8 @@ def lab_figures() -> dict[str, float]:
         ifaces = {h: mesh_interface(LAB, h) for h in ("h1", "h2")}
         over1, over2 = call("h1", "status")["mesh"]["address"], call("h2", "status")["mesh"]["address"]
         ping_relayed = _ping_ms(lab, "h1", over2)
-        bw_relayed = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
-        bw_relayed_bound = bound_allreduce()
-        if not relayed():
-            raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
+        bw_relayed = allreduce(relayed, ALLREDUCE_REPEATS)
+        bw_relayed_bound = bound_allreduce(relayed)
         step(f"relayed: {ping_relayed:.1f} ms, all-reduce {bw_relayed:.1f} MB/s, "
              f"{bw_relayed_bound:.2f} MB/s at {LINK_BOUND_MBIT:g} Mbit/s")
 
@@ -190,10 +200,8 @@ def lab_figures() -> dict[str, float]:
         # the relay's first leg lengthened meanwhile: the all-reduce's queues on the direct link
         # must not make the idle relayed path (also 50 ms) look faster and move the pair
         lab.set_link("h1", "h3", rtt_ms=LAB_RTT[frozenset(("h1", "h3"))] + LAB_EQUAL_MS)
-        bw_direct = statistics.median(_allreduce(lab, over1, ifaces) for _ in range(ALLREDUCE_REPEATS))
-        bw_direct_bound = bound_allreduce()
-        if not direct():
-            raise RuntimeError("bench: h1-h2 left the direct path during the direct measurement")
+        bw_direct = allreduce(direct, ALLREDUCE_REPEATS)
+        bw_direct_bound = bound_allreduce(direct)
         lab.set_link("h1", "h3", rtt_ms=LAB_RTT[frozenset(("h1", "h3"))])
         step(f"direct at {LAB_EQUAL_MS:g} ms: {ping_direct:.1f} ms, all-reduce {bw_direct:.1f} MB/s, "
              f"{bw_direct_bound:.2f} MB/s at {LINK_BOUND_MBIT:g} Mbit/s")
@@ -227,9 +235,7 @@ def lab_figures() -> dict[str, float]:
         lab.state.daemon_args = list(LAB_ARGS)  # h3 comes back with the default relay_max_mbit
         lab.revive("h3")
         rerelays.append(wait(relayed, 150, "h1-h2 via h3 after h3's revival"))
-        bw_capped = _allreduce(lab, over1, ifaces)
-        if not relayed():
-            raise RuntimeError("bench: h1-h2 left h3 during the relayed measurement")
+        bw_capped = allreduce(relayed, 1)
         step(f"relayed, h3 with the default cap: all-reduce {bw_capped:.1f} MB/s")
         results |= {"routing_lab_relayed_again_after_revive_max_s": max(rerelays),
                     f"routing_lab_allreduce_{ALLREDUCE_MB}mb_relayed_default_cap_mb_s": bw_capped}
