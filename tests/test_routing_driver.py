@@ -736,7 +736,7 @@ async def test_a_refusal_or_a_malformed_answer_never_gives_an_endpoint(script, a
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("port", [53, 22, 1023, 51820, 51823])  # privileged, ours, the relay's WireGuard port
+@pytest.mark.parametrize("port", [53, 22, 1023, 51823])  # privileged, the relay's WireGuard port
 async def test_a_relay_granting_a_port_no_relay_could_have_is_refused_and_counted(script, autojump_clock, port):
     """A hostile relay grants a port that would aim our WireGuard packets at another service of
     its host (DNS, ssh) or at a WireGuard: a bad answer, held down for the pair, counted."""
@@ -753,6 +753,25 @@ async def test_a_relay_granting_a_port_no_relay_could_have_is_refused_and_counte
         s.use(B, None)
         await at(t0, 6.5)
         assert script.ops(op="release") == []  # nothing was granted: nothing to release
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_member_whose_wireguard_port_is_the_granted_one_takes_an_honest_grant(script, autojump_clock):
+    """Our WireGuard listens on 51821 (a second daemon on the host); the relay's on 51820, so its
+    first relay port (51821, the default range's first) is what it grants: a port on the relay's
+    host, which ours says nothing about. The pair is active through it, nothing held down."""
+    script.answer = lambda relay, op, n: {"port": 51821, "active": True, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        routing.config.mesh_port = 51821
+        routing.g._view = view = mview(a=State.ALIVE, b=State.ALIVE, r=State.ALIVE)
+        view.members[A].record.wg.port, view.members[R].record.wg.port = 51821, 51820
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 25.5)  # granted, then renewed once
+        assert s.row(B)["state"] == "active" and s.endpoints() == {B: f"{IP[R]}:51821"}
+        assert s.refused() == frozenset() and s.rejected == {} and s.row(B)["error"] is None
+        assert len(script.ops()) == 2
         nursery.cancel_scope.cancel()
 
 

@@ -16,10 +16,12 @@ down for that pair only (``refused``): the relay may serve our other pairs well.
 
 A relay's answer is hostile like any peer's: a refusal, a malformed answer, or a grant whose
 port is not one a relay could have been given (below ``MIN_PORT``: config refuses such
-``relay_ports``; our own WireGuard port or the relay's, from its record, which would aim our
-packets at a WireGuard, not at a relayed pair) holds the pair down for that relay, and is
-counted in ``Sessions.rejected`` (``refused``, ``malformed``, ``bad_port``). Records do not
-carry a relay's port range, so a port inside it cannot be checked here.
+``relay_ports``; or the relay's own WireGuard port, from its record, which would aim our
+packets at its WireGuard, not at a relayed pair) holds the pair down for that relay, and is
+counted in ``Sessions.rejected`` (``refused``, ``malformed``, ``bad_port``). The port is one
+on the relay's host: our own WireGuard port says nothing about it (a member listening on
+51821 takes the grant of 51821, the first of the default relay range, like any other).
+Records do not carry a relay's port range, so a port inside it cannot be checked here.
 
 Ending a session tells the relay (``op: release``): at once when it failed, ``LINGER``
 seconds later when path choice merely moved the pair (the other end follows the chooser's
@@ -213,9 +215,8 @@ class Sessions:
         if port < MIN_PORT:
             return "bad_port", f"the relay granted port {port}: relay ports are {MIN_PORT} and above"
         m = self.r.g.view().get(s.relay)
-        theirs = m.record.wg.port if m is not None and m.record.wg is not None else None
-        if port in (self.r.config.mesh_port, theirs):
-            return "bad_port", f"the relay granted port {port}, a WireGuard listen port, not a relay port"
+        if m is not None and m.record.wg is not None and port == m.record.wg.port:
+            return "bad_port", f"the relay granted port {port}, its WireGuard listen port, not a relay port"
         return None
 
     async def _ping(self, s: Session) -> None:
