@@ -21,7 +21,12 @@ Model:
   records and asked for``: the chooser A also asks B for its legs to ``ASK_LEGS`` more relays
   (swarmd/routing/paths.py), those not in B's record that rank best by A's own leg (its
   measured RTT where it has one, else the coordinate estimate) + the coordinate estimate
-  R-B, and measures its own leg to them; B answers for those it has measured. Coordinates:
+  R-B; B answers for those it has measured, and A measures its own leg to an answered relay
+  it has not measured only when the shortlist would ask for it (``estimate(A, R) + leg(R, B)
+  <= 0.9 x direct``, paths.py's ``_measure``). ``ask_seconds``: the chooser asks
+  ``ASK_PER_ROUND`` peers per evaluation (one a second), so after t seconds a chooser pair was
+  asked with probability ``min(1, t x ASK_PER_ROUND / the chooser's pairs)``; None: every pair
+  asked (the steady state). Coordinates:
   sim/coords.py run as the daemon runs it (records plus the 10 s exchange) for
   ``coord_seconds`` (A's own, the records' for the others, as ``PathView.estimate``).
   ``measured``: the share of other members each node has an RTT to (1.0: every one, the
@@ -48,7 +53,7 @@ import numpy as np
 
 from swarmd.gossip.membership import Timing
 from swarmd.gossip.wire import MAX_RTTS
-from swarmd.routing.paths import ASK_LEGS, MAX_RELAYED, SWITCH_MIN_GAIN_MS, SWITCH_RATIO, best_relay
+from swarmd.routing.paths import ASK_LEGS, ASK_PER_ROUND, MAX_RELAYED, SWITCH_MIN_GAIN_MS, SWITCH_RATIO, best_relay
 
 from . import coords
 from .coords import place
@@ -151,11 +156,14 @@ def _estimates(mine: list, known: list) -> np.ndarray:
 
 def _asked_gains(rtt: np.ndarray, site: np.ndarray, near: list[set[int]], order: np.ndarray, est_mine: np.ndarray,
                  est_known: np.ndarray, measured: np.ndarray, *, ask: int, ratio: float,
-                 min_gain_ms: float) -> np.ndarray:
+                 min_gain_ms: float, ask_seconds: float | None = None, seed: int = 0) -> np.ndarray:
     """gain[a, b] in ms for each chooser a of a pair (a, b) (0 elsewhere) when the R-B leg is
-    known for R in B's record (``near``) and for the ``ask`` relays outside it that rank best by
-    A's leg (``rtt`` where ``measured[a, r]``, else ``est_mine``) + ``est_known[r, b]``, if B has
-    measured R (``measured[b, r]``)."""
+    known for R in B's record (``near``) and, if the pair was asked (``ask_seconds``), for the
+    ``ask`` relays outside it that rank best by A's leg (``rtt`` where ``measured[a, r]``, else
+    ``est_mine``) + ``est_known[r, b]``, if B has measured R (``measured[b, r]``) and A's leg to
+    R is known: measured, or asked for by the shortlist (``est_mine[a, r]`` + the leg <= ratio x
+    direct)."""
+    rng = np.random.default_rng([seed, 17])
     n = site.size
     k = len(near)
     near_mask = np.zeros((k, k), dtype=bool)
@@ -179,7 +187,12 @@ def _asked_gains(rtt: np.ndarray, site: np.ndarray, near: list[set[int]], order:
             score = np.where(reported | ~other, np.inf, own[a][None, :] + est_known[:, bs].T)
             kth = min(ask, n - 1)
             top = np.argpartition(score, kth - 1, axis=1)[:, :kth]
-            usable = np.isfinite(np.take_along_axis(score, top, 1)) & measured[bs[:, None], top]
+            leg2 = rtt[site[top], site[bs][:, None]]  # B's answer: its measured RTT to R
+            mine = measured[a, top] | (est_mine[a, top] + leg2 <= direct[:, None] * ratio)  # A's leg known
+            asked = np.ones(bs.size, dtype=bool) if ask_seconds is None else \
+                rng.random(bs.size) < min(1.0, ask_seconds * ASK_PER_ROUND / bs.size)
+            usable = (np.isfinite(np.take_along_axis(score, top, 1)) & measured[bs[:, None], top] & mine
+                      & asked[:, None])
             best = np.minimum(best, np.where(usable, np.take_along_axis(total, top, 1), np.inf).min(axis=1))
         win = (best <= direct * ratio) & (direct - best >= min_gain_ms)
         gain[a, bs[win]] = (direct - best)[win]
@@ -188,7 +201,7 @@ def _asked_gains(rtt: np.ndarray, site: np.ndarray, near: list[set[int]], order:
 
 def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_gain_ms: float = SWITCH_MIN_GAIN_MS,
         near_size: int = MAX_RTTS, cap: int = MAX_RELAYED, ask: int = ASK_LEGS, measured: float = 1.0,
-        coord_seconds: float = 120.0) -> dict:
+        coord_seconds: float = 120.0, ask_seconds: float | None = None) -> dict:
     """The figures (one dict per row of ``ROWS``) and the setup."""
     wall0 = time.perf_counter()
     if nodes < 3:
@@ -221,7 +234,8 @@ def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_ga
                             publish_every=coords.record_refresh(nodes), fresh_after=EXCHANGE_FRESH), keep=kept)
     known = np.random.default_rng([seed, 16]).random((nodes, nodes)) < measured
     asked = _asked_gains(rtt, site, near, order, _estimates(kept["current"], kept["known"]),
-                         _estimates(kept["known"], kept["known"]), known, ask=ask, ratio=ratio, min_gain_ms=min_gain_ms)
+                         _estimates(kept["known"], kept["known"]), known, ask=ask, ratio=ratio, min_gain_ms=min_gain_ms,
+                         ask_seconds=ask_seconds, seed=seed)
     pair_gain = asked[a, b]
     rows[ROWS[4]] = _figures(pair_gain > 0, pair_gain, direct)
     present = np.flatnonzero(counts)
@@ -231,7 +245,8 @@ def run(nodes: int = 1000, seed: int = 1, *, ratio: float = SWITCH_RATIO, min_ga
     return {"nodes": nodes, "seed": seed, "countries": int((counts > 0).sum()),
             "country_pairs_detoured": by_country,
             "thresholds": {"switch_ratio": ratio, "switch_min_gain_ms": min_gain_ms, "records_report": near_size,
-                           "max_relayed": cap, "legs_asked": ask, "measured": measured, "coord_seconds": coord_seconds},
+                           "max_relayed": cap, "legs_asked": ask, "measured": measured, "coord_seconds": coord_seconds,
+                           "ask_seconds": ask_seconds},
             "rows": rows, "wall_s": round(time.perf_counter() - wall0, 2)}
 
 
@@ -257,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measured", type=float, default=1.0,
                    help="share of members each node has measured (1.0: steady state; 0.24: 1,000 nodes at 120 s)")
     p.add_argument("--coord-seconds", type=float, default=120.0, help="seconds of Vivaldi before the ranking")
+    p.add_argument("--ask-seconds", type=float, default=None,
+                   help="seconds of asking (2 chooser pairs a second); default: every pair asked")
     args = p.parse_args(argv)
-    result = run(args.nodes, args.seed, ask=args.ask, measured=args.measured, coord_seconds=args.coord_seconds)
+    result = run(args.nodes, args.seed, ask=args.ask, measured=args.measured, coord_seconds=args.coord_seconds,
+                 ask_seconds=args.ask_seconds)
     print(table(result))
     print(json.dumps(result, indent=2))
     return 0
