@@ -1461,7 +1461,8 @@ async def test_a_hostile_answerer_is_dropped_counted_and_finds_no_detour(monkeyp
 
 
 @pytest.mark.parametrize("reply", [None, {"coord": GOOD}, {"error": "not a member"}, [GOOD], "hang",
-                                   PeerError("reset")])
+                                   PeerError("reset"), {"coord": GOOD, "error": "legs: asked too often",
+                                                        "reason": "rate_limited"}])
 async def test_no_answer_with_legs_is_a_failure_not_a_rejection(monkeypatch, autojump_clock, reply):
     # {"coord"} alone: a member running the version before legs were asked for
     routing, gossip, asked = legs_routing(monkeypatch, reply)
@@ -1480,12 +1481,66 @@ async def test_legs_are_answered_from_our_own_measurements_only(monkeypatch, aut
     routing, gossip, _ = legs_routing(monkeypatch, None)
     await evaluations(routing, 1)
     gossip.pings.clear()
-    (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": [R, C, X, "no such peer"]})
-    assert reply["legs"] == {R: 20.0, C: 120.0}  # X and the junk id: never measured, not answered
+    (reply,) = await answered_by(routing, C, {"cert": CERT, "legs": [R, A, X, "no such peer"]})
+    assert reply["legs"] == {R: 20.0, A: 100.0}  # X and the junk id: never measured, not answered
     assert Coordinate.from_wire(reply["coord"]) == routing.client.coordinate
     assert gossip.pings == [] and gossip.rejected == []  # nothing measured on demand: no amplification
     assert routing.status()["legs"]["served"] == 1
     assert await answered_by(routing, X, {"cert": b"not one", "legs": [R]}) == []  # members only
+
+
+async def test_legs_are_answered_for_relays_only(monkeypatch, autojump_clock):
+    """A member mapping our RTTs asks for all the members it knows: only those offering to relay
+    (what path choice asks about), alive or suspect, are answered, however well we measured the rest."""
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": [R, C]})
+    assert reply["legs"] == {R: 20.0}  # C: measured (120 ms), not a relay
+    view = routing.g.view()
+    view.members[R].state = State.SUSPECT
+    view.members[A].state = State.DEAD  # its samples are kept while it is in the view
+    (reply,) = await answered_by(routing, C, {"cert": CERT, "legs": [R, A, C]})
+    assert reply["legs"] == {R: 20.0} and gossip.rejected == []
+    view.members[R].record.relay = False  # stopped offering
+    (reply,) = await answered_by(routing, C, {"cert": CERT, "legs": [R]})
+    assert reply["legs"] == {}
+
+
+async def test_a_member_asking_for_legs_too_often_is_refused_counted_and_still_gets_the_coordinate(
+        monkeypatch, autojump_clock):
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    legs = {"cert": CERT, "legs": [R]}
+    for _ in range(int(exchange.LEGS_BURST)):
+        assert (await answered_by(routing, A, legs))[0]["legs"] == {R: 20.0}
+    for _ in range(3):
+        (reply,) = await answered_by(routing, A, legs)
+        assert set(reply) == {"coord", "error", "reason"} and reply["reason"] == "rate_limited"
+        assert Coordinate.from_wire(reply["coord"]) == routing.client.coordinate  # the coordinate still served
+    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("rate_limited", A)] * 3
+    assert (await answered_by(routing, A, {"cert": CERT}))[0].keys() == {"coord"}  # coordinates: not limited
+    assert (await answered_by(routing, C, legs))[0]["legs"] == {R: 20.0}  # A's asking costs C nothing
+    await trio.sleep(1 / exchange.LEGS_RATE)
+    assert (await answered_by(routing, A, legs))[0]["legs"] == {R: 20.0}  # one more per 10 s
+    assert (await answered_by(routing, A, legs))[0]["reason"] == "rate_limited"
+    assert routing.exchange.legs_refused == 4 and routing.status()["legs"]["served"] == exchange.LEGS_BURST + 2
+
+
+async def test_a_member_asking_as_often_as_path_choice_does_is_never_refused(monkeypatch, autojump_clock):
+    """Path choice asks one peer at most once per ASK_INTERVAL_S (a relayed pair first when due,
+    not more often); a restart, or the peer leaving its view and coming back, asks again at once."""
+    from swarmd.routing import paths
+
+    routing, gossip, _ = legs_routing(monkeypatch, None)
+    await evaluations(routing, 1)
+    t0 = trio.current_time()
+    restarts = [0.0, 1.0, 2.0, 3.0]  # four at once
+    cycle = [3.0 + k * paths.ASK_INTERVAL_S for k in range(1, 13)]
+    again = [cycle[-1] + k * 1 / exchange.LEGS_RATE for k in range(1, 10)]  # then asked every 10 s
+    for offset in restarts + cycle + again:
+        await at(t0, offset)
+        assert (await answered_by(routing, A, {"cert": CERT, "legs": [R]}))[0]["legs"] == {R: 20.0}
+    assert gossip.rejected == [] and routing.exchange.legs_refused == 0
 
 
 @pytest.mark.parametrize("legs", [
@@ -1496,7 +1551,8 @@ async def test_a_hostile_asker_is_refused_with_the_reason_and_counted(monkeypatc
     routing, gossip, _ = legs_routing(monkeypatch, None)
     await evaluations(routing, 1)
     (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": legs})
-    assert set(reply) == {"error"} and reply["error"].startswith("legs: ")
+    assert set(reply) == {"coord", "error", "reason"} and reply["error"].startswith("legs: ")
+    assert reply["reason"] == "malformed" and Coordinate.from_wire(reply["coord"]) == routing.client.coordinate
     assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("malformed", A)]
     assert routing.status()["legs"]["served"] == 0
     (reply,) = await answered_by(routing, A, {"cert": CERT, "legs": [R]})  # its next request is answered

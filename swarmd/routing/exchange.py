@@ -12,12 +12,22 @@ request per probe in a large swarm (records there are nearly always older than 1
 hostile like any coordinate (``Coordinate.from_wire`` checks it).
 
 Legs. The same request may carry ``legs``, a list of at most ``MAX_LEGS`` peer ids (strings
-of 1 to ``MAX_ID_CHARS`` characters; anything else is refused with the reason and counted):
-the answer then adds ``legs: {id: ms}``, our recent RTT to each of them that we measured
-(routing's own samples; nothing is measured on demand, so a request cannot make us send
-anything but its answer). Path choice asks its chooser peers this (paths.AskLegs) for
-relays their records do not carry, and hands the answer to ``Paths.legs_answered``, which
-takes it only whole and only as asked; a dropped answer is counted as malformed input.
+of 1 to ``MAX_ID_CHARS`` characters): the answer then adds ``legs: {id: ms}``, our recent RTT
+to each of them that is a member offering to relay (its record says so, alive or suspect)
+and that we measured (routing's own samples; nothing is measured on demand, so a request
+cannot make us send anything but its answer). Only relays: they are all path choice asks
+about (paths.AskLegs: relays their records do not carry, for ``Paths.legs_answered``, which
+takes the answer only whole and only as asked; a dropped answer is counted as malformed
+input), and our RTTs to other members are not anyone's to map (records publish only the
+16 nearest). A member may ask for legs ``LEGS_BURST`` times at once, then once per
+``1 / LEGS_RATE`` seconds: path choice asks one peer at most once per paths.ASK_INTERVAL_S
+(300 s; a pair on a relay is asked first when due, not more often), so an honest asker is
+never refused, and mapping our RTTs to 1,000 relays, 8 a request, takes about 20 minutes.
+A refused ``legs`` (malformed: ``malformed``; too often: ``rate_limited``) is counted
+(gossip's rejected input, by reason) and answered ``{coord, error, reason}``: the
+coordinate is a member's to ask for at any time, so it is served whatever becomes of the
+legs (an asker reads a reply without ``legs`` as legs unanswered: ``legs_failed``, and path
+choice asks that peer again after ASK_INTERVAL_S).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
+from ..gossip.limits import TokenBuckets
 from ..gossip.streams import PeerError, close_quietly, read_frame, request, write_frame
 from ..rpc.framing import FrameTooLarge
 from .coordinates import Coordinate
@@ -40,6 +51,12 @@ FRESH = 10.0  # seconds: a record's coordinate older than this is asked for agai
 TIMEOUT = 2.0
 MAX_LEGS = 8  # ids one request may ask legs for: paths.ASK_LEGS (not imported: keeps the wire's bound here)
 MAX_ID_CHARS = 64  # a peer id as text: 52 characters for our Ed25519 keys; longer names no member
+# Legs requests one member may make: path choice asks a peer at most once per paths.ASK_INTERVAL_S
+# (300 s), so 4 at once (a restart's or a view flap's re-asking) and one per 10 s after that are 30x
+# what an honest asker needs, and cost a prober 8 ids per 10 s.
+LEGS_BURST = 4.0
+LEGS_RATE = 0.1  # a second
+MAX_ASKERS = 4096  # members whose buckets are kept (least recently used dropped: it comes back full)
 
 
 class Exchange:
@@ -51,6 +68,8 @@ class Exchange:
         self.legs_asked = 0  # requests for legs sent
         self.legs_failed = 0  # of those, no answer with legs (none, an error, a timeout, an older peer)
         self.legs_served = 0  # requests for legs answered
+        self.legs_refused = 0  # requests for legs refused (malformed, rate_limited)
+        self._legs_limit = TokenBuckets(LEGS_RATE, LEGS_BURST, size=MAX_ASKERS)
 
     def due(self, peer: str, now: float) -> bool:
         last = self.asked.get(peer)
@@ -105,15 +124,9 @@ class Exchange:
             with trio.fail_after(10):
                 req = await read_frame(stream, 4096)
                 if await g.check_member(req, peer, stream):
-                    answer = {"coord": self.r.client.coordinate.to_wire()}
+                    answer: dict[str, Any] = {"coord": self.r.client.coordinate.to_wire()}
                     if "legs" in req:
-                        why = _legs_refused(req["legs"])
-                        if why is not None:
-                            g.reject("malformed", str(peer), f"coordinate request: {why}")
-                            await write_frame(stream, {"error": why})
-                            return
-                        answer["legs"] = self.r.legs_for(req["legs"])
-                        self.legs_served += 1
+                        answer.update(self._legs(str(peer), req["legs"]))
                     await write_frame(stream, answer)
         except FrameTooLarge as exc:
             g.reject("too_large", str(peer), f"coordinate request: {exc}")
@@ -121,6 +134,19 @@ class Exchange:
             g.reject("malformed", str(peer), f"coordinate request: {exc.__class__.__name__}: {exc}")
         finally:
             await close_quietly(stream)
+
+    def _legs(self, peer: str, legs: Any) -> dict[str, Any]:
+        """The legs part of the answer to ``peer``: ``{legs}``, or ``{error, reason}`` (counted)."""
+        why, reason = _legs_refused(legs), "malformed"
+        if why is None and not self._legs_limit.allow(peer, trio.current_time()):
+            why = f"legs: asked too often (at most {LEGS_BURST:g} at once, then one per {1 / LEGS_RATE:g} s)"
+            reason = "rate_limited"
+        if why is not None:
+            self.legs_refused += 1
+            self.r.g.reject(reason, peer, f"coordinate request: {why}")
+            return {"error": why, "reason": reason}
+        self.legs_served += 1
+        return {"legs": self.r.legs_for(legs)}
 
     def forget(self, peer: str) -> None:
         self.asked.pop(peer, None)

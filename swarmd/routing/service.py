@@ -105,9 +105,12 @@ class Routing(Readout):
         self.client.update(peer, coord, rtt)
 
     def legs_for(self, peers: list[str]) -> dict[str, float]:
-        """Our recent RTT (ms) to each of ``peers`` we measured: a member's answer to legs asked for."""
-        own = self._snap.own
-        return {p: own[p] for p in peers if p in own}
+        """Our recent RTT (ms) to each of ``peers`` that is a relay (a member offering to relay,
+        alive or suspect: what path choice asks about) and that we measured: a member's answer
+        to legs asked for. Our RTTs to other members are not answered (nobody maps us with it)."""
+        snap = self._snap
+        return {p: snap.own[p] for p in peers if p in snap.own and (m := snap.view.get(p)) is not None
+                and m.state in (State.ALIVE, State.SUSPECT) and m.record.relay}
 
     def record_fields(self) -> dict[str, Any]:
         """What our record says about routing: our coordinate, whether we relay, our choices."""
