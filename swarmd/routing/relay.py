@@ -36,12 +36,15 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
 - Rule changes are rate-limited per member: each request or release that changes `active()`
   (a pair activated, an end of an active pair that moved, an active pair released) costs the
   member that sent it a token (`change_burst` held, `change_rate` a second); without one it is
-  refused (`rate_limited`) and nothing changes. Each change is one `nft -f` and a conntrack
-  flush on this host, so two colluding members toggling their own pair could otherwise keep
-  the relay busy rewriting its rules. A renewal that changes nothing costs nothing and is
-  never refused by it; nor is opening a pending pair (no rule changes). At most
-  `MAX_LIMITED` members' buckets are kept (least recently used dropped: a dropped bucket
-  comes back full, which only ever lets a member through).
+  refused (`rate_limited`) and nothing changes. Each change asks for an `nft -f` and a
+  conntrack flush on this host, so two colluding members toggling their own pair could
+  otherwise keep the relay busy rewriting its rules. This bounds each member only: k
+  colluding members make k times as many changes, and expiries cost nobody a token; the
+  driver bounds the whole relay (server.APPLY_MIN_GAP: changes within it go into one write).
+  A renewal that changes nothing costs nothing and is never refused by it; nor is opening a
+  pending pair (no rule changes). At most `MAX_LIMITED` members' buckets are kept (least
+  recently used dropped: a dropped bucket comes back full, which only ever lets a member
+  through).
 - Leases last `lease` seconds from the last request (the driver renews every 20 s); their
   length is the relay's, never the requester's. An expired lease, a release, a member that
   is gone (`end_member`) or an address of ours that went away (`set_addresses`) takes the
@@ -77,7 +80,8 @@ MAX_PEER_ID = 128  # characters; a libp2p peer id is about 52
 # address changes; renewals (every 20 s) change nothing and cost nothing.
 CHANGE_BURST = 32.0  # 2 x MAX_PER_MEMBER: all of a node's 16 pairs moved off this relay and back at once
 CHANGE_RATE = 1.0  # a second after that: each of 16 pairs moved on and off every 32 s; a member toggling
-# its pair costs this host at most one `nft -f` a second
+# its pair makes at most one change a second (k members: k), and the server writes the rules at most
+# once per server.APPLY_MIN_GAP whoever changes them: 5 `nft -f` a second for the whole relay
 MAX_LIMITED = 1024  # members whose change buckets are kept (only members holding a lease here make changes)
 
 REASONS = ("malformed", "not_member", "self_pair", "bad_address", "not_our_address", "same_address",

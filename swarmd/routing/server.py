@@ -12,8 +12,15 @@ expires_in}``, ``{released: true}`` or ``{error, reason}``; every refusal is cou
 the read loop or the daemon.
 
 The rules follow the core's active pairs: after any change the forwarder replaces the
-nftables table (forwarder.py). ``expire`` runs when the earliest lease ends, and members
-that left the view lose their pairs at each view change.
+nftables table (forwarder.py), at most once per ``APPLY_MIN_GAP``: changes meanwhile wait
+for the next write, which writes the latest version, all of them at once. The per-member
+limit (relay.py) bounds what one member makes this host do, not what k colluding members
+do (k writes a second, plus lease expiries and pending timeouts, which cost nobody a
+token); this gap bounds the whole relay: at most 1 / APPLY_MIN_GAP = 5 ``nft -f`` (each
+with its conntrack flush) a second, however many members change pairs. An answer that
+waits for its rules (``APPLY_WAIT``) waits at most APPLY_MIN_GAP longer for it. ``expire``
+runs when the earliest lease ends, and members that left the view lose their pairs at each
+view change.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ log = structlog.get_logger("swarmd.routing")
 # relay must not be a way to cut a pair's traffic; dead, left, revoked or gone ends it.
 IN_SERVICE = (State.ALIVE, State.SUSPECT)
 APPLY_WAIT = 3.0  # seconds an answer waits for the rules that make its pair active
+# Seconds from the end of one write of the rules (an `nft -f` and a conntrack flush) to the start of
+# the next, failed ones included: 5 a second at most for the whole relay. An honest pair's activation
+# waits at most this much more (well inside APPLY_WAIT); a burst of changes becomes one write.
+APPLY_MIN_GAP = 0.2
 
 class RelayServer:
     def __init__(self, routing: Routing, relay: Relay, forwarder: Any) -> None:
@@ -133,10 +144,13 @@ class RelayServer:
 
     async def run(self) -> None:
         """Keeps the kernel's rules equal to the core's active pairs, expiring leases on time."""
+        written = trio.current_time() - APPLY_MIN_GAP  # when the last write of the rules ended
         try:
             while True:
                 self.relay.expire(trio.current_time())
                 if self.relay.version != self.applied:
+                    await trio.sleep_until(written + APPLY_MIN_GAP)  # changes meanwhile: into this write
+                    self.relay.expire(trio.current_time())
                     version = self.relay.version
                     try:
                         await self.forwarder.apply(self.relay.active())
@@ -148,6 +162,7 @@ class RelayServer:
                         log.error("cannot apply the relay's forwarding rules", error=self.error)
                         self.applied_event.set()  # answers waiting for these rules: not active, now
                         self.applied_event = trio.Event()
+                    written = trio.current_time()
                     self.r.metrics_pairs.set(len(self.relay.active()))
                 deadline = self.relay.next_deadline()
                 wait = 5.0 if self.error else (60.0 if deadline is None else max(0.05, deadline - trio.current_time()))
