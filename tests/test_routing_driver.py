@@ -1541,7 +1541,7 @@ async def test_a_hostile_answerer_is_dropped_counted_and_finds_no_detour(monkeyp
 
 @pytest.mark.parametrize("reply", [None, {"coord": GOOD}, {"error": "not a member"}, [GOOD], "hang",
                                    PeerError("reset"), {"coord": GOOD, "error": "legs: asked too often",
-                                                        "reason": "rate_limited"}])
+                                                        "reason": "legs_rate"}])
 async def test_no_answer_with_legs_is_a_failure_not_a_rejection(monkeypatch, autojump_clock, reply):
     # {"coord"} alone: a member running the version before legs were asked for
     routing, gossip, asked = legs_routing(monkeypatch, reply)
@@ -1594,14 +1594,14 @@ async def test_a_member_asking_for_legs_too_often_is_refused_counted_and_still_g
         assert (await answered_by(routing, A, legs))[0]["legs"] == {R: 20.0}
     for _ in range(3):
         (reply,) = await answered_by(routing, A, legs)
-        assert set(reply) == {"coord", "error", "reason"} and reply["reason"] == "rate_limited"
+        assert set(reply) == {"coord", "error", "reason"} and reply["reason"] == "legs_rate"
         assert Coordinate.from_wire(reply["coord"]) == routing.client.coordinate  # the coordinate still served
-    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("rate_limited", A)] * 3
+    assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("legs_rate", A)] * 3
     assert (await answered_by(routing, A, {"cert": CERT}))[0].keys() == {"coord"}  # coordinates: not limited
     assert (await answered_by(routing, C, legs))[0]["legs"] == {R: 20.0}  # A's asking costs C nothing
     await trio.sleep(1 / exchange.LEGS_RATE)
     assert (await answered_by(routing, A, legs))[0]["legs"] == {R: 20.0}  # one more per 10 s
-    assert (await answered_by(routing, A, legs))[0]["reason"] == "rate_limited"
+    assert (await answered_by(routing, A, legs))[0]["reason"] == "legs_rate"
     assert routing.exchange.legs_refused == 4 and routing.status()["legs"]["served"] == exchange.LEGS_BURST + 2
 
 

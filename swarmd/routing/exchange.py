@@ -23,11 +23,11 @@ input), and our RTTs to other members are not anyone's to map (records publish o
 ``1 / LEGS_RATE`` seconds: path choice asks one peer at most once per paths.ASK_INTERVAL_S
 (300 s; a pair on a relay is asked first when due, not more often), so an honest asker is
 never refused, and mapping our RTTs to 1,000 relays, 8 a request, takes about 20 minutes.
-A refused ``legs`` (malformed: ``malformed``; too often: ``rate_limited``) is counted
-(gossip's rejected input, by reason) and answered ``{coord, error, reason}``: the
-coordinate is a member's to ask for at any time, so it is served whatever becomes of the
-legs (an asker reads a reply without ``legs`` as legs unanswered: ``legs_failed``, and path
-choice asks that peer again after ASK_INTERVAL_S).
+A refused ``legs`` (malformed: ``malformed``; too often: ``legs_rate``, like gossip's
+``record_rate``) is counted (gossip's rejected input, by reason) and answered ``{coord,
+error, reason}``: the coordinate is a member's to ask for at any time, so it is served
+whatever becomes of the legs (an asker reads a reply without ``legs`` as legs unanswered,
+``legs_failed``, and path choice asks that peer again after ASK_INTERVAL_S).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Exchange:
         self.legs_asked = 0  # requests for legs sent
         self.legs_failed = 0  # of those, no answer with legs (none, an error, a timeout, an older peer)
         self.legs_served = 0  # requests for legs answered
-        self.legs_refused = 0  # requests for legs refused (malformed, rate_limited)
+        self.legs_refused = 0  # requests for legs refused (malformed, legs_rate)
         self._legs_limit = TokenBuckets(LEGS_RATE, LEGS_BURST, size=MAX_ASKERS)
 
     def due(self, peer: str, now: float) -> bool:
@@ -140,7 +140,7 @@ class Exchange:
         why, reason = _legs_refused(legs), "malformed"
         if why is None and not self._legs_limit.allow(peer, trio.current_time()):
             why = f"legs: asked too often (at most {LEGS_BURST:g} at once, then one per {1 / LEGS_RATE:g} s)"
-            reason = "rate_limited"
+            reason = "legs_rate"
         if why is not None:
             self.legs_refused += 1
             self.r.g.reject(reason, peer, f"coordinate request: {why}")
