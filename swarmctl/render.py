@@ -145,7 +145,8 @@ def routing_rows(r: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     if legs:  # relay legs asked of the peers we choose for (paths.py AskLegs), and answered for others
         rows.append(("relay legs", f"asked {legs.get('asked', 0)}, taken {legs.get('taken', 0)}, dropped "
                                    f"{legs.get('dropped', 0)}, unanswered {legs.get('failed', 0)}; "
-                                   f"answered {legs.get('served', 0)} for others"))
+                                   f"answered {legs.get('served', 0)} for others"
+                                   + (f", refused {legs['refused']}" if legs.get("refused") else "")))
     if relay.get("offered"):
         text = (f"on: {relay.get('pairs', 0)} pairs, up to {relay.get('cap_mbit')} Mbit/s, "
                 f"ports {relay.get('ports')}" + (f"; rules failed: {relay['error']}" if relay.get("error") else ""))

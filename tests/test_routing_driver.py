@@ -1522,7 +1522,7 @@ async def test_a_detour_only_an_asked_leg_shows_is_taken(monkeypatch, autojump_c
     assert (peer, protocol, set(obj)) == (C, exchange.PROTOCOL, {"cert", "legs"}) and obj["cert"] == CERT
     assert sorted(obj["legs"]) == sorted([A, R])  # the relays C's record does not carry, nothing else
     assert routing.paths.path(C) == R and routing.paths.legs(C) == {R: 30.0}
-    assert routing.status()["legs"] == {"asked": 3, "taken": 3, "dropped": 0, "failed": 0, "served": 0}
+    assert routing.status()["legs"] == {"asked": 3, "taken": 3, "dropped": 0, "failed": 0, "served": 0, "refused": 0}
     assert gossip.rejected == []
 
 
@@ -1536,7 +1536,7 @@ async def test_a_hostile_answerer_is_dropped_counted_and_finds_no_detour(monkeyp
     assert len(asked) == 1 and routing.paths.path(C) is None and routing.paths.legs(C) == {}
     assert [(reason, peer) for reason, peer, _ in gossip.rejected] == [("malformed", C)]
     assert gossip.rejected[0][2].startswith("legs answer: ")
-    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 1, "failed": 0, "served": 0}
+    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 1, "failed": 0, "served": 0, "refused": 0}
 
 
 @pytest.mark.parametrize("reply", [None, {"coord": GOOD}, {"error": "not a member"}, [GOOD], "hang",
@@ -1547,7 +1547,7 @@ async def test_no_answer_with_legs_is_a_failure_not_a_rejection(monkeypatch, aut
     routing, gossip, asked = legs_routing(monkeypatch, reply)
     await evaluations(routing, 6)
     assert len(asked) == 1 and routing.paths.path(C) is None and gossip.rejected == []
-    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 0, "failed": 1, "served": 0}
+    assert routing.status()["legs"] == {"asked": 3, "taken": 2, "dropped": 0, "failed": 1, "served": 0, "refused": 0}
 
 
 async def answered_by(routing, peer: str, request: object) -> list:
@@ -1603,6 +1603,7 @@ async def test_a_member_asking_for_legs_too_often_is_refused_counted_and_still_g
     assert (await answered_by(routing, A, legs))[0]["legs"] == {R: 20.0}  # one more per 10 s
     assert (await answered_by(routing, A, legs))[0]["reason"] == "legs_rate"
     assert routing.exchange.legs_refused == 4 and routing.status()["legs"]["served"] == exchange.LEGS_BURST + 2
+    assert routing.status()["legs"]["refused"] == 4
 
 
 async def test_a_member_asking_as_often_as_path_choice_does_is_never_refused(monkeypatch, autojump_clock):

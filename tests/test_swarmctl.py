@@ -357,13 +357,13 @@ def test_status_shows_the_coordinate_the_relayed_paths_and_relaying_for_others()
     relaying = {"coordinate": {"vec_ms": [1.0] * 8, "height_ms": 0.5, "error": 0.123},
                 "vivaldi": {"updates": 120, "rejected": 2, "rejections": {"rtt": 1, "implausible": 1}, "resets": 0},
                 "relayed_paths": {H2: H3},
-                "legs": {"asked": 4, "taken": 3, "dropped": 1, "failed": 0, "served": 7},
+                "legs": {"asked": 4, "taken": 3, "dropped": 1, "failed": 0, "served": 7, "refused": 2},
                 "relay": {"mode": "auto", "offered": True, "off": None, "ports": "51821-52820", "cap_mbit": 100,
                           "pairs": 3, "error": None}}
     assert dict(render.routing_rows(relaying)) == {
         "coordinate": "error 0.12 after 120 RTTs (2 rejected: implausible 1, rtt 1)",
         "relayed paths": [f"{H2[-8:]} via {H3[-8:]}"],
-        "relay legs": "asked 4, taken 3, dropped 1, unanswered 0; answered 7 for others",
+        "relay legs": "asked 4, taken 3, dropped 1, unanswered 0; answered 7 for others, refused 2",
         "relaying for others": "on: 3 pairs, up to 100 Mbit/s, ports 51821-52820"}
     off = relaying | {"relayed_paths": {}, "relay": {"mode": "auto", "offered": False, "off": "not root"}}
     rows = dict(render.routing_rows(off))

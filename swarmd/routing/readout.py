@@ -122,7 +122,7 @@ class Readout:
                             "fetched": self.exchange.fetched, "fetch_failed": self.exchange.failed},
                 "legs": {"asked": self.exchange.legs_asked, "taken": self.paths.legs_taken,
                          "dropped": self.paths.legs_dropped, "failed": self.exchange.legs_failed,
-                         "served": self.exchange.legs_served},
+                         "served": self.exchange.legs_served, "refused": self.exchange.legs_refused},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
                 "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
                 "relay_answers_rejected": dict(self.sessions.rejected), "relay": relay}
