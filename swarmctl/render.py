@@ -296,6 +296,8 @@ def route(r: Mapping[str, Any]) -> None:
             rows.append(("not followed", r["refused"]))
     else:
         rows.append(("hysteresis", hysteresis(r.get("hysteresis"))))
+    if r.get("busy"):
+        rows.append(("traffic", "heavy now: not moved for latency while it lasts, only if the path fails"))
     if r.get("thresholds"):
         rows.append(("rule", rule(r["thresholds"])))
     if r.get("held_down"):

@@ -1343,6 +1343,11 @@ class FakeMesh:
             self.down -= 1
             raise RuntimeError("wireguard-go is not running")
 
+    async def peer_rows(self) -> list[dict]:
+        if self.down:
+            raise RuntimeError("wireguard-go is not running")
+        return [{"peer": peer, "rx_bytes": rx, "tx_bytes": tx} for peer, (rx, tx) in getattr(self, "bytes", {}).items()]
+
 
 def make_routing(gossip: FakeGossip, mesh=None):
     from swarmd.routing.service import Routing
@@ -1651,3 +1656,26 @@ def test_what_path_choice_asks_for_fits_in_what_a_member_answers():
     from swarmd.routing import paths
 
     assert paths.ASK_LEGS <= exchange.MAX_LEGS
+
+
+async def test_a_pair_moving_more_than_a_megabit_a_second_is_busy_for_path_choice(autojump_clock):
+    """WireGuard's byte counters, read at each evaluation: above BUSY_BYTES_PER_S (both directions
+    together) the pair is busy (paths.py keeps it where it is); none while the mesh is down."""
+    from swarmd.routing.service import BUSY_BYTES_PER_S
+
+    mesh = FakeMesh()
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE, c=State.ALIVE)), mesh)
+    mesh.bytes = {B: (0, 0), C: (0, 0)}
+    await routing._read_traffic()
+    assert routing._busy == frozenset()  # a first reading: no rate yet
+    await trio.sleep(1.0)
+    mesh.bytes = {B: (BUSY_BYTES_PER_S, BUSY_BYTES_PER_S), C: (300, 200)}  # a transfer with B; C's keepalives
+    await routing._read_traffic()
+    assert routing._busy == frozenset({B})
+    assert routing._path_view(routing.g.view(), {}).busy == frozenset({B})
+    await trio.sleep(2.0)
+    await routing._read_traffic()  # the transfer ended
+    assert routing._busy == frozenset()
+    mesh.down = 1
+    await routing._read_traffic()
+    assert routing._busy == frozenset()

@@ -25,6 +25,7 @@ class World:
         self.failing: set[str] = set()
         self.refused: set[tuple[str, str]] = set()  # (peer, relay): the driver's per-pair refusals
         self.coords: dict[tuple[str, str], float] = {}
+        self.busy: set[str] = set()  # peers with heavy WireGuard traffic now (the driver's counters)
 
     def add(self, *peers: str, relay: bool = True) -> None:
         self.peers |= set(peers)
@@ -46,7 +47,7 @@ class World:
         return PathView(me=self.me, peers=frozenset(self.peers), relays=frozenset(self.relays),
                         own=dict(self.own), reports=lambda p: self.reported.get(p, {}),
                         estimate=lambda a, b: self.coords.get((a, b)), announced=self.via.get,
-                        failing=frozenset(self.failing), refused=frozenset(self.refused))
+                        failing=frozenset(self.failing), refused=frozenset(self.refused), busy=frozenset(self.busy))
 
 
 def detour_world() -> World:
@@ -583,3 +584,29 @@ def test_a_pair_on_an_asked_relay_keeps_its_leg_known_however_long_the_rotation(
             assert core.path("b") == "r", t
     assert asked_b[0] == (0, ("r",)) and all(relays == ("r",) for _, relays in asked_b)
     assert [t for t, _ in asked_b] == list(range(0, 120, 10))
+
+
+def test_a_busy_pair_is_not_moved_for_latency_its_own_queues_raise():
+    """A relayed all-reduce queues on the relay's legs: they measure slower than the idle direct
+    path, but the pair stays relayed while busy (else it would go direct, load it, and come
+    back); once idle, the rule applies again."""
+    w, core = detour_world(), Paths("a")
+    assert run(core, w, STABLE_ROUNDS)[-1] == [UsePath(peer="b", relay="r")]
+    w.busy.add("b")
+    w.link("a", "r", 90)  # our own packets queue on the legs: 90 + 30 > 0.95 x 120
+    assert run(core, w, 10, 10.0) == [[]] * 10
+    info = core.explain("b", w.view(), now=20.0)
+    assert core.path("b") == "r" and info["busy"] and info["hysteresis"]["rounds"] == 0
+    w.busy.clear()  # the transfer ended and the legs are still slow: now it moves
+    assert run(core, w, STABLE_ROUNDS, 30.0)[-1] == [UsePath(peer="b", relay=None)]
+
+
+def test_a_busy_direct_pair_is_not_moved_to_a_relay_but_a_failure_still_moves_a_busy_one():
+    w, core = detour_world(), Paths("a")
+    w.busy.add("b")
+    assert run(core, w, 2 * STABLE_ROUNDS) == [[]] * (2 * STABLE_ROUNDS) and core.path("b") is None
+    w.busy.clear()
+    assert run(core, w, STABLE_ROUNDS, 10.0)[-1] == [UsePath(peer="b", relay="r")]
+    w.busy.add("b")
+    w.failing.add("r")  # the relay stopped answering: back to direct at once, busy or not
+    assert core.evaluate(20.0, w.view()) == [UsePath(peer="b", relay=None)]

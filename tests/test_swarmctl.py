@@ -297,13 +297,14 @@ def test_route_explains_a_relayed_path(monkeypatch, capsys):
     assert table_rows(out)[f"{c[-8:]} (in use)"][1:] == ["20.0 ms", "30.0 ms", "50.0 ms", "~82 ms", "-58 %"]
 
 
-def test_route_marks_a_leg_the_peer_answered_when_asked(monkeypatch, capsys):
+def test_route_marks_an_asked_leg_and_a_busy_pair(monkeypatch, capsys):
     """A relay leg from outside the peer's record (paths.py AskLegs) is marked as asked."""
     answer = explained(rounds=3)
     me, b, c = sorted([H2, H3, H4])
     answer["candidates"][0]["leg2_source"] = "asked"
+    answer["busy"] = True
     code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"route": answer}, "route", b)
-    assert code == 0
+    assert code == 0 and "heavy now: not moved for latency" in out
     assert table_rows(out)[f"{c[-8:]} (in use)"][2] == "30.0 ms (asked)"
 
 

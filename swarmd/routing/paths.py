@@ -46,6 +46,13 @@ Rules:
   ``BACK_MIN_GAIN_MS``, or its legs are no longer known. Between ratio and back_ratio
   nothing moves, so jitter around one threshold cannot flap. The relay taken is the best at
   the moment of the move (two near-equal relays alternating as best do not reset the count).
+- Busy pairs stay put. A chooser pair whose traffic is heavy now (``PathView.busy``: the
+  driver reads WireGuard's byte counters) is not moved for latency, only by a failure: its
+  own packets queue on the path it uses, so that path's RTTs rise under the load while the
+  idle one's do not, and the pair would move, load the other path, and move back (seen in
+  the lab: a relayed all-reduce on 40 Mbit/s links went direct and back every ~20 s); a move
+  would also disturb the flows it carries. Once the traffic calms down, one clean probe
+  brings the RTT (a minimum over the last few) back and the rule applies again.
 - Failure. A relay that is failing (the driver pings relays in use) or no longer an alive
   relay-offering member sends its pairs back to direct at once, on both roles, and is held
   down (not chosen nor followed) for ``hold_down_s``, so a flaky relay cannot make paths flap.
@@ -104,6 +111,7 @@ class PathView:
     failing: frozenset[str] = frozenset()  # relays this node cannot reach now (driver pings)
     refused: frozenset[tuple[str, str]] = frozenset()  # (peer, relay): the relay refused that pair, or the
     # pair's other end never asked it, or the relayed path did not carry our packets (driver's checks)
+    busy: frozenset[str] = frozenset()  # peers our WireGuard traffic with is heavy now (a bulk transfer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -284,7 +292,7 @@ class Paths:
             if state.relay is not None:  # counted against the cap; unknown gain: the first to go
                 known = data.direct is not None and state.relay in data.legs
                 gains[peer] = data.direct - sum(data.legs[state.relay]) if known else 0.0
-            if move is None:
+            if move is None or peer in view.busy:  # busy: moved by a failure only (module header)
                 state.want, state.target, state.rounds = None, None, 0
                 continue
             kind, relay, gain = move
@@ -303,7 +311,7 @@ class Paths:
                 ready.append((-gain, peer, relay))
         for neg_gain, peer, relay in sorted(ready):
             if len(gains) >= self.max_relayed:
-                weakest = min(gains, key=lambda p: (gains[p], p), default=None)
+                weakest = min((p for p in gains if p not in view.busy), key=lambda p: (gains[p], p), default=None)
                 if weakest is None or -neg_gain < gains[weakest] + self.min_gain_ms:
                     continue  # stays direct; the move stays due and is tried again next round
                 actions.append(self._switch(weakest, None))
@@ -572,7 +580,7 @@ class Paths:
                      "thresholds": {"switch_ratio": self.ratio, "switch_min_gain_ms": self.min_gain_ms,
                                     "back_ratio": self.back_ratio, "back_min_gain_ms": self.back_min_gain_ms,
                                     "stable_rounds": self.stable_rounds},
-                     "held_down": self.held(now)}
+                     "held_down": self.held(now), "busy": peer in view.busy}
         if self.role(peer) == "chooser":
             state = self._chosen.get(peer, _Chosen())
             out["hysteresis"] = {"wants": state.want, "candidate": state.target, "rounds": state.rounds,

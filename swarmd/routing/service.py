@@ -47,6 +47,10 @@ WINDOW = 5  # our RTT to a peer: the least of its last WINDOW samples (rises aga
 MEASURE_TIMEOUT = 2.0
 REASSERT_FOR = 10.0  # seconds after a path change its endpoint is written again each evaluation (roaming)
 REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news worth a record
+# A pair whose WireGuard traffic (both directions) exceeds this is busy (paths.py: not moved for
+# latency, its RTTs rising with its own queues): 1 Mbit/s, far above what the mesh carries for an idle
+# pair (keepalives, our 1 s echoes: about 100 B/s), far below a transfer worth keeping still.
+BUSY_BYTES_PER_S = 128 * 1024
 
 
 class Routing(Readout):
@@ -65,6 +69,8 @@ class Routing(Readout):
         self._snap = Snap(view=gossip.view(), me=gossip.me)
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
+        self._traffic: dict[str, tuple[float, int]] = {}  # peer -> (when, its WireGuard rx + tx bytes then)
+        self._busy: frozenset[str] = frozenset()  # peers with heavy traffic now (paths.PathView.busy)
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
         self._wake = trio.Event()
         self.errors = 0
@@ -263,7 +269,25 @@ class Routing(Readout):
 
         return PathView(me=self.g.me, peers=peers, relays=relays, own=own, reports=reports,
                         estimate=estimator(view, self.g.me, self.client.coordinate), announced=announced,
-                        failing=self.sessions.failing(), refused=self.sessions.refused())
+                        failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy)
+
+    async def _read_traffic(self) -> None:
+        """``_busy``: the peers whose WireGuard bytes (rx + tx) grew faster than
+        ``BUSY_BYTES_PER_S`` since the last evaluation (the mesh's counters; none while it is down)."""
+        try:
+            rows = await self.mesh.peer_rows() if self.mesh is not None else []
+        except Exception:  # the backend restarting: no busy pairs this round
+            rows = []
+        now, seen, busy = trio.current_time(), {}, set()
+        for row in rows:
+            peer, total = row.get("peer"), row.get("rx_bytes", 0) + row.get("tx_bytes", 0)
+            if peer is None:
+                continue
+            seen[peer] = (now, total)
+            if (last := self._traffic.get(peer)) is not None and now > last[0] \
+                    and (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
+                busy.add(peer)
+        self._traffic, self._busy = seen, frozenset(busy)
 
     async def _evaluate(self, nursery: trio.Nursery) -> None:
         view = self.g.view()
@@ -272,6 +296,7 @@ class Routing(Readout):
             self.client.forget(peer)
             self.exchange.forget(peer)
         own = {p: min(s) for p, s in self._samples.items()}
+        await self._read_traffic()
         pv = self._path_view(view, own)
         for action in self.paths.evaluate(trio.current_time(), pv):
             match action:
