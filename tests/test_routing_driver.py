@@ -99,6 +99,10 @@ class FakeRouting:
         self.changes = 0
         self.client = SimpleNamespace(coordinate=Coordinate(vec=(0.01,) + (0.0,) * 7, error=0.3, adjustment=0.0,
                                                             height=0.001))
+        self.arriving: dict[str, str] = {}  # peer -> the endpoint its WireGuard packets keep arriving from
+
+    def carried(self, peer: str) -> str | None:
+        return self.arriving.get(peer)
 
     def direct_ip(self, peer: str) -> str | None:
         return IP.get(peer)
@@ -777,6 +781,30 @@ async def test_two_missed_pings_make_a_session_failing_and_one_good_ping_active_
         nursery.cancel_scope.cancel()
 
 
+async def test_pings_and_echoes_lost_while_the_peers_packets_arrive_through_the_relay_are_not_misses(
+        script, autojump_clock):
+    """A bulk transfer through the relay: its queues drop our pings and echoes, but the peer's
+    WireGuard packets keep arriving from the relay's endpoint, so the path stays active; once
+    they stop (or arrive from elsewhere: WireGuard roamed) the misses count again."""
+    script.unanswered.add(OVERLAY[B])
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 4.5)
+        assert s.row(B)["state"] == "active"
+        routing.g.relay_down.add(R)
+        routing.arriving[B] = f"{IP[R]}:51821"  # the relayed pair's packets keep coming
+        await at(t0, 20.5)
+        row = s.row(B)
+        assert row["state"] == "active" and row["misses"] == 0 and row["echo_misses"] == 0 and s.endpoints() != {}
+        assert row["forgiven"] >= 2 * 15
+        routing.arriving[B] = f"{IP[B]}:51820"  # roamed: B's packets come straight now, not through R
+        await at(t0, 22.5)
+        assert s.row(B)["state"] == "failing" and s.failing() == {R}
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_pending_session_gives_up_after_15_s(script, autojump_clock):
     script.answer = lambda relay, op, n: {"port": 51821, "active": False, "expires_in": 60.0}
     async with trio.open_nursery() as nursery:
@@ -1346,6 +1374,8 @@ class FakeMesh:
     async def peer_rows(self) -> list[dict]:
         if self.down:
             raise RuntimeError("wireguard-go is not running")
+        if hasattr(self, "rows"):
+            return list(self.rows)
         return [{"peer": peer, "rx_bytes": rx, "tx_bytes": tx} for peer, (rx, tx) in getattr(self, "bytes", {}).items()]
 
 
@@ -1667,7 +1697,7 @@ async def test_a_pair_moving_more_than_a_megabit_a_second_is_busy_for_path_choic
     routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE, c=State.ALIVE)), mesh)
     mesh.bytes = {B: (0, 0), C: (0, 0)}
     await routing._read_traffic()
-    assert routing._busy == frozenset()  # a first reading: no rate yet
+    assert routing._busy == frozenset() and routing.carried(B) is None  # a first reading: no rate yet
     await trio.sleep(1.0)
     mesh.bytes = {B: (BUSY_BYTES_PER_S, BUSY_BYTES_PER_S), C: (300, 200)}  # a transfer with B; C's keepalives
     await routing._read_traffic()
@@ -1679,3 +1709,20 @@ async def test_a_pair_moving_more_than_a_megabit_a_second_is_busy_for_path_choic
     mesh.down = 1
     await routing._read_traffic()
     assert routing._busy == frozenset()
+
+
+async def test_the_endpoint_a_peers_packets_keep_arriving_from_is_read_from_wireguards_counters(autojump_clock):
+    mesh = FakeMesh()
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE, c=State.ALIVE)), mesh)
+    mesh.rows = [{"peer": B, "rx_bytes": 100, "tx_bytes": 0, "endpoint": "10.0.0.3:51821"},
+                 {"peer": C, "rx_bytes": 100, "tx_bytes": 0, "endpoint": "10.0.0.9:51820"}]
+    await routing._read_traffic()
+    await trio.sleep(1.0)
+    mesh.rows = [{"peer": B, "rx_bytes": 250, "tx_bytes": 0, "endpoint": "10.0.0.3:51821"},  # arriving via R
+                 {"peer": C, "rx_bytes": 100, "tx_bytes": 90, "endpoint": "10.0.0.9:51820"}]  # we send, nothing comes
+    await routing._read_traffic()
+    assert routing.carried(B) == "10.0.0.3:51821" and routing.carried(C) is None
+    await trio.sleep(1.0)
+    mesh.rows = [{"peer": B, "rx_bytes": 400, "tx_bytes": 0, "endpoint": "10.0.0.2:51820"}]  # roamed meanwhile
+    await routing._read_traffic()
+    assert routing.carried(B) is None

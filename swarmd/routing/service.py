@@ -69,7 +69,8 @@ class Routing(Readout):
         self._snap = Snap(view=gossip.view(), me=gossip.me)
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
-        self._traffic: dict[str, tuple[float, int]] = {}  # peer -> (when, its WireGuard rx + tx bytes then)
+        self._traffic: dict[str, tuple[float, int, int, str | None]] = {}  # peer -> (when, rx + tx, rx, endpoint)
+        self._carried: dict[str, str] = {}  # peer -> the endpoint its packets kept arriving from (_read_traffic)
         self._busy: frozenset[str] = frozenset()  # peers with heavy traffic now (paths.PathView.busy)
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
         self._wake = trio.Event()
@@ -272,22 +273,33 @@ class Routing(Readout):
                         failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy)
 
     async def _read_traffic(self) -> None:
-        """``_busy``: the peers whose WireGuard bytes (rx + tx) grew faster than
-        ``BUSY_BYTES_PER_S`` since the last evaluation (the mesh's counters; none while it is down)."""
+        """From the mesh's WireGuard counters, since the last evaluation (nothing while it is down):
+        ``_busy``, the peers whose bytes (rx + tx) grew faster than ``BUSY_BYTES_PER_S``;
+        ``_carried``, peer -> the endpoint its packets kept arriving from (rx grew, the endpoint
+        the same at both readings: WireGuard takes the last sender's as a peer's endpoint)."""
         try:
             rows = await self.mesh.peer_rows() if self.mesh is not None else []
         except Exception:  # the backend restarting: no busy pairs this round
             rows = []
-        now, seen, busy = trio.current_time(), {}, set()
+        now, seen, busy, carried = trio.current_time(), {}, set(), {}
         for row in rows:
-            peer, total = row.get("peer"), row.get("rx_bytes", 0) + row.get("tx_bytes", 0)
+            peer, rx, endpoint = row.get("peer"), row.get("rx_bytes", 0), row.get("endpoint")
             if peer is None:
                 continue
-            seen[peer] = (now, total)
-            if (last := self._traffic.get(peer)) is not None and now > last[0] \
-                    and (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
+            total = rx + row.get("tx_bytes", 0)
+            seen[peer] = (now, total, rx, endpoint)
+            if (last := self._traffic.get(peer)) is None or now <= last[0]:
+                continue
+            if (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
                 busy.add(peer)
-        self._traffic, self._busy = seen, frozenset(busy)
+            if rx > last[2] and endpoint is not None and endpoint == last[3]:
+                carried[peer] = endpoint
+        self._traffic, self._busy, self._carried = seen, frozenset(busy), carried
+
+    def carried(self, peer: str) -> str | None:
+        """The endpoint ``peer``'s WireGuard packets kept arriving from since the last evaluation
+        but one (sessions.py: a relay whose endpoint that is carries the pair, pings lost or not)."""
+        return self._carried.get(peer)
 
     async def _evaluate(self, nursery: trio.Nursery) -> None:
         view = self.g.view()

@@ -10,7 +10,11 @@ endpoint (the relay's IP and the pair's port); until then the pair stays direct.
 
 Once active, the session also checks end to end that the relayed path carries the pair's
 packets: an ICMP echo to the peer's overlay address every second (icmp.py); ``BROKEN_AFTER``
-unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. A relay that
+unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. A ping or an
+echo lost while the peer's WireGuard packets kept arriving from the relay's endpoint (the
+driver's reading of WireGuard's counters, ``Routing.carried``) is not a miss, and resets the
+count: the relay evidently forwards the pair, and under a bulk transfer its queues drop our
+pings like any packet (counted in ``forgiven``). A relay that
 refuses, a pair whose other end never asks (``PENDING_LIMIT``), and a broken path are held
 down for that pair only (``refused``): the relay may serve our other pairs well.
 
@@ -77,6 +81,7 @@ class Session:
     error: str | None = None
     since: float = 0.0
     cancel: trio.CancelScope | None = None
+    forgiven: int = 0  # pings or echoes lost while the peer's packets kept arriving through the relay
 
     @property
     def endpoint(self) -> str | None:
@@ -127,7 +132,7 @@ class Sessions:
             return None
         return {"relay": s.relay, "state": s.state, "port": s.port, "via_ip": s.via_ip, "misses": s.misses,
                 "echo_misses": s.echo_misses, "path_rtt_ms": None if s.path_rtt is None else round(s.path_rtt * 1000, 2),
-                "error": s.error, "for_s": round(trio.current_time() - s.since, 1)}
+                "forgiven": s.forgiven, "error": s.error, "for_s": round(trio.current_time() - s.since, 1)}
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -230,6 +235,9 @@ class Sessions:
                 if not s.granted:
                     s.since = trio.current_time()
                 self._set(s, "active" if s.granted else "requesting")
+        elif s.endpoint is not None and self.r.carried(s.peer) == s.endpoint:
+            s.misses, s.forgiven = 0, s.forgiven + 1  # the peer's packets keep coming through the relay: it is
+            # up, the ping was lost (to congestion: a busy relayed pair's queues drop pings too)
         else:
             s.misses += 1
             if s.misses >= FAIL_AFTER and s.state != "failing":
@@ -253,6 +261,9 @@ class Sessions:
         if rtt is not None:
             s.echo_misses, s.path_rtt = 0, rtt
             return
+        if s.endpoint is not None and self.r.carried(s.peer) == s.endpoint:
+            s.echo_misses, s.forgiven = 0, s.forgiven + 1  # the pair's packets keep coming through the relay:
+            return  # the echo was lost (to congestion), the path carries
         s.echo_misses += 1
         if s.echo_misses >= BROKEN_AFTER:
             log.warning("the relayed path does not carry our packets: the pair goes direct", peer=s.peer,
