@@ -610,3 +610,24 @@ def test_a_busy_direct_pair_is_not_moved_to_a_relay_but_a_failure_still_moves_a_
     w.busy.add("b")
     w.failing.add("r")  # the relay stopped answering: back to direct at once, busy or not
     assert core.evaluate(20.0, w.view()) == [UsePath(peer="b", relay=None)]
+
+
+def test_a_busy_relayed_pair_is_not_the_one_evicted_at_the_cap():
+    """At the cap a bigger gain evicts the weakest relayed pair, but never a busy one: moving it
+    would disturb its transfer (the newcomer waits, direct)."""
+    w, core = World("a"), Paths("a", max_relayed=1)
+    w.add("b", "c", "r")
+    w.link("a", "b", 120)
+    w.link("a", "r", 20)
+    w.link("r", "b", 30)  # b: 120 direct, 50 through r (gain 70)
+    w.link("a", "c", 60)
+    w.link("r", "c", 30)  # c: 60 direct, 50 through r (gain 10)
+    w.link("b", "c", 80)
+    w.peers.discard("b")
+    assert run(core, w, STABLE_ROUNDS)[-1] == [UsePath(peer="c", relay="r")]
+    w.peers.add("b")
+    w.busy.add("c")
+    assert run(core, w, 2 * STABLE_ROUNDS, 10.0) == [[]] * (2 * STABLE_ROUNDS)
+    assert core.paths() == {"c": "r"}
+    w.busy.clear()  # the transfer ended: now the bigger gain takes the place
+    assert core.evaluate(20.0, w.view()) == [UsePath(peer="c", relay=None), UsePath(peer="b", relay="r")]

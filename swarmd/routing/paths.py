@@ -580,7 +580,7 @@ class Paths:
                      "thresholds": {"switch_ratio": self.ratio, "switch_min_gain_ms": self.min_gain_ms,
                                     "back_ratio": self.back_ratio, "back_min_gain_ms": self.back_min_gain_ms,
                                     "stable_rounds": self.stable_rounds},
-                     "held_down": self.held(now), "busy": peer in view.busy}
+                     "held_down": self.held(now), "busy": peer in view.busy and self.role(peer) == "chooser"}
         if self.role(peer) == "chooser":
             state = self._chosen.get(peer, _Chosen())
             out["hysteresis"] = {"wants": state.want, "candidate": state.target, "rounds": state.rounds,

@@ -48,9 +48,13 @@ MEASURE_TIMEOUT = 2.0
 REASSERT_FOR = 10.0  # seconds after a path change its endpoint is written again each evaluation (roaming)
 REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news worth a record
 # A pair whose WireGuard traffic (both directions) exceeds this is busy (paths.py: not moved for
-# latency, its RTTs rising with its own queues): 1 Mbit/s, far above what the mesh carries for an idle
-# pair (keepalives, our 1 s echoes: about 100 B/s), far below a transfer worth keeping still.
-BUSY_BYTES_PER_S = 128 * 1024
+# latency, its RTTs rising with its own queues; sessions.py: lost pings forgiven while its packets
+# arrive through the relay): 8 Mbit/s, far above what the mesh carries for an idle pair (keepalives,
+# both ends' 1 s echoes: about 0.5 KB/s) or a job's control traffic, and where a transfer starts to
+# queue on a WAN link (the lab's case: 40 Mbit/s links).
+BUSY_BYTES_PER_S = 1024 * 1024
+TRAFFIC_WINDOW = 0.9  # seconds: the least span a rate is computed over (evaluations rerun at once on changes)
+CARRIED_FRESH = 1.5  # seconds a reading of where a peer's packets arrive from is good for (sessions tick each 1 s)
 
 
 class Routing(Readout):
@@ -70,7 +74,8 @@ class Routing(Readout):
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
         self._traffic: dict[str, tuple[float, int, int, str | None]] = {}  # peer -> (when, rx + tx, rx, endpoint)
-        self._carried: dict[str, str] = {}  # peer -> the endpoint its packets kept arriving from (_read_traffic)
+        self._carried: dict[str, tuple[str, float]] = {}  # peer -> (the endpoint its packets kept arriving
+        # from, when that was read): _read_traffic
         self._busy: frozenset[str] = frozenset()  # peers with heavy traffic now (paths.PathView.busy)
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
         self._wake = trio.Event()
@@ -273,33 +278,52 @@ class Routing(Readout):
                         failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy)
 
     async def _read_traffic(self) -> None:
-        """From the mesh's WireGuard counters, since the last evaluation (nothing while it is down):
-        ``_busy``, the peers whose bytes (rx + tx) grew faster than ``BUSY_BYTES_PER_S``;
-        ``_carried``, peer -> the endpoint its packets kept arriving from (rx grew, the endpoint
-        the same at both readings: WireGuard takes the last sender's as a peer's endpoint)."""
+        """From the mesh's WireGuard counters, over at least ``TRAFFIC_WINDOW`` seconds (an
+        evaluation rerun a moment after a change keeps the last results; a failed read keeps
+        ``_busy`` and drops ``_carried``):
+        - ``_busy``: the peers whose bytes (rx + tx) grew faster than ``BUSY_BYTES_PER_S``;
+        - ``_carried``: peer -> the endpoint its packets kept arriving from (rx grew, the endpoint
+          the same at both readings: WireGuard counts, and takes as the peer's endpoint, only
+          packets that authenticate, so only the peer's own packets, held back or not, move them).
+        Counters that went backwards (the backend restarted) start a new baseline."""
+        now = trio.current_time()
         try:
             rows = await self.mesh.peer_rows() if self.mesh is not None else []
-        except Exception:  # the backend restarting: no busy pairs this round
-            rows = []
-        now, seen, busy, carried = trio.current_time(), {}, set(), {}
+        except Exception:  # the backend restarting: the pairs stay as busy as they were
+            self._carried = {}
+            return
+        seen, busy, carried = {}, set(), {}
         for row in rows:
             peer, rx, endpoint = row.get("peer"), row.get("rx_bytes", 0), row.get("endpoint")
             if peer is None:
                 continue
             total = rx + row.get("tx_bytes", 0)
+            last = self._traffic.get(peer)
+            if last is not None and now - last[0] < TRAFFIC_WINDOW:  # too short a window to judge a rate
+                seen[peer] = last
+                if peer in self._busy:
+                    busy.add(peer)
+                if peer in self._carried:
+                    carried[peer] = self._carried[peer]
+                continue
             seen[peer] = (now, total, rx, endpoint)
-            if (last := self._traffic.get(peer)) is None or now <= last[0]:
+            if last is None or total < last[1] or rx < last[2]:
                 continue
             if (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
                 busy.add(peer)
             if rx > last[2] and endpoint is not None and endpoint == last[3]:
-                carried[peer] = endpoint
+                carried[peer] = (endpoint, now)
         self._traffic, self._busy, self._carried = seen, frozenset(busy), carried
 
     def carried(self, peer: str) -> str | None:
-        """The endpoint ``peer``'s WireGuard packets kept arriving from since the last evaluation
-        but one (sessions.py: a relay whose endpoint that is carries the pair, pings lost or not)."""
-        return self._carried.get(peer)
+        """The endpoint ``peer``'s WireGuard packets kept arriving from in the last reading, if
+        that reading is fresh (within ``CARRIED_FRESH``) and the pair is busy (sessions.py
+        forgives a lost ping or echo only then: an idle pair's own echoes would always make it
+        look carried)."""
+        found = self._carried.get(peer)
+        if found is None or peer not in self._busy or trio.current_time() - found[1] > CARRIED_FRESH:
+            return None
+        return found[0]
 
     async def _evaluate(self, nursery: trio.Nursery) -> None:
         view = self.g.view()

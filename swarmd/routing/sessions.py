@@ -10,11 +10,13 @@ endpoint (the relay's IP and the pair's port); until then the pair stays direct.
 
 Once active, the session also checks end to end that the relayed path carries the pair's
 packets: an ICMP echo to the peer's overlay address every second (icmp.py); ``BROKEN_AFTER``
-unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. A ping or an
-echo lost while the peer's WireGuard packets kept arriving from the relay's endpoint (the
-driver's reading of WireGuard's counters, ``Routing.carried``) is not a miss, and resets the
-count: the relay evidently forwards the pair, and under a bulk transfer its queues drop our
-pings like any packet (counted in ``forgiven``). A relay that
+unanswered in a row (after ``GRACE`` seconds for the switch) make it *broken*. While the
+pair is busy (a bulk transfer: the driver's reading of WireGuard's counters) and the peer's
+packets keep arriving from the relay's endpoint (``Routing.carried``), a lost ping or echo is
+not counted (``forgiven``): the relay evidently forwards the pair, and its queues drop our
+pings like any packet. Only for ``FORGIVE_FOR`` seconds since the last answered one, though:
+a relay passing the peer's packets but none of ours is then caught like any other (an idle
+pair is never forgiven: its own echoes would make it look carried). A relay that
 refuses, a pair whose other end never asks (``PENDING_LIMIT``), and a broken path are held
 down for that pair only (``refused``): the relay may serve our other pairs well.
 
@@ -63,6 +65,7 @@ GRACE = 3.0  # seconds after activation before overlay echoes count (the other e
 BROKEN_AFTER = 3  # overlay echoes unanswered in a row: the relayed path does not carry our packets
 ECHO_TIMEOUT = 1.0
 LINGER = 10.0  # a moved (not failed) pair is released this much later: make before break
+FORGIVE_FOR = 10.0  # seconds without an answered ping (echo) after which losses count whatever else arrives
 MIN_PORT = 1024  # a granted port below it is refused: privileged ports are other services' (config.relay_ports)
 
 
@@ -82,6 +85,8 @@ class Session:
     since: float = 0.0
     cancel: trio.CancelScope | None = None
     forgiven: int = 0  # pings or echoes lost while the peer's packets kept arriving through the relay
+    pinged_at: float | None = None  # when the relay last answered a ping
+    echoed_at: float | None = None  # when the peer last answered an echo through the relay
 
     @property
     def endpoint(self) -> str | None:
@@ -230,14 +235,13 @@ class Sessions:
             return
         if rtt is not None:
             self.r.rtt_observed(s.relay, rtt, probe=False)
-            s.misses = 0
+            s.misses, s.pinged_at = 0, trio.current_time()
             if s.state == "failing":  # active again only if the relay's last word was that the pair is
                 if not s.granted:
                     s.since = trio.current_time()
                 self._set(s, "active" if s.granted else "requesting")
-        elif s.endpoint is not None and self.r.carried(s.peer) == s.endpoint:
-            s.misses, s.forgiven = 0, s.forgiven + 1  # the peer's packets keep coming through the relay: it is
-            # up, the ping was lost (to congestion: a busy relayed pair's queues drop pings too)
+        elif self._forgiven(s, s.pinged_at):  # the relay forwards the busy pair: lost to its queues
+            s.forgiven += 1
         else:
             s.misses += 1
             if s.misses >= FAIL_AFTER and s.state != "failing":
@@ -259,16 +263,23 @@ class Sessions:
         if self.by_peer.get(s.peer) is not s or s.state != "active":
             return
         if rtt is not None:
-            s.echo_misses, s.path_rtt = 0, rtt
+            s.echo_misses, s.path_rtt, s.echoed_at = 0, rtt, trio.current_time()
             return
-        if s.endpoint is not None and self.r.carried(s.peer) == s.endpoint:
-            s.echo_misses, s.forgiven = 0, s.forgiven + 1  # the pair's packets keep coming through the relay:
-            return  # the echo was lost (to congestion), the path carries
+        if self._forgiven(s, s.echoed_at if s.echoed_at is not None else s.active_since):
+            s.forgiven += 1
+            return
         s.echo_misses += 1
         if s.echo_misses >= BROKEN_AFTER:
             log.warning("the relayed path does not carry our packets: the pair goes direct", peer=s.peer,
                         relay=s.relay, unanswered=s.echo_misses)
             self._set(s, "broken", error=f"{s.echo_misses} overlay echoes through the relay unanswered")
+
+    def _forgiven(self, s: Session, answered_at: float | None) -> bool:
+        """A lost ping or echo is not a miss while the busy pair's packets keep arriving from this
+        relay's endpoint (``Routing.carried``), for at most ``FORGIVE_FOR`` seconds since the last
+        one answered: a relay that passes the peer's packets but none of ours is caught then."""
+        return (s.endpoint is not None and self.r.carried(s.peer) == s.endpoint
+                and trio.current_time() - (answered_at if answered_at is not None else s.since) < FORGIVE_FOR)
 
     def _set(self, s: Session, state: str, *, error: str | None = None) -> None:
         if state == s.state and error == s.error:
