@@ -36,6 +36,27 @@ def test_a_block_with_a_port_already_bound_is_skipped_and_a_full_range_says_so()
             blocks.take(("c", "k"))
 
 
+def test_a_squatter_on_the_last_port_of_each_block_leaves_no_block_that_looks_free():
+    # a co-located job holding one worker port of each block (issue 23 finding 17): a block
+    # handed out then has Ray's workers fail on that port; each is refused, not given
+    with socket.socket() as first:
+        first.bind(("0.0.0.0", 0))
+        low = first.getsockname()[1]
+    squatters = []
+    try:
+        for base in (low, low + BLOCK):
+            s = socket.socket()
+            squatters.append(s)
+            s.bind(("0.0.0.0", base + BLOCK - 1))
+        blocks = PortBlocks((low, low + 2 * BLOCK - 1))
+        with pytest.raises(NoPorts):
+            blocks.take(("c", "j"))
+    finally:
+        for s in squatters:
+            s.close()
+    assert PortBlocks((low, low + 2 * BLOCK - 1)).take(("c", "j")) == low, "free again once the squatter left"
+
+
 def test_the_layout_pins_every_port_inside_the_block():
     ports = raynode.layout(25000, BLOCK)
     assert len(set(ports.values())) == len(ports)

@@ -4,8 +4,11 @@ A Ray job's rank on each host is `raynode.py` (the Ray node; on the first host a
 driver), run like any rank: in the job's sandbox, as the job's uid. This module is what
 the worker needs to start it:
 - `PortBlocks` hands each running Ray job on this host a block of `BLOCK` consecutive ports
-  from the `ray_ports` range, free now (checked by binding) and not another job's, and takes
-  it back when the job's ranks end. raynode.layout says what each port of a block is for.
+  from the `ray_ports` range, free now (every port of it checked by binding) and not another
+  job's, and takes it back when the job's ranks end. raynode.layout says what each port of a
+  block is for. Limits: the check is of the moment (Ray binds the ports itself, later: a
+  socket bound in between, by a co-located job too, still takes a port of the block), and a
+  job that binds one port of every block leaves none free (NoPorts: refused, not misplaced).
 - `write_token` puts the job's auth token (from its coordinator: 64 hex characters) in a
   file of the job's directory readable only by the job's uid.
 - `rank_argv` is the command of the rank; `ray_env` what Ray reads from the environment
@@ -70,7 +73,9 @@ class PortBlocks:
             return self.held[key]
         taken = set(self.held.values())
         for base in self.bases:
-            if base not in taken and all(self.free(p) for p in range(base, base + raynode.FIXED)):
+            # every port of the block, not only its node's (raynode.FIXED): a co-located job holding
+            # a worker port of each block would otherwise have every Ray job here fail its workers
+            if base not in taken and all(self.free(p) for p in range(base, base + BLOCK)):
                 self.held[key] = base
                 return base
         raise NoPorts(f"no free block of {BLOCK} Ray ports on this host ({len(self.held)} Ray jobs hold one)")
