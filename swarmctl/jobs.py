@@ -233,7 +233,7 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                     print(job)
                 ctrl_c.named()
             elif "job" in event and not args.json:
-                line = render_jobs.job_progress(event["job"])
+                line = render.plain(render_jobs.job_progress(event["job"]))
                 state = render_jobs.state_text(event["job"])
                 if status is not None:
                     status.update(Text(line))
@@ -248,16 +248,14 @@ def _run(client: Client, args: argparse.Namespace) -> int:
                 if status is not None:
                     status.stop()
                     status = None
-                for rank, text in event["out"]:
-                    sys.stdout.write(f"[rank {rank}] {text}\n")
-                sys.stdout.flush()
+                _write_output(event["out"], None)
             elif "end" in event:
                 if status is not None:
                     status.stop()
                     status = None
                 end = event["end"]
                 if not args.json:
-                    err.print(render_jobs.job_summary(end, time.monotonic() - started), markup=False)
+                    err.print(render.plain(render_jobs.job_summary(end, time.monotonic() - started)), markup=False)
                 code = end.get("exit_code")
                 return EXIT_FAILED if code is None else min(int(code), 255)
     except KeyboardInterrupt:
@@ -298,7 +296,16 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             render.as_json(event)
         elif "out" in event:
-            for rank, text in event["out"]:
-                sys.stdout.write(text + "\n" if args.rank is not None else f"[rank {rank}] {text}\n")
-            sys.stdout.flush()
+            _write_output(event["out"], args.rank)
     return EXIT_OK
+
+
+def _write_output(lines: list[list[Any]], rank: int | None) -> None:
+    """Rank output as the ranks wrote it, prefixed with the rank unless one was asked for. On a
+    terminal, control characters show as escapes: a job's output may not write the user's
+    clipboard (OSC 52), retitle the window or paint over a line; piped, it is passed unchanged."""
+    tty = sys.stdout.isatty()
+    for r, text in lines:
+        text = render.plain(text) if tty else text
+        sys.stdout.write(f"{text}\n" if rank is not None else f"[rank {r}] {text}\n")
+    sys.stdout.flush()

@@ -191,7 +191,7 @@ def cmd_swarm(client: Client, args: argparse.Namespace) -> int:
             render.as_json(result)
         else:
             for r in result["revocations"]:
-                print(f"{r['peer']}  {render.when(r['issued'])}  {r['reason'] or '-'}")
+                print(render.plain(f"{r['peer']}  {render.when(r['issued'])}  {r['reason'] or '-'}"))
             if not result["revocations"]:
                 print("no revoked peers")
     elif args.swarm_command == "renew":
@@ -236,7 +236,7 @@ def cmd_labels(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         render.as_json(result)
     else:
-        print(", ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "no labels")
+        print(render.plain(", ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())) or "no labels"))
     return EXIT_OK
 
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
               "Use --socket or SWARMD_SOCKET to reach another daemon.", file=sys.stderr)
         return EXIT_UNREACHABLE
     except RemoteError as exc:
-        print(f"swarmctl: {exc.message}", file=sys.stderr)
+        print(f"swarmctl: {render.plain(exc.message)}", file=sys.stderr)  # may quote a host
         return EXIT_USAGE if exc.code == ErrorCode.INVALID_PARAMS else EXIT_FAILED
     except KeyboardInterrupt:
         return 130

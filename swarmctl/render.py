@@ -1,11 +1,38 @@
-"""Output for people (rich, imported only when a table is drawn) and for programs (JSON)."""
+"""Output for people (rich, imported only when a table is drawn) and for programs (JSON).
+
+Most of what is drawn was written by someone else: a member's labels and GPU names, a host's
+error, a rank's output. Such text reaches the terminal as text, never as Rich markup (a label
+`[/x]` once crashed `swarmctl peers` for every operator) and never as a control sequence (an
+OSC 52 escape writes the clipboard, a carriage return paints a fake "succeeded" over a line):
+`plain` shows every C0/C1 control and bidi override as a visible escape, and `cell` makes a
+table cell of it. JSON output escapes controls by itself and is left as it is.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+
+# C0 but tab and newline, DEL, C1, and the bidi controls that reorder what a reader sees
+# (Trojan Source, CVE-2021-42574)
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(text: Any) -> str:
+    """`text` safe for a terminal: each control character shown as an escape (``\\x1b``)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
+                         str(text))
+
+
+def cell(value: Any) -> Any:
+    """A table cell of text from elsewhere: Rich's Text (never parsed as markup), controls shown."""
+    from rich.text import Text
+
+    return Text(plain(value))
 
 
 def as_json(data: Any) -> None:
@@ -18,11 +45,11 @@ def key_values(title: str, rows: Iterable[tuple[str, Any]]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table = Table(title=Text(plain(title)), show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in rows:  # values are plain text: a peer's words (a host's error) are never markup
-        table.add_row(key, Text(_text(value)))
+        table.add_row(key, Text(plain(_text(value))))
     Console().print(table)
 
 
@@ -89,7 +116,7 @@ def status(s: Mapping[str, Any]) -> None:
         *sandbox_rows(s.get("sandbox")),
     ])
     for line in swarm_warnings(s):
-        print(line)
+        print(plain(line))
 
 
 def job_rows(j: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
@@ -181,12 +208,13 @@ STATE_STYLE = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "di
 def peers(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     if result.get("swarm") is None:
         console.print("not in a swarm: run `swarmctl swarm init` or `swarmctl swarm join TOKEN`")
         return
-    table = Table(title=f"swarm {result['swarm']}", title_justify="left")
+    table = Table(title=cell(f"swarm {result['swarm']}"), title_justify="left")
     for column in ("peer", "state", "rtt", "gpus", "cpu free", "memory free", "labels", "record age"):
         table.add_column(column, no_wrap=column not in ("gpus", "labels"))
     for p in result["peers"]:
@@ -194,11 +222,11 @@ def peers(result: Mapping[str, Any]) -> None:
         state = "stale" if p.get("stale") and p["state"] == "alive" else p["state"]  # no record within its ttl
         style = STATE_STYLE.get(state, "")
         table.add_row(
-            p["peer"][-8:], f"[{style}]{state}[/]", rtt(p["rtt_ms"], p.get("rtt_source")),
-            gpus(res.get("gpus", [])),
+            cell(p["peer"][-8:]), Text(plain(state), style=style), rtt(p["rtt_ms"], p.get("rtt_source")),
+            cell(gpus(res.get("gpus", []))),
             f"{res['cpu_free']:g}/{res['cpu_count']}",
             f"{res['memory_free_mb'] / 1024:.1f}/{res['memory_total_mb'] / 1024:.1f} GiB",
-            ", ".join(f"{k}={v}" for k, v in sorted(p["labels"].items())) or "-",
+            cell(", ".join(f"{k}={v}" for k, v in sorted(p["labels"].items())) or "-"),
             duration(p["record_age_s"]),
         )
     console.print(table)
@@ -233,14 +261,14 @@ def mesh(result: Mapping[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{result['interface']} ({result['backend']}) {result['address']} "
-                        f"key {result['public_key']}", title_justify="left")
+    table = Table(title=cell(f"{result['interface']} ({result['backend']}) {result['address']} "
+                             f"key {result['public_key']}"), title_justify="left")
     for column in ("peer", "overlay", "endpoint", "path", "rtt", "direct", "estimate", "handshake", "rx", "tx"):
         table.add_column(column, no_wrap=True)
     for p in result["peers"]:
         age = p["handshake_age_s"]
         table.add_row(
-            (p["peer"] or "?")[-8:], p["overlay"] or "-", p["endpoint"] or "-", path(p),
+            cell((p["peer"] or "?")[-8:]), cell(p["overlay"] or "-"), cell(p["endpoint"] or "-"), cell(path(p)),
             rtt(p.get("path_rtt_ms")), rtt(p.get("direct_rtt_ms")), rtt(p.get("estimate_ms"), "estimated"),
             "never" if age is None else f"{duration(age)} ago" if age >= 1 else "just now",
             size(p["rx_bytes"]), size(p["tx_bytes"]),
@@ -317,7 +345,7 @@ def route(r: Mapping[str, Any]) -> None:
         gain = "-" if total is None or not direct else f"{(total / direct - 1) * 100:+.0f} %"
         note = " (in use)" if c["relay"] == r.get("current") else "" if c.get("usable", True) else " (not usable)"
         leg2 = rtt(c.get("leg2_ms")) + (" (asked)" if c.get("leg2_source") == "asked" else "")
-        table.add_row(c["relay"][-8:] + note, rtt(c.get("leg1_ms")), leg2, rtt(total),
+        table.add_row(cell(c["relay"][-8:] + note), rtt(c.get("leg1_ms")), leg2, rtt(total),
                       rtt(c.get("estimate_ms"), "estimated"), gain)
     Console().print(table)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .render import duration, key_values, size
+from .render import cell, duration, key_values, plain, size
 
 
 def _peer(p: str) -> str:
@@ -64,11 +64,11 @@ def jobs(rows: list[Mapping[str, Any]]) -> None:
         table.add_column(column, no_wrap=column != "command")
     for j in rows:
         style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}.get(j["state"], "")
-        state = Text(state_text(j), style=style)  # a restart's reason quotes a host: never markup
-        table.add_row(Text(j["id"]), Text(j["name"] or "-"), state,
+        state = Text(plain(state_text(j)), style=style)  # a restart's reason quotes a host: never markup
+        table.add_row(cell(j["id"]), cell(j["name"] or "-"), state,
                       str(len(j["nodes"])), "-" if j["exit_code"] is None else str(j["exit_code"]),
                       "-" if j["wall_s"] is None else duration(j["wall_s"]) if j["wall_s"] >= 60
-                      else f"{j['wall_s']:.1f} s", Text(" ".join(j["cmd"] or [])))
+                      else f"{j['wall_s']:.1f} s", cell(" ".join(j["cmd"] or [])))
     console.print(table)
 
 

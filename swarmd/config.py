@@ -187,8 +187,9 @@ def _labels(v: Any) -> tuple[tuple[str, str], ...]:
     for key, value in v.items():
         if not isinstance(key, str) or not LABEL_KEY.match(key):
             raise _Bad(f"label keys of 1-63 characters a-z 0-9 . _ / - ({key!r} is not)")
-        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
-            raise _Bad(f"label values as strings of at most {MAX_LABEL_VALUE} characters")
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE or not value.isprintable():
+            raise _Bad(f"label values as printable text of at most {MAX_LABEL_VALUE} characters "
+                       f"({key}={value!r} is not)")
     return tuple(sorted(v.items()))
 
 

@@ -342,3 +342,12 @@ def test_real_collector_on_this_machine():
     if backend == "none":  # no pynvml, no driver or no device here
         assert res.gpus == ()
     assert Resources.from_wire(res.to_wire()) == res
+
+
+@pytest.mark.parametrize("name", ["A100\x1b]52;c;aGk=\x07", "A100\rH100", "\u202eA100"])
+def test_a_gpu_name_with_control_characters_is_refused(name):
+    """People read GPU names (swarmctl peers): a member's record may not carry escapes in them."""
+    data = wire_copy()
+    data["gpus"][0]["name"] = name
+    with pytest.raises(ValueError, match=r"gpus\[0\]\.name: expected printable text"):
+        Resources.from_wire(data)

@@ -233,6 +233,43 @@ def test_peers_show_a_measured_rtt_as_measured_and_an_estimate_marked_with_a_leg
     assert "estimated" not in swarmctl_in_process(monkeypatch, capsys, {"peers": measured_only}, "peers")[1]
 
 
+def test_peers_draw_a_members_words_as_text_never_markup_or_control_sequences(monkeypatch, capsys):
+    """Finding 9: a member's label value `[/x]` crashed `swarmctl peers` for every operator
+    (Rich read it as a closing tag); a GPU name or label with an escape reached the terminal."""
+    row = peer_row(H2, 42.0, "measured")
+    row["labels"] = {"zone": "[/x]", "tier": "[bold red]gold"}
+    row["resources"]["gpus"] = [{"name": "H100 \x1b]52;c;aGk=\x07", "memory_free_mb": 81920}]
+    code, out, _, _ = swarmctl_in_process(monkeypatch, capsys, {"peers": {"swarm": "s1", "peers": [row]}}, "peers")
+    assert code == 0
+    assert "zone=[/x]" in out and "tier=[bold red]gold" in out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "H100 \\x1b]52;c;aGk=\\x07" in out  # shown, as an escape
+
+
+def test_a_hosts_error_reaches_the_terminal_as_text(monkeypatch, capsys):
+    """Finding 10: an error quoting a host prints its controls as escapes."""
+    error = RemoteError(ErrorCode.OPERATION_FAILED, "host said: \x1b[2J\x1b[1;1Hjob succeeded\r")
+    code, _, err, _ = swarmctl_in_process(monkeypatch, capsys, {"route": error}, "route", H2)
+    assert code != 0
+    assert "\x1b" not in err and "\r" not in err
+    assert "\\x1b[2J\\x1b[1;1Hjob succeeded\\x0d" in err
+
+
+def test_rank_output_is_neutralised_on_a_terminal_and_passed_unchanged_to_a_pipe(monkeypatch, capsys):
+    """Finding 10: a rank's OSC 52 (clipboard), title change or carriage return never acts on
+    the user's terminal; piped into a file the output stays byte for byte what the rank wrote."""
+    from swarmctl import jobs
+
+    line = "loss 0.1\x1b]52;c;ZXZpbA==\x07\rjob succeeded\u202e\tend"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    jobs._write_output([[0, line]], None)
+    shown = capsys.readouterr().out
+    assert shown == "[rank 0] loss 0.1\\x1b]52;c;ZXZpbA==\\x07\\x0djob succeeded\\u202e\tend\n"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    jobs._write_output([[0, line]], 0)
+    assert capsys.readouterr().out == line + "\n"
+
+
 def mesh_row(peer, **path):
     return {"peer": peer, "public_key": "k", "overlay": "10.211.0.2", "overlay6": None,
             "endpoint": "192.0.2.3:51821", "direct": False, "handshake_age_s": 4.0, "rx_bytes": 10, "tx_bytes": 20,

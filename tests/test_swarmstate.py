@@ -334,3 +334,11 @@ def test_the_labs_swarm_allocates_every_address_through_the_owners_registry(tmp_
     assert len({c.addr4 for c in certs}) == 4
     registry = load_members(dirs[0]).items
     assert {p: r.addr4 for p, r in registry.items()} == {c.peer: c.addr4 for c in certs}
+
+
+def test_a_label_with_a_control_character_left_on_disk_is_left_out_not_fatal(tmp_path):
+    """An older version let `swarmctl labels set` store any text; members now refuse a record
+    with a control character in a label, so the node starts without that label, not at all."""
+    (tmp_path / LABELS_FILE).write_text(json.dumps(
+        {"set": {"zone": "eu\u001b]52;c;aGk=\u0007", "tier": "gold"}, "removed": []}))
+    assert effective_labels(tmp_path, {"region": "west"}) == {"region": "west", "tier": "gold"}

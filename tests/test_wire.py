@@ -225,6 +225,9 @@ def test_non_finite_or_endless_ttl(ttl):
     {"zone": 5},
     {"zone": None},
     {"zone": "x" * 256},
+    {"zone": "eu\x1b]52;c;cm0gLXJmIH4K\x07"},  # an OSC 52 clipboard write on every operator's terminal
+    {"zone": "ok\rsucceeded"},
+    {"zone": "\u202eue"},  # a bidi override: the reader sees other text than there is
     {f"l{i}": "x" for i in range(MAX_LABELS + 1)},
     ["zone", "eu"],
     "zone=eu",
@@ -238,6 +241,8 @@ def test_bad_labels(labels):
     {"a": ""},
     {"z" * 63: "x" * 255},
     {"example.com/gpu-class": "a100", "x_y": "1", "0": "digit"},
+    {"zone": "[/x] [bold]eu[/bold]"},  # markup is text: shown as written (swarmctl draws it as text)
+    {"city": "Zürich 東京"},
     {f"l{i}": "x" for i in range(MAX_LABELS)},
 ])
 def test_good_labels(labels):
@@ -248,7 +253,7 @@ def test_good_labels(labels):
 def test_check_labels_names_the_key():
     with pytest.raises(Invalid, match=r"^malformed: labels: key 'Zone' must be"):
         check_labels({"Zone": "x"})
-    with pytest.raises(Invalid, match=r"^malformed: config.labels.zone: value must be a string"):
+    with pytest.raises(Invalid, match=r"^malformed: config.labels.zone: value must be printable text"):
         check_labels({"zone": 1}, "config.labels")
 
 

@@ -118,8 +118,8 @@ def _count(data: dict[str, Any], name: str, where: str, limit: int = 1 << 40) ->
 
 def _text(data: dict[str, Any], name: str, where: str) -> str:
     value = data.get(name)
-    if not isinstance(value, str) or len(value) > 128:
-        raise ValueError(f"{where}.{name}: expected a string of at most 128 characters, got {value!r}")
+    if not isinstance(value, str) or len(value) > 128 or not value.isprintable():  # people read it (swarmctl peers)
+        raise ValueError(f"{where}.{name}: expected printable text of at most 128 characters, got {value!r}")
     return value
 
 

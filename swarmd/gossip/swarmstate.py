@@ -270,9 +270,26 @@ def _label_overlay(state_dir: Path) -> dict:
     path = state_dir / LABELS_FILE
     try:
         data = json.loads(path.read_text())
-        return {"set": {str(k): str(v) for k, v in data.get("set", {}).items()},
+        labels = {str(k): str(v) for k, v in data.get("set", {}).items()}
+        return {"set": {k: v for k, v in labels.items() if _valid_label(k, v, path)},
                 "removed": [str(k) for k in data.get("removed", [])]}
     except FileNotFoundError:
         return {"set": {}, "removed": []}
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise SwarmStateError(f"{path} is damaged ({exc}): fix or remove it") from None
+
+
+def _valid_label(key: str, value: str, path: Path) -> bool:
+    """A label an older version let in that members now refuse (a control character in its
+    value) is left out and logged: the node still starts and publishes the rest."""
+    from .wire import check_labels
+
+    try:
+        check_labels({key: value}, "labels")
+    except Invalid as exc:
+        import structlog
+
+        structlog.get_logger("swarmd.gossip").warning("a label in the state dir is left out", file=str(path),
+                                                      error=exc.detail)
+        return False
+    return True

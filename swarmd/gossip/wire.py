@@ -191,8 +191,9 @@ def check_labels(labels: Any, where: str = "labels") -> dict[str, str]:
         if not isinstance(k, str) or not LABEL_KEY.match(k):
             raise Invalid("malformed", f"{where}: key {k!r} must be 1-63 of a-z 0-9 . _ / - "
                                        "starting and ending with a letter or digit")
-        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE:
-            raise Invalid("malformed", f"{where}.{k}: value must be a string of at most {MAX_LABEL_VALUE} chars")
+        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE or not v.isprintable():
+            raise Invalid("malformed", f"{where}.{k}: value must be printable text of at most {MAX_LABEL_VALUE} "
+                                       "characters (no control characters)")
     return dict(labels)
 
 
