@@ -96,9 +96,13 @@ def test_add_job_mesh_egress():
     assert f"ct state new ct mark set {A}" in rules
     assert "ct direction reply ct original ip saddr { 10.77.0.2 } accept" in rules
     assert "ct direction reply ct original ip6 saddr { fd77::2 } accept" in rules
-    assert "ip daddr { 10.77.0.2 } accept" in rules and "ip6 daddr { fd77::2 } accept" in rules
+    assert "ip daddr { 10.77.0.2 } meta l4proto tcp accept" in rules
+    assert "ip6 daddr { fd77::2 } meta l4proto tcp accept" in rules
+    # TCP only to its nodes: anything else to them is dropped before allow and internet
+    assert rules.index("ip daddr { 10.77.0.2 } drop") < rules.index("ip daddr @allow4 accept")
+    assert rules.index("ip6 daddr { fd77::2 } drop") < rules.index("ip6 daddr @allow6 accept")
     # the blocked port before the node that holds it; this host's addresses before the nodes
-    to_node = rules.index("ip daddr { 10.77.0.2 } accept")
+    to_node = rules.index("ip daddr { 10.77.0.2 } meta l4proto tcp accept")
     assert rules.index("ip daddr . tcp dport { 10.77.0.2 . 4001 } reject with tcp reset") < to_node
     assert rules.index("fib daddr type local drop") < to_node
     assert not any("@never" in r for r in rules)  # mesh: no public addresses
@@ -328,7 +332,10 @@ def test_a_job_reaches_its_nodes_and_resolvers_but_not_blocked_ports(lab):
     assert lab.connect(A, NODE, PORT) == "ok 0"
     assert lab.connect(A, NODE6, PORT) == "ok 0"
     assert lab.connect(A, NODE, BLOCKED_PORT, timeout=NO) == REFUSED  # a member's libp2p port
-    assert lab.connect(A, NODE, 54, proto="udp") == "ok 0"  # any protocol to its nodes
+    # UDP to its nodes: it would reach any service there before a reply could be checked
+    # (issue 23 finding 8: a job's datagrams reached its other hosts' WireGuard, other jobs)
+    assert lab.connect(A, NODE, 54, proto="udp") == "error EPERM"
+    assert lab.connect(A, NODE6, 54, proto="udp") == "error EPERM"
     assert lab.connect(A, RESOLVER, 53, proto="udp") == "ok 0"  # DNS
     assert lab.connect(A, RESOLVER, 54, proto="udp") == "error EPERM"  # and nothing else there
 
@@ -364,6 +371,21 @@ def test_internet_mode_reaches_public_addresses_but_never_the_never_sets(lab):
     lab.setup(policy(egress="internet", allow=(net(f"{OTHER}/32"),)), {A: []})
     assert lab.connect(A, OTHER, PORT) == "ok 0"  # unless listed in job_egress_allow
     assert lab.connect(A, NODE, PORT, timeout=NO) == REFUSED
+
+
+@real
+def test_internet_mode_keeps_a_public_nodes_udp_and_every_blocked_port_closed(lab):
+    # a node at a public address (no mesh): internet egress must not reopen UDP to it, and the
+    # members' daemon ports stay closed wherever they are (issue 23 findings 8 and 11)
+    if not any(PUBLIC in p.args for p in lab.servers):
+        lab.serve(0, PUBLIC, 55, proto="udp", ns=lab.peer)  # bound: it answers from that address
+    lab.setup(policy(egress="internet"), {A: [PUBLIC]}, blocked=[(ip(PUBLIC), BLOCKED_PORT)])
+    assert lab.connect(A, PUBLIC, PORT) == "ok 0"
+    assert lab.connect(A, PUBLIC, 55, proto="udp") == "error EPERM"
+    assert lab.connect(A, PUBLIC, BLOCKED_PORT, timeout=NO) == REFUSED
+    lab.setup(policy(egress="internet"), {A: []}, blocked=[(ip(PUBLIC), BLOCKED_PORT)])
+    assert lab.connect(A, PUBLIC, 55, proto="udp") == "ok 0", "UDP to the internet is still open"
+    assert lab.connect(A, PUBLIC, BLOCKED_PORT, timeout=NO) == REFUSED, "not a node: still a daemon's port"
 
 
 @real

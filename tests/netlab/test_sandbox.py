@@ -97,6 +97,7 @@ ESCAPES = {
     "job_tcp_overlay_peer": "connected to another job's TCP listener on another host over the mesh",
     "udp_lan": "sent a datagram to the provider's LAN",
     "udp_underlay_peer": "sent a datagram to another host's underlay address",
+    "udp_overlay_peer": "sent a datagram to another host's overlay address (its WireGuard, other jobs' sockets)",
     "cgroup_escape": "moved itself out of its job's cgroup",
 }
 
@@ -232,7 +233,8 @@ def hostile(sl, victim, tmp_path_factory):
                 "job_tcp_loopback": f"127.0.0.1:{VICTIM_PORT}",
                 "job_tcp_overlay_own": f"{overlay[h.name]}:{VICTIM_PORT}",
                 "job_tcp_overlay_peer": f"{overlay[peer.name]}:{VICTIM_PORT}"},
-            "udp": {"udp_lan": f"{LAN_BOX}:53", "udp_underlay_peer": f"{peer.address}:{SWARMD_PORT}"}}
+            "udp": {"udp_lan": f"{LAN_BOX}:53", "udp_underlay_peer": f"{peer.address}:{SWARMD_PORT}",
+                    "udp_overlay_peer": f"{overlay[peer.name]}:{VICTIM_PORT}"}}
     work = tmp_path_factory.mktemp("hostile")
     shutil.copy(ESCAPE_JOB, work / "escape_job.py")
     (work / "targets.json").write_text(json.dumps({

@@ -17,8 +17,15 @@ apart, and the conntrack mark records which job uid opened it.
     (below). Other protocols to a local address are dropped: a UDP datagram reaches a
     local service before any reply could be checked (so a job's ranks on one host talk
     TCP to each other, as torch.distributed does);
-  * one of the job's nodes (its hosts' overlay addresses), except the `blocked`
-    (address, TCP port) pairs (members' libp2p ports when the mesh is off);
+  * one of the job's nodes (its hosts' overlay addresses), TCP only, for the same reason
+    (issue 23 finding 8): a datagram to another host's overlay address reaches whatever
+    listens there (its WireGuard, a resolver, another job's socket) before anything could
+    check who answers; a TCP connection is answered there only by a job's socket (the mesh
+    rule below, on that host) that may answer this host (its chain there). Other
+    protocols to a node are dropped, `allow` and "internet" notwithstanding. Gloo, NCCL's
+    sockets, torch.distributed's store and Ray talk TCP between hosts;
+  * never the `blocked` (address, TCP port) pairs, wherever they are (every member's
+    advertised libp2p port: a job is no libp2p peer, whatever its egress);
   * `policy.allow`; with egress "internet" also any address outside NEVER_V4/NEVER_V6.
   Anything else is refused at once, never left to time out: a TCP SYN is answered with a
   RST made here, so connect() fails with ECONNREFUSED; any other packet is dropped, which
@@ -39,6 +46,12 @@ apart, and the conntrack mark records which job uid opened it.
   a chain here) answers a connection that came in over the mesh interface: the daemon's
   libp2p port is not served over the overlay (daemons never talk libp2p over it), so a job
   on another member cannot reach it.
+- What is left open between hosts: another host sees a job's packets come from this host's
+  address, not from the job, so on a host two jobs both run on, a job's TCP reaches the
+  other's listeners when that job's nodes include this host (its chain there lets it answer
+  this host). Without `mesh_ifname` (no mesh: nodes are underlay addresses) nothing keeps
+  the other host's own services from answering a job's TCP but `blocked` and that host's
+  own firewall.
 - A uid of the range with no chain here is no job's, and this firewall leaves it alone as
   it leaves every other uid. The range is by default systemd's DynamicUser range, and
   systemd may hand any uid of it that uids.py does not hold (its lock) to a service: a
@@ -241,9 +254,11 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
     rules += [f"ip6 daddr . tcp dport {blocked6} {REFUSE}"] if blocked6 else []
     rules += ["# this host: TCP only, the listener's uid is checked at its reply (opened map)",
               "fib daddr type local meta l4proto tcp accept",
-              "fib daddr type local drop"]
-    rules += [f"ip daddr {nodes4} accept"] if nodes4 else []
-    rules += [f"ip6 daddr {nodes6} accept"] if nodes6 else []
+              "fib daddr type local drop",
+              "# its nodes: TCP only, answered there by a job's socket alone; a datagram would reach",
+              "# any service there first"]
+    rules += [f"ip daddr {nodes4} meta l4proto tcp accept", f"ip daddr {nodes4} drop"] if nodes4 else []
+    rules += [f"ip6 daddr {nodes6} meta l4proto tcp accept", f"ip6 daddr {nodes6} drop"] if nodes6 else []
     rules += ["ip daddr @allow4 accept", "ip6 daddr @allow6 accept"]
     if policy.egress == "internet":
         rules += ["ip daddr != @never4 accept", "ip6 daddr != @never6 accept"]
