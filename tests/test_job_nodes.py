@@ -34,7 +34,7 @@ def test_with_the_mesh_up_only_members_overlay_addresses_are_opened():
     liar = member(OTHER, "10.211.0.2", ("/ip4/192.168.1.10/tcp/4001",))  # claims the provider's LAN box
     g = gossip([liar], member(ME, "10.211.0.1", ("/ip4/203.0.113.5/tcp/4001",)), {})
     got = job_nodes(g, ("10.211.0.1", "10.211.0.2", "192.168.1.10", "169.254.169.254"), mesh_up=True)
-    assert got.addresses == ("10.211.0.1", "10.211.0.2") and got.daemon_ports == ()
+    assert got.addresses == ("10.211.0.1", "10.211.0.2")
 
 
 def test_without_the_mesh_only_addresses_a_member_is_connected_from_with_daemon_ports_closed():
@@ -42,4 +42,16 @@ def test_without_the_mesh_only_addresses_a_member_is_connected_from_with_daemon_
     g = gossip([liar], member(ME, None, ("/ip4/10.0.0.1/tcp/4001",)), {OTHER: "10.0.0.2"})
     got = job_nodes(g, ("10.0.0.1", "10.0.0.2", "192.168.1.10"), mesh_up=False)
     assert got.addresses == ("10.0.0.1", "10.0.0.2"), "the record's LAN claim is not opened"
-    assert got.daemon_ports == (("10.0.0.1", 4001), ("10.0.0.2", 4001))
+    assert got.daemon_ports == (("10.0.0.1", 4001), ("10.0.0.2", 4001), ("192.168.1.10", 4001))
+
+
+def test_every_members_daemon_port_is_closed_to_jobs_whatever_their_nodes_mesh_or_not():
+    # issue 23 finding 11: with job_egress = internet a job reached any member's libp2p port
+    # (a member not among its nodes, or any member's public address with the mesh up)
+    far = member(OTHER, "10.211.0.2", ("/ip4/198.51.7.9/tcp/4001", "/ip6/2001:DB8::1/tcp/4002/p2p/x",
+                                       "/ip4/1.2.3.4/tcp/\u00b2", "/ip4/not-an-ip/tcp/1", "/ip6/1.2.3.4/tcp/5",
+                                       "/ip4/1.2.3.4/tcp/70000", "/dns4/example.org/tcp/4001"))
+    own = member(ME, "10.211.0.1", ("/ip4/203.0.113.5/tcp/4001",))
+    for mesh_up in (True, False):
+        got = job_nodes(gossip([far], own, {}), ("10.211.0.1",), mesh_up=mesh_up)
+        assert got.daemon_ports == (("198.51.7.9", 4001), ("2001:db8::1", 4002), ("203.0.113.5", 4001)), mesh_up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from typing import TYPE_CHECKING
 
 from ..config import Config
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from ..wg.mesh import Mesh
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
+_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only (str.isdigit takes any script's)
 
 
 def job_user(config: Config) -> str | None:
@@ -61,25 +63,40 @@ def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNode
     """What a job whose nodes are at `ips` (a coordinator's word) may reach. With the mesh
     up: only those that are a member's overlay address (the owner certified it). Without:
     only those a member is connected from right now (its record's addresses are its own
-    claim: it could name the provider's LAN), with the daemons' ports there closed to it."""
+    claim: it could name the provider's LAN). Either way every member's advertised daemon
+    port (its record's libp2p addresses) is closed to it: with `job_egress = internet` a job
+    would otherwise speak libp2p to any member from this host's address (and ask a relay to
+    forward towards this host, routing/relay.py). A member's claim only closes that
+    (address, TCP port) to the jobs here, which a member may do."""
     records = [m.record for m in gossip.view().in_service()]
     if gossip.own_record is not None:
         records.append(gossip.own_record)
     wanted = {str(ipaddress.ip_address(ip)) for ip in ips}
+    ports = {pair for r in records for pair in _daemon_ports(r.addrs)}
     if mesh_up:
         overlay = {r.wg.addr4 for r in records if r.wg is not None}
-        return JobNodes(addresses=tuple(sorted(wanted & overlay)))
+        return JobNodes(addresses=tuple(sorted(wanted & overlay)), daemon_ports=tuple(sorted(ports)))
     known = _connected_ips(gossip, [r.peer for r in records if r.peer != gossip.me])
-    ports: set[tuple[str, int]] = set()
-    for r in records:
-        for addr in r.addrs:
-            parts = addr.split("/")  # /ip4/A/tcp/P[/p2p/...]
-            if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4].isdigit():
-                ports.add((parts[2], int(parts[4])))
-                if r.peer == gossip.me:
-                    known.add(parts[2])
+    if gossip.own_record is not None:
+        known |= {ip for ip, _ in _daemon_ports(gossip.own_record.addrs)}
     allowed = wanted & known
-    return JobNodes(addresses=tuple(sorted(allowed)), daemon_ports=tuple(sorted(p for p in ports if p[0] in allowed)))
+    return JobNodes(addresses=tuple(sorted(allowed)), daemon_ports=tuple(sorted(ports)))
+
+
+def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:
+    """(ip, TCP port) of each of a record's libp2p multiaddrs (/ip4/A/tcp/P[/p2p/...]), in
+    canonical form; what does not parse is no address of a daemon and is left out."""
+    found = set()
+    for addr in addrs:
+        parts = addr.split("/")
+        if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and _PORT.fullmatch(parts[4]):
+            try:
+                ip = ipaddress.ip_address(parts[2])
+            except ValueError:
+                continue
+            if (ip.version == 4) == (parts[1] == "ip4") and 0 < int(parts[4]) < 65536:
+                found.add((str(ip), int(parts[4])))
+    return found
 
 
 def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:

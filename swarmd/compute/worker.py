@@ -126,7 +126,8 @@ class StartRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobNodes:
     """What a job's firewall lets it reach, from the membership view: the addresses among
-    the job's `node_ips` that belong to members, and the members' daemon ports there."""
+    the job's `node_ips` that belong to members, and every member's daemon (libp2p) ports,
+    closed to it wherever they are."""
     addresses: tuple[str, ...] = ()
     daemon_ports: tuple[tuple[str, int], ...] = ()
 
