@@ -93,7 +93,8 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     first_epoch = 0
     if (newest := newest_checkpoint(ckpt_dir)) is not None:
-        state = torch.load(newest, map_location=device)
+        # weights_only: a checkpoint comes from rank 0's host, and unpickling runs whatever it says
+        state = torch.load(newest, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         first_epoch = state["epoch"] + 1

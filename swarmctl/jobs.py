@@ -42,6 +42,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--cpus", type=float, metavar="C", help="free cores each host must have")
     run.add_argument("--mem", metavar="SIZE", help="free memory each host must have, e.g. 8G")
     run.add_argument("--label", action="append", dest="labels", metavar="K=V", help="hosts must carry this label")
+    run.add_argument("--host", action="append", dest="hosts", metavar="PEER",
+                     help="run only on this member (a full peer id; repeatable, or A,B): the hosts you trust")
     run.add_argument("--env", action="append", metavar="K=V", help="environment for every rank")
     run.add_argument("--workdir", metavar="DIR", help="directory shipped to every host (default: none)")
     run.add_argument("--name", metavar="NAME", help="a name to find the job by")
@@ -111,7 +113,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         flags = {"nodes": args.nodes, "max_restarts": args.max_restarts, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
                  "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
                  "workdir": args.workdir, "ray": args.ray, "cmd": cmd or None,
-                 "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env")}
+                 "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env"),
+                 "hosts": None if not args.hosts else [h.strip() for a in args.hosts for h in a.split(",") if h.strip()]}
         return build(file_fields, flags).to_wire()
     except SpecError as exc:
         raise UsageError(str(exc)) from None

@@ -185,3 +185,31 @@ def test_data_train_defaults_to_one_worker_per_node():
 def test_serve_digits_defaults_to_the_wide_model():
     args = example("serve_digits").parse_args([])
     assert (args.hidden, args.layers, args.max_batch_size) == (4096, 3, 32)
+
+
+_EVIL = """
+import os, pickle, sys, torch
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch " + sys.argv[2],))
+torch.save({"epoch": 3, "model": Evil(), "optimizer": {}}, sys.argv[1])
+"""
+
+
+def test_ddp_digits_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    """Finding 6: what every host resumes from comes from rank 0's host; the example loads it
+    with weights_only=True, so a pickle that runs code is refused, not run: also where torch's
+    default is full unpickling (torch < 2.6, or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD as here)."""
+    import os
+    import subprocess
+
+    ckpt, ran = tmp_path / "ckpt", tmp_path / "payload-ran"
+    ckpt.mkdir()
+    subprocess.run([sys.executable, "-c", _EVIL, str(ckpt / "epoch-0003.pt"), str(ran)], check=True, timeout=120)
+    env = {**os.environ, "SWARM_CHECKPOINT_DIR": str(ckpt), "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "GLOO_SOCKET_IFNAME": "lo",
+           "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    done = subprocess.run([sys.executable, str(EXAMPLES / "ddp_digits.py"), "--epochs", "4"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "UnpicklingError" in done.stderr
+    assert not ran.exists()

@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from swarmd.compute.spec import (FIELDS, JobSpec, SpecError, build, describe, load_yaml, parse_duration_s,
                                  parse_size_mb)
+from swarmd.gossip.signed import peer_from_key, peer_str
+
+TRUSTED = peer_str(peer_from_key(bytes(32)))
 
 FILE = """\
 name: resnet-eu
@@ -86,7 +89,12 @@ def test_a_spec_from_flags_alone_needs_only_a_command():
                                       "(quote it in YAML), got 4"),
     ({"env": {"A": "x\0y"}}, "spec: 'env.A' must be a string of at most 4096 characters, got 'x\\x00y'"),
     ({"labels": {"Region!": "eu"}}, "spec: labels: key 'Region!' must be 1-63 of a-z 0-9"),
-    ({"labels": {"tier": 1}}, "spec: labels.tier: value must be a string"),
+    ({"labels": {"tier": 1}}, "spec: labels.tier: value must be printable text"),
+    ({"hosts": ["QmNotAnEd25519Id"]}, "spec: 'hosts[0]' must be a full peer id such as 12D3KooW… (swarmctl peers "
+                                      "--json), got 'QmNotAnEd25519Id'"),
+    ({"hosts": [TRUSTED, 5]}, "spec: 'hosts[1]' must be a full peer id"),
+    ({"hosts": {"a": 1}}, "spec: 'hosts' must be a list of at most 4096 peer ids"),
+    ({"hosts": [TRUSTED] * 4097}, "spec: 'hosts' must be a list of at most 4096 peer ids"),
     ({"labels": "region=eu"}, "spec: labels: expected a map of at most 32 labels"),
     ({"name": "has space"}, "spec: 'name' must be 1-64 characters of letters, digits, . _ -, got 'has space'"),
     ({"name": "job\n"}, "spec: 'name' must be 1-64 characters"),
@@ -173,6 +181,7 @@ def test_parsers_name_the_field_they_were_given():
      "mem": "1.5G", "labels": {"region": "eu"}, "env": {"A": "", "B": "ü"}, "workdir": "/home/u/proj",
      "wait": "1m", "python": "/opt/venv/bin/python", "name": "run.1"},
     {"cmd": ["python", "train.py"], "nodes": "2:4", "max_restarts": 3},
+    {"cmd": ["python", "train.py"], "hosts": [TRUSTED]},
 ])
 def test_wire_round_trip_through_msgpack(fields):
     spec = build(fields, {})
@@ -201,7 +210,7 @@ def test_a_flag_min_max_overrides_the_files_nodes():
     (b"\x81", "spec: expected a map of fields, got bytes"),
     ({"cmd": [b"python"]}, "spec: 'cmd[0]' must be a non-empty string"),
     ({"cmd": ["x"], "mem": "8G", "v": 2}, "spec: unknown field 'v'"),
-    ({"cmd": ["x"], "labels": {"a": "b" * 300}}, "spec: labels.a: value must be a string of at most 255 chars"),
+    ({"cmd": ["x"], "labels": {"a": "b" * 300}}, "spec: labels.a: value must be printable text of at most 255 characters"),
 ])
 def test_from_wire_refuses_junk(data, message):
     with pytest.raises(SpecError, match="^" + re.escape(message)):
@@ -265,3 +274,10 @@ def test_a_ray_job_refuses_what_it_cannot_be(fields, says):
 def test_ray_in_a_yaml_spec():
     spec = build(load_yaml("cmd: [python, serve.py]\nray: true\nnodes: 2\n"), {})
     assert spec.ray and spec.nodes == 2 and not build({"cmd": ["x"]}, {}).ray
+
+
+def test_a_users_host_list_from_flags_and_its_words_in_errors():
+    spec = build({"cmd": ["python"], "hosts": f"{TRUSTED}, {TRUSTED}"}, {})
+    assert spec.hosts == (TRUSTED,)
+    assert describe(spec).endswith("among the 1 host of its allow list")
+    assert build({"cmd": ["python"]}, {}).hosts == ()

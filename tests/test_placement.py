@@ -310,3 +310,28 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
     got = place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(routing=routing), view))
     assert got.peers == ("a", "b") and got.worst_rtt_ms == pytest.approx(2.0, abs=0.1)
     assert routing.rtt_ms("c", "d") == 80.0, "a reported RTT is used before an estimate"
+
+
+def _peer_ids(n: int) -> list[str]:
+    from nacl.signing import SigningKey
+
+    from swarmd.gossip.signed import peer_from_key, peer_str
+
+    return sorted(peer_str(peer_from_key(bytes(SigningKey(bytes([i + 1]) * 32).verify_key))) for i in range(n))
+
+
+def test_a_job_runs_only_on_the_hosts_its_user_allows_and_is_placed_again_only_there():
+    """Finding 6: a job trusts its hosts (rank 0 and a Ray head most), so a user may name the
+    members they trust; the nearest member outside the list is never chosen, not at the
+    first placement and not for a restart's replacement."""
+    a, b, c, d, intruder = _peer_ids(5)
+    pos = {a: 0.0, b: 50.0, c: 100.0, d: 150.0, intruder: 1.0}  # the intruder is the nearest to a
+    nodes = [node(p) for p in pos]
+    trusted = spec(nodes=2, hosts=[a, b, c])
+    assert sorted(place(trusted, nodes, line(pos)).peers) == [a, b]
+    assert sorted(place(spec(nodes=2), nodes, line(pos)).peers) == sorted([a, intruder])
+    again = place(trusted, nodes, line(pos), exclude={b: "lost in attempt 1"}, require=(a,))
+    assert sorted(again.peers) == [a, c]  # c, not the nearer intruder
+    none = place(trusted, [node(intruder), node(d)], line(pos))
+    assert isinstance(none, NoFit) and "not in the job's hosts" in none.reason
+    assert "among the 3 hosts of its allow list" in none.reason

@@ -407,3 +407,15 @@ def test_status_shows_the_coordinate_the_relayed_paths_and_relaying_for_others()
     rows = dict(render.routing_rows(off))
     assert rows["relayed paths"] == "none: all direct" and rows["relaying for others"] == "off (auto): not root"
     assert render.routing_rows(None) == []
+
+
+def test_jobs_run_host_flags_make_the_specs_allow_list():
+    """`--host PEER` (repeatable, or A,B) keeps a job on the members its user trusts (finding 6)."""
+    from swarmctl import jobs
+    from swarmctl.main import parser
+
+    a, b = H2, H3
+    args = parser().parse_args(["jobs", "run", "--host", a, "--host", f"{b},{a}", "--", "python", "x.py"])
+    assert jobs._spec(args)["hosts"] == [a, b]
+    with pytest.raises(jobs.UsageError, match=r"'hosts\[0\]' must be a full peer id"):
+        jobs._spec(parser().parse_args(["jobs", "run", "--host", "XaN6WKvN", "--", "python"]))

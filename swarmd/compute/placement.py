@@ -1,6 +1,7 @@
 """Choosing the hosts of a job (sans-IO, deterministic for a given view in any order).
 
-1. Filter: alive, not excluded, every label matches, enough free GPUs, a free job slot,
+1. Filter: in the job's hosts when it names them (always first: restarts too), alive, not
+   excluded, every label matches, enough free GPUs, a free job slot,
    enough free cores and memory.
 2. Too few fit: `NoFit` saying what was asked, which members fit, and each other member
    with its first reason ("need 3 nodes with ≥1 free GPU; 2 alive members fit: …; 1 other:
@@ -108,6 +109,8 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
 
 
 def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str], required: bool = False) -> str | None:
+    if spec.hosts and c.peer not in spec.hosts:
+        return "not in the job's hosts"  # the user's allow list binds restarts too, survivors included
     if required and c.state in ("alive", "suspect"):
         return None  # a survivor that just reported its ranks' exit; a suspicion is not a death
     if c.state != "alive":

@@ -19,6 +19,11 @@ Rules:
   `max_restarts` are refused with it.
 - Sizes are binary megabytes (8G = 8192); waits are at most 30 days; procs_per_node
   defaults to gpus_per_node when GPUs are asked for, else 1.
+- `hosts` is the user's allow list of peer ids (full ids, as `swarmctl peers --json` prints
+  them): when given, the job is placed, and placed again after a loss, only there. A job
+  trusts the hosts it runs on (rank 0 and a Ray head most: what every host resumes from,
+  the Ray token); labels are each host's own claim, a peer id is proven by its key, so
+  this, not a label, is how a user keeps a job on providers they trust.
 - Specs from the control socket or a peer take the same path (`from_wire`): they are
   untrusted, and anything wrong in them is a `SpecError`, never another exception.
 """
@@ -33,11 +38,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gossip.signed import Invalid
+from ..gossip.signed import Invalid, peer_bytes
 from ..gossip.wire import check_labels
 
-FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "env",
-          "workdir", "wait", "python", "ray", "cmd")
+FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",
+          "env", "workdir", "wait", "python", "ray", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -48,6 +53,8 @@ MAX_MEM_MB = 1 << 30  # 1 PiB
 MAX_WAIT_S = 30 * 86400
 MAX_NODES = 1024
 MAX_RESTARTS = 1000
+MAX_HOSTS = 4096  # peer ids in a job's allow list
+MAX_PEER_ID = 64  # characters: an Ed25519 peer id is 52
 _INT = re.compile(r"\s*[0-9]{1,9}\s*")  # Python refuses int() on more than 4300 digits
 _RANGE = re.compile(r"\s*([0-9]{1,9})\s*:\s*([0-9]{1,9})\s*")  # torchrun's --nnodes MIN:MAX
 _SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,3})\s*")
@@ -74,6 +81,7 @@ class JobSpec:
     cpus: float = 0.0  # free cores each host must have
     mem_mb: int = 0  # free memory each host must have
     labels: dict[str, str] = field(default_factory=dict)
+    hosts: tuple[str, ...] = ()  # the only peers it may run on; (): any member
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None  # a path on the client
     wait_s: float = 0.0  # how long to wait for capacity; 0: fail at once
@@ -95,7 +103,7 @@ class JobSpec:
         return {"cmd": list(self.cmd), "name": self.name, "nodes": nodes, "max_restarts": self.max_restarts,
                 "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
-                "labels": dict(self.labels), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
+                "labels": dict(self.labels), "hosts": list(self.hosts), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
                 "python": self.python, "ray": self.ray}
 
     @classmethod
@@ -196,6 +204,22 @@ def _labels(value: Any) -> dict[str, str]:
         raise SpecError(f"spec: {exc.detail}") from None
 
 
+def _hosts(value: Any) -> tuple[str, ...]:
+    """Peer ids, as a list or "A,B"; each a member's Ed25519 libp2p id, duplicates dropped."""
+    if isinstance(value, str):
+        value = [x for x in (p.strip() for p in value.split(",")) if x]
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_HOSTS:
+        raise _fail("hosts", f"a list of at most {MAX_HOSTS} peer ids", value)
+    for i, peer in enumerate(value):
+        try:
+            if not isinstance(peer, str) or len(peer) > MAX_PEER_ID:
+                raise Invalid("malformed", "not a string")
+            peer_bytes(peer)
+        except Invalid:
+            raise _fail(f"hosts[{i}]", "a full peer id such as 12D3KooW… (swarmctl peers --json)", peer) from None
+    return tuple(dict.fromkeys(value))
+
+
 def _cmd(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
@@ -242,7 +266,7 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
         max_restarts=_int("max_restarts", given.get("max_restarts", 0), 0, MAX_RESTARTS),
         gpus_per_node=gpus, procs_per_node=_int("procs_per_node", given.get("procs_per_node", 1 if ray else gpus or 1), 1, 256),
         cpus=_number("cpus", given.get("cpus", 0), MAX_CPUS), mem_mb=parse_size_mb(given.get("mem", 0), "mem"),
-        labels=_labels(given.get("labels", {})), env=_env(given.get("env", {})),
+        labels=_labels(given.get("labels", {})), hosts=_hosts(given.get("hosts", [])), env=_env(given.get("env", {})),
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
         wait_s=parse_duration_s(given.get("wait", 0), "wait"),
         python=None if given.get("python") is None else _text("python", given["python"]), ray=ray)
@@ -314,6 +338,8 @@ def describe(spec: JobSpec) -> str:
     if spec.mem_mb:
         needs.append(f"≥{spec.mem_mb} MB free")
     needs += [f"{k}={v}" for k, v in sorted(spec.labels.items())]
+    if spec.hosts:
+        needs.append(f"among the {len(spec.hosts)} host{'s' if len(spec.hosts) != 1 else ''} of its allow list")
     count = f"{spec.least_nodes} to {spec.nodes}" if spec.elastic else str(spec.nodes)
     nodes = f"{count} node{'s' if spec.nodes != 1 else ''}"
     return nodes + (" with " + ", ".join(needs) if needs else "")
