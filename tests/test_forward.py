@@ -1,70 +1,26 @@
-"""forward.py: the rows of /proc/net/tcp{,6}, who owns the socket that accepted a connection
-(against real listeners), the pipe's limits (64 KiB reads, the idle timeout, half-closes, the
-job's end) and a host's forwards per job."""
+"""forward.py: who owns the socket that accepted a connection (against real listeners), a
+forward connecting only where the job's uid listens (never even a connect to another's), its
+cost among many sockets, the pipe's limits (64 KiB reads, the idle timeout, half-closes, the
+job's end) and a host's forwards per job (caps, and a rate per coordinator)."""
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import math
 import os
 import socket
 import subprocess
 import sys
+import time
+import tracemalloc
 
 import pytest
 import trio
 
+from conftest import root_only
 from swarmd.compute import forward
 from swarmd.compute.forward import (CHUNK, IDLE_TIMEOUT, MAX_PER_JOB, End, ForwardRefused, Forwards, NothingListens,
-                                    accepting_uid, check_owner, parse_tcp_table, pipe, read_tables)
-
-HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
-
-
-def kernel_hex(ip: str) -> str:
-    """An address as the kernel writes it: 32-bit words, each in this host's byte order."""
-    raw = ipaddress.ip_address(ip).packed
-    return "".join(f"{int.from_bytes(raw[i:i + 4], sys.byteorder):08X}" for i in range(0, len(raw), 4))
-
-
-def row(local: str, lport: int, remote: str, rport: int, state: int, uid: int, inode: int) -> str:
-    return (f"   0: {kernel_hex(local)}:{lport:04X} {kernel_hex(remote)}:{rport:04X} {state:02X} 00000000:00000000 "
-            f"00:00000000 00000000 {uid:>5}        0 {inode} 1 0000000000000000 100 0 0 10 0")
-
-
-def test_rows_of_tcp_and_tcp6_parse_and_a_malformed_line_is_skipped():
-    text = "\n".join([HEADER, row("127.0.0.1", 8000, "0.0.0.0", 0, 0x0A, 1000, 11),
-                      row("::ffff:127.0.0.1", 8000, "::ffff:127.0.0.1", 41000, 0x01, 61185, 12),
-                      row("fd00::1", 443, "fd00::2", 5000, 0x01, 0, 13),
-                      "   3: nonsense", "   4: ZZZZ:0000 00000000:0000 0A 0 0 0 0 0 0 0"])
-    rows = parse_tcp_table(text)
-    assert [(str(r.local[0]), r.local[1], str(r.remote[0]), r.remote[1], r.state, r.uid, r.inode) for r in rows] == [
-        ("127.0.0.1", 8000, "0.0.0.0", 0, 0x0A, 1000, 11),
-        ("127.0.0.1", 8000, "127.0.0.1", 41000, 0x01, 61185, 12),  # a dual-stack socket's IPv4 peer
-        ("fd00::1", 443, "fd00::2", 5000, 0x01, 0, 13)]
-
-
-@pytest.mark.skipif(sys.byteorder != "little", reason="the literal row is an x86 host's")
-def test_a_row_as_an_x86_kernel_writes_it():
-    line = "   1: 0100007F:1F40 0100007F:A028 01 00000000:00000000 00:00000000 00000000  1000        0 4242 1"
-    (r,) = parse_tcp_table(HEADER + "\n" + line)
-    assert (str(r.local[0]), r.local[1], str(r.remote[0]), r.remote[1], r.uid) == ("127.0.0.1", 8000, "127.0.0.1",
-                                                                                    41000, 1000)
-
-
-def test_the_accepting_socket_is_the_one_whose_local_end_is_our_remote_end():
-    rows = parse_tcp_table("\n".join([
-        HEADER,
-        row("127.0.0.1", 8000, "0.0.0.0", 0, 0x0A, 61185, 1),  # the listener
-        row("127.0.0.1", 41000, "127.0.0.1", 8000, 0x01, 0, 2),  # our own end
-        row("127.0.0.1", 8000, "127.0.0.1", 40000, 0x06, 0, 3),  # an older connection in TIME_WAIT
-        row("127.0.0.1", 8000, "127.0.0.1", 41000, 0x01, 61185, 4),  # what the listener accepted
-    ]))
-    assert accepting_uid(("127.0.0.1", 41000), ("127.0.0.1", 8000), rows) == 61185
-    assert accepting_uid(("127.0.0.1", 40000), ("127.0.0.1", 8000), rows) is None, "TIME_WAIT is nobody's"
-    assert accepting_uid(("127.0.0.1", 41001), ("127.0.0.1", 8000), rows) is None
-
+                                    check_owner, pipe)
 
 @pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::")])
 def test_a_real_listeners_owner_is_found_and_another_uid_is_refused(family, host):
@@ -74,20 +30,25 @@ def test_a_real_listeners_owner_is_found_and_another_uid_is_refused(family, host
         listener.bind((host, 0))
         listener.listen()
         port = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as c:  # to a dual-stack one: a v4-mapped row in tcp6
+        with socket.create_connection(("127.0.0.1", port)) as c:  # to a dual-stack one: a v4-mapped socket
             ours, theirs = c.getsockname()[:2], c.getpeername()[:2]
             me = os.geteuid()
-            assert accepting_uid(ours, theirs, read_tables()) == me
             assert check_owner(ours, theirs, me, daemon_uid=-1) is None
             assert check_owner(ours, theirs, me + 1, daemon_uid=-1) == \
                 f"port {port} is served by uid {me}, not by the job (uid {me + 1})"
             assert check_owner(ours, theirs, me, daemon_uid=me) == f"port {port} is this daemon's own", \
                 "a listener of this process is never a job's, whatever the uid"
+            assert check_owner(("127.0.0.1", 1), theirs, me, daemon_uid=-1) == \
+                f"the socket that accepted port {port} was not found"
 
 
-def echo_server(uid: int | None) -> tuple[subprocess.Popen, int]:
-    """A TCP echo server in a process of its own, as `uid` (None: ours); and its port."""
-    code = ("import socket, sys\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+def echo_server(uid: int | None, host: str = "127.0.0.1", port: int = 0) -> tuple[subprocess.Popen, int]:
+    """A TCP echo server in a process of its own on `host`:`port` (an IPv6 one IPv6-only), as
+    `uid` (None: ours); and its port."""
+    family = "socket.AF_INET6" if ":" in host else "socket.AF_INET"
+    code = (f"import socket, sys\ns = socket.socket({family})\n"
+            + ("s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n" if ":" in host else "")
+            + f"s.bind(({host!r}, {port})); s.listen()\n"
             "print(s.getsockname()[1], flush=True)\n"
             "while True:\n    c, _ = s.accept()\n    d = c.recv(65536)\n"
             "    while d:\n        c.sendall(d); d = c.recv(65536)\n    c.close()\n")
@@ -129,6 +90,90 @@ async def test_connect_to_a_port_nothing_listens_on_says_so():
         with pytest.raises(NothingListens, match=f"nothing listens on port {port}"):
             await forward.connect(port, 65534, [])
 
+
+
+def unaccepted(listener: socket.socket) -> bool:
+    """Whether no connection waits in `listener`'s queue (one connected and closed still does)."""
+    listener.setblocking(False)
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        return True
+    conn.close()
+    return False
+
+
+async def test_a_port_only_another_uid_listens_on_is_refused_before_any_connect():
+    """Root's (here: the test's) listener on 127.0.0.1 and [::1]; the job's uid listens nowhere."""
+    me = os.geteuid()
+    with socket.socket() as v4, socket.socket(socket.AF_INET6) as v6:
+        v4.bind(("127.0.0.1", 0))
+        v4.listen()
+        port = v4.getsockname()[1]
+        v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        v6.bind(("::1", port))
+        v6.listen()
+        with pytest.raises(ForwardRefused, match=f"port {port} is served by uid {me}, not by the job") as refused:
+            await forward.connect(port, me + 1, [])
+        assert refused.value.code == "forward_target"
+        assert unaccepted(v4) and unaccepted(v6), "the daemon connected to a listener that is not the job's"
+
+
+@root_only()
+async def test_a_root_listener_on_loopback_is_not_connected_to_while_the_job_listens_on_ipv6():
+    """Root serves 127.0.0.1:P, the job [::1]:P: the forward reaches the job without a
+    connection to root's service first (the daemon used to try 127.0.0.1 before ::1)."""
+    with socket.socket() as root_service:
+        root_service.bind(("127.0.0.1", 0))
+        root_service.listen()
+        port = root_service.getsockname()[1]
+        proc, _ = echo_server(65534, "::1", port)
+        try:
+            stream = await forward.connect(port, 65534, [])
+            async with stream:
+                await stream.send_all(b"ping")
+                assert await stream.receive_some(10) == b"ping"
+                assert stream.socket.getpeername()[0] == "::1"
+            assert unaccepted(root_service), "root's service saw a connection from the forward"
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+
+async def forward_cost(total: int, echo) -> tuple[float, int]:
+    """Seconds and peak bytes (Python's, every thread's) of one forward's connect to the job's
+    listener while other processes hold `total` sockets on this host."""
+    from test_sockdiag import SocketHolders
+
+    uid, port = echo
+    holders = SocketHolders(total)
+    try:
+        async with await forward.connect(port, uid, []):  # imports and worker threads before measuring
+            pass
+        tracemalloc.start()
+        try:
+            started = time.perf_counter()
+            async with await forward.connect(port, uid, []):
+                took = time.perf_counter() - started
+            return took, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        holders.close()
+
+
+async def test_a_forward_costs_the_same_among_many_sockets(echo):
+    """Finding 3: the whole socket table was parsed per forward (~14 MB and ~1 s here with
+    18,000 sockets; 146 MB and 25 s with 200,000)."""
+    took, peak = await forward_cost(15_000, echo)
+    assert peak < 2_000_000 and took < 1.0, (took, peak)
+
+
+@pytest.mark.slow
+async def test_a_forward_costs_the_same_among_200k_sockets(echo):
+    took, peak = await forward_cost(200_000, echo)
+    assert peak < 2_000_000 and took < 1.0, (took, peak)
 
 # --- the pipe ---------------------------------------------------------------------------
 
@@ -212,21 +257,21 @@ def test_forwards_only_for_a_running_job_at_most_16_and_they_end_with_it():
     f = Forwards()
     key = ("coord", "0123456789ab")
     with pytest.raises(ForwardRefused) as refused:
-        with f.slot(key):
+        with f.slot(key, 0.0):
             pass
     assert refused.value.code == "not_running"
     f.running(key, 61185)
     assert f.uid(key) == 61185
     with contextlib.ExitStack() as stack:
-        events = [stack.enter_context(f.slot(key)) for _ in range(MAX_PER_JOB)]
+        events = [stack.enter_context(f.slot(key, 0.0)) for _ in range(MAX_PER_JOB)]
         with pytest.raises(ForwardRefused, match=f"already has {MAX_PER_JOB} forwards") as refused:
-            stack.enter_context(f.slot(key))
+            stack.enter_context(f.slot(key, 0.0))
         assert refused.value.code == "too_many_forwards" and f.open(key) == MAX_PER_JOB
         f.ended(key)
         assert all(e.is_set() for e in events), "every forward of the job is told it ended"
         assert f.uid(key) is None
     with pytest.raises(ForwardRefused):
-        with f.slot(key):
+        with f.slot(key, 0.0):
             pass
 
 
@@ -239,11 +284,11 @@ def test_one_coordinators_jobs_together_stay_under_the_per_coordinator_cap():
     forwards.running(("other", "job9"), 61190)
     with contextlib.ExitStack() as held:
         for n in range(24):
-            held.enter_context(forwards.slot(("coord", f"job{n % 4}")))
+            held.enter_context(forwards.slot(("coord", f"job{n % 4}"), 0.0))
         with pytest.raises(ForwardRefused, match="already have 24 forwards") as refused:
-            held.enter_context(forwards.slot(("coord", "job0")))
+            held.enter_context(forwards.slot(("coord", "job0"), 0.0))
         assert refused.value.code == "too_many_forwards"
-        held.enter_context(forwards.slot(("other", "job9")))  # another coordinator is not counted
+        held.enter_context(forwards.slot(("other", "job9"), 0.0))  # another coordinator is not counted
 
 
 async def test_a_port_with_none_of_the_jobs_listeners_is_refused_without_connecting(echo, monkeypatch):
@@ -257,3 +302,27 @@ async def test_a_port_with_none_of_the_jobs_listeners_is_refused_without_connect
     with pytest.raises(ForwardRefused, match=f"port {port} is served by uid {uid}, not by the job") as refused:
         await forward.connect(port, uid + 1, [])
     assert refused.value.code == "forward_target"
+
+
+def test_a_coordinator_starts_at_most_rate_forwards_a_second_after_a_burst():
+    forwards = Forwards(rate=2.0, burst=3)
+    forwards.running(("coord", "job0"), 61185)
+    forwards.running(("other", "job1"), 61186)
+    for _ in range(3):
+        with forwards.slot(("coord", "job0"), 10.0):
+            pass
+    with pytest.raises(ForwardRefused, match="more than 2 forwards a second") as refused:
+        with forwards.slot(("coord", "job0"), 10.0):
+            pass
+    assert refused.value.code == "forward_rate"
+    with forwards.slot(("other", "job1"), 10.0):  # another coordinator has its own
+        pass
+    with forwards.slot(("coord", "job0"), 10.5):  # half a second: one more
+        pass
+    with pytest.raises(ForwardRefused, match="a second"):
+        with forwards.slot(("coord", "job0"), 10.5):
+            pass
+    forwards.ended(("coord", "job0"))
+    forwards.running(("coord", "job0"), 61185)  # its job ended and started again: a fresh bucket
+    with forwards.slot(("coord", "job0"), 10.5):
+        pass

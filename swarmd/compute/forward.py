@@ -8,26 +8,29 @@ each side's OK answer every hop is a raw byte pipe (`pipe`): swarmctl ⇄ contro
 coordinator ⇄ libp2p stream ⇄ head host ⇄ TCP ⇄ the job's listener.
 
 Rules (the head host's):
-- Only a listener of the job: the host connects to 127.0.0.1:PORT (then ::1, then its
-  overlay addresses), and the socket that accepted that connection must belong to the job's
-  uid (`accepting_uid`: the `uid` column of /proc/net/tcp{,6} for the socket whose local
-  address is our connection's remote end; an accepted socket carries its listener's uid).
-  So a forward never reaches sshd, the daemon's own ports or another job. A job that runs
-  as root (no per-job uid, `job_user` root) is never forwarded; one that runs as the
-  daemon's own user (no root, no sandbox) is refused this daemon's own listeners
-  (`own_inodes`). Without per-job uids, two jobs of the same user are not told apart.
-- At most `MAX_PER_JOB` forwards of one job at once (`Forwards.slot`); a pipe with no byte
-  either way for `IDLE_TIMEOUT` is closed; reads are at most `CHUNK` bytes; when the job's
-  ranks end on the host its forwards end (`Forwards.close`).
+- Only a listener of the job: before any connection the host asks the kernel which listener
+  a connection to 127.0.0.1:PORT, [::1]:PORT and each of its overlay addresses would reach
+  (`targets`, sockdiag.py: one socket's lookup, never the host's socket table, whose parse
+  cost 1.2 s and ~157 MB with 200,000 sockets), and connects only where that listener is the
+  job's uid's; once connected, the socket that accepted must belong to the job's uid
+  (`check_owner`: an accepted socket carries its listener's uid). So a forward never
+  reaches sshd, a root service on 127.0.0.1, the daemon's own ports or another job, not
+  even for a connect. A job that runs as root (no per-job uid, `job_user` root) is never
+  forwarded; one that runs as the daemon's own user (no root, no sandbox) is refused this
+  daemon's own listeners (`own_inodes`). Without per-job uids, two jobs of the same user
+  are not told apart.
+- At most `MAX_PER_JOB` forwards of one job at once (`Forwards.slot`), and of one
+  coordinator's jobs `MAX_PER_COORDINATOR`; a coordinator starts at most `RATE` a second
+  (bursts of `BURST`): each costs kernel lookups, a connection and a thread's turn. A pipe
+  with no byte either way for `IDLE_TIMEOUT` is closed; reads are at most `CHUNK` bytes;
+  when the job's ranks end on the host its forwards end (`Forwards.ended`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,17 +38,20 @@ from typing import Any
 
 import trio
 
+from .. import sockdiag
+
 MAX_PER_JOB = 16  # forwards of one job at once on its head host (each holds a TCP and a stream)
 # forwards of one coordinator's jobs together on a host: well below the gossip guard's 64
 # streams per peer, so forwards alone never leave that coordinator's start and cancel streams
 # to this host without room (another user's cancel among them)
 MAX_PER_COORDINATOR = 24
+# forwards a coordinator starts a second on a host, and the burst it may start at once: a
+# browser opens a handful of connections together; a loop that retries a refused port
+# must not keep a worker thread busy asking the kernel
+RATE, BURST = 20.0, 40
 IDLE_TIMEOUT = 600.0  # seconds without a byte either way after which a forward is closed
 CHUNK = 64 * 1024  # bytes read at most per step: a pipe holds at most this per direction
 CONNECT_TIMEOUT = 5.0  # seconds to connect to a listener on this host
-TCP_LISTEN, TCP_TIME_WAIT, TCP_CLOSE = 0x0A, 0x06, 0x07
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class ForwardRefused(Exception):
@@ -60,85 +66,7 @@ class NothingListens(Exception):
     """No listener on the port at any of this host's addresses (the job's service is not up)."""
 
 
-# --- who owns a socket: /proc/net/tcp and tcp6 ------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class TcpSocket:
-    """One row of /proc/net/tcp or tcp6."""
-
-    local: tuple[Address, int]
-    remote: tuple[Address, int]
-    state: int
-    uid: int
-    inode: int
-
-
-def _address(hex_addr: str) -> Address:
-    """The kernel writes an address as 32-bit words, each in this host's byte order."""
-    raw = bytes.fromhex(hex_addr)
-    if len(raw) not in (4, 16):
-        raise ValueError(f"an address of {len(raw)} bytes")
-    swapped = b"".join(int.from_bytes(raw[i:i + 4], "big").to_bytes(4, sys.byteorder) for i in range(0, len(raw), 4))
-    addr = ipaddress.ip_address(swapped)
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped  # a dual-stack socket's IPv4 peer is the same peer
-    return addr
-
-
-def _endpoint(text: str) -> tuple[Address, int]:
-    addr, _, port = text.partition(":")
-    return _address(addr), int(port, 16)
-
-
-def parse_tcp_table(text: str) -> list[TcpSocket]:
-    """The sockets of a /proc/net/tcp or tcp6 text; a malformed line is skipped."""
-    out = []
-    for line in text.splitlines()[1:]:
-        f = line.split()
-        if len(f) < 10:
-            continue
-        try:
-            out.append(TcpSocket(local=_endpoint(f[1]), remote=_endpoint(f[2]), state=int(f[3], 16),
-                                 uid=int(f[7]), inode=int(f[9])))
-        except ValueError:
-            continue
-    return out
-
-
-def _normal(addr: str) -> Address:
-    a = ipaddress.ip_address(addr.split("%", 1)[0])
-    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
-        return a.ipv4_mapped
-    return a
-
-
-def read_tables(proc: Path = Path("/proc")) -> list[TcpSocket]:
-    sockets: list[TcpSocket] = []
-    for name in ("tcp", "tcp6"):
-        try:
-            sockets += parse_tcp_table((proc / "net" / name).read_text())
-        except FileNotFoundError:  # no IPv6 on this host
-            continue
-    return sockets
-
-
-def accepting_uid(ours: tuple[str, int], theirs: tuple[str, int], sockets: list[TcpSocket]) -> int | None:
-    """The uid of the socket at the other end of our connection from `ours` to `theirs` (the
-    one its listener accepted: it carries the listener's uid), or None when there is none."""
-    want_local, want_remote = (_normal(theirs[0]), theirs[1]), (_normal(ours[0]), ours[1])
-    for s in sockets:
-        if s.local == want_local and s.remote == want_remote and s.state not in (TCP_TIME_WAIT, TCP_CLOSE):
-            return s.uid
-    return None
-
-
-def listener_inodes(theirs: tuple[str, int], sockets: list[TcpSocket]) -> set[int]:
-    """Inodes of the listeners that could have accepted a connection to `theirs`."""
-    addr, port = _normal(theirs[0]), theirs[1]
-    wildcard = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
-    return {s.inode for s in sockets
-            if s.state == TCP_LISTEN and s.local[1] == port and (s.local[0] == addr or s.local[0] in wildcard)}
-
+# --- whose listener: one socket at a time (sockdiag.py) ----------------------------------------
 
 def own_inodes(proc: Path = Path("/proc")) -> set[int]:
     """Inodes of this process's own sockets."""
@@ -151,23 +79,55 @@ def own_inodes(proc: Path = Path("/proc")) -> set[int]:
     return found
 
 
-def listeners(port: int, proc: Path = Path("/proc")) -> set[int]:
-    """The uids of the sockets listening on TCP `port` of this host, at any address (blocking)."""
-    return {s.uid for s in read_tables(proc) if s.state == TCP_LISTEN and s.local[1] == port}
+def _not_the_jobs(listener: sockdiag.TcpSocket, port: int, uid: int, daemon_uid: int) -> str | None:
+    """None when `listener` on `port` is the job's (`uid`), else why not (blocking)."""
+    if listener.uid != uid:
+        return f"port {port} is served by uid {listener.uid}, not by the job (uid {uid})"
+    if uid == daemon_uid and listener.inode in own_inodes():
+        return f"port {port} is this daemon's own"
+    return None
 
 
-def check_owner(ours: tuple[str, int], theirs: tuple[str, int], uid: int, *, daemon_uid: int,
-                proc: Path = Path("/proc")) -> str | None:
-    """None when the listener that accepted our connection belongs to `uid`, else why not
-    (blocking: call it from a worker thread)."""
-    sockets = read_tables(proc)
-    owner = accepting_uid(ours, theirs, sockets)
-    if owner is None:
-        return f"the socket that accepted port {theirs[1]} was not found in /proc/net/tcp"
-    if owner != uid:
-        return f"port {theirs[1]} is served by uid {owner}, not by the job (uid {uid})"
-    if uid == daemon_uid and listener_inodes(theirs, sockets) & own_inodes(proc):
-        return f"port {theirs[1]} is this daemon's own"
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """Where a forward may connect on this host: the addresses whose listener is the job's,
+    and, when there is none, why (None: nothing listens at any of them)."""
+
+    addresses: tuple[str, ...]
+    refused: str | None
+
+
+def targets(port: int, uid: int, addresses: list[str], *, daemon_uid: int) -> Targets:
+    """Of `addresses`, those where a connection to `port` would reach a listener of the job
+    (`uid`), asking the kernel which listener that is before any connection (blocking)."""
+    ok: list[str] = []
+    refused: str | None = None
+    for addr in addresses:
+        try:
+            found = sockdiag.listener(addr, port)
+        except (sockdiag.DiagError, ValueError) as exc:
+            refused = refused or f"cannot tell who listens on port {port} at {addr}: {exc}"
+            continue
+        if found is None:
+            continue
+        if (why := _not_the_jobs(found, port, uid, daemon_uid)) is None:
+            ok.append(addr)
+        else:
+            refused = refused or why
+    return Targets(addresses=tuple(ok), refused=refused)
+
+
+def check_owner(ours: tuple[str, int], theirs: tuple[str, int], uid: int, *, daemon_uid: int) -> str | None:
+    """None when the socket that accepted our connection from `ours` to `theirs` belongs to
+    `uid` (an accepted socket carries its listener's uid) and is not this daemon's own
+    listener's, else why not (blocking: call it from a worker thread)."""
+    accepted = sockdiag.connection(theirs, ours)
+    if accepted is None:
+        return f"the socket that accepted port {theirs[1]} was not found"
+    if accepted.uid != uid:
+        return f"port {theirs[1]} is served by uid {accepted.uid}, not by the job (uid {uid})"
+    if uid == daemon_uid and (listening := sockdiag.listener(theirs[0], theirs[1])) is not None:
+        return _not_the_jobs(listening, theirs[1], uid, daemon_uid)
     return None
 
 
@@ -187,25 +147,27 @@ def interface_addresses(ifname: str | None) -> list[str]:
 
 async def connect(port: int, uid: int, addresses: list[str], *, daemon_uid: int | None = None,
                   timeout: float = CONNECT_TIMEOUT) -> trio.SocketStream:
-    """A TCP connection to the job's listener on `port` of this host: 127.0.0.1, ::1, then
-    `addresses`, the first whose accepting socket belongs to `uid`. ForwardRefused when one
-    answers that is not the job's (and none that is), NothingListens when none answers."""
+    """A TCP connection to the job's listener on `port` of this host: of 127.0.0.1, ::1, then
+    `addresses`, those where the kernel says a listener of `uid` would accept, the first whose
+    accepting socket belongs to `uid`. ForwardRefused when a listener answers that is not the
+    job's (and none that is), NothingListens when none answers."""
     import socket as _socket
 
     daemon_uid = os.geteuid() if daemon_uid is None else daemon_uid
     if uid == 0:
         raise ForwardRefused("forward_root", "the job runs as root on this host: its ports are not forwarded")
-    # before any connection: a port whose listeners are none of the job's is refused without
-    # the daemon ever connecting to it (no member pokes sshd through us); the check after the
-    # connection below is what decides, a listener may change in between
-    listening = await trio.to_thread.run_sync(listeners, port)
-    if not listening:
+    # before any connection: only an address whose listener is the job's is connected to (no
+    # member pokes sshd or a root service on 127.0.0.1 through us while the job listens on
+    # ::1 or the mesh); the check after the connection below is what decides, a listener may
+    # change in between
+    plan = await trio.to_thread.run_sync(
+        lambda: targets(port, uid, list(dict.fromkeys(["127.0.0.1", "::1", *addresses])), daemon_uid=daemon_uid))
+    if not plan.addresses:
+        if plan.refused is not None:
+            raise ForwardRefused("forward_target", plan.refused)
         raise NothingListens(f"nothing listens on port {port} of this host")
-    if uid not in listening:
-        raise ForwardRefused("forward_target", f"port {port} is served by uid {min(listening)}, not by the job "
-                                               f"(uid {uid})")
     refused: str | None = None
-    for addr in dict.fromkeys(["127.0.0.1", "::1", *addresses]):
+    for addr in plan.addresses:
         family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
         try:
             sock = trio.socket.socket(family, _socket.SOCK_STREAM)
@@ -397,12 +359,19 @@ class _Job:
 
 class Forwards:
     """The jobs whose ports this host forwards (their ranks run here, as `uid`), and their
-    forwards under way: at most `per_job` each; all end when the job's ranks do."""
+    forwards under way: at most `per_job` each, `per_coordinator` of one coordinator's jobs,
+    and `rate` new ones a second per coordinator (a token bucket of `burst`); all end when
+    the job's ranks do. Time comes in as `now` (seconds, any monotonic clock)."""
 
-    def __init__(self, per_job: int = MAX_PER_JOB, per_coordinator: int = MAX_PER_COORDINATOR) -> None:
+    def __init__(self, per_job: int = MAX_PER_JOB, per_coordinator: int = MAX_PER_COORDINATOR, *,
+                 rate: float = RATE, burst: int = BURST) -> None:
         self.per_job = per_job
         self.per_coordinator = per_coordinator
+        self.rate = rate
+        self.burst = burst
         self._jobs: dict[Key, _Job] = {}
+        # coordinator -> (tokens, when counted); kept only while it has a job running here
+        self._buckets: dict[str, tuple[float, float]] = {}
 
     def running(self, key: Key, uid: int) -> None:
         """The job's ranks run here as `uid`: its ports may be forwarded."""
@@ -413,6 +382,8 @@ class Forwards:
         job = self._jobs.pop(key, None)
         if job is not None:
             job.ended.set()
+        if not any(k[0] == key[0] for k in self._jobs):
+            self._buckets.pop(key[0], None)
 
     def uid(self, key: Key) -> int | None:
         job = self._jobs.get(key)
@@ -422,10 +393,21 @@ class Forwards:
         job = self._jobs.get(key)
         return 0 if job is None else job.open
 
+    def _take_token(self, coordinator: str, now: float) -> bool:
+        tokens, then = self._buckets.get(coordinator, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + max(0.0, now - then) * self.rate)
+        if tokens < 1.0:
+            self._buckets[coordinator] = (tokens, now)
+            return False
+        self._buckets[coordinator] = (tokens - 1.0, now)
+        return True
+
     @contextlib.contextmanager
-    def slot(self, key: Key) -> Iterator[trio.Event]:
+    def slot(self, key: Key, now: float) -> Iterator[trio.Event]:
         """One forward of the job while it lasts; yields the event set when the job's ranks end.
-        ForwardRefused when the job is not running here or has `per_job` forwards already."""
+        ForwardRefused when the job is not running here, has `per_job` forwards already, its
+        coordinator's jobs have `per_coordinator`, or that coordinator started `burst` in the
+        last moments (more than `rate` a second)."""
         job = self._jobs.get(key)
         if job is None:
             raise ForwardRefused("not_running", f"job {key[1]} is not running on this host")
@@ -434,6 +416,9 @@ class Forwards:
         if sum(j.open for k, j in self._jobs.items() if k[0] == key[0]) >= self.per_coordinator:
             raise ForwardRefused("too_many_forwards", f"this coordinator's jobs already have {self.per_coordinator} "
                                  "forwards on this host")
+        if not self._take_token(key[0], now):
+            raise ForwardRefused("forward_rate", f"this coordinator starts more than {self.rate:g} forwards a second "
+                                 "on this host: try again shortly")
         job.open += 1
         try:
             yield job.ended

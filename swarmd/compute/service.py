@@ -532,7 +532,7 @@ async def open_forward(worker: Worker, job: str, coordinator: str,
     uid = worker.forwards.uid(key)
     if uid is None:
         raise Refused(Refusal(f"job {job} is not running on this host", "not_running"))
-    with worker.forwards.slot(key) as stop:
+    with worker.forwards.slot(key, trio.current_time()) as stop:
         tcp = await fwd.connect(port, uid, fwd.interface_addresses(worker.ifname()))
         end = fwd.StreamEnd(tcp)
         try:
