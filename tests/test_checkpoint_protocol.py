@@ -608,35 +608,43 @@ async def test_a_put_needs_a_committed_hold_and_a_cache_filled_for_a_hold_that_n
         nursery.cancel_scope.cancel()
 
 
+async def fill_budget(coord: RemoteHost, files: list[tuple[Path, str]]) -> None:
+    """`coord` holds JOB and JOB2 committed and puts two of `files` into each."""
+    for job in (JOB, JOB2):
+        await coord.reserve(job, 0, 1, 60.0)
+        await coord.commit(job, False)
+    for job, (path, sha) in zip((JOB, JOB, JOB2, JOB2), files):
+        await coord.put_checkpoint(job, "e.pt", sha, 100, path)
+
+
 async def test_all_checkpoint_caches_together_stay_within_the_hosts_budget(tmp_path):
     """Reviewer's #4: puts, the hub's fetches and the watcher's copies all count against one
-    budget for the host's caches (4 × checkpoint_max); past it each is refused saying why,
-    leaving nothing behind, and room comes back when a cache goes."""
+    budget for the host's caches (4 × checkpoint_max), shared per job (issue 23 #4): a
+    copy that would take its job's cache over its share, with nothing of its own to give,
+    is refused saying why, leaving nothing behind, and room comes back when a cache goes."""
     host = Host(tmp_path, checkpoint_max=100)
     w = host.worker
     assert w.checkpoint_budget.limit == 400
     files = [checkpoint(tmp_path, bytes([i]) * 100, f"e{i}.pt") for i in range(5)]
     async with trio.open_nursery() as nursery:
         coord = host.remote(nursery, "coord")
-        for job in (JOB, JOB2):
-            await coord.reserve(job, 0, 1, 60.0)
-            await coord.commit(job, False)
-        for job, (path, sha) in zip((JOB, JOB, JOB2, JOB2), files):
-            await coord.put_checkpoint(job, "e.pt", sha, 100, path)
+        await fill_budget(coord, files)
+        w.keep_checkpoints(JOB, "coord", [sha for _, sha in files[:2]])  # as a start listing them would
         assert w.checkpoint_budget.used() == 400
         path, sha = files[4]
-        with pytest.raises(HostError, match="over their budget of 400"):
+        over = "over their budget of 400, and this job's cache to 300 bytes, over its share of 200"
+        with pytest.raises(HostError, match=over):
             await coord.put_checkpoint(JOB, "e4.pt", sha, 100, path)
-        with pytest.raises(WorkerError, match="over their budget of 400"):
-            w.incoming_checkpoint(JOB, "me", 100)
-        with pytest.raises(WorkerError, match="over their budget of 400"):
-            await w.store_checkpoint(JOB, "me", sha, 100, path)
+        with pytest.raises(WorkerError, match=over):
+            w.incoming_checkpoint(JOB, "coord", 100)
+        with pytest.raises(WorkerError, match=over):
+            await w.store_checkpoint(JOB, "coord", sha, 100, path)
         rank_dir = tmp_path / "rank"
         rank_dir.mkdir()
         (rank_dir / "e4.pt").write_bytes(bytes([4]) * 100)
         fd = os.open(rank_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            with pytest.raises(CheckpointError, match="over their budget of 400"):
+            with pytest.raises(CheckpointError, match=over):
                 w.checkpoint_cache(JOB, "coord").snapshot(fd, "e4.pt", seen=None, job_uid=None, max_size=100)
         finally:
             os.close(fd)
@@ -644,4 +652,42 @@ async def test_all_checkpoint_caches_together_stay_within_the_hosts_budget(tmp_p
         assert len(host.leftovers("coord")) == 2
         await coord.release(JOB2)  # never started: its cache goes, and its bytes with it
         await coord.put_checkpoint(JOB, "e4.pt", sha, 100, path)
-        assert w.checkpoint_budget.used() == 200 and sha in host.cached("coord")
+        assert w.checkpoint_budget.used() == 300 and sha in host.cached("coord")
+
+async def test_a_member_filling_the_budget_does_not_stop_another_jobs_checkpoints(tmp_path):
+    """Issue 23 #4: a member fills the host's whole checkpoint budget with puts for its own
+    holds; another coordinator's job running here still has every checkpoint it writes
+    copied and told (it takes its share back from the member's older copies), and the member
+    cannot take it again."""
+    from swarmd.compute.ckptcache import Watcher
+
+    host = Host(tmp_path, checkpoint_max=100)
+    w = host.worker
+    job3 = "0123456789ad"
+    files = [checkpoint(tmp_path, bytes([i]) * 100, f"m{i}.pt") for i in range(5)]
+    rank_dir = tmp_path / "rank"
+    rank_dir.mkdir()
+    watcher = Watcher(w.checkpoint_cache(job3, "coord2"), rank_dir, job_uid=None, max_size=100,
+                      keep=w.checkpoint_keep, protect=lambda: w.kept_checkpoints(job3, "coord2"), rate=1 << 30)
+    async with trio.open_nursery() as nursery:
+        member = host.remote(nursery, "member")
+        await fill_budget(member, files)
+        assert w.checkpoint_budget.used() == w.checkpoint_budget.limit == 400
+        told = []
+        for i in range(4):  # the other job keeps checkpointing
+            data = f"epoch {i}".encode().ljust(60, b".")
+            (rank_dir / f"e{i}.pt").write_bytes(data)
+            assert await watcher.poll() == []  # seen once: the two-scan rule
+            told += await watcher.poll()
+            assert told[-1:] == [(f"e{i}.pt", hashlib.sha256(data).hexdigest(), 60)], f"checkpoint {i} not copied"
+        ours = w.checkpoint_cache(job3, "coord2").shas()
+        assert sorted(sha for _, sha, _ in told[-2:]) == ours, "its newest two, as its prune keeps"
+        assert w.checkpoint_budget.used() <= 400
+        share = 400 // 3
+        for job in (JOB, JOB2):
+            held = sum(os.path.getsize(p) for p in w.checkpoint_cache(job, "member").root.iterdir())
+            assert 0 < held <= share, "the member keeps its share, no more"
+        path, sha = files[4]
+        with pytest.raises(HostError, match=f"over its share of {share}"):
+            await member.put_checkpoint(JOB, "m4.pt", sha, 100, path)
+        nursery.cancel_scope.cancel()

@@ -12,8 +12,8 @@ import stat
 
 import pytest
 
-from swarmd.compute.checkpoints import (MAX_LISTED, Scan, check_listed, choose_replica, is_checkpoint_name,
-                                        keep_newest, refusal)
+from swarmd.compute.checkpoints import (MAX_LISTED, Copy, Scan, check_listed, choose_replica, is_checkpoint_name,
+                                        keep_newest, make_room, refusal)
 from swarmd.compute.ckptcache import CACHE_DIR, Changed, CheckpointError, CkptCache, Watcher, clear_job_dir, listing
 
 SHA = "a" * 64
@@ -117,6 +117,50 @@ def test_the_replica_is_the_nearest_other_host(source, hosts, table, replica):
 def test_keep_newest(items, keep, kept, dropped):
     assert keep_newest(items, keep) == (kept, dropped)
     assert keep_newest(list(reversed(items)), keep) == (kept, dropped), "in any order"
+
+
+def _copies(spec: str) -> list[Copy]:
+    """"m:a100 m:b100* r:c50 r:~30" -> copies: cache m holds sha a (100 bytes, protected: *),
+    ...; ~ is a copy under way. Their mtimes rise in the order written."""
+    out = []
+    for t, item in enumerate(spec.split()):
+        cache, rest = item.split(":")
+        protected = rest.endswith("*")
+        rest = rest.rstrip("*")
+        sha = None if rest[0] == "~" else rest[0]
+        out.append(Copy(cache=cache, sha=sha, size=int(rest[1:]), mtime_ns=t, protected=protected))
+    return out
+
+
+@pytest.mark.parametrize("held, cache, size, removed", [
+    # room left: any copy fits, nothing goes (first come while there is room)
+    ("m:a100 m:b100", "r", 200, []),
+    ("m:a100 m:b100", "m", 200, []),
+    # issue 23 #4: a member filled the budget; the next job's copy within its share (400 // 2)
+    # takes the member's excess back, oldest unprotected first, the protected last
+    ("m:a100* m:b100 m:c100 m:d100", "r", 100, ["b"]),
+    ("m:a100* m:b100 m:c100 m:d100", "r", 200, ["b", "c"]),
+    ("m:a100* m:b100* m:c100* m:d100", "r", 200, ["d", "a"]),
+    # the cache furthest over its share (400 // 3 = 133) gives first
+    ("m:a100 m:b100 m:c100 n:d100", "r", 100, ["a"]),
+    ("m:a100 m:b40 m:c40 n:d110 n:e110", "r", 120, ["d", "a"]),
+    # the claimant's own unprotected copies go before anyone's (its prune takes them anyway)
+    ("r:x80* r:y80 m:a100 m:b140", "r", 80, ["y"]),
+    # a cache within its share is never made to give
+    ("n:c100 m:a150 m:b150", "r", 100, ["a"]),
+    ("m:a100 n:b100 o:c100 r:x100*", "r", 10, "over its share of 100"),
+    # a copy that would take the claimant over its share is refused, nothing removed
+    ("m:a100 m:b100 m:c100 m:d100", "r", 300, "over its share of 200"),
+    ("r:x100* m:a100 m:b100 m:c100", "r", 150, "this job's cache to 250 bytes, over its share of 200"),
+    # copies under way are never removed
+    ("m:~200 m:~200", "r", 100, "no other job's cache holds more than its share"),
+])
+def test_the_budget_is_shared_per_job(held, cache, size, removed):
+    plan = make_room(_copies(held), cache, size, 400)
+    if isinstance(removed, str):
+        assert isinstance(plan, str) and removed in plan and "over their budget of 400" in plan
+    else:
+        assert [c.sha for c in plan] == removed
 
 
 @pytest.mark.parametrize("value, why", [

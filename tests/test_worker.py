@@ -153,3 +153,39 @@ async def test_a_checkpoint_scan_that_never_returns_does_not_hold_the_exit_or_th
         subprocess.run(["rm", "-rf", str(jobs)], check=False)
     assert "exit" in events[-1] and any("hb" in e for e in events)
     assert w.ledger.state_of(JOB, "coord") is None and not w.running, "the slot is free again"
+
+
+async def test_refused_starts_never_evict_another_coordinators_kept_checkpoints(worker):
+    """Issue 23 #13: a start the ledger refuses records nothing, so a member sending 4,097
+    refused starts does not push out what another coordinator's job keeps here; and what
+    one coordinator's jobs keep is bounded per coordinator, its own oldest going first."""
+    import dataclasses
+    import sys
+
+    from swarmd.compute.ids import encode
+    from swarmd.compute.torchenv import NodeRole
+    from swarmd.compute.worker import MAX_KEPT_PER_COORDINATOR, Refused, StartRequest
+
+    kept = frozenset({"a" * 64})
+    worker.keep_checkpoints(JOB, "coord", kept)  # the hub's list, or the latest start's
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+
+    async def emit(event) -> None:
+        raise AssertionError("a refused start tells nothing")
+
+    for i in range(4097):
+        job = encode(i + 1)
+        req = StartRequest(job=job, coordinator="mallory", role=dataclasses.replace(role, job_id=job), env={},
+                           python=None, workdir=None, cmd=(sys.executable, "-c", "pass"))
+        with pytest.raises(Refused, match="no reservation|not committed|holds no"):
+            await worker.start(req, emit)
+    assert worker.kept_checkpoints(JOB, "coord") == kept
+    assert list(worker.checkpoints_kept) == [host_dir(JOB, "coord")], "a refused start records nothing"
+
+    for i in range(MAX_KEPT_PER_COORDINATOR + 10):  # starts the ledger took, or a hub's lists
+        worker.keep_checkpoints(encode(i + 1), "mallory", {"b" * 64})
+    assert worker.kept_checkpoints(JOB, "coord") == kept
+    assert len(worker.checkpoints_kept) == MAX_KEPT_PER_COORDINATOR + 1
+    assert worker.kept_checkpoints(encode(1), "mallory") == frozenset(), "its own oldest went"
+    assert worker.kept_checkpoints(encode(MAX_KEPT_PER_COORDINATOR + 10), "mallory") == {"b" * 64}

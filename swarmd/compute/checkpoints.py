@@ -24,6 +24,18 @@ listings, four a second (worker.CHECKPOINT_SCAN). Theory of operation:
   the checkpoint, so the copy travels the shortest link; RTTs unknown (None, NaN,
   negative) rank after every known one, ties by peer id so every coordinator picks alike.
 - Retention (`keep_newest`): the newest `keep` of anything with a time, ties by key.
+- Shares (`make_room`): which copies go so a new one fits the host's checkpoint budget, or
+  why it does not. While the caches together have room, any copy fits (first come, while
+  there is room). Past it, each job's cache is entitled to `share` = budget // the number
+  of caches holding anything (the claimant's counted): a claimant whose cache, with the
+  copy, stays within its share makes room by removing copies of the other caches over
+  their share, the cache furthest over first, in each its unprotected copies oldest first
+  and then, while it is still over, its protected ones oldest first (protection counts only
+  within a share: else one member could list everything it put in its start and hold the
+  whole budget). A claimant over its share, or one for whom that frees too little, is
+  refused. The claimant's own unprotected copies go first (its prune after the copy would
+  take them anyway), so a job whose checkpoints are at most half its share keeps
+  checkpointing. Copies under way (`Copy.sha` None) are never removed.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import math
 import re
 import stat
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}", re.ASCII)
@@ -154,3 +167,54 @@ def choose_replica(source: str, hosts: Iterable[str], rtt_ms: Rtt) -> str | None
 
     others = sorted({h for h in hosts if h != source}, key=distance)
     return others[0] if others else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Copy:
+    """One file a host's checkpoint caches hold (or a copy under way: `sha` None)."""
+    cache: str  # the job's directory name (ids.host_dir)
+    sha: str | None
+    size: int
+    mtime_ns: int = 0
+    protected: bool = False  # the job's latest start listed it, or its hub keeps it, or it is the newest
+
+
+def make_room(copies: Iterable[Copy], cache: str, size: int, limit: int) -> list[Copy] | str:
+    """The copies to remove so `size` more bytes for `cache` fit the budget `limit` (the
+    header's share rule), or why they cannot: the reason names the budget and the share."""
+    used: dict[str, int] = {}
+    evictable: dict[str, list[Copy]] = {}
+    for c in copies:
+        used[c.cache] = used.get(c.cache, 0) + c.size
+        if c.sha is not None and (c.cache != cache or not c.protected):
+            evictable.setdefault(c.cache, []).append(c)
+    total = sum(used.values())
+    if total + size <= limit:
+        return []
+    holders = {name for name, n in used.items() if n > 0} | {cache}
+    share = limit // len(holders)
+    for victims in evictable.values():
+        victims.sort(key=lambda c: (c.protected, c.mtime_ns, c.sha or ""))  # unprotected, oldest first
+    out: list[Copy] = []
+
+    def remove(name: str) -> None:
+        nonlocal total
+        gone = evictable[name].pop(0)
+        out.append(gone)
+        used[name] -= gone.size
+        total -= gone.size
+
+    over = (f"a {size}-byte checkpoint would take this host's checkpoint caches to {total + size} bytes, "
+            f"over their budget of {limit}")
+    while used.get(cache, 0) + size > share and evictable.get(cache):
+        remove(cache)  # its own older copies first: the prune after this copy would take them anyway
+    if (mine := used.get(cache, 0) + size) > share:
+        return (f"{over}, and this job's cache to {mine} bytes, over its share of {share} "
+                f"({len(holders)} jobs' caches share the budget)")
+    while total + size > limit:
+        over_share = [(used[name] - share, name) for name, left in evictable.items()
+                      if name != cache and left and used[name] > share]
+        if not over_share:
+            return f"{over}, and no other job's cache holds more than its share of {share} to give back"
+        remove(max(over_share)[1])
+    return out

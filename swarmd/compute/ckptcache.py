@@ -27,15 +27,26 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
 - `incoming_path` hands out a temporary for a file another part of the daemon writes (the
   coordinator fetching a checkpoint into its own cache); `store_file` of such a temporary
   verifies and renames it (no second copy) and removes it when it does not match.
-- A copy is refused when it would leave less than `MIN_FREE` bytes free on the disk, and
-  when it would take all the host's caches together (`Budget`: every job's, the hub's,
-  transfers under way) over `BUDGET_FACTOR` × checkpoint_max: room for one job's `keep` (2)
-  checkpoints at the largest size, one arriving and one more, or for many jobs with the
-  usual smaller ones. Without it a member could fill any host's disk by putting checkpoints
-  for jobs it never runs; the refusal says why (the coordinator logs it and tries another
-  holder, the watcher logs it). Caches of jobs that finished count until gc removes them
-  (retention); caches a peer put into for a hold that ended before its job ever started
-  here go with the hold (worker.py).
+- A copy is refused when it would leave less than `MIN_FREE` bytes free on the disk. All
+  the host's caches together (`Budget`: every job's, the hub's, transfers under way) hold
+  at most `BUDGET_FACTOR` × checkpoint_max: room for one job's `keep` (2) checkpoints at
+  the largest size, one arriving and one more, or for many jobs with the usual smaller
+  ones. Without it a member could fill any host's disk by putting checkpoints for jobs it
+  never runs. The budget is shared per job (checkpoints.make_room), not first come first
+  served for the whole host: while there is room any copy fits; past it a job whose cache
+  stays within its share (budget / caches holding anything) gets room by removing copies
+  of caches over theirs, unprotected ones (neither the latest start's, nor the hub's list,
+  nor the cache's newest) oldest first. So a member that filled the budget first, with
+  puts or its own jobs, gives its excess back to the next job that needs its share, and a
+  running job's own checkpoints and the checkpoints a restart is about to start from
+  (protected) go last; they are refused only to a cache over its own share. Why a share
+  and not a fixed fraction: the budget stays whole for one job alone (its checkpoints at
+  checkpoint_max), and n jobs get an n-th each. A refusal says why (the watcher logs it;
+  a refused put fails that host's part of an attempt, and the coordinator places the
+  attempt again without the host, coordinator.py). Caches of jobs that finished count
+  until they go (a host that is not the hub drops one CHECKPOINT_LINGER after its ranks
+  end), or gc removes them (retention); caches a peer put into for a hold that ended
+  before its job ever started here go with the hold (worker.py).
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ import structlog
 import trio
 
 from . import trees
-from .checkpoints import Observation, Scan, is_checkpoint_name, is_sha256, keep_newest, refusal
+from .checkpoints import Copy, Observation, Scan, is_checkpoint_name, is_sha256, keep_newest, make_room, refusal
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -128,21 +139,34 @@ def listing(dir_fd: int) -> dict[str, Observation]:
 class Budget:
     """Bytes all the checkpoint caches under `jobs_dir` may hold together: files, and what
     copies under way have been promised (`claim`, by temporary name, until `settle` or the
-    temporary is gone). Blocking (it lists every job's cache): call it from a thread."""
+    temporary is gone), shared among the jobs by checkpoints.make_room (the header says
+    why). `protect` names, for a job directory, the shas its cache keeps (the worker's
+    word); each cache's newest copy is protected too. Blocking (it lists every job's
+    cache): call it from a thread."""
 
-    def __init__(self, jobs_dir: Path, limit: int) -> None:
+    def __init__(self, jobs_dir: Path, limit: int, protect: Callable[[str], Iterable[str]] = lambda name: ()) -> None:
         self.jobs_dir = jobs_dir
         self.limit = limit
+        self.protect = protect
+        self.evicted = 0  # copies removed to make room for another job's within its share
         self._lock = threading.Lock()  # one check-and-claim at a time, whichever thread
         self._claims: dict[str, int] = {}  # temporary's name -> bytes promised to it
 
     def claim(self, tmp: Path, size: int) -> None:
-        """Promise `size` bytes to the temporary `tmp`, or CheckpointError saying why not."""
+        """Promise `size` bytes to the temporary `tmp` (in a job's cache), removing other
+        jobs' copies over their share where needed; or CheckpointError saying why not."""
         with self._lock:
-            used = self._used(tmp.name)
-            if used + size > self.limit:
-                raise CheckpointError(f"a {size}-byte checkpoint would take this host's checkpoint caches to "
-                                      f"{used + size} bytes, over their budget of {self.limit}")
+            plan = make_room(self._copies(tmp.name), tmp.parent.parent.name, size, self.limit)
+            if isinstance(plan, str):
+                raise CheckpointError(plan)
+            for copy in plan:
+                assert copy.sha is not None
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.jobs_dir / copy.cache / CACHE_DIR / copy.sha)
+                self.evicted += 1
+                log.info("a checkpoint copy removed: its job's cache was over its share of the host's budget",
+                         directory=copy.cache, sha=copy.sha[:12], size=copy.size, protected=copy.protected,
+                         for_directory=tmp.parent.parent.name)
             self._claims[tmp.name] = size
 
     def settle(self, tmp: Path) -> None:
@@ -151,27 +175,39 @@ class Budget:
 
     def used(self) -> int:
         with self._lock:
-            return self._used()
+            return sum(c.size for c in self._copies())
 
-    def _used(self, leave: str | None = None) -> int:
-        total, seen = 0, set()
+    def _copies(self, leave: str | None = None) -> list[Copy]:
+        """Every file of every job's cache (a claim counted at least at its promise), but `leave`."""
+        out: list[Copy] = []
+        seen: set[str] = set()
         for top in _entries(self.jobs_dir):
             if not top.is_dir(follow_symlinks=False):
                 continue
+            files: list[tuple[str, int, int]] = []
             for entry in _entries(Path(top.path) / CACHE_DIR):
                 if entry.name == leave or not entry.is_file(follow_symlinks=False):
                     continue
                 try:
-                    size = entry.stat(follow_symlinks=False).st_size
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                size = st.st_size
                 if entry.name in self._claims:
                     seen.add(entry.name)
                     size = max(size, self._claims[entry.name])
-                total += size
+                files.append((entry.name, size, st.st_mtime_ns))
+            if not files:
+                continue
+            kept = frozenset(self.protect(top.name))
+            newest = max(((m, name) for name, _, m in files if is_sha256(name)), default=(0, None))[1]
+            for name, size, mtime_ns in files:
+                sha = name if is_sha256(name) else None  # a temporary (or debris): never removed here
+                out.append(Copy(cache=top.name, sha=sha, size=size, mtime_ns=mtime_ns,
+                                protected=sha is not None and (sha in kept or sha == newest)))
         for gone in set(self._claims) - seen - {leave}:  # the temporary went: its claim with it
             del self._claims[gone]
-        return total
+        return out
 
 
 def _entries(path: Path) -> list[os.DirEntry[str]]:

@@ -18,8 +18,12 @@ path as one placed elsewhere. Rules:
   puts checkpoints only for its committed or running hold (`accept_checkpoint_put`); a
   cache it filled for a hold that went (released, lapsed) before the job ever started
   here is removed with the hold, and all caches together stay within `checkpoint_budget`
-  (ckptcache.Budget). Which holds were put into is remembered in memory: after a restart
-  of the daemon such a leftover waits for gc's retention, counted in the budget.
+  (ckptcache.Budget), a share per job, what a cache keeps going last. Which holds were put
+  into is remembered in memory: after a restart of the daemon such a leftover waits for
+  gc's retention, counted in the budget. What a cache keeps (`checkpoints_kept`: the
+  latest start's listed checkpoints, or the hub's list) is recorded only once the ledger
+  took the start, and at most MAX_KEPT_PER_COORDINATOR jobs per coordinator: a member's
+  requests, refused or not, never push another coordinator's out.
 - While the ranks run, `checkpoints/` is scanned every CHECKPOINT_SCAN; each checkpoint
   that completes (checkpoints.py) is copied into the cache and told as ``{"ckpt": [name,
   sha256, size]}``, the last ones before the exit event, which waits for them at most
@@ -88,7 +92,10 @@ CHECKPOINT_MAX = 8 * 1024**3  # bytes of one checkpoint this host copies and sto
 # seconds the exit waits, once the ranks are gone, for the last checkpoint copy (checkpoint_max
 # at ~140 MB/s); past it that copy is given up, logged, and the exit told without it
 LAST_CHECKPOINT_WAIT = 60.0
-MAX_REMEMBERED = 4096  # jobs whose latest start's checkpoints are remembered (and kept in their caches)
+# jobs per coordinator whose kept checkpoints are remembered (the latest start's, or its hub's list):
+# more than any coordinator runs here at once, or coordinates live with checkpoints; past it the
+# coordinator's own job heard of longest ago is forgotten, never another coordinator's
+MAX_KEPT_PER_COORDINATOR = 256
 
 
 class WorkerError(Exception):
@@ -161,15 +168,19 @@ class Worker:
         self.pins: dict[tuple[str, str], str] = {}  # (coordinator, job) -> the workdir shipped for it
         self.checkpoint_max = checkpoint_max  # bytes of one checkpoint, copied or received
         self.checkpoint_keep = checkpoint_keep  # checkpoints kept per (coordinator, job), beside the latest start's
-        # (coordinator, job) -> shas its cache keeps whatever their age: the latest start's, or the hub's list
-        self.checkpoints_kept: dict[tuple[str, str], frozenset[str]] = {}
+        # job directory (ids.host_dir) -> shas its cache keeps whatever their age: the latest start's,
+        # or the hub's list; recorded only for a start the ledger took, bounded per coordinator
+        self.checkpoints_kept: dict[str, frozenset[str]] = {}
+        self._kept_of: dict[str, dict[str, None]] = {}  # coordinator -> its directories in checkpoints_kept, oldest first
         # (coordinator, job) whose cache here is a live job's hub (this node coordinates it): kept
         # while the job lives; any other job's cache goes when its ranks here end (the hub has them)
         self.hubs: set[tuple[str, str]] = set()
         self.lingering: dict[tuple[str, str], float] = {}  # (coordinator, job) -> when its cache here goes
         # bytes of every job's checkpoint cache on this host together (ckptcache.Budget)
+        # (its share per job, ckptcache.py's header; what a cache keeps goes last, read from a thread)
         self.checkpoint_budget = Budget(jobs_dir.resolve(), checkpoint_budget if checkpoint_budget is not None
-                                        else BUDGET_FACTOR * checkpoint_max)
+                                        else BUDGET_FACTOR * checkpoint_max,
+                                        protect=lambda name: self.checkpoints_kept.get(name, frozenset()))
         # holds a peer put checkpoints for before their job started here: their caches go with them
         self.put_unstarted: set[tuple[str, str]] = set()
         # running jobs whose ports `swarmctl jobs forward` may reach, as their ranks' uid (forward.py)
@@ -310,7 +321,6 @@ class Worker:
         if missing := [f"{name} ({sha[:12]})" for name, sha, _ in req.checkpoints
                        if self.checkpoint_path(req.job, req.coordinator, sha) is None]:
             raise WorkerError(f"checkpoint {', '.join(missing)} is not on this host")
-        self._started_with(req.job, req.coordinator, req.checkpoints)
         with trio.move_on_after(READY_TIMEOUT):
             await self.ready.wait()
         if not self.ready.is_set():
@@ -318,6 +328,7 @@ class Worker:
         started = self.ledger.start(req.job, req.coordinator, req.role.procs_per_node)
         if isinstance(started, Refusal):
             raise Refused(started)
+        self._started_with(req.job, req.coordinator, req.checkpoints)  # a refused start changes nothing
         self.put_unstarted.discard((req.coordinator, req.job))  # started: its cache stays (gc.py)
         codes: dict[int, int] = {}
         executor: Executor | None = None
@@ -480,18 +491,24 @@ class Worker:
 
     def keep_checkpoints(self, job: str, coordinator: str, shas: Iterable[str]) -> None:
         """Keep `shas` in (coordinator, job)'s cache however old (until the next start or
-        call names others): the hub's own list, which a prune by age must not undercut."""
-        key = (coordinator, job)
-        self.checkpoints_kept.pop(key, None)
-        self.checkpoints_kept[key] = frozenset(shas)
-        while len(self.checkpoints_kept) > MAX_REMEMBERED:
-            del self.checkpoints_kept[next(iter(self.checkpoints_kept))]  # the job heard of longest ago
+        call names others): the hub's own list, which a prune by age must not undercut. At
+        most MAX_KEPT_PER_COORDINATOR jobs per coordinator: its job heard of longest ago goes."""
+        name = host_dir(job, coordinator)
+        mine = self._kept_of.setdefault(coordinator, {})
+        mine.pop(name, None)
+        mine[name] = None
+        self.checkpoints_kept[name] = frozenset(shas)
+        while len(mine) > MAX_KEPT_PER_COORDINATOR:
+            oldest = next(iter(mine))
+            del mine[oldest]
+            self.checkpoints_kept.pop(oldest, None)
 
     def kept_checkpoints(self, job: str, coordinator: str) -> frozenset[str]:
-        return self.checkpoints_kept.get((coordinator, job), frozenset())
+        return self.checkpoints_kept.get(host_dir(job, coordinator), frozenset())
 
     def _started_with(self, job: str, coordinator: str, listed: tuple[tuple[str, str, int], ...]) -> None:
-        """A job's latest start here: its cache keeps the checkpoints it listed."""
+        """A job's latest start here, once the ledger took it: its cache keeps the checkpoints
+        it listed (a refused start must not rewrite, or evict, anyone's)."""
         self.keep_checkpoints(job, coordinator, (sha for _, sha, _ in listed))
 
     def _ray_node(self, req: StartRequest, role: NodeRole, top: Path, box: Box,
