@@ -5,18 +5,27 @@ It listens on 127.0.0.1 (and ::1 where there is one) and, for each connection ac
 opens a control connection of its own (`jobs.forward`): once the daemon answers, that
 connection is a byte pipe to the job's listener, relayed here by a thread. A refused
 connection is closed and the reason printed; the forward keeps serving until Ctrl-C (exit 0).
+
+Rules: the port serves only its user. Any local user can connect to a loopback port, so
+each connection is first asked of the kernel whose it is (`peer_refusal`: the uid of the
+connecting socket, sockdiag.py) and one of another uid is closed before a byte is read or
+the daemon is asked: another user never reaches the job, nor acts as this user toward it.
+An address that is taken is an error, not a warning: with [::1]:PORT another program's, a
+client of localhost:PORT could reach it instead of the job.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import os
 import select
 import socket
 import sys
 import threading
 from typing import Any
 
+from swarmd import sockdiag
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 
 CHUNK = 64 * 1024
@@ -53,13 +62,14 @@ def _listen(local: int) -> list[socket.socket]:
             s.listen(64)
         except OSError as exc:
             s.close()
-            if family == socket.AF_INET6:  # 127.0.0.1 is what matters; ::1 is a courtesy
-                if exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):  # not merely "no ::1 here"
-                    print(f"swarmctl: not listening on [::1]:{local}: {exc.strerror or exc}", file=sys.stderr)
-                continue
+            if family == socket.AF_INET6 and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                continue  # no ::1 on this machine: 127.0.0.1 alone is localhost
             for other in out:
                 other.close()
-            raise UsageError(f"cannot listen on {addr}:{local}: {exc.strerror or exc}") from None
+            shown = f"[{addr}]" if family == socket.AF_INET6 else addr
+            raise UsageError(f"cannot listen on {shown}:{local}: {exc.strerror or exc}"
+                             + (" (another program has it: pick another LOCAL_PORT)"
+                                if exc.errno == errno.EADDRINUSE else "")) from None
         out.append(s)
     return out
 
@@ -107,7 +117,26 @@ def _serve_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float,
         _relays.release()
 
 
+def peer_refusal(conn: socket.socket) -> str | None:
+    """None when the connection accepted as `conn` comes from this user's uid, else why it
+    is refused (the kernel's word on the connecting socket; blocking)."""
+    try:
+        theirs = sockdiag.connection(conn.getpeername()[:2], conn.getsockname()[:2])
+    except OSError as exc:  # the client is gone already (ENOTCONN), or sock_diag cannot answer
+        return f"cannot tell which user connected: {exc.strerror or exc}"
+    if theirs is None:
+        return "cannot tell which user connected (the connection is gone)"
+    me = os.geteuid()  # what the kernel records as a socket's owner
+    if theirs.uid != me:
+        return f"it comes from uid {theirs.uid}, and this forward serves only uid {me}"
+    return None
+
+
 def _relay_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float, job: str, port: int) -> None:
+    if (why := peer_refusal(conn)) is not None:
+        print(f"swarmctl: connection from {peer[0]}:{peer[1]} refused: {why}", file=sys.stderr, flush=True)
+        conn.close()
+        return
     try:
         with Client(socket_path, timeout=max(timeout, 30.0)) as client:  # the daemon asks the host (10 s at most)
             _, daemon, leftover = client.take_over("jobs.forward", id=job, port=port)

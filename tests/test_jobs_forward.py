@@ -1,7 +1,8 @@
 """`swarmctl jobs forward` on one daemon on loopback (root not needed): a job's HTTP server
 answers through the forward, a listener that is not the job's is refused saying why and the
-forward keeps serving, Ctrl-C ends it with 0, and a job that is not running, or not the
-caller's, is refused before anything listens."""
+forward keeps serving, Ctrl-C ends it with 0, a job that is not running, or not the
+caller's, is refused before anything listens; the local port serves only its user (another
+uid's connection is closed unread), and an address another program has is an error."""
 
 from __future__ import annotations
 
@@ -278,3 +279,98 @@ def test_without_the_sandbox_the_job_users_listener_is_forwarded_and_never_roots
     finally:
         d.call("jobs.cancel", id=job)
         subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
+
+
+# --- the local port serves its user only (issue 23, finding 14) ----------------------------
+
+CLIENT = """
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+c.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+try:
+    got = c.recv(1024)
+except ConnectionResetError:
+    got = b""
+print(repr(got), flush=True)
+"""
+
+
+def as_nobody(code: str, *args: str) -> subprocess.Popen:
+    """`python -c code args` as uid and gid 65534, its stdout piped."""
+    return subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code,
+                             *args], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, cwd="/")
+
+
+@root_only()
+def test_a_connection_of_another_uid_is_told_apart_from_the_users_own():
+    from swarmctl.forward import peer_refusal
+
+    hold = ("import socket, sys\nc = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+            "print('on', flush=True)\nsys.stdin.read()\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        other = as_nobody(hold, str(port))
+        try:
+            assert other.stdout.readline() == "on\n"
+            conn, _ = listener.accept()
+            with conn:
+                assert peer_refusal(conn) == "it comes from uid 65534, and this forward serves only uid 0"
+        finally:
+            other.kill()
+            other.wait()
+            other.stdin.close()
+            other.stdout.close()
+        with socket.create_connection(("127.0.0.1", port)) as mine:
+            conn, _ = listener.accept()
+            with conn:
+                assert peer_refusal(conn) is None
+
+
+@root_only()
+def test_another_users_connection_to_the_local_port_is_refused_and_the_users_own_served(node, server_job):  # noqa: F811
+    job, port = server_job
+    local = free_port()
+    fw = Forward(node, job, f"{local}:{port}")
+    try:
+        assert fw.first_line().startswith(f"forwarding 127.0.0.1:{local} -> job {job}")
+        other = as_nobody(CLIENT, str(local))
+        try:
+            assert other.communicate(timeout=30)[0] == "b''\n", "another user read through the forward"
+        finally:
+            other.kill()
+        wait_until(lambda: any("refused" in e for e in fw.err), 20, "the refusal told")
+        why = next(e for e in fw.err if "refused" in e)
+        assert "refused: it comes from uid 65534, and this forward serves only uid 0" in why, why
+        assert get(local, "/mine").startswith("hello from the job"), "the user's own connection still served"
+        assert fw.stop() == 0
+    finally:
+        fw.kill()
+
+
+def test_a_local_address_that_is_taken_fails_clearly_and_leaves_nothing_listening():
+    from swarmctl.forward import UsageError, _listen
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        taken.bind(("::1", 0))  # another program's [::1]:P: `localhost:P` could reach it instead of the job
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port))
+        except OSError:
+            pytest.skip(f"127.0.0.1:{port} is someone's already")
+        with pytest.raises(UsageError, match=rf"cannot listen on \[::1\]:{port}: Address already in use "
+                                             r"\(another program has it: pick another LOCAL_PORT\)"):
+            _listen(port)
+        with socket.socket() as again:  # the 127.0.0.1 listener it had opened was closed
+            again.bind(("127.0.0.1", port))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(UsageError, match=rf"cannot listen on 127.0.0.1:{taken.getsockname()[1]}: Address already"):
+            _listen(taken.getsockname()[1])
