@@ -1,10 +1,15 @@
 """sandbox.box: what this host can confine, and one job's box from start to end, with the
-real parts where this machine has them (root, cgroups, bubblewrap, nftables)."""
+real parts where this machine has them (root, cgroups, bubblewrap, nftables), or without
+some of them as a host lacking them runs (sandbox = auto)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import stat
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -13,6 +18,7 @@ import trio
 
 from swarmd.compute.sandbox import box as boxmod
 from swarmd.compute.sandbox.box import PARTS, Sandbox, SandboxError, Settings
+from swarmd.compute.sandbox.uids import pids_of
 
 UIDS = (64900, 64999)  # apart from the lab's slices and the default's low end
 
@@ -74,7 +80,7 @@ async def test_a_box_runs_its_command_as_its_uid_and_leaves_nothing(tmp_path):
         assert (top / "work" / "mine").stat().st_uid == os.geteuid(), "its files are handed back"
         assert subprocess.run(["nft", "list", "chain", "inet", "swarmd_jobs", f"job_{box.uid}"],
                               capture_output=True).returncode != 0, "its firewall chain is gone"
-        assert sb.pool is not None and sb.pool.allocate() == box.uid, "the uid is free again"
+        assert sb.pool is not None and sb.pool.holder(box.uid) is None, "the uid is free again"
     finally:
         await sb.close()
 
@@ -105,6 +111,125 @@ async def test_the_jobs_environment_never_reaches_the_stages_that_run_as_root(tm
         assert (top / ".env-0").stat().st_mode & 0o777 == 0o400
     finally:
         await sb.close()
+
+
+root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's parts need root")
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """Make this host lack sandbox parts, as `auto` finds a host without them."""
+    def lack(*parts: str) -> None:
+        if "namespaces" in parts:
+            monkeypatch.setattr(boxmod.mounts, "detect_bwrap", lambda: "bwrap (bubblewrap) is not installed")
+        if "cgroup" in parts:
+            monkeypatch.setattr(boxmod.cgroups, "detect", lambda: "no cgroup file system here")
+        if "firewall" in parts:
+            monkeypatch.setattr(boxmod.firewall, "detect", lambda: "nft is not installed")
+    return lack
+
+
+@pytest.fixture
+def reachable() -> Path:
+    """A jobs directory a job's uid reaches without bubblewrap's view (tmp_path is 0700)."""
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-box-"))
+    jobs.chmod(0o711)
+    yield jobs
+    shutil.rmtree(jobs)
+
+
+@root
+async def test_without_a_cgroup_closing_the_box_kills_every_process_of_its_uid(tmp_path, without, reachable):
+    """Issue 23, finding 2: a rank's setsid'd child left its group, and without a cgroup
+    nothing found it: it lived on as the uid the next job would get."""
+    without("cgroup", "namespaces", "firewall")
+    sb = await Sandbox.start(dataclasses.replace(settings(tmp_path), jobs_dir=reachable))
+    try:
+        assert sb.parts["cgroup"].startswith("off") and sb.parts["namespaces"].startswith("off")
+        top = reachable / "d212zzzzzzzz-00000000"
+        (top / "work").mkdir(parents=True)
+        async with sb.open(job="j", top=top, cwd=top / "work", memory=None, cpus=None, gpus=()) as box:
+            assert box.parts == ("uid",) and box.cgroup is None
+            script = "setsid sh -c 'sleep 300 & sleep 300' </dev/null >/dev/null 2>&1 & echo $!"
+            argv, env = box.command(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, 0)
+            done = await trio.run_process(argv, env=env, capture_stdout=True, check=True)
+            stray = int(done.stdout)
+            assert stray in pids_of(box.uid), "it outlived its rank"
+        assert pids_of(box.uid) == [], "no process of the job's uid survives its box (zombies wait for init)"
+        assert sb.pool is not None and sb.pool.holder(box.uid) is None
+    finally:
+        await sb.close()
+
+
+def test_only_a_job_uids_processes_are_ever_killed():
+    with pytest.raises(ValueError, match="uid 0 is not a job's"):
+        boxmod.kill_uid(0, "/usr/bin/setpriv")
+
+
+ATTACKER = 2_000_000_100  # a local user, apart from the job uids
+
+
+@pytest.fixture
+def shm(tmp_path, monkeypatch) -> Path:
+    """A stand-in for the host's /dev/shm (world-writable, sticky): other daemons on this
+    machine keep theirs in the real one."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    d.chmod(0o1777)
+    monkeypatch.setattr(boxmod, "SHM", d)
+    return d
+
+
+@root
+def test_a_previous_lifes_shared_memory_goes_and_a_lookalike_stays(shm):
+    name = "swarmd-t0000"
+    left = shm / f"{name}.abc12345"  # a killed life's, with a job's directory in it
+    (left / "d212-0").mkdir(parents=True)
+    lookalike = shm / f"{name}.evil0000"
+    lookalike.mkdir()
+    os.chown(lookalike, ATTACKER, ATTACKER)
+    other = shm / "swarmd-t1111.abc12345"  # another daemon's on this machine
+    other.mkdir()
+    boxmod._remove_left_shm(name)
+    assert not left.exists() and lookalike.exists() and other.exists()
+    made = boxmod._shm_parent(name)
+    assert made is not None and made.parent == shm and made.name.startswith(f"{name}.")
+    st = made.lstat()
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o711
+
+
+@root
+async def test_a_local_user_racing_for_dev_shm_swarmd_cannot_fail_a_job_start(tmp_path, monkeypatch, shm):
+    """Issue 23, finding 16: the jobs' shared /dev/shm lay under /dev/shm/swarmd; a local user
+    who made that name again whenever the daemon removed it failed every job start (mkdir:
+    File exists), and had their own directory removed by root."""
+    theirs = shm / "swarmd"
+    real_remove = boxmod.trees.remove
+
+    def race(path: Path) -> None:
+        real_remove(path)
+        if path == theirs:  # the local user wins the race for the name
+            os.mkdir(theirs, 0o777)
+            os.chown(theirs, ATTACKER, ATTACKER)
+
+    os.mkdir(theirs, 0o777)
+    os.chown(theirs, ATTACKER, ATTACKER)
+    monkeypatch.setattr(boxmod.trees, "remove", race)
+    sb = await Sandbox.start(settings(tmp_path))
+    try:
+        assert sb.bwrap is not None, sb.parts
+        top = tmp_path / "jobs" / "d212wwwwwwww-00000000"
+        (top / "work").mkdir(parents=True)
+        async with sb.open(job="j", top=top, cwd=top / "work", memory=None, cpus=None, gpus=()) as box:
+            shared = sb.shm / top.name
+            assert shared.stat().st_uid == box.uid and stat.S_IMODE(shared.stat().st_mode) == 0o700
+            assert shared.parent.parent == shm and shared.parent.stat().st_uid == 0
+        assert not shared.exists()
+        assert theirs.stat().st_uid == ATTACKER, "a local user's directory is neither used nor removed"
+    finally:
+        await sb.close()
+        real_remove(theirs)
+    assert sb.shm is not None and not sb.shm.exists(), "the daemon's own goes when it stops"
 
 
 def _uid(proc: Path) -> int | None:

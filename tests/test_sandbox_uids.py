@@ -1,8 +1,9 @@
-"""uids.py: a job uid is never one a live process or a leftover file still holds, nor one
-systemd holds for a DynamicUser service (its lock in /run/systemd/dynamic-uid, taken here
-by another process exactly as systemd takes it: flock on the uid's file), a handed-out uid
-holds that lock until released, a released one comes back, and the range is checked where
-it is configured."""
+"""uids.py: a job uid is never one a live process, a leftover file (in the jobs directory or
+where a job without bubblewrap writes: /tmp, /dev/shm...) or a SysV IPC object still holds,
+nor one systemd holds for a DynamicUser service (its lock in /run/systemd/dynamic-uid, taken
+here by another process exactly as systemd takes it: flock on the uid's file), a handed-out
+uid holds that lock until released, a released one comes back only after the others had
+their turn (remembered across a restart), and the range is checked where it is configured."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.compute.sandbox.uids import HIGHEST, UidPool
+from swarmd.compute.sandbox import uids as uidsmod
+from swarmd.compute.sandbox.uids import HIGHEST, SCRATCH, UidPool, ipc_owners
 from swarmd.config import ConfigError, load
 
 BASE = 2_000_000_000  # far from any uid this machine or another test uses
@@ -67,13 +69,57 @@ def test_lowest_free_uid_first_and_each_only_once(jobs, locks):
     assert [pool.allocate() for _ in range(3)] == [BASE, BASE + 1, BASE + 2]
 
 
-def test_release_makes_it_available_again(jobs, locks):
-    pool = UidPool(BASE, BASE + 9, jobs, locks=locks)
+def test_a_released_uid_comes_back_only_after_the_others_had_their_turn(jobs, locks):
+    """Least recently used first: what a job left where no scan looks is reached by a later
+    job only once the whole range went round (issue 23, finding 2)."""
+    pool = UidPool(BASE, BASE + 2, jobs, locks=locks)
     a, b = pool.allocate(), pool.allocate()
     pool.release(a)
-    assert pool.allocate() == a
+    c = pool.allocate()
+    assert (a, b, c) == (BASE, BASE + 1, BASE + 2), "one never handed out before a released one"
+    pool.release(c)
+    pool.release(b)
+    assert [pool.allocate() for _ in range(3)] == [a, c, b], "then the least recently handed out"
     pool.release(BASE + 7)  # never handed out: nothing happens
-    assert pool.allocate() == b + 1
+
+
+def test_the_rotation_survives_a_restart(jobs, locks, tmp_path):
+    """A restarted daemon went back to the lowest uid: the one the last job had."""
+    history = tmp_path / "state" / "job-uids"
+    history.parent.mkdir()
+    first = UidPool(BASE, BASE + 2, jobs, locks=locks, history=history)
+    got = [first.allocate(), first.allocate()]
+    for uid in got:
+        first.release(uid)
+    assert history.read_text() == f"{BASE}\n{BASE + 1}\n"
+    assert first.rotation == f"least recently used first, remembered in {history}"
+    second = UidPool(BASE, BASE + 2, jobs, locks=locks, history=history)  # the daemon's next life
+    assert [second.allocate(), second.allocate(), second.allocate()] == [BASE + 2, BASE, BASE + 1]
+
+
+def test_a_history_with_foreign_lines_keeps_the_uids_of_the_range(jobs, locks, tmp_path):
+    history = tmp_path / "job-uids"
+    history.write_text(f"{BASE}\nnot-a-uid\n{BASE + 50}\n-3\n{BASE + 1}\n{BASE}\n")  # the range was wider once
+    pool = UidPool(BASE, BASE + 2, jobs, locks=locks, history=history)
+    assert [pool.allocate() for _ in range(3)] == [BASE + 2, BASE + 1, BASE]
+
+
+def test_an_unwritable_history_leaves_the_rotation_in_memory(jobs, locks, tmp_path):
+    history = tmp_path / "missing-dir" / "job-uids"
+    pool = UidPool(BASE, BASE + 2, jobs, locks=locks, history=history)
+    assert pool.allocate() == BASE
+    assert pool.rotation.startswith(f"least recently used first, in memory only: {history}")
+    pool.release(BASE)
+    assert pool.allocate() == BASE + 1
+
+
+def test_the_history_keeps_the_latest_uids_only(jobs, locks, tmp_path, monkeypatch):
+    monkeypatch.setattr(uidsmod, "HISTORY", 2)
+    history = tmp_path / "job-uids"
+    pool = UidPool(BASE, BASE + 9, jobs, locks=locks, history=history)
+    for _ in range(3):
+        pool.release(pool.allocate())
+    assert history.read_text() == f"{BASE + 1}\n{BASE + 2}\n"
 
 
 @root
@@ -106,6 +152,83 @@ def test_a_group_owner_counts_too(jobs, locks):
     assert UidPool(BASE, BASE + 9, jobs, locks=locks).allocate() == BASE + 1
 
 
+@pytest.fixture
+def scratch(tmp_path) -> list[Path]:
+    """Stand-ins for /tmp and /dev/shm: world-writable and sticky, as on the host."""
+    dirs = [tmp_path / "tmp", tmp_path / "shm"]
+    for d in dirs:
+        d.mkdir()
+        d.chmod(0o1777)
+    return dirs
+
+
+def test_the_host_directories_a_job_without_bubblewrap_writes_are_looked_at():
+    assert {Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")} <= set(SCRATCH)
+    assert UidPool(BASE, BASE, Path("/nonexistent")).scratch == SCRATCH
+
+
+@chowns
+def test_a_uid_owning_a_file_in_tmp_or_dev_shm_is_skipped(jobs, locks, scratch):
+    """Job A ran without bubblewrap and planted /tmp/torchinductor_jobA/kernel.py: job B got
+    A's uid (the lowest free one) and ran it (issue 23, finding 2)."""
+    tmp, shm = scratch
+    planted = tmp / f"torchinductor_job{BASE}"
+    planted.mkdir()
+    (planted / "kernel.py").write_text("import os  # runs in the next job of this uid\n")
+    for p in (planted / "kernel.py", planted):
+        os.chown(p, BASE, BASE)
+    planted.chmod(0)  # the job cannot hide from root by its modes
+    (shm / "segment").write_text("x")
+    os.chown(shm / "segment", BASE + 1, BASE + 1)
+    other = tmp / "someone-elses"  # another user's world-writable directory: a file of the job in it
+    other.mkdir()
+    other.chmod(0o777)
+    (other / "left").write_text("x")
+    os.chown(other / "left", BASE + 2, BASE + 2)
+    pool = UidPool(BASE, BASE + 9, jobs, locks=locks, scratch=scratch)
+    assert pool.allocate() == BASE + 3
+    assert pool.holder(BASE) == pool.holder(BASE + 2) == f"files in {tmp}, {shm}"
+    assert pool.holder(BASE + 3) == "a job running here" and pool.holder(BASE + 4) is None
+    with pytest.raises(RuntimeError, match=rf"3 by files in {tmp}, {shm};"):
+        UidPool(BASE, BASE + 2, jobs, locks=locks, scratch=scratch).allocate()
+    planted.chmod(0o700)
+    shutil.rmtree(planted)  # cleaned (systemd-tmpfiles, a reboot): free again
+    assert pool.allocate() == BASE
+
+
+def test_sysv_ipc_owners_and_creators_hold_their_uids(tmp_path):
+    """The columns as /proc/sysvipc lists them (Linux ipc/util.c, shm.c, sem.c, msg.c)."""
+    ipc = tmp_path / "sysvipc"
+    ipc.mkdir()
+    (ipc / "shm").write_text(
+        "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime"
+        "      dtime      ctime                   rss                  swap\n"
+        "         0          3  1600                  4096  4711     0      0  1001  1002  1003  1004          0"
+        "          0 1700000000                     0                     0\n")
+    (ipc / "sem").write_text(
+        "       key      semid perms      nsems   uid   gid  cuid  cgid      otime      ctime\n"
+        " 305419896          0   600          1  2001  2002  2003  2004          0 1700000000\n")
+    (ipc / "msg").write_text(
+        "       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime      rtime"
+        "      ctime\n")
+    assert ipc_owners(ipc) == {1001, 1002, 1003, 1004, 2001, 2002, 2003, 2004}
+    assert ipc_owners(tmp_path / "no-sysvipc") == set()
+
+
+@root
+def test_a_uid_owning_a_sysv_shared_memory_segment_is_skipped(jobs, locks, scratch):
+    """Without bubblewrap's IPC namespace a job's segments stay in the host's after it."""
+    made = subprocess.run([SETPRIV, "--reuid", str(BASE), "--regid", str(BASE), "--clear-groups", "--",
+                           "ipcmk", "-M", "4096"], capture_output=True, text=True, check=True)
+    shmid = made.stdout.split()[-1]
+    try:
+        pool = UidPool(BASE, BASE + 9, jobs, locks=locks, scratch=scratch)
+        assert pool.holder(BASE) == "SysV IPC objects" and pool.allocate() == BASE + 1
+    finally:
+        subprocess.run(["ipcrm", "-m", shmid], check=True)
+    assert pool.allocate() == BASE
+
+
 def test_a_missing_jobs_directory_holds_nothing(tmp_path, locks):
     assert UidPool(BASE, BASE + 9, tmp_path / "not-yet", locks=locks).allocate() == BASE
 
@@ -120,8 +243,8 @@ def test_exhaustion_says_who_holds_the_uids(jobs, locks):
     with pytest.raises(RuntimeError) as exc:
         pool.allocate()
     assert str(exc.value) == (
-        f"no free job uid in {BASE}-{BASE + 2}: 2 held by jobs running here, 0 by leftover processes, "
-        f"1 by files in {jobs}; widen job_uids or wait for finished jobs' directories to be collected")
+        f"no free job uid in {BASE}-{BASE + 2}: 2 held by jobs running here, 1 by files in {jobs}; "
+        "widen job_uids or wait for finished jobs' directories to be collected")
 
 
 def test_nobody_and_the_16_bit_minus_one_are_never_handed_out(jobs, locks):
@@ -207,7 +330,7 @@ def test_a_uid_systemd_holds_is_skipped_though_no_process_or_file_shows_it(jobs,
 @root
 def test_a_released_uid_keeps_its_lock_while_a_process_of_it_remains(jobs, locks, systemd, process_as):
     """A job without a cgroup may leave a stray: systemd must not give its uid to a service."""
-    pool = UidPool(BASE, BASE + 9, jobs, locks=locks)
+    pool = UidPool(BASE, BASE, jobs, locks=locks)
     uid = pool.allocate()
     stray = process_as(uid)
     pool.release(uid)
@@ -236,8 +359,8 @@ def test_exhaustion_counts_uids_systemd_holds(jobs, locks, systemd):
     with pytest.raises(RuntimeError) as exc:
         pool.allocate()
     assert str(exc.value) == (
-        f"no free job uid in {BASE}-{BASE + 1}: 1 held by jobs running here, 0 by leftover processes, "
-        f"0 by files in {jobs}, 1 locked in {locks} (systemd's DynamicUser services); "
+        f"no free job uid in {BASE}-{BASE + 1}: 1 held by jobs running here, "
+        f"1 locked in {locks} (systemd's DynamicUser services); "
         "widen job_uids or wait for finished jobs' directories to be collected")
 
 
@@ -288,7 +411,7 @@ def test_a_read_only_lock_directory_still_honours_and_holds_existing_locks(jobs,
 
 def test_without_systemd_uids_are_handed_out_unlocked(jobs, tmp_path):
     locks = tmp_path / "no-systemd" / "dynamic-uid"
-    pool = UidPool(BASE, BASE + 9, jobs, locks=locks)
+    pool = UidPool(BASE, BASE, jobs, locks=locks)
     assert pool.allocate() == BASE
     assert not locks.parent.exists()  # nothing made where systemd is not
     assert pool.coordination() == f"no {locks.parent} (no systemd here): no DynamicUser uid to avoid"

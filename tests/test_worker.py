@@ -64,7 +64,7 @@ def test_a_leftover_tree_is_removed_unfollowed_and_only_fresh_dirs_are_chowned(w
     assert (precious / "key").read_text() == "secret"
     assert work == top / "work" and not work.is_symlink()
     assert {p.name: p.lstat().st_uid for p in top.iterdir()} == {"work": nobody, "checkpoints": nobody,
-                                                                  "home": nobody}
+                                                                  "home": nobody, "tmp": nobody}
     assert top.stat().st_uid == 0 and stat.S_IMODE(top.stat().st_mode) == 0o711, "the job's top stays the daemon's"
 
 
@@ -189,3 +189,75 @@ async def test_refused_starts_never_evict_another_coordinators_kept_checkpoints(
     assert len(worker.checkpoints_kept) == MAX_KEPT_PER_COORDINATOR + 1
     assert worker.kept_checkpoints(encode(1), "mallory") == frozenset(), "its own oldest went"
     assert worker.kept_checkpoints(encode(MAX_KEPT_PER_COORDINATOR + 10), "mallory") == {"b" * 64}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job uids need root")
+async def test_without_bubblewrap_the_next_job_gets_another_uid_and_its_own_temp(tmp_path, monkeypatch):
+    """Issue 23, finding 2: on a host without bubblewrap (sandbox = auto) job B got job A's
+    uid, the lowest free one, and with it A's /tmp/torchinductor_$USER/kernel.py, which
+    TorchInductor would run. Now B gets another uid, its temp and caches are in its own
+    job directory, and A's stray process is gone when A ends (no cgroup to find it by)."""
+    import subprocess
+    import sys
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    import trio
+
+    from swarmd.compute.sandbox import box as boxmod
+    from swarmd.compute.sandbox.box import Sandbox, Settings
+    from swarmd.compute.sandbox.uids import pids_of
+    from swarmd.compute.torchenv import NodeRole
+    from swarmd.compute.worker import StartRequest
+
+    monkeypatch.setattr(boxmod.mounts, "detect_bwrap", lambda: "bwrap (bubblewrap) is not installed")
+    monkeypatch.setattr(boxmod.cgroups, "detect", lambda: "no cgroup file system here")
+    monkeypatch.setattr(boxmod.firewall, "detect", lambda: "nft is not installed")
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-tmp-"))  # reachable by the job's uid (tmp_path is 0700)
+    jobs.chmod(0o711)
+    sb = await Sandbox.start(Settings(mode="auto", uids=(64800, 64899), egress="mesh", egress_allow=(), paths=(),
+                                      pids=64, state_dir=tmp_path, jobs_dir=jobs, socket=tmp_path / "s.sock",
+                                      name=f"swarmd-t{uuid.uuid4().hex[:8]}"))
+    assert sb.parts["namespaces"].startswith("off") and sb.parts["cgroup"].startswith("off")
+    w = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs, user=None, sandbox=sb)
+    tag = uuid.uuid4().hex[:8]
+    planted = [Path(f"/tmp/torchinductor_{tag}"), Path(f"/dev/shm/{tag}")]
+    show = ('echo uid=$(id -u); for v in TMPDIR TORCHINDUCTOR_CACHE_DIR XDG_CACHE_HOME TRITON_CACHE_DIR; '
+            'do eval echo $v=\\$$v; done; touch "$TMPDIR/mine" && echo tmp=writable')
+    plant = (f'mkdir /tmp/torchinductor_{tag}; echo "import os" > /tmp/torchinductor_{tag}/kernel.py; '
+             f'touch /dev/shm/{tag}; setsid sleep 300 </dev/null >/dev/null 2>&1 & echo stray=$!; ')
+
+    async def run(job: str, script: str) -> dict[str, str]:
+        w.reserve(job, "coord", 0, 1, 60.0)
+        w.commit(job, "coord")
+        role = NodeRole(job_id=job, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                        master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+        seen: dict[str, str] = {}
+
+        async def emit(event) -> None:
+            for _, line in event.get("out", ()):
+                name, _, value = line.partition("=")
+                seen[name] = value
+
+        with trio.fail_after(30):
+            assert await w.start(StartRequest(job=job, coordinator="coord", role=role, env={}, python=None,
+                                              workdir=None, cmd=("/bin/sh", "-c", script)), emit) == {0: 0}
+        return seen
+
+    try:
+        a = await run("0123456789aa", plant + show)
+        assert all(p.lstat().st_uid == int(a["uid"]) for p in planted), "job A planted them as its uid"
+        assert a["stray"] and pids_of(int(a["uid"])) == [], "job A's stray (setsid, no cgroup) was killed at its end"
+        b = await run("0123456789bb", show)
+        top = w.job_dir("0123456789bb", "coord")
+        assert b["uid"] != a["uid"], "job B never gets the uid that owns what A left in /tmp and /dev/shm"
+        assert b == {"uid": b["uid"], "TMPDIR": str(top / "tmp"),
+                     "TORCHINDUCTOR_CACHE_DIR": str(top / "tmp" / "torchinductor"),
+                     "XDG_CACHE_HOME": str(top / "home" / ".cache"),
+                     "TRITON_CACHE_DIR": str(top / "home" / ".triton" / "cache"), "tmp": "writable"}
+    finally:
+        await sb.close()
+        for p in planted:
+            subprocess.run(["rm", "-rf", str(p)], check=False)
+        subprocess.run(["rm", "-rf", str(jobs)], check=False)

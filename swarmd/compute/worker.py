@@ -10,7 +10,8 @@ path as one placed elsewhere. Rules:
   ids.py's format only, checked to resolve inside `jobs_dir`: another member presenting an
   id it learned gets its own directory and never touches the coordinator's. It is made afresh for each start (a leftover is removed
   without following links), owned by the daemon (0711), with `home/`, `work/` (a copy of
-  the cached workdir) and `checkpoints/` inside handed to the job user: only what the
+  the cached workdir), `checkpoints/` and `tmp/` (the ranks' TMPDIR and caches: never the
+  host's /tmp, _base_env) inside handed to the job user: only what the
   daemon just created is chowned, links never followed, and the job user reaches nothing
   until it is all in place. `output.log` beside them stays the daemon's, and so does
   `ckpt-cache/` (ckptcache.py), the one thing a start keeps: the job's checkpoints by
@@ -336,7 +337,7 @@ class Worker:
         try:
             role = dataclasses.replace(req.role, ifname=self.ifname(), gpus=started.gpus,
                                        checkpoint_dir=str(top / "checkpoints"))
-            base = _base_env(top / "home")
+            base = _base_env(top)
             argv = resolve_argv(req.cmd, req.python)
             wake = trio.Event()
 
@@ -587,7 +588,7 @@ class Worker:
         `work/`, and `checkpoints/` holding the listed checkpoints, handed to the job's uid
         (or user) once complete. Its checkpoint cache (ckptcache.py) is kept."""
         clear_job_dir(top)  # nobody else reaches in while it is built (0700)
-        work, checkpoints, home = top / "work", top / "checkpoints", top / "home"
+        work, checkpoints, home, tmp = top / "work", top / "checkpoints", top / "home", top / "tmp"
         if workdir is not None:
             with self.cache.hold(workdir) as tree:  # not evicted while it is copied
                 shutil.copytree(tree, work, symlinks=False)
@@ -596,12 +597,13 @@ class Worker:
         os.chmod(work, 0o700)  # the workdir's own mode aside: the job's alone
         os.mkdir(checkpoints, 0o700)
         os.mkdir(home, 0o700)
+        os.mkdir(tmp, 0o700)
         if uid is not None:
-            for d in (work, checkpoints, home):
+            for d in (work, checkpoints, home, tmp):
                 _chown_fresh(d, uid, uid)
         elif os.geteuid() == 0 and self.user:
             entry = pwd.getpwnam(self.user)
-            for d in (work, checkpoints, home):
+            for d in (work, checkpoints, home, tmp):
                 _chown_fresh(d, entry.pw_uid, entry.pw_gid)
         if listed:  # after the chown: the links stay the daemon's, the job cannot change the cache
             cache = CkptCache(top)
@@ -723,9 +725,16 @@ def _chown_fresh(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid, follow_symlinks=False)
 
 
-def _base_env(home: Path) -> dict[str, str]:
+def _base_env(top: Path) -> dict[str, str]:
     """A clean start: the interpreter's own bin first on PATH (a rank that runs `python` in a
-    subprocess gets swarmd's, with torch), and HOME in the job's own directory (the job user's
-    may not exist, `nobody`'s is /nonexistent, and torch keeps caches there)."""
+    subprocess gets swarmd's, with torch), HOME in the job's own directory (the job user's
+    may not exist, `nobody`'s is /nonexistent, and torch keeps caches there), and its temp
+    and caches there too, in every sandbox mode: never in the host's /tmp, where a job that
+    ran before under the same uid or user could have planted them (TorchInductor's default
+    /tmp/torchinductor_$USER holds code it runs; Triton's and the XDG caches follow HOME).
+    The job's env may point them elsewhere: its own choice."""
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    return {"PATH": path, "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(home)}
+    home, tmp = top / "home", top / "tmp"
+    return {"PATH": path, "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(home), "TMPDIR": str(tmp),
+            "XDG_CACHE_HOME": str(home / ".cache"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor"),
+            "TRITON_CACHE_DIR": str(home / ".triton" / "cache")}

@@ -15,9 +15,20 @@ missing; `Sandbox.open` gives a job its box for as long as its ranks run. Rules:
   (no_new_privs, empty bounding set) and execs the rank's command. Without bwrap, setpriv
   follows sh directly.
 - The box's uid is the job's alone while it has a process or a file on this host: when
-  the box closes, its processes are gone (the cgroup, or the pool's /proc scan without
-  one) and its files in the job's directory are handed to the daemon (links never
-  followed); only then does the uid go back to the pool (uids.py).
+  the box closes, its processes are gone and its files in the job's directory are handed
+  to the daemon (links never followed); only then does the uid go back to the pool, which
+  hands it out again only once nothing of it remains anywhere a job could write, and
+  least recently used first (uids.py).
+- Without a cgroup, closing the box kills every process of the job's uid (what a rank
+  left with setsid included): a process dropped to that uid sends SIGKILL to -1, which
+  reaches every process whose real or saved uid is the job's (kill(2)), in one pass the
+  kernel makes under its task list lock, so none forks past it; repeated until /proc
+  shows none, `KILL_WAIT` at most. The uid is the job's alone, so nothing else is hit.
+- /dev/shm shared by a job's ranks (with bubblewrap) lies in a directory of this daemon's
+  life in the host's /dev/shm, made by mkdtemp at its first job (a name nobody can take
+  first: a fixed name there, world-writable and sticky, could be made by any local user
+  to fail every job start), root's, 0711; one 0700 directory of the job's uid in it per
+  job. It goes when the daemon stops; a killed daemon's goes at its next start.
 - Closing the box kills everything left in its cgroup (a `setsid` + `sleep` included),
   reads peak memory, CPU time and OOM kills, removes the cgroup and the firewall chain.
 """
@@ -31,6 +42,9 @@ import shlex
 import shutil
 import signal
 import stat
+import subprocess
+import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +56,7 @@ from . import cgroups, firewall, mounts
 from .cgroups import Limits, Usage
 from .. import trees
 from ..spec import ENV_NAME
-from .uids import UidPool
+from .uids import LOWEST, UidPool, pids_of
 
 log = structlog.get_logger("swarmd.sandbox")
 
@@ -55,6 +69,8 @@ HIDDEN = ("/root", "/home", "/run", "/var/lib", "/var/log", "/var/cache", "/var/
           "/mnt", "/media", "/boot", "/lost+found", "/etc/swarmd", "/etc/wireguard", "/etc/ssh")
 SHM = Path("/dev/shm")
 GPU_SIDE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+KILL_ALL = "kill -s KILL -- -1"  # as the job's uid: every process of that uid but the shell itself
+KILL_WAIT = 5.0  # seconds for the uid's processes to go: SIGKILL is not ignored, but a D-state task is slow
 
 
 class SandboxError(Exception):
@@ -141,6 +157,8 @@ class Sandbox:
         self.policy = policy
         self.pool = pool
         self.setpriv = setpriv
+        self.shm: Path | None = None  # the jobs' shared /dev/shm directories' parent, made at the first job
+        self._shm_made = trio.Lock()
 
     # --- what this host can do ---------------------------------------------------------
 
@@ -158,7 +176,7 @@ class Sandbox:
         elif setpriv is None:
             parts["uid"] = "off: setpriv (util-linux) is not installed"
         else:
-            pool = UidPool(*settings.uids, settings.jobs_dir)
+            pool = UidPool(*settings.uids, settings.jobs_dir, history=settings.state_dir / "job-uids")
             parts["uid"] = f"a uid per job from {settings.uids[0]}-{settings.uids[1]}"
         hierarchy = None
         found = await trio.to_thread.run_sync(cgroups.detect)
@@ -172,8 +190,7 @@ class Sandbox:
                 parts["cgroup"] = found.describe()
             except cgroups.CgroupError as exc:
                 parts["cgroup"] = f"off: {exc}"
-        for left in (SHM / "swarmd").glob(f"{settings.name}-*"):  # a killed daemon's jobs' /dev/shm
-            await trio.to_thread.run_sync(trees.remove, left)
+        await trio.to_thread.run_sync(_remove_left_shm, settings.name)
         bwrap = None
         if pool is None:
             parts["namespaces"] = "off: needs the per-job uid"
@@ -222,6 +239,8 @@ class Sandbox:
                     await trio.to_thread.run_sync(self.hierarchy.discard, self.settings.name)
                 except cgroups.CgroupError as exc:
                     log.warning("job cgroups not removed", error=str(exc))
+            if self.shm is not None:
+                await trio.to_thread.run_sync(trees.remove, self.shm)
 
     @property
     def complete(self) -> bool:
@@ -259,7 +278,11 @@ class Sandbox:
             if self.bwrap is not None:
                 hide = [self.settings.state_dir, self.settings.jobs_dir, self.settings.socket, *map(Path, HIDDEN)]
                 expose = [*self.settings.paths, *mounts.interpreter_paths()]
-                shm = await trio.to_thread.run_sync(_shared_memory, f"{self.settings.name}-{top.name}", uid)
+                async with self._shm_made:
+                    if self.shm is None:  # at the first job: a daemon that runs none leaves none behind
+                        self.shm = await trio.to_thread.run_sync(_shm_parent, self.settings.name)
+                shm = None if self.shm is None else await trio.to_thread.run_sync(_shared_memory, self.shm / top.name,
+                                                                                 uid)
                 box.prefix += mounts.bwrap_argv(bwrap=self.bwrap, top=top, cwd=cwd, hide=hide, expose=expose,
                                                 devices=devices, uid=uid, gid=uid, setpriv=self.setpriv, shm=shm)
                 box.parts += ("namespaces",)
@@ -282,7 +305,13 @@ class Sandbox:
                         await trio.to_thread.run_sync(cg.remove)
                     except cgroups.CgroupError as exc:
                         log.warning("job cgroup not taken down", job=job, error=str(exc))
-                await trio.to_thread.run_sync(_remove_shared_memory, f"{self.settings.name}-{top.name}")
+                else:  # nothing holds its processes together: the uid does
+                    assert self.setpriv is not None  # the pool is there only with it
+                    left = await trio.to_thread.run_sync(kill_uid, uid, self.setpriv)
+                    if left:
+                        log.warning("processes of a job survive its end", job=job, uid=uid, pids=left[:10])
+                if self.shm is not None:
+                    await trio.to_thread.run_sync(trees.remove, self.shm / top.name)
                 await trio.to_thread.run_sync(_hand_back, top, uid)
                 if chain and self.policy is not None:
                     try:
@@ -292,29 +321,75 @@ class Sandbox:
                 await trio.to_thread.run_sync(self.pool.release, uid)  # it scans /proc and the jobs dir
 
 
-def _shared_memory(name: str, uid: int) -> Path | None:
-    """/dev/shm for a job's ranks on this host to share (each rank has its own namespaces):
-    a directory that only the job's uid reaches, named for this daemon and the job's
-    directory (several daemons may share a machine's /dev/shm), under a parent only root
-    writes (a name in /dev/shm itself could be planted by any local user)."""
+def _shm_parent(name: str) -> Path | None:
+    """This daemon life's directory in the host's /dev/shm (None without one): a fresh name
+    from mkdtemp (O_EXCL, random: no local user can take it first or guess it), root's,
+    0711 (a job's uid passes through to its own directory only), named `NAME.XXXXXXXX`
+    so that the next start finds it (`_remove_left_shm`)."""
     if not SHM.is_dir():
         return None
-    parent = SHM / "swarmd"
-    st = os.lstat(parent) if os.path.lexists(parent) else None
-    if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        if st is not None:
-            trees.remove(parent)
-        os.mkdir(parent, 0o711)
-        os.chmod(parent, 0o711)
-    path = parent / name
-    trees.remove(path)
+    path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=SHM))
+    os.chmod(path, 0o711)
+    return path
+
+
+def _remove_left_shm(name: str) -> None:
+    """What a killed life of this daemon left in /dev/shm: its `_shm_parent` directories
+    (only root's: a local user's lookalike is neither used nor removed), and the jobs'
+    directories of the layout before (/dev/shm/swarmd/NAME-*, where that parent is root's)."""
+    for entry in _entries(SHM):
+        if entry.name.startswith(f"{name}.") and _roots_dir(Path(entry.path)):
+            trees.remove(Path(entry.path))
+    if _roots_dir(SHM / "swarmd"):
+        for entry in _entries(SHM / "swarmd"):
+            if entry.name.startswith(f"{name}-"):
+                trees.remove(Path(entry.path))
+
+
+def _entries(d: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(d) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _roots_dir(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
+
+
+def _shared_memory(path: Path, uid: int) -> Path:
+    """/dev/shm for a job's ranks on this host to share (each rank has its own namespaces):
+    `path` in this daemon's `_shm_parent` (only root writes there), made for the job's uid
+    alone."""
+    trees.remove(path)  # a leftover of a start of the same job directory
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
 
 
-def _remove_shared_memory(name: str) -> None:
-    trees.remove(SHM / "swarmd" / name)
+def kill_uid(uid: int, setpriv: str, proc: Path = Path("/proc")) -> list[int]:
+    """Kill every process of `uid` (a job's alone: never a system user's); returns the pids
+    still there after `KILL_WAIT` seconds of trying (empty: all gone)."""
+    if uid < LOWEST:
+        raise ValueError(f"uid {uid} is not a job's: its processes are not ours to kill")
+    deadline = time.monotonic() + KILL_WAIT
+    delay = 0.001
+    while left := pids_of(uid, proc):
+        if time.monotonic() > deadline:
+            return left
+        # setpriv fails rather than run the shell as anyone else: the kill is never root's
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the deadline decides
+            subprocess.run([*mounts.setpriv_argv(setpriv, uid, uid), "/bin/sh", "-c", KILL_ALL], env=CHAIN_ENV,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False, timeout=KILL_WAIT)
+        time.sleep(delay)  # the kernel's to reap: no event to wait on
+        delay = min(delay * 2, 0.05)
+    return []
 
 
 def _hand_back(top: Path, uid: int) -> None:

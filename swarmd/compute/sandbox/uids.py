@@ -2,19 +2,40 @@
 `job_uids` range: what keeps one job's processes and files out of another's reach.
 
 Rules:
-- `allocate()` hands out the lowest uid of the range that is free: not handed out by this
-  pool and not released yet, no process with it (any of the real, effective, saved or
-  filesystem ids in /proc/PID/status, uid or gid), no entry of `jobs_dir` owned by it (a
+- `allocate()` hands out the free uid of the range that was handed out least recently (one
+  never handed out first, lowest first). Free: not handed out by this pool and not released
+  yet, no process with it (any of the real, effective, saved or filesystem ids in
+  /proc/PID/status, uid or gid), nothing owned by it where a job could have written (below),
+  no user or group of that number in the host's databases (a `useradd` after the range was
+  chosen), and not 65534/65535 (nobody, the kernel's overflow id, and the 16-bit -1).
+- Where a job could have written, and what is looked at there (`owners`): `jobs_dir` (a
   job's directory and what lies directly in it: the worker keeps the directory root's and
-  hands its work/, checkpoints/ and home/ to the uid; a job leaves files nowhere else, its
-  /tmp, /var/tmp and /dev/shm die with it, mounts.py), no user or group of that number in the
-  host's databases (a `useradd` after the range was chosen), and not 65534/65535 (nobody,
-  the kernel's overflow id, and the 16-bit -1).
+  hands its work/, checkpoints/, home/ and tmp/ to the uid); the host's world-writable
+  directories (`SCRATCH`: /tmp, /var/tmp, /dev/shm, /dev/mqueue, /run/lock, /var/crash):
+  their entries and the entries of each directory among them, as the daemon (root) sees
+  them whatever their modes; and SysV IPC objects (/proc/sysvipc: owner and creator).
+  With bubblewrap a rank's /tmp, /var/tmp and /dev/shm are its own and die with it
+  (mounts.py), but a job that ran without (sandbox = auto on a host lacking bwrap) wrote
+  in the host's: its uid must not come back to a later job while a file of it is there
+  (TorchInductor's /tmp/torchinductor_$USER made that code execution in the next job).
+  Two levels are enough: whatever a job makes is owned by its uid, so a file of it deeper
+  down lies under a directory of its own at one of those two levels, unless someone else
+  made a world-writable directory there for it (then that one's owner is held, and the
+  uid rotation below keeps the job's uid away for as long as the range allows). A job
+  cannot hide from root by its modes (chmod 0 on its directory): the daemon reads through.
 - So a uid is never reused while a process or a file of its job remains, even across a
-  daemon restart (the pool's own memory is lost, /proc and the jobs directory are not): a
-  later job never inherits a crashed one's checkpoints or its stray processes.
-- `release(uid)` only forgets the hand-out; the uid stays taken while its directory or a
-  process remains. Releasing a uid not handed out does nothing.
+  daemon restart (/proc and the file systems are not lost): a later job never inherits a
+  crashed one's checkpoints, its planted caches or its stray processes.
+- Rotation (least recently used first: by when its last job ended) is the second fence: a
+  uid comes back only after every other free uid of the range had its turn, so what the
+  scan cannot see (a kernel keyring, a file in a world-writable directory of another user
+  three levels down) is reached by a later job only after the whole range went round. The
+  order is remembered in `history` (a file in the daemon's state directory, one uid a
+  line, least recent first, at most `HISTORY` lines, rewritten whole at each hand-out and
+  release): a restart keeps rotating instead of starting from the lowest uid again.
+  Without it (unwritable, or not given) it is kept in memory only, and `rotation` says so.
+- `release(uid)` only forgets the hand-out; the uid stays taken while something of it
+  remains. Releasing a uid not handed out does nothing.
 - systemd's DynamicUser= picks its uids from the same default range (61184-65519) and
   checks only user/group names and IPC objects, never processes or files; what it does
   check is a lock: it opens /run/systemd/dynamic-uid/<uid> (O_CREAT|O_RDWR|O_NOFOLLOW,
@@ -44,6 +65,7 @@ import grp
 import os
 import pwd
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 LOWEST = 1000  # below: system users (Debian's policy, login.defs UID_MIN)
@@ -52,13 +74,21 @@ RESERVED = frozenset({65534, 65535})  # nobody / the overflow id; (uid16_t)-1
 LOCKS = Path("/run/systemd/dynamic-uid")  # systemd's DynamicUser locks, one file per uid
 LOCK_NAME = "swarmd-job"  # what the lock file says holds the uid (systemd writes the user's name)
 _BUSY = -1  # _take_lock: someone else holds the uid's lock
+# the directories any local user (a job without bubblewrap) may write in, as Debian and
+# Ubuntu make them (1777; /var/crash 3777 where apport keeps crash reports); missing ones are skipped
+SCRATCH = tuple(map(Path, ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock", "/var/crash")))
+SYSVIPC = Path("/proc/sysvipc")  # shm, sem, msg: one object a line, with its owner's and creator's ids
+# uids remembered for the rotation: where the range is larger, a uid still comes back no
+# sooner than this many hand-outs later; the file stays under 50 KB
+HISTORY = 4096
 
 
 class UidPool:
     """The job uids of one daemon: `allocate()` one per job, `release()` when it ends."""
 
     def __init__(self, low: int, high: int, jobs_dir: Path, *, proc: Path = Path("/proc"),
-                 locks: Path = LOCKS) -> None:
+                 locks: Path = LOCKS, scratch: Sequence[Path] = SCRATCH, sysvipc: Path = SYSVIPC,
+                 history: Path | None = None) -> None:
         for v in (low, high):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"job uid range bounds must be integers, got {v!r}")
@@ -68,7 +98,13 @@ class UidPool:
         self.jobs_dir = Path(jobs_dir)
         self.proc = proc
         self.locks = Path(locks)
+        self.scratch = tuple(map(Path, scratch))
+        self.sysvipc = Path(sysvipc)
+        self.history = history
         self.systemd = "not checked yet"  # how uids are coordinated with systemd's DynamicUser (set by allocate)
+        self.rotation = ("least recently used first, in memory only" if history is None  # and whether a restart keeps it
+                         else f"least recently used first, remembered in {history}")
+        self._used: dict[int, None] = self._recall()  # uids handed out, least recently first
         self._given: set[int] = set()
         self._held: dict[int, int] = {}  # uid -> the descriptor holding its lock file's flock
         self._lingering: dict[int, int] = {}  # released uids whose process or file remained: locks kept
@@ -76,16 +112,16 @@ class UidPool:
 
     def allocate(self) -> int:
         with self._lock:
-            running = _process_ids(self.proc)
-            files = _owners(self.jobs_dir)
+            holders = self._holders()
+            taken = set().union(*holders.values())
             for uid, fd in list(self._lingering.items()):
-                if uid not in running and uid not in files:
+                if uid not in taken:
                     del self._lingering[uid]
                     self._unlock(uid, fd)
             locking = self._locking()
             busy = 0
-            for uid in range(self.low, self.high + 1):
-                if uid in self._given or uid in running or uid in files or uid in RESERVED or _named(uid):
+            for uid in self._candidates():
+                if uid in self._given or uid in taken or uid in RESERVED or _named(uid):
                     continue
                 if locking:
                     fd = self._take_lock(uid)
@@ -95,25 +131,89 @@ class UidPool:
                     if fd is not None:
                         self._held[uid] = fd
                 self._given.add(uid)
+                self._touch(uid)
                 return uid
             in_range = range(self.low, self.high + 1)
+            counts = {what: sum(u in ids for u in in_range if u not in self._given) for what, ids in holders.items()}
             raise RuntimeError(
-                f"no free job uid in {self.low}-{self.high}: {len(self._given)} held by jobs running here, "
-                f"{sum(u in running for u in in_range if u not in self._given)} by leftover processes, "
-                f"{sum(u in files for u in in_range if u not in self._given)} by files in {self.jobs_dir}"
+                f"no free job uid in {self.low}-{self.high}: {len(self._given)} held by jobs running here"
+                + "".join(f", {n} by {what}" for what, n in counts.items() if n)
                 + (f", {busy} locked in {self.locks} (systemd's DynamicUser services)" if busy else "")
                 + "; widen job_uids or wait for finished jobs' directories to be collected")
 
     def release(self, uid: int) -> None:
         with self._lock:
-            self._given.discard(uid)
+            if uid not in self._given:
+                return
+            self._given.remove(uid)
+            self._touch(uid)  # its job ended now: the most recently used
             fd = self._held.pop(uid, None)
             if fd is None:
                 return
-            if uid in _process_ids(self.proc) or uid in _owners(self.jobs_dir):
+            if any(uid in ids for ids in self._holders().values()):
                 self._lingering[uid] = fd  # systemd must not hand it out yet
             else:
                 self._unlock(uid, fd)
+
+    def holder(self, uid: int) -> str | None:
+        """What keeps `uid` from being handed out now (a job, a process, files, IPC), or None."""
+        with self._lock:
+            if uid in self._given:
+                return "a job running here"
+            return next((what for what, ids in self._holders().items() if uid in ids), None)
+
+    def _holders(self) -> dict[str, set[int]]:
+        """The ids held by something of a job that may remain after it: what holds them -> ids."""
+        return {"leftover processes": _process_ids(self.proc),
+                f"files in {self.jobs_dir}": owners([self.jobs_dir]),
+                f"files in {', '.join(map(str, self.scratch)) or 'no scratch directory'}": owners(self.scratch),
+                "SysV IPC objects": ipc_owners(self.sysvipc)}
+
+    def _candidates(self) -> Iterator[int]:
+        """The range in rotation order: never handed out (lowest first), then the least recent."""
+        for uid in range(self.low, self.high + 1):
+            if uid not in self._used:
+                yield uid
+        yield from list(self._used)
+
+    def _recall(self) -> dict[int, None]:
+        """The rotation order a previous life left in `history` (lines that are not a uid of
+        the range are dropped: the range may have changed since)."""
+        if self.history is None:
+            return {}
+        try:
+            lines = self.history.read_text(encoding="ascii").split()
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            self.rotation = f"least recently used first; {self.history} unreadable ({exc}): started afresh"
+            return {}
+        used: dict[int, None] = {}
+        for uid in (int(w) for w in lines if w.isdigit() and len(w) <= 10):
+            if self.low <= uid <= self.high:
+                used.pop(uid, None)  # a later line is a later use
+                used[uid] = None
+        return dict.fromkeys(list(used)[-HISTORY:])
+
+    def _touch(self, uid: int) -> None:
+        """`uid` is the most recently used now (handed out, or its job just ended)."""
+        self._used.pop(uid, None)
+        self._used[uid] = None
+        self._remember()
+
+    def _remember(self) -> None:
+        if self.history is None:
+            return
+        while len(self._used) > HISTORY:
+            del self._used[next(iter(self._used))]  # the oldest turns "never handed out": first all the same
+        part = self.history.with_name(self.history.name + ".new")
+        try:
+            part.write_text("".join(f"{uid}\n" for uid in self._used), encoding="ascii")
+            os.replace(part, self.history)
+        except OSError as exc:
+            self.rotation = f"least recently used first, in memory only: {self.history}: {os.strerror(exc.errno or 0)}"
+            return
+        self.rotation = f"least recently used first, remembered in {self.history}"
 
     def coordination(self) -> str:
         """How job uids stand with systemd's DynamicUser here (for status), checked now."""
@@ -190,36 +290,69 @@ class UidPool:
 
 
 def _process_ids(proc: Path) -> set[int]:
-    """Every uid and gid some process holds (real, effective, saved, filesystem)."""
+    """Every uid and gid some live process holds (real, effective, saved, filesystem)."""
     ids: set[int] = set()
+    for _, uids, gids in _live(proc):
+        ids |= uids | gids
+    return ids
+
+
+def pids_of(uid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The live processes with `uid` among their real, effective, saved or filesystem uids."""
+    return [pid for pid, uids, _ in _live(proc) if uid in uids]
+
+
+def _live(proc: Path) -> Iterator[tuple[int, set[int], set[int]]]:
+    """(pid, uids, gids) of each process but zombies: they run nothing, and their parent
+    reaps them (a container's init may take a second or more)."""
     for entry in os.scandir(proc):
         if not entry.name.isdigit():
             continue
         try:
             with open(os.path.join(entry.path, "status"), "rb") as f:
-                for line in f:
-                    if line.startswith((b"Uid:", b"Gid:")):
-                        ids.update(int(v) for v in line.split()[1:])
-        except (OSError, ValueError):
+                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            if fields.get(b"State", b"").split()[:1] == [b"Z"]:
+                continue
+            yield int(entry.name), {int(v) for v in fields[b"Uid"].split()}, {int(v) for v in fields[b"Gid"].split()}
+        except (OSError, ValueError, KeyError):
             continue  # gone while we read
+
+
+def owners(dirs: Sequence[Path]) -> set[int]:
+    """The uids and gids owning an entry of one of `dirs` or of a directory among those
+    entries (links never followed)."""
+    ids: set[int] = set()
+    for d in dirs:
+        try:
+            top = list(os.scandir(d))
+        except OSError:
+            continue  # not made yet, or not on this host: nothing is owned
+        for entry in top:
+            ids |= _owner(entry)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    with os.scandir(entry.path) as inner:
+                        for e in inner:
+                            ids |= _owner(e)
+            except OSError:
+                continue  # removed while we looked
     return ids
 
 
-def _owners(jobs_dir: Path) -> set[int]:
-    """The uids and gids owning an entry of `jobs_dir` or of one of its directories."""
+def ipc_owners(sysvipc: Path = SYSVIPC) -> set[int]:
+    """The uids and gids owning or having created a SysV shared memory segment, semaphore
+    set or message queue (this IPC namespace's: the host's, for a job without bubblewrap)."""
     ids: set[int] = set()
-    try:
-        top = list(os.scandir(jobs_dir))
-    except OSError:
-        return ids  # not made yet: nothing is owned
-    for entry in top:
-        ids |= _owner(entry)
+    for kind in ("shm", "sem", "msg"):
         try:
-            if entry.is_dir(follow_symlinks=False):
-                for inner in os.scandir(entry.path):
-                    ids |= _owner(inner)
-        except OSError:
-            continue  # removed while we looked
+            header, *rows = (sysvipc / kind).read_text().splitlines()
+        except (OSError, ValueError):
+            continue  # no SysV IPC in this kernel
+        names = header.split()
+        columns = [names.index(c) for c in ("uid", "gid", "cuid", "cgid") if c in names]
+        for row in rows:
+            words = row.split()
+            ids.update(int(words[i]) for i in columns if i < len(words) and words[i].isdigit())
     return ids
 
 
