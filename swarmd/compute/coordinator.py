@@ -14,6 +14,11 @@ restarts left, the survivors are kept (placement's `require`), the lost hosts ex
 gang reserved again, the workdir shipped where it is missing, the job's newest checkpoints
 put on every host (hub.py), and the ranks started with the next restart count.
 
+A host that refuses its part of an attempt's setup (the workdir ship, a checkpoint put: its
+checkpoint budget, its disk, a broken stream) is treated as a refused reservation: the gang
+is released and the attempt placed again without it (`HostsRefused`), at most
+gang.MAX_ATTEMPTS times, rather than failing the job (issue 23 #4).
+
 A host's events are a peer's input (events.py): anything malformed is counted as
 `job_event` and the host is lost to the job. A host silent past service.EVENT_TIMEOUT is
 lost too, so no host can leave a job running or shipping forever.
@@ -40,7 +45,7 @@ from ..gossip.wire import Record
 from . import gang as gangmod
 from . import gc
 from .events import checked_event
-from .hub import Hub, Listed
+from .hub import HostsRefused, Hub, Listed
 from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
 from .run import TERMINAL, Run, short_peer
@@ -286,8 +291,10 @@ class Jobs:
     async def _attempts(self, job: str, live: _Live, workdir: str | None) -> None:
         """Place, hold, ship, put checkpoints and run, once per attempt, until the job is over."""
         run = live.run
+        left_out: dict[str, str] = {}  # hosts that refused this attempt's setup: placed around
+        setups = 0  # of this attempt, refused
         while True:
-            chosen = await self._place_and_hold(job, live)
+            chosen = await self._place_and_hold(job, live, left_out)
             if chosen is None:
                 return
             peers, gpus, port = chosen
@@ -297,11 +304,25 @@ class Jobs:
             run.to("shipping")
             self._save(job, live)
             installed: tuple[tuple[str, str, int], ...] = ()
-            with trio.CancelScope() as live.setup:  # a cancel stops a transfer a slow host holds up
-                if workdir is not None:
-                    await self._ship(job, live, workdir)
-                installed = await self._put_checkpoints(job, live, peers)
-            live.setup = None
+            try:
+                with trio.CancelScope() as live.setup:  # a cancel stops a transfer a slow host holds up
+                    if workdir is not None:
+                        await self._ship(job, live, workdir)
+                    installed = await self._put_checkpoints(job, live, peers)
+            except HostsRefused as exc:  # like a refused reservation: those hosts are left out
+                for host in live.hosts.values():
+                    await _quietly(host.release, job)
+                live.hosts = {}
+                left_out |= exc.refused
+                setups += 1
+                log.info("hosts refused the attempt's setup", job=job, refused=exc.refused, attempt=setups)
+                if setups >= gangmod.MAX_ATTEMPTS:
+                    run.fail(f"{exc}, {setups} times with other hosts")
+                    return
+                continue
+            finally:
+                live.setup = None
+            left_out, setups = {}, 0
             if run.cancelled:
                 run.to("cancelled")
                 return
@@ -315,13 +336,15 @@ class Jobs:
             run.begin_attempt()  # every host of the ended attempt reported or was lost
             self._save(job, live)
 
-    async def _place_and_hold(self, job: str, live: _Live) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
+    async def _place_and_hold(self, job: str, live: _Live, left_out: dict[str, str]
+                              ) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
         """Place the attempt and hold its gang; a restart keeps its survivors and never places a
-        lost host again. None when the job ended (no fit, cancelled, refused too often)."""
+        lost host again, nor one in `left_out` (it refused this attempt's setup). None when
+        the job ended (no fit, cancelled, refused too often)."""
         run, spec = live.run, live.spec
         give_up = trio.current_time() + spec.wait_s
-        refused: dict[str, str] = {p: "lost in an earlier attempt" for p in run.lost}
-        survivors = run.kept if run.state == "restarting" else ()
+        refused: dict[str, str] = {p: "lost in an earlier attempt" for p in run.lost} | left_out
+        survivors = tuple(p for p in run.kept if p not in refused) if run.state == "restarting" else ()
         attempts = 0
         while True:
             if run.cancelled:
@@ -402,19 +425,19 @@ class Jobs:
             live.shipped = sum(done.values())
             live.touch()
 
-        failed: list[str] = []
+        refused: dict[str, str] = {}
 
         async def one(peer: str, host: LocalHost | RemoteHost) -> None:
             try:
                 await host.ship(job, digest, archive, lambda n: progress(peer, n))
             except HostError as exc:
-                failed.append(str(exc))
+                refused[peer] = str(exc)
 
         async with trio.open_nursery() as nursery:
             for peer, host in live.hosts.items():
                 nursery.start_soon(one, peer, host)
-        if failed:
-            raise HostError(f"shipping the workdir failed: {'; '.join(failed)}")
+        if refused:
+            raise HostsRefused("shipping the workdir", refused)
         live.shipped = live.ship_total
         live.touch()
 

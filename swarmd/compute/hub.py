@@ -13,13 +13,17 @@ wrote them, and puts them in front of every attempt.
   newest. No error of a host, or of this host's disk, ever leaves the replicator.
 - Before an attempt (`put_all`): every checkpoint still held by a live host is fetched into
   the hub where it is missing, then pushed to every other host of the attempt (one that has
-  it answers at once). One whose only copy was on a lost host is never used.
+  it answers at once). One whose only copy was on a lost host is never used. A host that
+  refuses a put (its checkpoint budget, its disk, a broken stream) is named in
+  `HostsRefused`: the coordinator places the attempt again without it, as after a refused
+  reservation, rather than failing the job (issue 23 #4).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -44,6 +48,15 @@ class Checkpoint:
     size: int
     source: str  # the host whose ranks wrote it
     holders: set[str]  # hosts whose cache for this job holds it
+
+
+class HostsRefused(HostError):
+    """Hosts that refused their part of an attempt's setup (a checkpoint put, the workdir):
+    `refused` says why for each; the coordinator places the attempt again without them."""
+
+    def __init__(self, what: str, refused: dict[str, str]) -> None:
+        super().__init__(f"{what} failed: {'; '.join(refused.values())}")
+        self.refused = refused
 
 
 class Hub:
@@ -125,32 +138,34 @@ class Hub:
 
     async def put_all(self, run: Run, hosts: Mapping[str, Host], peers: tuple[str, ...]) -> Listed:
         """The job's newest checkpoints still held by a live host, on every host of the attempt
-        `peers`; what its start requests list (oldest first: the last is the one to resume from)."""
-        usable = []
+        `peers`; what its start requests list (oldest first: the last is the one to resume from).
+        HostsRefused naming the hosts that refused a put."""
+        usable: list[tuple[Checkpoint, Path]] = []
         for ckpt in list(self.checkpoints):
             try:
                 await self.fetch(run, hosts, ckpt)
-                usable.append(ckpt)
             except HostError as exc:  # its host died before anyone copied it: never used
                 log.info("checkpoint lost with its host", job=self.job, name=ckpt.name, why=str(exc))
-        failed: list[str] = []
+                continue
+            if (path := self.worker.checkpoint_path(self.job, self.me, ckpt.sha)) is None:  # no host's doing
+                log.warning("checkpoint gone from the hub's cache", job=self.job, name=ckpt.name, sha=ckpt.sha[:12])
+                continue
+            usable.append((ckpt, path))
+        refused: dict[str, str] = {}
 
-        async def put(peer: str, ckpt: Checkpoint) -> None:
-            path = self.worker.checkpoint_path(self.job, self.me, ckpt.sha)
+        async def put(peer: str, ckpt: Checkpoint, path: Path) -> None:
             try:
-                if path is None:
-                    raise HostError(f"checkpoint {ckpt.name} is missing from this coordinator's cache")
                 await hosts[peer].put_checkpoint(self.job, ckpt.name, ckpt.sha, ckpt.size, path)
             except HostError as exc:
-                failed.append(str(exc))
+                refused.setdefault(peer, str(exc))
                 return
             ckpt.holders.add(peer)
 
         async with trio.open_nursery() as nursery:  # to every other host: one that still has it answers at once
             for peer in peers:
-                for ckpt in usable:
+                for ckpt, path in usable:
                     if peer != self.me:
-                        nursery.start_soon(put, peer, ckpt)
-        if failed:
-            raise HostError(f"putting the job's checkpoints on its hosts failed: {'; '.join(failed)}")
-        return tuple((c.name, c.sha, c.size) for c in usable)
+                        nursery.start_soon(put, peer, ckpt, path)
+        if refused:
+            raise HostsRefused("putting the job's checkpoints on its hosts", refused)
+        return tuple((c.name, c.sha, c.size) for c, _ in usable)

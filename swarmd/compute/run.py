@@ -4,7 +4,8 @@ States and the moves between them (`MOVES`; a pair not in it raises `IllegalMove
 finished job absorbs every late move):
 
     placing → reserving → shipping → starting → running → succeeded
-        ↘ (a refused gang: reserving → reserving with other hosts)
+        ↘ (a refused gang: reserving → reserving with other hosts; a host refusing the
+           workdir or a checkpoint: shipping → reserving without it)
     starting | running → restarting → … → running     (a loss with restarts left)
     any live state → failed | cancelled
 
@@ -46,6 +47,7 @@ MOVES: dict[tuple[str, str], str] = {
     ("placing", "reserving"): "reserving",
     ("reserving", "reserving"): "reserving",  # the gang was refused: other hosts
     ("reserving", "shipping"): "shipping",
+    ("shipping", "reserving"): "reserving",  # a host refused the workdir or a checkpoint: other hosts
     ("shipping", "starting"): "starting",
     ("starting", "running"): "running",
     ("starting", "restarting"): "restarting",

@@ -1,0 +1,163 @@
+"""The job coordinator's attempts (coordinator.py) over fake hosts: placement, the gang, the
+setup of an attempt and its restart, without a network."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import trio
+
+from swarmd.compute.coordinator import Jobs
+from swarmd.compute.ledger import Ledger
+from swarmd.compute.placement import Candidate
+from swarmd.compute.service import HostError
+from swarmd.compute.spec import JobSpec
+from swarmd.compute.store import JobStore
+from swarmd.compute.worker import StartRequest, Worker
+from swarmd.compute.workdir import Cache
+
+ME = "peerCOORDINATORme"
+A, B, C, D = "peerAAAAAAAAaaaa", "peerBBBBBBBBbbbb", "peerCCCCCCCCcccc", "peerDDDDDDDDdddd"
+DATA = b"epoch 1 weights"
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+class World:
+    """What the fake hosts did, and how they behave: `refusing` refuse every checkpoint put
+    (a filled checkpoint budget), `refusing_workdir` every workdir ship; a job's ranks
+    succeed, except on a first attempt of two hosts: rank 0 writes a checkpoint, then the
+    other host is lost."""
+
+    def __init__(self, refusing: set[str], refusing_workdir: frozenset[str] = frozenset()) -> None:
+        self.refusing = refusing
+        self.refusing_workdir = refusing_workdir
+        self.starts: list[tuple[str, StartRequest]] = []
+        self.puts: list[tuple[str, str]] = []
+        self.refused_puts: list[str] = []
+        self.released: list[str] = []
+        self.announced = trio.Event()
+
+
+class FakeHost:
+    def __init__(self, peer: str, world: World) -> None:
+        self.peer = peer
+        self.world = world
+        self.stop = trio.Event()
+
+    async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
+        return ()
+
+    async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
+        self.stop = trio.Event()
+        return (), (29500 if port else None)
+
+    async def release(self, job: str) -> None:
+        self.world.released.append(self.peer)
+
+    async def cancel(self, job: str) -> None:
+        self.stop.set()
+
+    async def ship(self, job: str, digest: str, archive: Path, progress) -> None:
+        if self.peer in self.world.refusing_workdir:
+            raise HostError(f"{self.peer[-8:]}: no room for the workdir")
+        progress(archive.stat().st_size)
+
+    async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
+        if self.peer in self.world.refusing:
+            self.world.refused_puts.append(self.peer)
+            raise HostError(f"{self.peer[-8:]}: a {size}-byte checkpoint would take this host's checkpoint "
+                            "caches to 500 bytes, over their budget of 400")
+        self.world.puts.append((self.peer, name))
+
+    async def get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
+        dest.write_bytes(DATA)
+
+    async def start(self, req: StartRequest, emit) -> None:
+        self.world.starts.append((self.peer, req))
+        rank = req.role.node_rank
+        await emit({"started": [rank]})
+        if req.role.restart_count == 0 and req.role.nnodes > 1:
+            if rank == 0:
+                await emit({"ckpt": ["e1.pt", SHA, len(DATA)]})
+                self.world.announced.set()
+                await self.stop.wait()  # stopped once its peer is lost
+                await emit({"exit": [[rank, 143]], "first": None})
+                return
+            await self.world.announced.wait()
+            raise HostError(f"{self.peer[-8:]}: stream closed")
+        await emit({"exit": [[rank, 0]], "first": None})
+
+
+def candidate(peer: str) -> Candidate:
+    return Candidate(peer=peer, state="alive", gpus_free=0, gpu_model=None, slots_free=1, cpu_free=4.0,
+                     memory_free_mb=4096, labels={})
+
+
+def jobs_over(tmp_path: Path, world: World, peers: tuple[str, ...]) -> Jobs:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "archives").mkdir()
+    worker = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=tmp_path / "jobs", user=None)
+    alive = SimpleNamespace(state=SimpleNamespace(value="alive"))
+    view = SimpleNamespace(me=ME, get=lambda peer: alive)
+    gossip = SimpleNamespace(me=ME, view=lambda: view, reject=lambda *a: None, own_record=None)
+    jobs = Jobs(store=JobStore(tmp_path / "state"), worker=worker, gossip=gossip,  # type: ignore[arg-type]
+                archives=tmp_path / "archives")
+    hosts = {p: FakeHost(p, world) for p in peers}
+    jobs._candidates = lambda view: [candidate(p) for p in peers]  # type: ignore[method-assign]
+    jobs._rtt = lambda view: (lambda a, b: None)  # type: ignore[method-assign]
+    jobs._host = hosts.__getitem__  # type: ignore[method-assign]
+    jobs._address = lambda peer: "10.211.0." + str(peers.index(peer) + 1)  # type: ignore[method-assign]
+    return jobs
+
+
+async def finished(jobs: Jobs, spec: JobSpec, workdir: str | None = None):
+    """Submit `spec` and wait for its coordinator to be done; its Run."""
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        job = jobs.submit(spec, workdir, 0)
+        run = jobs.live[job].run
+        with trio.fail_after(20):
+            while job in jobs.live:
+                await jobs.live[job].changed.wait()
+        nursery.cancel_scope.cancel()
+    return run
+
+
+async def test_a_restart_that_meets_a_host_refusing_the_checkpoint_leaves_it_out_and_resumes(tmp_path):
+    """Issue 23 #4: before a restart a host whose checkpoint put is refused (its budget
+    filled by a member) is left out and the attempt placed again, as after a refused
+    reservation: the job resumes from its checkpoint on another host instead of failing."""
+    world = World(refusing={C})
+    run = await finished(jobs_over(tmp_path, world, (A, B, C, D)), JobSpec(cmd=("train",), nodes=2, max_restarts=1))
+    assert world.refused_puts == [C], "the restart tried the refusing host first"
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [a.nodes for a in run.attempts] == [(A, B), (A, D)]
+    assert run.attempts[-1].resumed_from == "e1.pt"
+    assert C not in {peer for peer, _ in world.starts} and C in world.released, "left out, its hold given back"
+    assert [req.checkpoints for peer, req in world.starts if req.role.restart_count == 1] == \
+        [(("e1.pt", SHA, len(DATA)),)] * 2
+    assert (D, "e1.pt") in world.puts
+
+
+async def test_a_host_refusing_the_workdir_is_left_out_and_the_job_placed_again(tmp_path):
+    """The same for the workdir's ship, on a first attempt: the job runs on another host."""
+    world = World(refusing=set(), refusing_workdir=frozenset({A}))
+    jobs = jobs_over(tmp_path, world, (A, B))
+    digest = "a" * 64
+    (tmp_path / "archives" / f"{digest}.tar.gz").write_bytes(b"tree")
+    run = await finished(jobs, JobSpec(cmd=("train",), nodes=1), digest)
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [a.nodes for a in run.attempts] == [(B,)] and A in world.released
+    assert [peer for peer, _ in world.starts] == [B]
+
+
+async def test_hosts_refusing_every_setup_fail_the_job_after_max_attempts_saying_why(tmp_path):
+    world = World(refusing=set(), refusing_workdir=frozenset({A, B, C, D}))
+    jobs = jobs_over(tmp_path, world, (A, B, C, D))
+    digest = "a" * 64
+    (tmp_path / "archives" / f"{digest}.tar.gz").write_bytes(b"tree")
+    run = await finished(jobs, JobSpec(cmd=("train",), nodes=1), digest)
+    assert run.state == "failed" and world.starts == []
+    assert run.reason == "shipping the workdir failed: CCCCcccc: no room for the workdir, 3 times with other hosts"
