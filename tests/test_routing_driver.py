@@ -100,9 +100,17 @@ class FakeRouting:
         self.client = SimpleNamespace(coordinate=Coordinate(vec=(0.01,) + (0.0,) * 7, error=0.3, adjustment=0.0,
                                                             height=0.001))
         self.arriving: dict[str, str] = {}  # peer -> the endpoint its WireGuard packets keep arriving from
+        # peer -> (IP, port) its WireGuard packets were proven to come from: by default the first
+        # endpoint and the port its record lists (not NATed)
+        self.wg_from: dict[str, tuple[str, int]] = {
+            m.peer: (m.record.wg.endpoints[0], m.record.wg.port) for m in gossip.view()
+            if getattr(m.record, "wg", None) is not None and m.record.wg.endpoints}
 
     def carried(self, peer: str) -> str | None:
         return self.arriving.get(peer)
+
+    def proven(self, peer: str) -> tuple[str, int] | None:
+        return self.wg_from.get(peer)
 
     def direct_ip(self, peer: str) -> str | None:
         return IP.get(peer)
@@ -222,13 +230,40 @@ async def test_a_pair_is_active_once_both_ends_asked(autojump_clock):
 
 async def test_an_end_asking_from_an_address_its_record_does_not_list_is_not_pinned(autojump_clock):
     """Behind a NAT its WireGuard source port is not its record's: the rules must not pin it."""
-    srv, _ = relay_server()
+    srv, routing = relay_server()
+    routing.wg_from[A] = ("203.0.113.9", 61000)  # its NAT's mapping of its WireGuard socket
     async with serving(srv):
         await srv.answer(ask(A, other=B), A, stream_from(A, remote=("203.0.113.9", 40000)))
         await srv.answer(ask(B, other=A), B, stream_from(B))
     (pair,) = srv.relay.active()
     ends = {end.peer: end for end in (pair.a, pair.b)}
-    assert (ends[A].ip, ends[A].pinned) == ("203.0.113.9", False) and ends[B].pinned
+    assert (ends[A].ip, ends[A].wg_port, ends[A].pinned) == ("203.0.113.9", 61000, False) and ends[B].pinned
+
+
+async def test_the_pair_goes_only_to_the_endpoint_the_requesters_wireguard_packets_came_from(autojump_clock):
+    """Issue 23 finding 11: a record's WireGuard port is its member's claim. A member whose
+    record names port 22, asking from a host it reaches (a job's libp2p connection there, a
+    local user), would have the relay aim the other end's datagrams at that host's port 22."""
+    srv, routing = relay_server()
+    routing.wg_from[A] = (IP[A], 40123)  # where its WireGuard's packets really came from
+    async with serving(srv):
+        await srv.answer(ask(A, other=B), A, stream_from(A))
+        assert (await srv.answer(ask(B, other=A), B, stream_from(B)))["active"]
+    (pair,) = srv.relay.active()
+    ends = {end.peer: end for end in (pair.a, pair.b)}
+    assert (ends[A].ip, ends[A].wg_port) == (IP[A], 40123), "not its record's 51820"
+
+
+@pytest.mark.parametrize("proof", [None, ("198.51.100.77", 51820)])
+async def test_a_requester_whose_wireguard_was_not_proven_at_its_address_is_refused(proof):
+    """No authenticated WireGuard packet of its came from the address it asks from: the relay
+    has no port there it may aim at (another host's, a job's connection from a provider)."""
+    srv, routing = relay_server()
+    routing.wg_from.pop(A)
+    if proof is not None:
+        routing.wg_from[A] = proof
+    reply = await srv.answer(ask(A, other=B), A, stream_from(A))
+    assert reply["reason"] == "unproven" and routing.rejected("unproven") == 1 and srv.relay.pairs == 0
 
 
 @pytest.mark.parametrize("who, state", [
@@ -266,6 +301,7 @@ async def test_a_requester_whose_address_is_unknown_is_refused(remote):
 ])
 async def test_a_requester_address_no_host_could_hold_is_refused(remote, reason):
     srv, routing = relay_server()
+    routing.wg_from[A] = (str(relay_mod.unmap(remote[0])), 51820)  # the core's address checks still refuse
     reply = await srv.answer(ask(A, other=B), A, stream_from(A, remote))
     assert reply["reason"] == reason and routing.rejected(reason) == 1 and srv.relay.pairs == 0
     if reason == "ipv6":
@@ -286,6 +322,7 @@ async def test_an_ipv4_mapped_ipv6_connection_is_served_as_its_ipv4_address(auto
 
 async def test_two_ends_at_one_address_are_refused():
     srv, routing = relay_server()
+    routing.wg_from[B] = (IP[A], 51821)
     await srv.answer(ask(A, other=B), A, stream_from(A))
     reply = await srv.answer(ask(B, other=A), B, stream_from(B, (IP[A], 5000)))
     assert reply["reason"] == "same_address" and srv.relay.active() == ()
@@ -1365,6 +1402,8 @@ class FakeMesh:
         self.direct = direct or {}
         self.set_calls: list[tuple[float, dict]] = []
         self.down = 0  # set_relayed calls that raise (the backend being restarted)
+        self.writes = 0  # Mesh.writes: our writes to the device, started and ended
+        self.write_while_read = False  # a write of ours overlaps the next reading
 
     def peers(self) -> set[str]:
         return set()
@@ -1387,9 +1426,41 @@ class FakeMesh:
     async def peer_rows(self) -> list[dict]:
         if self.down:
             raise RuntimeError("wireguard-go is not running")
+        if self.write_while_read:
+            self.write_while_read = False
+            self.writes += 2
         if hasattr(self, "rows"):
             return list(self.rows)
         return [{"peer": peer, "rx_bytes": rx, "tx_bytes": tx} for peer, (rx, tx) in getattr(self, "bytes", {}).items()]
+
+
+async def test_a_peers_wireguard_endpoint_is_proven_by_its_packets_never_by_an_endpoint_we_wrote(autojump_clock):
+    """Routing.proven, what the relay aims a pair's packets at (issue 23 finding 11): rx grew
+    from one reading to the next with no write of ours to the device in between, so the
+    endpoint read back is where its last authenticated packet came from. An endpoint we wrote
+    (from its record: the member's claim) and read back proves nothing."""
+    from swarmd.routing.service import PROVEN_FOR
+
+    mesh = FakeMesh()
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)), mesh)
+
+    async def reading(rx: int, endpoint: str) -> tuple[str, int] | None:
+        await trio.sleep(1.0)
+        mesh.rows = [{"peer": B, "rx_bytes": rx, "tx_bytes": 0, "endpoint": endpoint}]
+        await routing._read_traffic()
+        return routing.proven(B)
+
+    assert await reading(100, "198.51.100.2:51821") is None  # a first reading: nothing to compare
+    assert await reading(200, "198.51.100.2:51821") == ("198.51.100.2", 51821)
+    mesh.writes += 2  # we wrote its record's endpoint (port 22), and packets came meanwhile
+    assert await reading(300, "198.51.100.2:22") == ("198.51.100.2", 51821)
+    mesh.write_while_read = True  # a write overlapping the reading
+    assert await reading(400, "198.51.100.2:22") == ("198.51.100.2", 51821)
+    assert await reading(400, "198.51.100.2:22") == ("198.51.100.2", 51821)  # no packets: nothing new
+    assert await reading(500, "198.51.100.2:40000") == ("198.51.100.2", 51821)  # roamed: proven next time
+    assert await reading(600, "198.51.100.2:40000") == ("198.51.100.2", 40000)
+    await trio.sleep(PROVEN_FOR + 1)
+    assert routing.proven(B) is None, "an old proof expires"
 
 
 def make_routing(gossip: FakeGossip, mesh=None):
@@ -1480,6 +1551,7 @@ async def test_the_relay_core_counts_a_suspect_member_as_a_member(state, served,
     # _alive_member, must not refuse it after all
     view = mview(a=state, b=State.ALIVE, r=State.ALIVE)
     routing = make_routing(HostGossip(R, view))
+    routing._proven = {A: (f"{IP[A]}:51820", trio.current_time()), B: (f"{IP[B]}:51821", trio.current_time())}
     relay = Relay(R, is_member=routing._alive_member, addresses=[IP[R]], exclude=("10.211.0.0/16",))
     srv = server.RelayServer(routing, relay, FakeForwarder())
     async with serving(srv):

@@ -14,13 +14,16 @@ pair's WireGuard session is end to end, the relay sees only ciphertext. One tabl
   no conntrack entry behind that would hold the port's datagrams once the pair is back.
 - Whoever makes the first flow owns the pair's mapping (one SNAT port per pair), so: a
   *pinned* end (not NATed, relay.End.pinned) is matched on its source port too (its
-  WireGuard port): nobody else at its address (another process, a spoofer, a host behind
-  the same NAT) can make the flow. Towards an end that is not pinned (behind a NAT, its
-  real source port unknown) a pinned end makes no flow: it would go to the record's port,
-  which the NAT drops, and then hold the mapping against the end's real flow. That end
-  speaks first (its WireGuard keepalive at the latest), the flow is its, and the pinned
-  end's datagrams are its replies. Two ends that are both not pinned: the first sender's
-  flow (to the other's record port), as before.
+  WireGuard port, as the relay's WireGuard proved it): nobody else at its address (another
+  process, a spoofer, a host behind the same NAT) can make the flow. Towards an end that is
+  not pinned (behind a NAT: the port its packets to this relay port come from may differ
+  from the one proven, by the NAT's mapping) a pinned end makes no flow: it would go to the
+  proven port, which the NAT may not forward from this port, and then hold the mapping
+  against the end's real flow. That end speaks first (its WireGuard keepalive at the
+  latest), the flow is its, and the pinned end's datagrams are its replies. Two ends that
+  are both not pinned: the first sender's flow (to the other's proven port), as before.
+  Either way a flow goes to an end's proven WireGuard port or back to where the end itself
+  sent from, never to a port an end's record names (relay.py).
 - The relay behind a 1:1 NAT (a cloud VM announcing its public address, which no local
   interface holds): the datagrams arrive addressed to the private address. An end's
   `via_ip` that is a local address is matched as the destination; one that is not is

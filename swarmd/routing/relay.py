@@ -11,7 +11,11 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
   the driver and request.py) and both leases are unexpired: one member cannot aim the
   relay at another that did not ask. `End.ip` is where the end's request came from (its
   libp2p connection's remote address), never a value it wrote, so an end cannot aim the
-  relay at an address it does not hold.
+  relay at an address it does not hold; `End.wg_port` is the port its WireGuard packets
+  were proven to come from at that address (server.py: the relay's own WireGuard device
+  saw them authenticate, Routing.proven), never its record's, so the relay aims a pair's
+  datagrams only at a socket holding the end's WireGuard key (or the NAT mapping in front
+  of it), not at any port of the host the end asked from (issue 23 finding 11).
 - Addresses: IPv4 only; an end's ip must be a unicast host address of another host (not
   loopback, link-local, multicast, broadcast, 0.0.0.0/8, 240.0.0.0/4, one of this node's
   own, nor inside `exclude`, the overlay), and `via_ip` one of this node's own addresses
@@ -30,7 +34,7 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
   fill the relay (only active pairs count towards `max_pairs`), and a pair that falls back
   to one end (the other released or expired) is pending again, with the same limit.
 - `End.pinned`: the end is not behind a NAT (the driver sets it when the request's address is
-  one of the end's WireGuard endpoints), so its WireGuard packets come from `ip:wg_port`,
+  one of the end's record's endpoints), so its WireGuard packets come from `ip:wg_port`,
   and the rules accept nothing else from it (nft.py: no flow squatting from another port of
   its address).
 - Rule changes are rate-limited per member: each request or release that changes `active()`
@@ -96,7 +100,7 @@ class End:
 
     peer: str  # its peer id (the request's signer)
     ip: str  # where its request came from: the connection's remote IPv4 address (or IPv4-mapped IPv6)
-    wg_port: int  # its WireGuard listen port (its record's)
+    wg_port: int  # the port its WireGuard packets come from at `ip`, as the relay's WireGuard proved it
     via_ip: str  # this relay's IPv4 address it sends to (one it announces; maybe not local: 1:1 NAT)
     pinned: bool = False  # not NATed: its packets come from ip:wg_port, and only those are relayed
 

@@ -4,8 +4,11 @@
 (gate), then its signed request, checked (request.check) and judged by the relay core
 (relay.py) with what only this side knows: the requester's IP is the one its libp2p
 connection comes from (an end cannot aim the relay at an address it does not hold), its
-WireGuard port the one its record advertises, the pair's other end an alive member of our
-view with a mesh side. A member changing the rules too often (each change is one ``nft -f``
+WireGuard port the one its authenticated WireGuard packets last came from at that IP, as our
+own WireGuard device saw them (``Routing.proven``; refused ``unproven`` without one: issue 23
+finding 11, a record's port is the member's claim, and with it the relay would aim the other
+end's datagrams at any port of whatever host the request came from), the pair's other end an
+alive member of our view with a mesh side. A member changing the rules too often (each change is one ``nft -f``
 here) is refused ``rate_limited``, a release too (relay.py). The answer is ``{port, active,
 expires_in}``, ``{released: true}`` or ``{error, reason}``; every refusal is counted in
 ``swarmd_relay_rejected{reason}`` and the stream closed, nothing else: one request cannot end
@@ -114,11 +117,18 @@ class RelayServer:
         remote = stream.muxed_conn.get_remote_address() if hasattr(stream.muxed_conn, "get_remote_address") else None
         if not remote:
             return self.refuse("bad_address", peer, "cannot tell the requester's address")
-        # pinned: it asks from an address its record lists, so no NAT rewrites its WireGuard port
-        # (the rules then take only ip:port from it: no other socket of that host takes the pair).
         # A dual-stack listener shows an IPv4 peer as ::ffff:a.b.c.d: that is its IPv4 address.
         ip = str(unmap(str(remote[0])))
-        end = End(peer=peer, ip=ip, wg_port=mine.record.wg.port, via_ip=r.via_ip, pinned=ip in mine.record.wg.endpoints)
+        # Its WireGuard endpoint as our own WireGuard proved it (Routing.proven), at the address
+        # its connection comes from: the pair's packets go to that socket only, never to a port
+        # its record names (a member's claim: any service of the host it asks from).
+        proven = self.r.proven(peer)
+        if proven is None or proven[0] != ip:
+            return self.refuse("unproven", peer, f"no WireGuard packets of the requester's arrived here from {ip} "
+                                                 "lately: the relay forwards only to an endpoint they came from")
+        # pinned: it asks from an address its record lists, so no NAT rewrites its WireGuard port
+        # (the rules then take only ip:port from it: no other socket of that host takes the pair).
+        end = End(peer=peer, ip=ip, wg_port=proven[1], via_ip=r.via_ip, pinned=ip in mine.record.wg.endpoints)
         result = self.relay.request(now, end, r.other)
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)

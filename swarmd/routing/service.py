@@ -38,6 +38,7 @@ from . import request as rq
 from .coordinates import Client, Coordinate
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
+from ..wg.reconciler import split_endpoint
 from .sessions import Sessions
 
 log = structlog.get_logger("swarmd.routing")
@@ -55,6 +56,9 @@ REPORT_CHANGE = 0.2  # a measured RTT this much off what our record says is news
 BUSY_BYTES_PER_S = 1024 * 1024
 TRAFFIC_WINDOW = 0.9  # seconds: the least span a rate is computed over (evaluations rerun at once on changes)
 CARRIED_FRESH = 1.5  # seconds a reading of where a peer's packets arrive from is good for (sessions tick each 1 s)
+# Seconds a proven WireGuard endpoint (Routing.proven) stays good without being proven again: an idle
+# peer's packets are its keepalives (reconciler.DEFAULT_KEEPALIVE, 25 s), so a few chances to renew
+PROVEN_FOR = 120.0
 
 
 class Routing(Readout):
@@ -73,7 +77,9 @@ class Routing(Readout):
         self._snap = Snap(view=gossip.view(), me=gossip.me)
         self._announced: dict[str, str] = {}
         self._relayed: dict[str, str] = {}
-        self._traffic: dict[str, tuple[float, int, int, str | None]] = {}  # peer -> (when, rx + tx, rx, endpoint)
+        # peer -> (when, rx + tx, rx, endpoint, the mesh's device writes at that reading or None)
+        self._traffic: dict[str, tuple[float, int, int, str | None, int | None]] = {}
+        self._proven: dict[str, tuple[str, float]] = {}  # peer -> (its proven WireGuard endpoint, when): proven()
         self._carried: dict[str, tuple[str, float]] = {}  # peer -> (the endpoint its packets kept arriving
         # from, when that was read): _read_traffic
         self._busy: frozenset[str] = frozenset()  # peers with heavy traffic now (paths.PathView.busy)
@@ -285,13 +291,21 @@ class Routing(Readout):
         - ``_carried``: peer -> the endpoint its packets kept arriving from (rx grew, the endpoint
           the same at both readings: WireGuard counts, and takes as the peer's endpoint, only
           packets that authenticate, so only the peer's own packets, held back or not, move them).
+        - ``_proven``: the same, when moreover no write of ours to the device (``Mesh.writes``)
+          started or ended from the first reading to the second: the endpoint read is then where
+          the peer's last authenticated packet came from, not one we wrote from its record (its
+          claim). Kept ``PROVEN_FOR`` seconds, until proven again or elsewhere.
         Counters that went backwards (the backend restarted) start a new baseline."""
         now = trio.current_time()
+        writes = getattr(self.mesh, "writes", None)
         try:
             rows = await self.mesh.peer_rows() if self.mesh is not None else []
         except Exception:  # the backend restarting: the pairs stay as busy as they were
             self._carried = {}
             return
+        if writes is None or getattr(self.mesh, "writes", None) != writes:
+            writes = None  # a write overlapped the reading: it proves nothing
+        self._proven = {p: found for p, found in self._proven.items() if now - found[1] <= PROVEN_FOR}
         seen, busy, carried = {}, set(), {}
         for row in rows:
             peer, rx, endpoint = row.get("peer"), row.get("rx_bytes", 0), row.get("endpoint")
@@ -306,14 +320,28 @@ class Routing(Readout):
                 if peer in self._carried:
                     carried[peer] = self._carried[peer]
                 continue
-            seen[peer] = (now, total, rx, endpoint)
+            seen[peer] = (now, total, rx, endpoint, writes)
             if last is None or total < last[1] or rx < last[2]:
                 continue
             if (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
                 busy.add(peer)
             if rx > last[2] and endpoint is not None and endpoint == last[3]:
                 carried[peer] = (endpoint, now)
+                if writes is not None and last[4] == writes:
+                    self._proven[peer] = (endpoint, now)
         self._traffic, self._busy, self._carried = seen, frozenset(busy), carried
+
+    def proven(self, peer: str) -> tuple[str, int] | None:
+        """(IP, port) ``peer``'s WireGuard packets were last proven to come from (``_proven``):
+        its WireGuard socket, or the NAT mapping in front of it, the one place the relay may
+        aim a pair's packets at (server.py). None when not proven within ``PROVEN_FOR``."""
+        found = self._proven.get(peer)
+        if found is None or trio.current_time() - found[1] > PROVEN_FOR:
+            return None
+        try:
+            return split_endpoint(found[0])
+        except ValueError:
+            return None
 
     def carried(self, peer: str) -> str | None:
         """The endpoint ``peer``'s WireGuard packets kept arriving from in the last reading, if

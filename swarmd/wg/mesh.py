@@ -99,6 +99,7 @@ class Mesh:
         self.readdressed = 0
         self._members: dict[str, Member] = {}
         self._relayed: dict[str, str] = {}  # routing's: peer -> relay endpoint
+        self.writes = 0  # grows when a write of peers to the device starts and when it ends (_set_peers)
         self._configured: set[bytes] = set()  # peers set on the device since it started
         self._proof: tuple[bytes, bytes] | None = None  # (our key, its proof)
         self._warned_network = False
@@ -271,7 +272,18 @@ class Mesh:
                 case ProbeEndpoints(peer, endpoints):
                     nursery.start_soon(self._probe_endpoints, peer, endpoints, nursery)
         if configs:
+            await self._set_peers(configs)
+
+    async def _set_peers(self, configs: list[PeerConfig]) -> None:
+        """Every write of peers to the device goes through here, counted in ``writes`` as it
+        starts and as it ends: a peer's endpoint read back is where its last authenticated
+        packet came from only if no write of ours (an endpoint from a record, which a member
+        chose) happened since (routing's proven endpoints, relay.py)."""
+        self.writes += 1
+        try:
             await self.backend.set_peers(configs)
+        finally:
+            self.writes += 1
 
     async def set_relayed(self, relayed: dict[str, str]) -> None:
         """Routing's relayed paths: peer -> the relay endpoint ("IP:port") its packets go to;
@@ -282,7 +294,7 @@ class Mesh:
         actions = self.reconciler.set_relayed(relayed)
         configs = [_config(a.spec) for a in actions if isinstance(a, SetPeer)]
         if configs:
-            await self.backend.set_peers(configs)
+            await self._set_peers(configs)
 
     async def reassert(self, peers: Iterable[str]) -> None:
         """Write these peers' endpoints to the device again, as the reconciler has them: WireGuard
@@ -293,7 +305,7 @@ class Mesh:
         wanted = {m.public for p in peers if (m := self._members.get(p)) is not None}
         configs = [_config(spec) for public, spec in self.reconciler.current.items() if public in wanted]
         if configs:
-            await self.backend.set_peers(configs)
+            await self._set_peers(configs)
 
     def peers(self) -> set[str]:
         """The members this node's WireGuard device has as peers."""
@@ -308,7 +320,7 @@ class Mesh:
         await trio.sleep(KEEPALIVE_DEFER)
         current = self.reconciler.current.get(spec.public)
         if current is not None and self.started:
-            await self.backend.set_peers([_config(current)])
+            await self._set_peers([_config(current)])
 
     async def _probe_endpoints(self, peer: str, endpoints: tuple[str, ...], nursery: trio.Nursery) -> None:
         """RTT to each candidate endpoint: a TCP connect to the member's libp2p port on that IP
@@ -367,8 +379,8 @@ class Mesh:
         # Peers as new: no session or half-done handshake left from the old key (measured:
         # with them kept, one rotation in six left a pair unable to talk for over 8 s).
         peers = list(self.reconciler.current.values())
-        await self.backend.set_peers([PeerConfig(public=p.public, remove=True) for p in peers])
-        await self.backend.set_peers([_config(p) for p in peers])
+        await self._set_peers([PeerConfig(public=p.public, remove=True) for p in peers])
+        await self._set_peers([_config(p) for p in peers])
         self.keys = new
         self.reconciler = _rekeyed(self.reconciler, new.public)
         self.gossip.readvertise()
