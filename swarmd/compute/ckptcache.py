@@ -36,10 +36,13 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
   served for the whole host: while there is room any copy fits; past it a job whose cache
   stays within its share (budget / caches holding anything) gets room by removing copies
   of caches over theirs, unprotected ones (neither the latest start's, nor the hub's list,
-  nor the cache's newest) oldest first. So a member that filled the budget first, with
+  nor the cache's newest) oldest first, protected ones last and only while their cache is
+  over its share (protection counts within a share: else a member listing everything it
+  put in its start would hold the whole budget); a copy that would take its own cache
+  over its share first removes that cache's older unprotected copies (its prune would),
+  and is refused when that is not enough. So a member that filled the budget first, with
   puts or its own jobs, gives its excess back to the next job that needs its share, and a
-  running job's own checkpoints and the checkpoints a restart is about to start from
-  (protected) go last; they are refused only to a cache over its own share. Why a share
+  running job's newest checkpoints and those a restart starts from go last. Why a share
   and not a fixed fraction: the budget stays whole for one job alone (its checkpoints at
   checkpoint_max), and n jobs get an n-th each. A refusal says why (the watcher logs it;
   a refused put fails that host's part of an attempt, and the coordinator places the
@@ -148,7 +151,6 @@ class Budget:
         self.jobs_dir = jobs_dir
         self.limit = limit
         self.protect = protect
-        self.evicted = 0  # copies removed to make room for another job's within its share
         self._lock = threading.Lock()  # one check-and-claim at a time, whichever thread
         self._claims: dict[str, int] = {}  # temporary's name -> bytes promised to it
 
@@ -163,7 +165,6 @@ class Budget:
                 assert copy.sha is not None
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.jobs_dir / copy.cache / CACHE_DIR / copy.sha)
-                self.evicted += 1
                 log.info("a checkpoint copy removed: its job's cache was over its share of the host's budget",
                          directory=copy.cache, sha=copy.sha[:12], size=copy.size, protected=copy.protected,
                          for_directory=tmp.parent.parent.name)
