@@ -18,7 +18,7 @@ import trio
 
 from swarmd.compute.sandbox import box as boxmod
 from swarmd.compute.sandbox.box import PARTS, Sandbox, SandboxError, Settings
-from swarmd.compute.sandbox.uids import pids_of
+from swarmd.compute.sandbox.uids import SCRATCH, ipc_of, pids_of
 
 UIDS = (64900, 64999)  # apart from the lab's slices and the default's low end
 
@@ -161,9 +161,44 @@ async def test_without_a_cgroup_closing_the_box_kills_every_process_of_its_uid(t
         await sb.close()
 
 
-def test_only_a_job_uids_processes_are_ever_killed():
-    with pytest.raises(ValueError, match="uid 0 is not a job's"):
+@root
+async def test_without_bubblewrap_what_the_job_left_in_tmp_dev_shm_and_sysv_ipc_goes_with_it(tmp_path, without,
+                                                                                          reachable):
+    """Its private /tmp would have: a job without bubblewrap leaves nothing at the top of
+    the host's shared directories nor in its IPC for a later job, and its uid is free
+    again; a file deeper, in someone else's world-writable directory, stays and holds it."""
+    without("cgroup", "namespaces", "firewall")
+    marker = f"swarmd-test-{uuid.uuid4().hex[:8]}"
+    shared = Path("/tmp") / f"{marker}-shared"  # another user's world-writable directory
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = [Path("/tmp") / marker, Path("/dev/shm") / marker, Path("/var/tmp") / marker]
+    script = (f"mkdir {planted[0]} && echo x > {planted[0]}/kernel.py && chmod 0 {planted[0]} && "
+              f"touch {planted[1]} {planted[2]} && ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null")
+    sb = await Sandbox.start(dataclasses.replace(settings(tmp_path), jobs_dir=reachable))
+    try:
+        top = reachable / "d212vvvvvvvv-00000000"
+        (top / "work").mkdir(parents=True)
+        for deeper in (False, True):
+            async with sb.open(job="j", top=top, cwd=top / "work", memory=None, cpus=None, gpus=()) as box:
+                argv, env = box.command(["/bin/sh", "-c", script + (f" && touch {shared}/left" if deeper else "")],
+                                        {"PATH": "/usr/bin:/bin"}, 0)
+                await trio.run_process(argv, env=env, check=True)
+                assert len(ipc_of(box.uid)) == 2 and all(p.lstat().st_uid == box.uid for p in planted)
+            assert not [p for p in planted if os.path.lexists(p)] and ipc_of(box.uid) == []
+            assert sb.pool is not None
+            assert sb.pool.holder(box.uid) == (f"files in {', '.join(map(str, SCRATCH))}" if deeper else None)
+    finally:
+        await sb.close()
+        for p in [*planted, shared]:
+            subprocess.run(["rm", "-rf", str(p)], check=False)
+
+
+def test_only_a_job_uids_processes_and_files_are_ever_touched():
+    with pytest.raises(ValueError, match="uid 0 is not a job's: its processes"):
         boxmod.kill_uid(0, "/usr/bin/setpriv")
+    with pytest.raises(ValueError, match="uid 999 is not a job's: its files"):
+        boxmod.clear_uid(999, "/usr/bin/setpriv")
 
 
 ATTACKER = 2_000_000_100  # a local user, apart from the job uids

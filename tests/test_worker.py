@@ -196,7 +196,8 @@ async def test_without_bubblewrap_the_next_job_gets_another_uid_and_its_own_temp
     """Issue 23, finding 2: on a host without bubblewrap (sandbox = auto) job B got job A's
     uid, the lowest free one, and with it A's /tmp/torchinductor_$USER/kernel.py, which
     TorchInductor would run. Now B gets another uid, its temp and caches are in its own
-    job directory, and A's stray process is gone when A ends (no cgroup to find it by)."""
+    job directory, and A's stray process (no cgroup to find it by) and what A planted are
+    gone when A ends."""
     import subprocess
     import sys
     import tempfile
@@ -246,9 +247,10 @@ async def test_without_bubblewrap_the_next_job_gets_another_uid_and_its_own_temp
         return seen
 
     try:
-        a = await run("0123456789aa", plant + show)
-        assert all(p.lstat().st_uid == int(a["uid"]) for p in planted), "job A planted them as its uid"
+        a = await run("0123456789aa", plant + show + f"; stat -c planted=%u {' '.join(map(str, planted))}")
+        assert a["planted"] == a["uid"], "job A planted them as its uid"
         assert a["stray"] and pids_of(int(a["uid"])) == [], "job A's stray (setsid, no cgroup) was killed at its end"
+        assert not [p for p in planted if os.path.lexists(p)], "and what it planted went with it"
         b = await run("0123456789bb", show)
         top = w.job_dir("0123456789bb", "coord")
         assert b["uid"] != a["uid"], "job B never gets the uid that owns what A left in /tmp and /dev/shm"

@@ -24,6 +24,10 @@ missing; `Sandbox.open` gives a job its box for as long as its ranks run. Rules:
   reaches every process whose real or saved uid is the job's (kill(2)), in one pass the
   kernel makes under its task list lock, so none forks past it; repeated until /proc
   shows none, `KILL_WAIT` at most. The uid is the job's alone, so nothing else is hit.
+- Without bubblewrap the job wrote in the host's /tmp, /var/tmp, /dev/shm and SysV IPC:
+  once none of its processes is left, what its uid owns at their top level and its IPC
+  objects are removed (`clear_uid`), as a private /tmp would have gone; what remains
+  deeper keeps the uid from the next job (uids.py).
 - /dev/shm shared by a job's ranks (with bubblewrap) lies in a directory of this daemon's
   life in the host's /dev/shm, made by mkdtemp at its first job (a name nobody can take
   first: a fixed name there, world-writable and sticky, could be made by any local user
@@ -56,7 +60,7 @@ from . import cgroups, firewall, mounts
 from .cgroups import Limits, Usage
 from .. import trees
 from ..spec import ENV_NAME
-from .uids import LOWEST, UidPool, pids_of
+from .uids import LOWEST, SCRATCH, SYSVIPC, UidPool, ipc_of, pids_of
 
 log = structlog.get_logger("swarmd.sandbox")
 
@@ -307,9 +311,20 @@ class Sandbox:
                         log.warning("job cgroup not taken down", job=job, error=str(exc))
                 else:  # nothing holds its processes together: the uid does
                     assert self.setpriv is not None  # the pool is there only with it
-                    left = await trio.to_thread.run_sync(kill_uid, uid, self.setpriv)
+                    try:
+                        left = await trio.to_thread.run_sync(kill_uid, uid, self.setpriv)
+                    except OSError as exc:
+                        left = [-1]
+                        log.warning("a job's processes not killed", job=job, uid=uid, error=str(exc))
                     if left:
                         log.warning("processes of a job survive its end", job=job, uid=uid, pids=left[:10])
+                if "namespaces" not in box.parts:  # it wrote in the host's /tmp, /dev/shm, SysV IPC
+                    assert self.setpriv is not None
+                    try:
+                        await trio.to_thread.run_sync(clear_uid, uid, self.setpriv)
+                    except OSError as exc:  # what remains keeps the uid from the next job (uids.py)
+                        log.warning("a job's files in the host's temp directories not removed", job=job, uid=uid,
+                                    error=str(exc))
                 if self.shm is not None:
                     await trio.to_thread.run_sync(trees.remove, self.shm / top.name)
                 await trio.to_thread.run_sync(_hand_back, top, uid)
@@ -370,6 +385,35 @@ def _shared_memory(path: Path, uid: int) -> Path:
     os.mkdir(path, 0o700)
     os.chown(path, uid, uid)
     return path
+
+
+def clear_uid(uid: int, setpriv: str, scratch: Sequence[Path] = SCRATCH, sysvipc: Path = SYSVIPC,
+              proc: Path = Path("/proc")) -> None:
+    """What a job without bubblewrap left where every local user writes, as systemd's
+    RemoveIPC= does for a user's last process, and its private /tmp would have: the entries
+    of the world-writable directories (`scratch`) that `uid` owns, and its SysV IPC
+    objects. Only once no process of the uid is left (else nothing is touched): then nobody
+    can replace such an entry (the directories are sticky: only its owner or root may
+    rename or remove it), and the IPC objects are removed by a process of the uid itself,
+    which the kernel lets remove only what it owns or created. What is deeper (its files in
+    another user's world-writable directory) stays and keeps the uid from the next job."""
+    if uid < LOWEST:
+        raise ValueError(f"uid {uid} is not a job's: its files are not ours to remove")
+    if pids_of(uid, proc):
+        return
+    for d in scratch:
+        for entry in _entries(d):  # a directory this host lacks has none
+            with contextlib.suppress(FileNotFoundError):  # another user's, removed while we looked
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    trees.remove(Path(entry.path))
+    flags = {"shm": "-m", "sem": "-s", "msg": "-q"}
+    objects = [arg for kind, ident in ipc_of(uid, sysvipc) for arg in (flags[kind], str(ident))]
+    ipcrm = shutil.which("ipcrm", path=CHAIN_ENV["PATH"])
+    if objects and ipcrm is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # what remains keeps the uid held
+            subprocess.run([*mounts.setpriv_argv(setpriv, uid, uid), ipcrm, *objects], env=CHAIN_ENV,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False, timeout=KILL_WAIT)
 
 
 def kill_uid(uid: int, setpriv: str, proc: Path = Path("/proc")) -> list[int]:

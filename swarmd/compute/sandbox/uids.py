@@ -2,8 +2,8 @@
 `job_uids` range: what keeps one job's processes and files out of another's reach.
 
 Rules:
-- `allocate()` hands out the free uid of the range that was handed out least recently (one
-  never handed out first, lowest first). Free: not handed out by this pool and not released
+- `allocate()` hands out the free uid of the range used least recently (its last job
+  ended longest ago; one never handed out first, lowest first). Free: not handed out by this pool and not released
   yet, no process with it (any of the real, effective, saved or filesystem ids in
   /proc/PID/status, uid or gid), nothing owned by it where a job could have written (below),
   no user or group of that number in the host's databases (a `useradd` after the range was
@@ -18,11 +18,15 @@ Rules:
   (mounts.py), but a job that ran without (sandbox = auto on a host lacking bwrap) wrote
   in the host's: its uid must not come back to a later job while a file of it is there
   (TorchInductor's /tmp/torchinductor_$USER made that code execution in the next job).
+  When such a job ends, box.py removes what its uid owns at their top level and its IPC
+  objects; what the scan finds after that lies deeper, or survived a failed removal.
   Two levels are enough: whatever a job makes is owned by its uid, so a file of it deeper
   down lies under a directory of its own at one of those two levels, unless someone else
-  made a world-writable directory there for it (then that one's owner is held, and the
-  uid rotation below keeps the job's uid away for as long as the range allows). A job
-  cannot hide from root by its modes (chmod 0 on its directory): the daemon reads through.
+  made a world-writable directory at the second level for it: that file is missed (its
+  maker's uid is held, if a job's), and the rotation below keeps the job's uid away as
+  long as the range allows. A job cannot hide from root by its modes (chmod 0 on its
+  directory): the daemon reads through. The cost: one lstat per entry of those
+  directories and of each directory in them, at each hand-out and release.
 - So a uid is never reused while a process or a file of its job remains, even across a
   daemon restart (/proc and the file systems are not lost): a later job never inherits a
   crashed one's checkpoints, its planted caches or its stray processes.
@@ -343,17 +347,36 @@ def ipc_owners(sysvipc: Path = SYSVIPC) -> set[int]:
     """The uids and gids owning or having created a SysV shared memory segment, semaphore
     set or message queue (this IPC namespace's: the host's, for a job without bubblewrap)."""
     ids: set[int] = set()
-    for kind in ("shm", "sem", "msg"):
+    for _, _, owner in _ipc_objects(sysvipc):
+        ids |= set(owner.values())
+    return ids
+
+
+def ipc_of(uid: int, sysvipc: Path = SYSVIPC) -> list[tuple[str, int]]:
+    """(kind, id) of each SysV IPC object `uid` owns or created: kind shm, sem or msg."""
+    return [(kind, ident) for kind, ident, owner in _ipc_objects(sysvipc) if uid in (owner["uid"], owner["cuid"])]
+
+
+def _ipc_objects(sysvipc: Path) -> Iterator[tuple[str, int, dict[str, int]]]:
+    """(kind, id, {uid, gid, cuid, cgid}) of each object /proc/sysvipc lists, by its header's
+    column names (Linux ipc/shm.c, sem.c, msg.c)."""
+    for kind, key in (("shm", "shmid"), ("sem", "semid"), ("msg", "msqid")):
         try:
             header, *rows = (sysvipc / kind).read_text().splitlines()
         except (OSError, ValueError):
             continue  # no SysV IPC in this kernel
         names = header.split()
-        columns = [names.index(c) for c in ("uid", "gid", "cuid", "cgid") if c in names]
+        wanted = (key, "uid", "gid", "cuid", "cgid")
+        if not all(c in names for c in wanted):
+            continue  # not the format we know: nothing is read rather than a wrong column
+        at = {c: names.index(c) for c in wanted}
         for row in rows:
             words = row.split()
-            ids.update(int(words[i]) for i in columns if i < len(words) and words[i].isdigit())
-    return ids
+            try:
+                values = {c: int(words[i]) for c, i in at.items()}
+            except (IndexError, ValueError):
+                continue
+            yield kind, values.pop(key), values
 
 
 def _owner(entry: os.DirEntry) -> set[int]:
