@@ -299,6 +299,32 @@ async def test_a_workdir_upload_needs_a_reservation_and_a_peer_uploads_two_at_on
     assert host.worker.pins == {}, "released, the tree may go"
 
 
+async def test_a_workdir_too_deep_to_walk_is_refused_and_the_next_start_comes_up(tmp_path):
+    """Issue 23, finding 1: one reserve and 23 KB of workdir 1,200 directories deep made
+    os.walk and rmtree raise RecursionError, left the half-unpacked tree, and the daemon's
+    next start (Cache(), compute/setup.py) died removing it. Refused before anything is
+    made; the hold goes on; the next start comes up."""
+    import hashlib
+
+    import deep_trees
+
+    try:
+        host = Host(tmp_path)
+        await reserved(host, "mallory")
+        data = deep_trees.deep_archive()
+        digest = hashlib.sha256(data).hexdigest()
+        replies = await host.ask("mallory", req("workdir", digest=digest, size=len(data)), {"data": data},
+                                 {"end": True})
+        assert replies[0] == {"have": False}
+        assert "names deep: at most 64 are accepted" in replies[1]["error"], replies
+        assert list(host.worker.cache.root.iterdir()) == [], "nothing half-unpacked is left"
+        Cache(tmp_path / "cache")  # the daemon's next start
+        assert host.worker.ledger.state_of(JOB, "mallory") == "leased"
+        assert await host.ask("mallory", req("release")) == [{}]
+    finally:
+        deep_trees.remove(tmp_path)  # pytest's own removal would recurse into what the old code left
+
+
 # --- the fuzz: any one message, any field -------------------------------------------------
 
 IDS = ["0123456789ab", "0123456789ac"]

@@ -227,3 +227,29 @@ def test_a_hostile_workdir_upload_is_refused_and_the_daemon_keeps_serving(node):
     with pytest.raises(RemoteError, match="was not uploaded"):
         list(node.client().stream("jobs.run", spec={"cmd": ["true"]}, workdir=digest))
     assert node.call("status")["peer_id"]
+
+
+def test_a_workdir_too_deep_to_walk_is_refused_and_a_restart_comes_up(node):
+    """Issue 23, finding 1, through the control socket: jobs.upload of a workdir 1,200
+    directories deep answered `internal error … RecursionError`, left the half-unpacked tree
+    in STATE_DIR/workdirs, and every later start of the daemon died removing it. Now it is
+    refused before anything is made, and a start with such a leftover (an older daemon's)
+    removes it and serves."""
+    import hashlib
+
+    import deep_trees
+    from swarmd.rpc.client import RemoteError
+
+    data = deep_trees.deep_archive()
+    digest = hashlib.sha256(data).hexdigest()
+    workdirs = node.state_dir / "workdirs"
+    try:
+        with pytest.raises(RemoteError, match="names deep: at most 64 are accepted"):
+            node.call("jobs.upload", digest=digest, offset=0, size=len(data), data=data)
+        assert list(workdirs.iterdir()) == []
+        deep_trees.make_deep(workdirs / ".unpack-old")
+        node.stop()
+        node.start()  # fails if the daemon exits
+        assert node.call("status")["peer_id"] and list(workdirs.iterdir()) == []
+    finally:
+        deep_trees.remove(workdirs)

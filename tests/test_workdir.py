@@ -7,12 +7,17 @@ import hashlib
 import io
 import os
 import stat
+import subprocess
+import sys
 import tarfile
 import threading
 
 import pytest
+import structlog
 
-from swarmd.compute.workdir import Cache, WorkdirError, pack
+import deep_trees
+from swarmd.compute import trees
+from swarmd.compute.workdir import ENTRY_FLOOR, MAX_DEPTH, MAX_ENTRIES, MAX_HEADER, Cache, WorkdirError, pack
 
 
 def tree(root, files):
@@ -251,3 +256,134 @@ def test_half_unpacked_leftovers_of_a_killed_daemon_are_cleared(tmp_path):
 def test_an_archive_that_is_gzip_but_not_tar_is_unreadable(tmp_path):
     with pytest.raises(WorkdirError, match="the workdir archive is unreadable"):
         put(Cache(tmp_path / "cache"), gzip.compress(b"x" * 1000, mtime=0))
+
+
+# --- what a member or a local user shapes (issue 23): depth, entries, the floor, start-up ---
+
+@pytest.fixture
+def deep_safe(tmp_path):
+    """tmp_path, removed with rm at the end: pytest's shutil.rmtree would fail on a deep tree."""
+    yield tmp_path
+    deep_trees.remove(tmp_path)
+
+
+def test_a_workdir_1200_directories_deep_is_refused_before_anything_is_created(deep_safe):
+    """Finding 1: 23 KB from one member made os.walk and rmtree raise RecursionError, left a
+    half-unpacked tree, and the daemon died at every start."""
+    cache = Cache(deep_safe / "cache")
+    data = deep_trees.deep_archive()
+    assert len(data) < 30_000
+    with pytest.raises(WorkdirError, match=rf"65 names deep: at most {MAX_DEPTH} are accepted"):
+        put(cache, data)
+    assert list((deep_safe / "cache").iterdir()) == [], "nothing was created, nothing is left"
+    Cache(deep_safe / "cache")  # and the next start comes up
+
+
+@pytest.mark.parametrize("depth, accepted", [(MAX_DEPTH, True), (MAX_DEPTH + 1, False)])
+def test_names_are_at_most_max_depth_deep(tmp_path, depth, accepted):
+    cache = Cache(tmp_path / "cache")
+    name = "/".join(["d"] * (depth - 1) + ["f"])
+    data = archive([(member(name), b"x")])
+    if accepted:
+        path = put(cache, data)
+        assert (path / name).read_bytes() == b"x"
+        assert {mode(path / "/".join(["d"] * i)) for i in (1, depth - 1)} == {0o755}, \
+            "directories a file implies are made readable like the listed ones"
+    else:
+        with pytest.raises(WorkdirError, match=f"{depth} names deep"):
+            put(cache, data)
+        assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_entries_beyond_the_cap_are_refused_before_anything_is_created(tmp_path):
+    """Finding 7: each entry is an inode and a block; a cap on their number, not bytes alone."""
+    cache = Cache(tmp_path / "cache", max_entries=100)
+    with pytest.raises(WorkdirError, match="the workdir holds more than 100 files and directories"):
+        put(cache, archive([(member(f"f{i}"), b"") for i in range(101)]))
+    assert list((tmp_path / "cache").iterdir()) == []
+    assert len(list(put(cache, archive([(member(f"f{i}"), b"") for i in range(100)])).iterdir())) == 100
+
+
+def test_every_entry_counts_as_at_least_one_block(tmp_path):
+    """Finding 7: 512 bytes counted per header let two million empty files (12 MiB packed)
+    under the 1 GiB cap; a block each makes that 8 GiB."""
+    cache = Cache(tmp_path / "cache", unpacked_limit=1024 * 1024)
+    assert len(list(put(cache, archive([(member(f"f{i}"), b"") for i in range(256)])).iterdir())) == 256
+    with pytest.raises(WorkdirError, match=rf"unpacks to more than 1 MiB \(each file or directory counted "
+                                           rf"as at least {ENTRY_FLOOR} bytes\)"):
+        put(cache, archive([(member(f"g{i}"), b"") for i in range(257)]))
+    with pytest.raises(WorkdirError, match="unpacks to more than 1 MiB"):
+        put(cache, archive([(member("big"), bytes(1024 * 1024 - 1)), (member("one"), b"")]))
+
+
+@pytest.mark.slow
+def test_two_million_empty_files_are_refused_quickly_in_bounded_memory(tmp_path):
+    """Finding 7, as a member sends it: the daemon held ~0.9 GB of headers and then made two
+    million files. Run in a process of its own to read its peak memory."""
+    archive_path = tmp_path / "flood.tar.gz"
+    archive_path.write_bytes(deep_trees.empty_files_archive(2_000_000))
+    digest = hashlib.sha256(archive_path.read_bytes()).hexdigest()
+    script = ("import resource, sys; from pathlib import Path; from swarmd.compute.workdir import Cache, WorkdirError\n"
+              "try: Cache(Path(sys.argv[1])).put_file(sys.argv[2], Path(sys.argv[3]))\n"
+              "except WorkdirError as exc: print(exc)\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache"), digest, str(archive_path)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    refusal, peak_kib = done.stdout.splitlines()
+    assert refusal == f"the workdir holds more than {MAX_ENTRIES} files and directories"
+    assert int(peak_kib) < 200 * 1024, "the headers read are not kept"
+    assert list((tmp_path / "cache").iterdir()) == [], "nothing was created"
+
+
+def test_a_name_given_twice_or_a_huge_extended_header_is_refused(tmp_path):
+    cache = Cache(tmp_path / "cache")
+    with pytest.raises(WorkdirError, match="the workdir names 'a' twice"):
+        put(cache, archive([(member("a"), b"1"), (member("a"), b"2")]))
+    with pytest.raises(WorkdirError, match="the workdir names 'd' twice"):
+        put(cache, archive([(member("d"), b"1"), (member("d", tarfile.DIRTYPE), None)]))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(member("f", pax_headers={"comment": "x" * (MAX_HEADER + 1)}), io.BytesIO(b""))
+    with pytest.raises(WorkdirError, match="an extended header of .* bytes"):
+        put(cache, buf.getvalue())
+    assert list((tmp_path / "cache").iterdir()) == [], "what was half-unpacked is gone"
+
+
+def test_a_deep_leftover_of_an_older_daemon_is_removed_at_start(deep_safe):
+    """Finding 1: the leftover the old code left made Cache() raise RecursionError at every start."""
+    root = deep_safe / "cache"
+    deep_trees.make_deep(root / ".unpack-abc")
+    (root / ".unpack-upload-xyz").write_bytes(b"half an upload")
+    cache = Cache(root)
+    assert list(root.iterdir()) == []
+    digest, _ = put_tree(cache, deep_safe / "w", {"f": "1"})
+    assert cache.has(digest)
+
+
+@pytest.mark.parametrize("error", [trees.TreeError("rm: cannot remove"), RecursionError("deep")],
+                         ids=["tool", "anything"])
+def test_a_leftover_that_cannot_be_removed_is_set_aside_and_the_cache_comes_up(tmp_path, monkeypatch, error):
+    root = tmp_path / "cache"
+    (root / ".unpack-abc" / "d").mkdir(parents=True)
+
+    def fails(path):
+        raise error
+
+    monkeypatch.setattr(trees, "remove", fails)
+    with structlog.testing.capture_logs() as logs:
+        Cache(root)
+    assert [p.name for p in root.iterdir()] == [".stuck-abc"]
+    assert [(e["log_level"], e["path"]) for e in logs] == [("warning", str(root / ".unpack-abc"))]
+    monkeypatch.undo()
+    Cache(root)
+    assert list(root.iterdir()) == [], "the next start tries again"
+
+
+def test_pack_refuses_what_a_host_would_refuse_saying_what_to_do(tmp_path):
+    root = tmp_path / "w"
+    deep_trees.make_deep(root, MAX_DEPTH)
+    assert pack(root).files == 0
+    deep_trees.make_deep(root / "/".join(["d"] * MAX_DEPTH), 1)
+    with pytest.raises(WorkdirError, match=f"is more than {MAX_DEPTH} names deep; add what the job does not "
+                                           "need to .gitignore"):
+        pack(root)

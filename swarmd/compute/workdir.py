@@ -7,12 +7,17 @@ Rules:
   leaves out `.git/`, keeps regular files and directories (symlinks, inside the tree or
   not, are left out: one that points outside would not exist on another host, and one that
   points inside duplicates what is packed anyway), and stops as soon as the archive passes
-  the limit, saying so.
+  the limit, or the tree what a host accepts (`MAX_DEPTH`, `MAX_ENTRIES`), saying so.
 - `Cache.put` trusts nothing: the archive must match its digest, its names must stay inside
-  the tree as plain files and directories (no absolute names, `..`, links or devices), and
-  it may not unpack to more than `unpacked_limit` bytes. It unpacks beside the cache and
-  renames into place, so a tree is whole or absent, and a second put of the same digest,
-  even a concurrent one, changes nothing.
+  the tree as plain files and directories (no absolute names, `..`, links or devices), at
+  most `MAX_DEPTH` names deep, at most `max_entries` of them, and it may not unpack to more
+  than `unpacked_limit` bytes, each entry counted as at least one filesystem block
+  (`ENTRY_FLOOR`: an empty file costs an inode and a block, not the 512 bytes of its
+  header), none with an extended (pax, long-name) header over `MAX_HEADER`. The archive is
+  read as a stream twice: once to check every header, creating nothing, then to create
+  each entry (its header checked again); no list of its members is kept (tarfile keeps
+  one: two million empty files held ~0.9 GB, issue 23, finding 7). It unpacks beside the cache and renames into place, so a tree is whole or absent, and a
+  second put of the same digest, even a concurrent one, changes nothing.
 - Digests given to `has`, `path` and `hold` come from peers too: only 64 lowercase hex
   digits name a tree.
 - Trees are the daemon's own (the cache directory is 0700, owned by whoever unpacked them)
@@ -25,17 +30,22 @@ Rules:
 - A peer's upload is spooled to a file beside the trees (`spool`), never held in memory,
   and put with `put_file`, which hashes and unpacks it from disk.
 - One Cache per directory: it clears half-unpacked trees and half-received uploads of a
-  killed daemon at start.
+  killed daemon at start. That clean-up never stops the daemon: what cannot be removed is
+  logged and set aside (renamed `.stuck-*`, tried again at the next start). Trees are
+  removed and copied only through trees.py, which walks to any depth (a tree 1,200 levels
+  deep made `shutil.rmtree` raise RecursionError here at every start, issue 23, finding 1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import os
 import re
 import shutil
+import stat
 import tarfile
 import tempfile
 import threading
@@ -44,17 +54,35 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
+from pathlib import Path, PurePosixPath
+from typing import IO, TypeAlias
+
+import structlog
+
+from . import trees
+
+log = structlog.get_logger("swarmd.jobs")
 
 DEFAULT_LIMIT = 64 * 1024 * 1024
 # Source and configs compress 4-10x: 16x the packed limit leaves room for honest trees and
 # none for a gzip bomb (zeros compress about 1000x).
 UNPACKED_LIMIT = 16 * DEFAULT_LIMIT
-# tarfile's own guard as well as ours, where this Python has it (3.11.4+; Debian's 3.11.2 not)
-SAFE = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+# Names in a tree: deep source trees (Java packages, a vendored node_modules) reach 20-30
+# levels; 64 leaves room for them and is far from anything that strains a walk (Python's
+# recursion limit of 1,000, PATH_MAX of 4,096 bytes).
+MAX_DEPTH = 64
+# Entries in a tree: a large repository's checkout (CPython: ~5,000 files; the Linux
+# kernel: ~90,000, over UNPACKED_LIMIT anyway) fits; each costs an inode and a block.
+MAX_ENTRIES = 100_000
+ENTRY_FLOOR = 4096  # bytes counted for any entry, at least: one block of ext4 and xfs
+# A pax header of one entry: a name MAX_DEPTH names of 255 bytes deep is 16 KiB
+MAX_HEADER = 64 * 1024
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+             tarfile.GNUTYPE_LONGLINK)
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _UNPACKING = ".unpack-"
+_STUCK = ".stuck-"  # a leftover the start-up clean-up could not remove, set aside
+_Members: TypeAlias = Iterator[tuple[tarfile.TarInfo, tuple[str, ...]]]  # each checked, with its name's parts
 
 
 class WorkdirError(Exception):
@@ -104,7 +132,17 @@ def _files(root: Path) -> list[Path]:
                 verdict = result.include
         return verdict
 
-    def walk(d: Path, rules: list[tuple[Path, pathspec.PathSpec]]) -> None:
+    def add(entry: Path, depth: int) -> None:
+        """What a host would refuse (Cache.put), said here before anything is packed."""
+        if depth > MAX_DEPTH:
+            raise WorkdirError(f"workdir {root}: {entry.relative_to(root)} is more than {MAX_DEPTH} names "
+                               "deep; add what the job does not need to .gitignore")
+        if len(out) >= MAX_ENTRIES:
+            raise WorkdirError(f"workdir {root} holds more than {MAX_ENTRIES} files and directories; "
+                               "add what the job does not need to .gitignore")
+        out.append(entry)
+
+    def walk(d: Path, rules: list[tuple[Path, pathspec.PathSpec]], depth: int) -> None:
         gi = d / ".gitignore"
         if gi.is_file():
             lines = gi.read_text(errors="replace").splitlines()
@@ -114,12 +152,12 @@ def _files(root: Path) -> list[Path]:
                 continue
             if entry.is_dir():
                 if not ignored(rules, entry, True):
-                    out.append(entry)
-                    walk(entry, rules)
+                    add(entry, depth)
+                    walk(entry, rules, depth + 1)
             elif entry.is_file() and not ignored(rules, entry, False):
-                out.append(entry)
+                add(entry, depth)
 
-    walk(root, [])
+    walk(root, [], 1)
     return out
 
 
@@ -150,21 +188,40 @@ def pack(root: Path, limit: int = DEFAULT_LIMIT) -> Packed:
 
 
 class Cache:
-    def __init__(self, root: Path, *, keep: int = 16, unpacked_limit: int = UNPACKED_LIMIT) -> None:
+    def __init__(self, root: Path, *, keep: int = 16, unpacked_limit: int = UNPACKED_LIMIT,
+                 max_entries: int = MAX_ENTRIES) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.root = root
         self.keep = keep
         self.unpacked_limit = unpacked_limit
+        self.max_entries = max_entries
         self._held: Counter[str] = Counter()
         self._lock = threading.Lock()  # put, hold and eviction run in worker threads
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.chmod(0o700)
-        for junk in root.glob(_UNPACKING + "*"):
-            if junk.is_dir() and not junk.is_symlink():
-                shutil.rmtree(junk, ignore_errors=True)
-            else:
-                junk.unlink(missing_ok=True)
+        self._clear_leftovers()
+
+    def _clear_leftovers(self) -> None:
+        """Half-unpacked trees and half-received uploads of a killed daemon, and what an
+        earlier start set aside. Runs while the daemon starts: nothing here may stop it."""
+        try:
+            junk = sorted(p for p in self.root.iterdir() if p.name.startswith((_UNPACKING, _STUCK)))
+        except OSError as exc:
+            log.warning("cannot list the workdir cache for leftovers", path=str(self.root), error=str(exc))
+            return
+        for path in junk:
+            try:
+                trees.remove(path)
+                continue
+            except Exception as exc:  # whatever it is, the daemon starts
+                log.warning("cannot remove a leftover of the workdir cache; set aside", path=str(path),
+                            error=f"{exc.__class__.__name__}: {exc}")
+            if path.name.startswith(_UNPACKING):  # named for what it is, for an operator's ls
+                try:
+                    path.rename(path.with_name(_STUCK + path.name.removeprefix(_UNPACKING)))
+                except OSError as exc:
+                    log.warning("cannot set a leftover of the workdir cache aside", path=str(path), error=str(exc))
 
     def path(self, digest: str) -> Path:
         if not _DIGEST.fullmatch(digest):
@@ -229,6 +286,7 @@ class Cache:
             raise WorkdirError("the workdir does not match its digest")
         if self._touch(final):
             return final
+        self._check(source)  # before anything is created
         tmp = Path(tempfile.mkdtemp(prefix=_UNPACKING, dir=self.root))
         try:
             self._unpack(source, tmp)
@@ -240,33 +298,65 @@ class Cache:
         except OSError as exc:
             raise WorkdirError(f"cannot unpack a workdir into {self.root}: {exc}") from None
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                trees.remove(tmp)  # nothing there when it was renamed into place
+            except OSError as exc:  # the next start tries again; this put's own outcome stands
+                log.warning("cannot remove a half-unpacked workdir", path=str(tmp), error=str(exc))
         self._touch(final)
         self._evict()
         return final
 
-    def _unpack(self, source: bytes | Path, into: Path) -> None:
-        members, total = [], 0
+    @contextmanager
+    def _members(self, source: bytes | Path) -> Iterator[tuple[tarfile.TarFile, _Members]]:
+        """The archive as a stream of checked members (read a member's data before the
+        next); WorkdirError for the first that breaks a rule, or an archive that cannot be
+        read, also while a member's data is."""
+        def stream(tar: tarfile.TarFile) -> _Members:
+            entries = total = 0
+            while (m := tar.next()) is not None:
+                tar.members.clear()  # tarfile keeps every header it read; we need none of them again
+                if m.size < 0:  # base-256 sizes can be negative
+                    raise WorkdirError(f"the workdir archive is unreadable: {_shown(m.name)} has a negative size")
+                entries += 1
+                if entries > self.max_entries:
+                    raise WorkdirError(f"the workdir holds more than {self.max_entries} files and directories")
+                total += max(ENTRY_FLOOR, -(-m.size // ENTRY_FLOOR) * ENTRY_FLOOR)
+                if total > self.unpacked_limit:
+                    raise WorkdirError(f"the workdir unpacks to more than {_size(self.unpacked_limit)} "
+                                       f"(each file or directory counted as at least {ENTRY_FLOOR} bytes)")
+                yield m, _checked_name(m)
+
         try:
-            with (tarfile.open(fileobj=io.BytesIO(source), mode="r:gz") if isinstance(source, bytes)
-                  else tarfile.open(name=source, mode="r:gz")) as tar:
-                for m in tar:
-                    name = Path(m.name)
-                    if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()):
-                        raise WorkdirError(f"the workdir holds {m.name!r}: only plain files and "
-                                           "directories inside the tree are accepted")
-                    total += m.size + tarfile.BLOCKSIZE  # a header's block too: no million empty files
-                    if total > self.unpacked_limit:
-                        raise WorkdirError(f"the workdir unpacks to more than {_size(self.unpacked_limit)}")
-                    m.mode = 0o755 if m.isdir() or m.mode & 0o100 else 0o644
-                    m.uid, m.gid, m.uname, m.gname = os.geteuid(), os.getegid(), "", ""
-                    members.append(m)
-                tar.extractall(into, members=members, **SAFE)
+            # gzip's reader, not tarfile's "r|gz": that one re-slices all it decompressed at each
+            # 512-byte read, ~100 us a header of an archive that compresses 1000x (measured)
+            with (gzip.GzipFile(fileobj=io.BytesIO(source)) if isinstance(source, bytes)
+                  else gzip.GzipFile(source)) as gz, \
+                    tarfile.open(fileobj=gz, mode="r|", tarinfo=_Header) as tar:
+                yield tar, stream(tar)
         except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise WorkdirError(f"the workdir archive is unreadable: {exc}") from None
-        for d, _, _ in os.walk(into):
-            os.chmod(d, 0o755)
+
+    def _check(self, source: bytes | Path) -> None:
+        with self._members(source) as (_, members):
+            for _ in members:
+                pass
+
+    def _unpack(self, source: bytes | Path, into: Path) -> None:
+        """Create each entry under `into` (the daemon's, nobody else reaches in), with the
+        cache's modes and the daemon as owner; a name given twice is refused."""
+        with self._members(source) as (tar, members):
+            for m, parts in members:
+                if not parts:  # "." or "./": the tree itself
+                    continue
+                path = into.joinpath(*parts)
+                try:
+                    _create(tar, m, path)
+                except FileNotFoundError:  # named before its directory, or without one
+                    for parent in reversed(path.parents[:len(parts) - 1]):
+                        with contextlib.suppress(FileExistsError):
+                            _mkdir(parent)
+                    _create(tar, m, path)
+        os.chmod(into, 0o755)
 
     def _touch(self, tree: Path) -> bool:
         try:
@@ -277,8 +367,69 @@ class Cache:
 
     def _evict(self) -> None:
         with self._lock:
-            trees = sorted((p for p in self.root.iterdir() if _DIGEST.fullmatch(p.name)),
-                           key=lambda p: p.stat().st_mtime_ns)
-            spare = [p for p in trees if p.name not in self._held]
-            for old in spare[:max(0, len(trees) - self.keep)]:
-                shutil.rmtree(old, ignore_errors=True)
+            trees_here = sorted((p for p in self.root.iterdir() if _DIGEST.fullmatch(p.name)),
+                                key=lambda p: p.stat().st_mtime_ns)
+            spare = [p for p in trees_here if p.name not in self._held]
+            for old in spare[:max(0, len(trees_here) - self.keep)]:
+                try:
+                    trees.remove(old)
+                except OSError as exc:  # tried again after the next put
+                    log.warning("cannot evict a workdir", path=str(old), error=str(exc))
+
+
+class _Header(tarfile.TarInfo):
+    """tarfile reads a pax or GNU long-name header whole into memory, whatever size it
+    claims (a gigabyte of them packs into a megabyte): refused past MAX_HEADER first."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:  # tarfile's hook for each header
+        if self.type in _EXTENDED and self.size > MAX_HEADER:
+            raise WorkdirError(f"the workdir archive has an extended header of {self.size} bytes "
+                               f"(at most {MAX_HEADER})")
+        return super()._proc_member(tar)  # type: ignore[misc]
+
+
+def _checked_name(m: tarfile.TarInfo) -> tuple[str, ...]:
+    """The parts of a member's name: relative, inside the tree, a plain file or directory,
+    at most MAX_DEPTH deep."""
+    name = PurePosixPath(m.name)
+    if name.is_absolute() or ".." in name.parts or not (m.isfile() or m.isdir()) or (m.isfile() and not name.parts):
+        raise WorkdirError(f"the workdir holds {_shown(m.name)}: only plain files and "
+                           "directories inside the tree are accepted")
+    if len(name.parts) > MAX_DEPTH:
+        raise WorkdirError(f"the workdir holds {_shown(m.name)}, {len(name.parts)} names deep: "
+                           f"at most {MAX_DEPTH} are accepted")
+    return name.parts
+
+
+def _create(tar: tarfile.TarFile, m: tarfile.TarInfo, path: Path) -> None:
+    """One entry, new (a directory may come again), with the cache's modes: directories
+    0755, files 0644 or 0755 for an executable one."""
+    if m.isdir():
+        try:
+            _mkdir(path)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise _twice(m) from None
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise _twice(m) from None
+    with open(fd, "wb") as out:
+        data = tar.extractfile(m)
+        if data is not None:
+            shutil.copyfileobj(data, out, 1024 * 1024)
+        os.fchmod(fd, 0o755 if m.mode & 0o100 else 0o644)
+
+
+def _mkdir(path: Path) -> None:
+    os.mkdir(path)
+    os.chmod(path, 0o755)  # whatever the umask took
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 80 else f"{name[:40]!r}…{name[-30:]!r}"
+
+
+def _twice(m: tarfile.TarInfo) -> WorkdirError:
+    return WorkdirError(f"the workdir names {_shown(m.name)} twice")
