@@ -9,6 +9,7 @@ import stat
 
 import pytest
 
+import deep_trees
 from swarmd.compute.ids import host_dir, is_host_dir
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.worker import Worker, WorkerError
@@ -263,3 +264,97 @@ async def test_without_bubblewrap_the_next_job_gets_another_uid_and_its_own_temp
         for p in planted:
             subprocess.run(["rm", "-rf", str(p)], check=False)
         subprocess.run(["rm", "-rf", str(jobs)], check=False)
+
+
+DEEP_TEMP = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+for _ in range(int(sys.argv[2])):  # each level made relative to the last: no path past PATH_MAX
+    os.mkdir("d", dir_fd=fd)
+    inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    fd = inner
+"""
+
+
+async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
+    """A Ray job's rank on a host without bwrap (its Ray temp dir in the host's /tmp), which
+    fills that dir with a tree `depth` directories deep: (worker, its temp dir, what start
+    returned or raised)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import trio
+
+    from swarmd.compute import worker as worker_module
+    from swarmd.compute.rayhost import ray_temp_dir
+    from swarmd.compute.torchenv import NodeRole
+    from swarmd.compute.worker import StartRequest
+
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-raytemp-"))  # reachable by the job user (tmp_path is 0700)
+    jobs.chmod(0o711)
+    w = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
+               user="nobody" if os.geteuid() == 0 else None)
+    temp = ray_temp_dir(w.job_dir(JOB, "coord"))
+    monkeypatch.setattr(worker_module, "rank_argv", lambda python, launcher, node, driver:
+                        [sys.executable, "-c", DEEP_TEMP, node.temp, str(depth)])  # Ray itself is not needed
+    w.reserve(JOB, "coord", 0, 1, 60.0)
+    w.commit(JOB, "coord")
+    role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                    master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+    req = StartRequest(job=JOB, coordinator="coord", role=role, env={}, python=None, workdir=None,
+                       cmd=("python", "-c", "pass"), ray="0" * 64)
+
+    async def emit(event) -> None:
+        pass
+
+    try:
+        with trio.fail_after(60):
+            outcome = await w.start(req, emit)
+    except Exception as exc:  # noqa: BLE001 - the caller looks at it
+        outcome = exc
+    finally:
+        deep_trees.remove(jobs)
+    return w, temp, outcome
+
+
+async def test_a_ray_jobs_deep_temp_tree_is_removed_and_its_slot_freed(tmp_path, monkeypatch):
+    """Issue 23, finding 5: shutil.rmtree of the job's Ray temp dir raised RecursionError
+    in the `finally` of start, before the ledger's finish: the slot and GPUs stayed held."""
+    w, temp, outcome = await _run_ray_rank(tmp_path, monkeypatch, depth=deep_trees.DEEP)
+    try:
+        assert outcome == {0: 0}
+        assert not temp.exists(), "removed at any depth"
+        assert w.ledger.state_of(JOB, "coord") is None and w.ledger.slots_free == 1, "the slot is free again"
+        assert not w.running and not w.ray_ports.held
+    finally:
+        deep_trees.remove(temp)
+
+
+async def test_a_clean_up_step_that_fails_skips_none_of_the_others(tmp_path, monkeypatch):
+    import structlog
+
+    from swarmd.compute import trees
+    from swarmd.compute.forward import Forwards
+
+    remove = trees.remove
+
+    def cannot(path):
+        if path.name.startswith("swarmd-ray-") and path.exists():  # made, and used: the end's removal
+            raise trees.TreeError("rm: cannot remove: Operation not permitted")
+        remove(path)
+
+    monkeypatch.setattr(trees, "remove", cannot)
+    monkeypatch.setattr(Forwards, "ended", lambda self, key: 1 / 0)
+    with structlog.testing.capture_logs() as logs:
+        w, temp, outcome = await _run_ray_rank(tmp_path, monkeypatch, depth=3)
+    try:
+        assert outcome == {0: 0}
+        assert [(e["step"], e["error"]) for e in logs if e.get("step")] == [
+            ("end the forwards", "ZeroDivisionError: division by zero"),
+            ("remove the Ray temp dir", "TreeError: rm: cannot remove: Operation not permitted")]
+        assert w.ledger.state_of(JOB, "coord") is None and not w.running and not w.ray_ports.held
+        assert ("coord", JOB) in w.lingering, "the steps after each failure ran"
+    finally:
+        deep_trees.remove(temp)

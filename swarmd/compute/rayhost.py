@@ -25,13 +25,12 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import raynode
+from . import raynode, trees
 
 BLOCK = 100  # ports of one job on one host: raynode.FIXED of its node's, the rest for its workers
 DEFAULT_RANGE = (20000, 29999)  # below Linux's ephemeral ports (32768-60999)
@@ -107,7 +106,7 @@ def ray_temp_dir(top: Path) -> Path:
 
 def make_temp_dir(top: Path, uid: int | None) -> Path:
     path = ray_temp_dir(top)
-    shutil.rmtree(path, ignore_errors=True)  # a leftover of a daemon killed with the job
+    trees.remove(path)  # a leftover of a daemon killed with the job: the job shaped it, any depth
     os.mkdir(path, 0o700)
     if uid is not None and os.geteuid() == 0:
         os.chown(path, uid, uid)

@@ -39,7 +39,10 @@ path as one placed elsewhere. Rules:
 - A workdir shipped for a hold (`pin`) stays in the cache while the hold lasts, one tree per
   hold, so other uploads cannot evict it between ship and start.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
-  workdir dropped; the directory stays until garbage collection (gc.py).
+  workdir dropped; the directory stays until garbage collection (gc.py). Each step of that
+  clean-up runs whatever the others did (one that fails is logged), and a tree the job or a
+  peer shaped (its Ray temp dir, the workdir copied out) is removed, copied and chowned
+  only through trees.py, at any depth.
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ import dataclasses
 import functools
 import os
 import pwd
-import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -422,25 +424,38 @@ class Worker:
                         **_usage(box, codes)})
             return codes
         finally:
-            if executor is not None:
-                executor.cancel()
-            out.flush()
+            await self._clean_up(req, top, executor, out)
+
+    async def _clean_up(self, req: StartRequest, top: Path, executor: Executor | None, out: RankOutput) -> None:
+        """What a start took, given back, each step on its own: one that fails is logged and
+        the others still run (a RecursionError out of the Ray temp dir's removal once skipped
+        the ledger's finish: the slot and GPUs stayed held for good, issue 23, finding 5)."""
+        key = (req.coordinator, req.job)
+
+        def count_dropped() -> None:
             self.dropped_lines += out.dropped_total
             if out.dropped_total:
                 log.info("rank output left off a slow coordinator's stream", job=req.job,
                          lines=out.dropped_total, log=str(out.log))
-            self.running.pop((req.coordinator, req.job), None)
-            self.forwards.ended((req.coordinator, req.job))
-            self.ray_ports.give_back((req.coordinator, req.job))
-            if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp
-                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, ray_temp_dir(top), ignore_errors=True))
-            self.ledger.finish(req.job, req.coordinator)
-            if (req.coordinator, req.job) not in self.hubs:  # the hub may still be fetching the last one
-                self.lingering[(req.coordinator, req.job)] = trio.current_time() + CHECKPOINT_LINGER
-            self._unpin_gone()
-            with contextlib.suppress(OSError):
-                os.utime(top)  # finished now: garbage collection counts from here
-            self.changed()
+
+        def linger() -> None:
+            if key not in self.hubs:  # the hub may still be fetching the last one
+                self.lingering[key] = trio.current_time() + CHECKPOINT_LINGER
+
+        _each(req.job, [("stop the ranks", executor.cancel if executor is not None else lambda: None),
+                        ("flush the output log", out.flush), ("count dropped output", count_dropped),
+                        ("forget the ranks", lambda: self.running.pop(key, None)),
+                        ("end the forwards", lambda: self.forwards.ended(key)),
+                        ("give back the Ray ports", lambda: self.ray_ports.give_back(key))])
+        if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp: the job shaped it
+            with trio.CancelScope(shield=True):  # a cancelled start removes it too, before the slot goes
+                try:
+                    await trio.to_thread.run_sync(trees.remove, ray_temp_dir(top))
+                except Exception as exc:
+                    _failed(req.job, "remove the Ray temp dir", exc)
+        _each(req.job, [("release the slot and GPUs", lambda: self.ledger.finish(req.job, req.coordinator)),
+                        ("let the checkpoint cache linger", linger), ("drop workdir pins", self._unpin_gone),
+                        ("stamp the finish", lambda: _stamp(top)), ("readvertise", self.changed)])
 
     # --- checkpoints (ckptcache.py) ---------------------------------------------------------
 
@@ -591,7 +606,7 @@ class Worker:
         work, checkpoints, home, tmp = top / "work", top / "checkpoints", top / "home", top / "tmp"
         if workdir is not None:
             with self.cache.hold(workdir) as tree:  # not evicted while it is copied
-                shutil.copytree(tree, work, symlinks=False)
+                trees.copy(tree, work)  # the cache caps its depth; never recursion here all the same
         else:
             os.mkdir(work)
         os.chmod(work, 0o700)  # the workdir's own mode aside: the job's alone
@@ -718,11 +733,27 @@ def stop_orphans(jobs_dir: Path) -> list[int]:
 
 def _chown_fresh(root: Path, uid: int, gid: int) -> None:
     """Hand a tree the daemon has just created (inside a directory only it can reach) to the
-    job user: deepest first, the root last, links never followed."""
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
-    os.chown(root, uid, gid, follow_symlinks=False)
+    job user, links never followed, at any depth (trees.py)."""
+    trees.give(root, uid, gid)
+
+
+def _each(job: str, steps: Iterable[tuple[str, Callable[[], object]]]) -> None:
+    """Run every step of a clean-up, whatever the ones before did; a failure is logged."""
+    for what, do in steps:
+        try:
+            do()
+        except Exception as exc:  # the next steps matter more than this one's reason
+            _failed(job, what, exc)
+
+
+def _failed(job: str, step: str, exc: Exception) -> None:
+    log.warning("a step of a job's clean-up failed", job=job, step=step, error=f"{exc.__class__.__name__}: {exc}")
+
+
+def _stamp(top: Path) -> None:
+    """The job finished now: garbage collection counts from here (no directory: nothing to collect)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(top)
 
 
 def _base_env(top: Path) -> dict[str, str]:
