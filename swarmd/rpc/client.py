@@ -5,6 +5,7 @@ Import-light by design (socket, msgpack): `swarmctl --help` must answer in < 300
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 from collections.abc import Iterator
@@ -105,15 +106,19 @@ class Client:
         try:
             sock.sendall(encode_frame({"id": request_id, "method": method, "params": params}))
         except OSError as exc:
+            # the daemon may have refused the connection before reading (too many connections):
+            # its reason is there to read
+            with contextlib.suppress(DaemonUnreachable):
+                if "error" in (message := self._receive()) and message.get("id") is None:
+                    raise _remote_error(message)
             self.close()
             raise DaemonUnreachable(self.path, f"send failed: {exc}") from None
         while True:
             message = self._receive()
-            if message.get("id") != request_id:
-                continue
+            if message.get("id") != request_id and not (message.get("id") is None and "error" in message):
+                continue  # an error of no request is the connection's own (too many connections): ours
             if "error" in message:
-                err = message["error"]
-                raise RemoteError(int(err.get("code", ErrorCode.INTERNAL_ERROR)), str(err.get("message")))
+                raise _remote_error(message)
             if "result" in message:
                 yield message["result"]
             if message.get("final", True):
@@ -138,3 +143,7 @@ class Client:
             raise RemoteError(int(ErrorCode.INVALID_REQUEST), "reply is not a map")
         return message
 
+
+def _remote_error(message: dict[str, Any]) -> RemoteError:
+    err = message["error"]
+    return RemoteError(int(err.get("code", ErrorCode.INTERNAL_ERROR)), str(err.get("message")))

@@ -7,6 +7,12 @@ Rules:
   unknown method, bad params, a refused call) gets an error reply where one can be sent
   and the connection is closed. A handler's failure is answered and the connection stays.
 - Sends are bounded in time; a client that stops reading is dropped after SEND_TIMEOUT.
+- Connections are bounded per local user (`Limits`): a uid that does not administer holds
+  at most `per_uid`, and all of them together leave `admin_reserve` of `max_connections` to
+  root and the daemon's user, so no group member (nor anyone the socket's mode lets in) can
+  lock the administrator out (issue 23, finding 15). A connection past its limit gets a
+  BUSY error saying which limit, and is closed. A connection with no call under way that
+  sends nothing for `idle_timeout` is closed: idle ones do not pile up.
 - A `takeover` method (protocol.Takeover) must be the only call on its connection, and it
   runs in the read loop itself, so no byte after its request is read as a frame: once its
   reply is sent, the connection is the handler's byte pipe until it ends, then closed.
@@ -15,6 +21,7 @@ Rules:
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket as _socket
 import struct
@@ -27,7 +34,7 @@ import structlog
 import trio
 
 from .framing import NOT_YET, FrameDecoder, FramingError, FrameTooLarge, decode, encode_frame
-from .protocol import (Call, Caller, Dispatcher, ErrorCode, RpcError, Takeover, access_of, end_of_stream,
+from .protocol import (Access, Call, Caller, Dispatcher, ErrorCode, RpcError, Takeover, access_of, end_of_stream,
                        error_reply, reply)
 
 log = structlog.get_logger("swarmd.rpc")
@@ -35,7 +42,6 @@ log = structlog.get_logger("swarmd.rpc")
 SEND_TIMEOUT = 10.0  # a reader this slow is gone or hostile
 FRAME_TIMEOUT = 30.0  # a frame that has started must finish within this
 THREAD_DECODE = 256 * 1024  # a larger body is decoded in a worker thread, not on the event loop
-MAX_CONNECTIONS = 256
 MAX_CALLS_PER_CONNECTION = 64
 
 Observer = Callable[[str, ErrorCode | None], None]
@@ -43,6 +49,36 @@ Observer = Callable[[str, ErrorCode | None], None]
 
 class SocketInUse(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """How much of the control socket the local users may hold."""
+
+    # connections at once, all users together (each is a task and a few buffers)
+    max_connections: int = 256
+    # of those, what a uid that does not administer may hold: swarmctl uses one a command,
+    # `jobs forward` one a relayed connection (16 at once), a watch one each
+    per_uid: int = 32
+    # of max_connections, what only root and the daemon's user may use: whatever the
+    # others hold, an administrator can still connect (and cancel their jobs)
+    admin_reserve: int = 32
+    # seconds a connection with no call under way may send nothing before it is closed
+    idle_timeout: float = 300.0
+
+    def refusal(self, caller: Caller, total: int, of_uid: int) -> str | None:
+        """None when `caller` may open one more connection while `total` are open, `of_uid`
+        of them its uid's; else why not."""
+        if caller.access >= Access.ADMIN:
+            if total >= self.max_connections:
+                return f"too many connections ({self.max_connections})"
+            return None
+        if of_uid >= self.per_uid:
+            return f"too many connections from uid {caller.uid} ({self.per_uid} at most)"
+        if total >= self.max_connections - self.admin_reserve:
+            return (f"too many connections ({self.max_connections - self.admin_reserve}; the rest are kept for "
+                    "root and the daemon's user)")
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,11 +158,13 @@ async def bind_unix(path: Path, *, mode: int = 0o660, group_gid: int | None = No
 
 class RpcServer:
     def __init__(self, dispatcher: Dispatcher, policy: AccessPolicy, *,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, limits: Limits = Limits()) -> None:
         self._dispatcher = dispatcher
         self._policy = policy
         self._observer = observer or (lambda method, code: None)
+        self._limits = limits
         self._connections = 0
+        self._of_uid: dict[int, int] = {}  # open connections per uid (only uids that hold one)
 
     async def serve(self, listener: trio.SocketListener, *,
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -137,28 +175,40 @@ class RpcServer:
                 nursery.start_soon(self._connection, stream)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        self._connections += 1
         try:
             async with stream:
-                if self._connections > MAX_CONNECTIONS:
-                    await _Conn(stream, self).send(error_reply(None, ErrorCode.BUSY,
-                                                               "too many connections"))
+                try:
+                    pid, uid, gid, groups = _peer_credentials(stream.socket)
+                except OSError:
+                    return  # gone before it was looked at
+                caller = self._policy.caller(pid, uid, gid, groups)
+                conn = _Conn(stream, self, caller)
+                if (why := self._limits.refusal(caller, self._connections, self._of_uid.get(uid, 0))) is not None:
+                    log.info("rpc connection refused", pid=pid, uid=uid, why=why)
+                    await conn.send(error_reply(None, ErrorCode.BUSY, why))
                     return
-                await _Conn(stream, self).run()
+                self._connections += 1
+                self._of_uid[uid] = self._of_uid.get(uid, 0) + 1
+                try:
+                    await conn.run()
+                finally:
+                    self._connections -= 1
+                    if (left := self._of_uid.pop(uid) - 1) > 0:
+                        self._of_uid[uid] = left
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away or was dropped for not reading
         except* Exception:
             log.exception("rpc connection failed")  # a bug; this connection only
-        finally:
-            self._connections -= 1
 
 
 class _Conn:
-    def __init__(self, stream: trio.SocketStream, server: RpcServer) -> None:
+    def __init__(self, stream: trio.SocketStream, server: RpcServer, caller: Caller) -> None:
         self.stream = stream
         self.server = server
+        self.caller = caller
         self.send_lock = trio.Lock()
         self.in_flight = 0
+        self.waiting: trio.CancelScope | None = None  # the read loop's wait for bytes, while it waits
 
     async def send(self, message: dict[str, Any]) -> None:
         frame = encode_frame(message)
@@ -169,9 +219,9 @@ class _Conn:
                 raise trio.BrokenResourceError("client stopped reading")
 
     async def run(self) -> None:
-        pid, uid, gid, groups = _peer_credentials(self.stream.socket)
-        caller = self.server._policy.caller(pid, uid, gid, groups)
-        log.debug("rpc connection", pid=pid, uid=uid, gid=gid, access=caller.access.name)
+        caller = self.caller
+        pid, uid = caller.pid, caller.uid
+        log.debug("rpc connection", pid=pid, uid=uid, gid=caller.gid, access=caller.access.name)
         decoder = FrameDecoder()
         async with trio.open_nursery() as calls:
             try:
@@ -184,14 +234,25 @@ class _Conn:
                 finally:
                     calls.cancel_scope.cancel()  # close: the stream can no longer be trusted
 
+    def _idle_deadline(self) -> float:
+        """When a connection that sends nothing more is closed: never while a call is under way."""
+        return trio.current_time() + self.server._limits.idle_timeout if self.in_flight == 0 else math.inf
+
     async def _read_loop(self, decoder: FrameDecoder, caller: Caller, calls: trio.Nursery) -> None:
         while True:
-            timeout = FRAME_TIMEOUT if decoder.pending else float("inf")
-            with trio.move_on_after(timeout) as idle:
+            pending = decoder.pending
+            data: bytes | None = None
+            deadline = trio.current_time() + FRAME_TIMEOUT if pending else self._idle_deadline()
+            with trio.CancelScope(deadline=deadline) as self.waiting:
                 data = await self.stream.receive_some(1 << 16)
-            if idle.cancelled_caught:
-                raise RpcError(ErrorCode.PARSE_ERROR,
-                               f"incomplete frame ({decoder.pending} bytes) not finished within {FRAME_TIMEOUT:g} s")
+            self.waiting = None
+            if data is None:  # its deadline came first
+                if pending:
+                    raise RpcError(ErrorCode.PARSE_ERROR,
+                                   f"incomplete frame ({pending} bytes) not finished within {FRAME_TIMEOUT:g} s")
+                log.debug("rpc connection idle: closed", pid=caller.pid, uid=caller.uid,
+                          idle_timeout=self.server._limits.idle_timeout)
+                return
             if not data:
                 if decoder.pending:
                     raise RpcError(ErrorCode.PARSE_ERROR,
@@ -289,4 +350,6 @@ class _Conn:
             await self.send(error_reply(call.id, code, f"internal error in {name}: {type(exc).__name__}: {exc}"))
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0 and self.waiting is not None:  # idle from now on
+                self.waiting.deadline = self._idle_deadline()
             count(code)
