@@ -30,8 +30,9 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   a hold that ends before its job starts here goes with the hold (worker.py).
 - ``forward {port}`` → ``{port}``, then the stream is a raw byte pipe to the job's
   listener on that TCP port of this host until either side closes (forward.py has the
-  rules: only a listener of the job's uid, at most 16 at once per job, closed when idle
-  10 minutes or when the job's ranks end here); only for the requester's running hold.
+  rules: only a listener of the job's uid, never even a connection to another's, at most
+  16 at once per job and 20 new a second per coordinator, closed when idle 10 minutes or
+  when the job's ranks end here); only for the requester's running hold.
   Its stream does not count against `MAX_STREAMS_PER_PEER` (forward.MAX_PER_JOB bounds it).
 - ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
   requester's own cache of that job (ckptcache.py, keyed like the ledger by (requester,
