@@ -133,3 +133,30 @@ def test_a_hosts_account_of_its_ray_node_is_checked(event, why):
         checked_event({"started": [2, 3], **event}, HOST_RANKS, started=False)
     ok = {"cpus": 2, "gpus": 1, "memory": 7 << 30, "object_store": 3 << 30}
     assert checked_event({"started": [2, 3], "ray": ok}, HOST_RANKS, started=False)["ray"] == ok
+
+
+def test_a_jobs_ray_temp_dir_cannot_be_made_first_by_a_local_user(tmp_path, monkeypatch):
+    """The Ray temp dir of a job without bwrap lives in the world-writable /tmp. Its name was
+    fixed (a hash of the job's directory): a local user who made it first (or again, between
+    the daemon's removal and its mkdir) failed every start of the job. Now its end is random
+    and made exclusively; leftovers of the job's prefix go, links not followed."""
+    from swarmd.compute import rayhost
+
+    monkeypatch.setattr(rayhost, "TEMP_ROOT", str(tmp_path))
+    top = tmp_path / "jobs" / "job1"
+    prefix = rayhost.ray_temp_prefix(top)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    (tmp_path / (prefix + "squat")).mkdir()  # a squatter's guess, and a leftover's shape
+    (tmp_path / (prefix + "link")).symlink_to(victim)
+    first = rayhost.make_temp_dir(top, None)
+    assert first.name.startswith(prefix) and stat.S_IMODE(first.stat().st_mode) == 0o700
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["victim", first.name])
+    assert (victim / "keep").exists(), "a link is removed, never followed"
+    second = rayhost.make_temp_dir(top, None)
+    assert second != first and not first.exists()
+    other = rayhost.make_temp_dir(tmp_path / "jobs" / "job2", None)
+    rayhost.remove_temp_dirs(top)
+    assert not second.exists() and other.exists(), "another job's temp dir is not this job's to remove"
+    assert len(f"/tmp/{prefix}12345678") <= 33, "Ray's socket paths (about 64 bytes below it) fit in 107"

@@ -279,8 +279,8 @@ for _ in range(int(sys.argv[2])):  # each level made relative to the last: no pa
 
 async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
     """A Ray job's rank on a host without bwrap (its Ray temp dir in the host's /tmp), which
-    fills that dir with a tree `depth` directories deep: (worker, its temp dir, what start
-    returned or raised)."""
+    fills that dir with a tree `depth` directories deep: (worker, the job's Ray temp dirs left
+    in /tmp, what start returned or raised)."""
     import sys
     import tempfile
     from pathlib import Path
@@ -288,7 +288,7 @@ async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
     import trio
 
     from swarmd.compute import worker as worker_module
-    from swarmd.compute.rayhost import ray_temp_dir
+    from swarmd.compute.rayhost import TEMP_ROOT, ray_temp_prefix
     from swarmd.compute.torchenv import NodeRole
     from swarmd.compute.worker import StartRequest
 
@@ -296,7 +296,7 @@ async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
     jobs.chmod(0o711)
     w = Worker(ledger=Ledger(1), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
                user="nobody" if os.geteuid() == 0 else None)
-    temp = ray_temp_dir(w.job_dir(JOB, "coord"))
+    prefix = ray_temp_prefix(w.job_dir(JOB, "coord"))
     monkeypatch.setattr(worker_module, "rank_argv", lambda python, launcher, node, driver:
                         [sys.executable, "-c", DEEP_TEMP, node.temp, str(depth)])  # Ray itself is not needed
     w.reserve(JOB, "coord", 0, 1, 60.0)
@@ -316,7 +316,7 @@ async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
         outcome = exc
     finally:
         deep_trees.remove(jobs)
-    return w, temp, outcome
+    return w, sorted(Path(TEMP_ROOT).glob(prefix + "*")), outcome
 
 
 async def test_a_ray_jobs_deep_temp_tree_is_removed_and_its_slot_freed(tmp_path, monkeypatch):
@@ -325,11 +325,12 @@ async def test_a_ray_jobs_deep_temp_tree_is_removed_and_its_slot_freed(tmp_path,
     w, temp, outcome = await _run_ray_rank(tmp_path, monkeypatch, depth=deep_trees.DEEP)
     try:
         assert outcome == {0: 0}
-        assert not temp.exists(), "removed at any depth"
+        assert temp == [], "removed at any depth"
         assert w.ledger.state_of(JOB, "coord") is None and w.ledger.slots_free == 1, "the slot is free again"
         assert not w.running and not w.ray_ports.held
     finally:
-        deep_trees.remove(temp)
+        for left in temp:
+            deep_trees.remove(left)
 
 
 async def test_a_clean_up_step_that_fails_skips_none_of_the_others(tmp_path, monkeypatch):
@@ -357,4 +358,5 @@ async def test_a_clean_up_step_that_fails_skips_none_of_the_others(tmp_path, mon
         assert w.ledger.state_of(JOB, "coord") is None and not w.running and not w.ray_ports.held
         assert ("coord", JOB) in w.lingering, "the steps after each failure ran"
     finally:
-        deep_trees.remove(temp)
+        for left in temp:
+            deep_trees.remove(left)

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ OBJECT_STORE_SHARE = 0.3  # Ray's own default share of a node's memory
 SYSTEM_SHARE, SYSTEM_MIN = 0.2, 1 << 30
 MIN_OBJECT_STORE = 80 * 2**20  # Ray refuses less than 75 MiB
 TOKEN = re.compile(r"[0-9a-f]{64}")
+TEMP_ROOT = "/tmp"  # where a job without the sandbox's private /tmp gets its Ray temp dir
 TEMP_IN_BOX = "/tmp/ray"  # inside the sandbox /tmp is the job's own tmpfs: short socket paths, gone with it
 WAIT_FOR_CLUSTER = 120.0
 RAY_STOP_GRACE = 10.0  # a stopped Ray job's rank (raynode: driver, then node) gets this long before SIGKILL
@@ -97,20 +99,34 @@ class RayNode:
     temp: str  # Ray's temp dir ("" : a fresh one in /tmp, removed at the end)
 
 
-def ray_temp_dir(top: Path) -> Path:
-    """Ray's temp dir for a job without the sandbox's private /tmp: short (Unix socket paths
-    take 107 bytes; the job's own directory is too deep), named for the job's directory, made
-    by the daemon for the job's uid and removed by it when the ranks end, whatever killed them."""
-    return Path("/tmp") / f"swarmd-ray-{hashlib.sha256(str(top).encode()).hexdigest()[:12]}"
+def ray_temp_prefix(top: Path) -> str:
+    """The name Ray's temp dirs of the job at `top` start with in /tmp (a job without the
+    sandbox's private /tmp): short, since Unix socket paths take 107 bytes and the job's own
+    directory is too deep; with mkdtemp's 8 random characters about 33 bytes, leaving Ray's
+    session and socket names (about 64) room."""
+    return f"swarmd-ray-{hashlib.sha256(str(top).encode()).hexdigest()[:8]}-"
 
 
 def make_temp_dir(top: Path, uid: int | None) -> Path:
-    path = ray_temp_dir(top)
-    trees.remove(path)  # a leftover of a daemon killed with the job: the job shaped it, any depth
-    os.mkdir(path, 0o700)
+    """A fresh temp dir for the job's Ray node, the job uid's. Its name ends in random
+    characters and is made exclusively (mkdtemp): a local user who could predict a fixed name
+    in the world-writable /tmp could make it first and fail every start of the job."""
+    remove_temp_dirs(top)  # a leftover of a daemon killed with the job
+    path = Path(tempfile.mkdtemp(prefix=ray_temp_prefix(top), dir=TEMP_ROOT))
     if uid is not None and os.geteuid() == 0:
         os.chown(path, uid, uid)
     return path
+
+
+def remove_temp_dirs(top: Path) -> None:
+    """Remove every Ray temp dir of the job at `top`, at any depth (the job shaped them),
+    links never followed: when its ranks end, whatever killed them, and before a start. A
+    local user's entry of the same prefix is theirs to lose: nothing is followed or read."""
+    prefix = ray_temp_prefix(top)
+    with os.scandir(TEMP_ROOT) as entries:
+        found = [Path(e.path) for e in entries if e.name.startswith(prefix)]
+    for path in found:
+        trees.remove(path)
 
 
 def install_launcher(top: Path) -> Path:

@@ -71,7 +71,7 @@ from .ledger import Cancel, Grant, Ledger, Refusal
 from .forward import Forwards
 from .output import RankOutput
 from .rayhost import (RAY_STOP_GRACE, TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, make_temp_dir, rank_argv,
-                      ray_cpus, ray_env, ray_temp_dir, write_token)
+                      ray_cpus, ray_env, remove_temp_dirs, write_token)
 from .sandbox.box import Box, Sandbox, SandboxError
 from .torchenv import NodeRole, rank_env, resolve_argv
 from .workdir import Cache
@@ -450,7 +450,7 @@ class Worker:
         if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp: the job shaped it
             with trio.CancelScope(shield=True):  # a cancelled start removes it too, before the slot goes
                 try:
-                    await trio.to_thread.run_sync(trees.remove, ray_temp_dir(top))
+                    await trio.to_thread.run_sync(remove_temp_dirs, top)
                 except Exception as exc:
                     _failed(req.job, "remove the Ray temp dir", exc)
         _each(req.job, [("release the slot and GPUs", lambda: self.ledger.finish(req.job, req.coordinator)),
