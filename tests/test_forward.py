@@ -92,6 +92,25 @@ async def test_connect_to_a_port_nothing_listens_on_says_so():
 
 
 
+async def test_when_the_kernel_cannot_say_who_listens_nothing_is_connected(monkeypatch):
+    """No sock_diag here (its module missing, say): refused with the reason, never a guess."""
+    from swarmd import sockdiag
+
+    def no_diag(*args):
+        raise sockdiag.DiagError(95, "Operation not supported")
+
+    def no_socket(*args, **kwargs):
+        raise AssertionError("connected without knowing whose listener it was")
+
+    monkeypatch.setattr(sockdiag, "listener", no_diag)
+    monkeypatch.setattr(sockdiag, "connection", no_diag)
+    monkeypatch.setattr(trio.socket, "socket", no_socket)
+    with pytest.raises(ForwardRefused, match="cannot tell who listens on port 8000 at 127.0.0.1: ") as refused:
+        await forward.connect(8000, 61185, [])
+    assert refused.value.code == "forward_target"
+    assert check_owner(("127.0.0.1", 41000), ("127.0.0.1", 8000), 61185, daemon_uid=0) == \
+        "cannot tell who accepted port 8000: Operation not supported"
+
 def unaccepted(listener: socket.socket) -> bool:
     """Whether no connection waits in `listener`'s queue (one connected and closed still does)."""
     listener.setblocking(False)

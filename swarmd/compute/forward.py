@@ -105,7 +105,7 @@ def targets(port: int, uid: int, addresses: list[str], *, daemon_uid: int) -> Ta
     for addr in addresses:
         try:
             found = sockdiag.listener(addr, port)
-        except (sockdiag.DiagError, ValueError) as exc:
+        except (sockdiag.DiagError, ValueError) as exc:  # ValueError: not an address
             refused = refused or f"cannot tell who listens on port {port} at {addr}: {exc}"
             continue
         if found is None:
@@ -121,13 +121,16 @@ def check_owner(ours: tuple[str, int], theirs: tuple[str, int], uid: int, *, dae
     """None when the socket that accepted our connection from `ours` to `theirs` belongs to
     `uid` (an accepted socket carries its listener's uid) and is not this daemon's own
     listener's, else why not (blocking: call it from a worker thread)."""
-    accepted = sockdiag.connection(theirs, ours)
-    if accepted is None:
-        return f"the socket that accepted port {theirs[1]} was not found"
-    if accepted.uid != uid:
-        return f"port {theirs[1]} is served by uid {accepted.uid}, not by the job (uid {uid})"
-    if uid == daemon_uid and (listening := sockdiag.listener(theirs[0], theirs[1])) is not None:
-        return _not_the_jobs(listening, theirs[1], uid, daemon_uid)
+    try:
+        accepted = sockdiag.connection(theirs, ours)
+        if accepted is None:
+            return f"the socket that accepted port {theirs[1]} was not found"
+        if accepted.uid != uid:
+            return f"port {theirs[1]} is served by uid {accepted.uid}, not by the job (uid {uid})"
+        if uid == daemon_uid and (listening := sockdiag.listener(theirs[0], theirs[1])) is not None:
+            return _not_the_jobs(listening, theirs[1], uid, daemon_uid)
+    except sockdiag.DiagError as exc:
+        return f"cannot tell who accepted port {theirs[1]}: {exc.strerror or exc}"
     return None
 
 
