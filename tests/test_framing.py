@@ -54,6 +54,7 @@ def test_non_map_messages_are_returned_for_the_dispatcher_to_judge():
 
 # --- the object budget (review finding 3): the reviewer's inputs, each refused fast and clearly ---
 
+import gc
 import struct
 import time
 
@@ -80,10 +81,19 @@ def _deep_chain(length: int, item: bytes) -> bytes:
 
 
 def _refused_quickly(body: bytes, error: type[Exception], match: str = "") -> None:
-    started = time.process_time()  # CPU time: what it costs us, whatever else the machine runs
-    with pytest.raises(error, match=match):
-        decode(body)
-    assert time.process_time() - started < 1.5  # measured 0.02-0.3 s; unbounded, the first was 5.8 s
+    # The cyclic GC's passes over what earlier tests left in this process (torch and Ray,
+    # imported by another test: millions of objects) are not the decoder's cost: the daemon
+    # imports neither. Frozen, they are not scanned; run alone this test measures the same.
+    gc.collect()
+    gc.freeze()
+    try:
+        started = time.thread_time()  # this thread's CPU time: whatever else runs meanwhile
+        with pytest.raises(error, match=match):
+            decode(body)
+        spent = time.thread_time() - started
+    finally:
+        gc.unfreeze()
+    assert spent < 1.5  # measured 0.02-0.3 s; unbounded, the first was 5.8 s
 
 
 def test_a_frame_of_empty_arrays_is_refused():
