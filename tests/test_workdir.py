@@ -323,10 +323,12 @@ def test_two_million_empty_files_are_refused_quickly_in_bounded_memory(tmp_path)
     archive_path = tmp_path / "flood.tar.gz"
     archive_path.write_bytes(deep_trees.empty_files_archive(2_000_000))
     digest = hashlib.sha256(archive_path.read_bytes()).hexdigest()
-    script = ("import resource, sys; from pathlib import Path; from swarmd.compute.workdir import Cache, WorkdirError\n"
+    # VmHWM, the peak of this process's own memory: ru_maxrss survives exec, so a child of a
+    # large pytest process (torch and Ray imported by other tests) starts at its parent's peak
+    script = ("import re, sys; from pathlib import Path; from swarmd.compute.workdir import Cache, WorkdirError\n"
               "try: Cache(Path(sys.argv[1])).put_file(sys.argv[2], Path(sys.argv[3]))\n"
               "except WorkdirError as exc: print(exc)\n"
-              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+              "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])\n")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache"), digest, str(archive_path)],
                           capture_output=True, text=True, timeout=60, check=True)
     refusal, peak_kib = done.stdout.splitlines()
