@@ -27,7 +27,8 @@ def record(peer: str, seq: int, addrs: tuple[str, ...] = ("/ip4/10.0.0.1/tcp/400
 
 ROOT = Path(__file__).resolve().parent.parent
 # attributes named `members` that are not the core's: (file, the expression's source)
-NOT_THE_CORE = {("swarmd/metrics.py", "self.members")}
+NOT_THE_CORE = {("swarmd/metrics.py", "self.members"),
+                ("swarmd/compute/workdir.py", "tar.members")}  # tarfile's list of headers read
 # the trio driver of the membership core: Gossip (service.py) and its modules
 DRIVER = {f"swarmd/gossip/{m}.py" for m in ("service", "loop", "inbound", "probes", "sync", "peers", "gate", "records")}
 
