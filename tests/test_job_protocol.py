@@ -317,6 +317,7 @@ async def test_a_workdir_too_deep_to_walk_is_refused_and_the_next_start_comes_up
                                  {"end": True})
         assert replies[0] == {"have": False}
         assert "names deep: at most 64 are accepted" in replies[1]["error"], replies
+        assert host.rejected["workdir"] == 1, "counted, as every refusal of a member's input"
         assert list(host.worker.cache.root.iterdir()) == [], "nothing half-unpacked is left"
         Cache(tmp_path / "cache")  # the daemon's next start
         assert host.worker.ledger.state_of(JOB, "mallory") == "leased"

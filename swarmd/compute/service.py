@@ -253,7 +253,10 @@ class JobHandler:
                 code = "job_id" if not is_job_id(req.get("job")) else "malformed"
                 self.rejected(code, peer, f"job {shown}: {exc}")
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
-            except (WorkerError, WorkdirError, ExecutorError, fwd.NothingListens) as exc:  # well-formed, and this host cannot
+            except WorkdirError as exc:  # a tree refused (its digest, depth, entries, size) or this disk full
+                self.rejected("workdir", peer, f"job {shown}: {exc}")
+                await write_frame(stream, {"error": f"{shown}: {exc}"})
+            except (WorkerError, ExecutorError, fwd.NothingListens) as exc:  # well-formed, and this host cannot
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
             except CoordinatorGone as exc:
                 log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
