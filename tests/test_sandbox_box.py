@@ -275,3 +275,29 @@ def _uid(proc: Path) -> int | None:
     except OSError:
         return None
     return None
+
+
+@root
+async def test_a_failing_step_of_the_boxs_close_skips_none_of_the_others(tmp_path, without, reachable, monkeypatch):
+    """Handing the job's files back failing (a tree the job shaped, a full disk) left the
+    uid handed out for good and the firewall chain in place: each step runs regardless."""
+    import structlog
+
+    without("cgroup", "namespaces", "firewall")
+
+    def cannot(top, uid):
+        raise boxmod.trees.TreeError("chown: cannot change ownership: Read-only file system")
+
+    monkeypatch.setattr(boxmod, "_hand_back", cannot)
+    sb = await Sandbox.start(dataclasses.replace(settings(tmp_path), jobs_dir=reachable))
+    try:
+        top = reachable / "d212zzzzzzzy-00000000"
+        (top / "work").mkdir(parents=True)
+        with structlog.testing.capture_logs() as logs:
+            async with sb.open(job="j", top=top, cwd=top / "work", memory=None, cpus=None, gpus=()) as box:
+                uid = box.uid
+        assert [(e["step"], e["error"]) for e in logs if e.get("step")] == [
+            ("hand its files back", "TreeError: chown: cannot change ownership: Read-only file system")]
+        assert uid not in sb.pool._given, "the uid went back to the pool"
+    finally:
+        await sb.close()

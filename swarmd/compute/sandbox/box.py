@@ -49,7 +49,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -325,15 +325,24 @@ class Sandbox:
                     except OSError as exc:  # what remains keeps the uid from the next job (uids.py)
                         log.warning("a job's files in the host's temp directories not removed", job=job, uid=uid,
                                     error=str(exc))
+                # each step whatever the others did: a failed one is logged, and what it left keeps
+                # the uid from the next job (uids.py), never the chain or the uid held for good
                 if self.shm is not None:
-                    await trio.to_thread.run_sync(trees.remove, self.shm / top.name)
-                await trio.to_thread.run_sync(_hand_back, top, uid)
+                    await _step(job, "remove its /dev/shm", trio.to_thread.run_sync, trees.remove, self.shm / top.name)
+                await _step(job, "hand its files back", trio.to_thread.run_sync, _hand_back, top, uid)
                 if chain and self.policy is not None:
-                    try:
-                        await firewall.apply(firewall.remove_job(self.policy, uid))
-                    except firewall.FirewallError as exc:
-                        log.warning("job firewall chain not removed", job=job, error=str(exc))
-                await trio.to_thread.run_sync(self.pool.release, uid)  # it scans /proc and the jobs dir
+                    await _step(job, "remove its firewall chain", firewall.apply, firewall.remove_job(self.policy, uid))
+                # it scans /proc and the jobs dir
+                await _step(job, "give its uid back", trio.to_thread.run_sync, self.pool.release, uid)
+
+
+async def _step(job: str, what: str, run: Callable[..., Awaitable[object]], *args: object) -> None:
+    """One clean-up step of a box's close: a failure is logged, and the next step runs."""
+    try:
+        await run(*args)
+    except Exception as exc:  # noqa: BLE001 - any error of one step must not skip the others
+        log.warning("a step of a job's sandbox clean-up failed", job=job, step=what,
+                    error=f"{type(exc).__name__}: {exc}")
 
 
 def _shm_parent(name: str) -> Path | None:
