@@ -28,6 +28,8 @@ from typing import Any
 from swarmd import sockdiag
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 
+from .render import plain
+
 CHUNK = 64 * 1024
 
 
@@ -141,8 +143,8 @@ def _relay_one(conn: socket.socket, peer: Any, socket_path: str, timeout: float,
         with Client(socket_path, timeout=max(timeout, 30.0)) as client:  # the daemon asks the host (10 s at most)
             _, daemon, leftover = client.take_over("jobs.forward", id=job, port=port)
     except (RemoteError, DaemonUnreachable) as exc:
-        print(f"swarmctl: connection from {peer[0]}:{peer[1]} refused: {getattr(exc, 'message', exc)}",
-              file=sys.stderr, flush=True)
+        why = plain(getattr(exc, "message", exc))  # the daemon's answer may quote a host
+        print(f"swarmctl: connection from {peer[0]}:{peer[1]} refused: {why}", file=sys.stderr, flush=True)
         conn.close()
         return
     daemon.settimeout(None)
