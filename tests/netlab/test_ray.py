@@ -189,8 +189,12 @@ def test_the_data_example_streams_into_a_torch_trainer_on_every_node(rl):
 
 
 def test_the_serve_example_answers_through_jobs_forward_with_replicas_on_several_nodes(rl, tmp_path):
+    # a 1 M-weight model, not the example's 34 M: each remote replica pulls it from the head's
+    # object store, and 134 MB twice through three wireguard-go tunnels starved this 2-core lab
+    # past the deadline (the replicas took 110 s to start, at 07a8a61 as now); Serve's path
+    # through the forward is what is tested here, not its throughput
     r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "3", "--detach", "--workdir", str(EXAMPLES), "--",
-                 "python", "serve_digits.py")
+                 "python", "serve_digits.py", "--hidden", "1024", "--layers", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.split()[-1]
     try:
