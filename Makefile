@@ -40,6 +40,10 @@ demo-elastic: setup
 test: setup
 	$(BIN)/python -m pytest -q --durations=15
 
+# The edit-run loop: every test but the labs and the slow daemon runs (minutes, not 40).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not netlab and not slow" --durations=10
+
 bench: setup
 	$(BIN)/python -m bench
 

@@ -1,4 +1,4 @@
-"""Vivaldi coordinates at scale: unmodified ``swarmd.routing.coordinates.Client`` cores, one per
+"""Vivaldi coordinates at scale: unmodified ``swarmd.vivaldi.coordinates.Client`` cores, one per
 node, fed by the probes membership takes, on the measured country matrix.
 
 Model:
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from swarmd.gossip.membership import Timing
-from swarmd.routing.coordinates import DEFAULT, Client, Config, Coordinate
+from swarmd.vivaldi.coordinates import DEFAULT, Client, Config, Coordinate
 
 from . import scenario
 from .network import Latency

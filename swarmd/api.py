@@ -22,7 +22,7 @@ from .gossip import swarmstate
 from .gossip.cert import DEFAULT_CERT_TTL, DEFAULT_INVITE_TTL, DEFAULT_INVITE_USES, MAX_INVITE_USES, make_token, parse_token
 from .gossip.revocation import MAX_REASON, resolve_peer
 from .gossip.service import JoinError
-from .gossip.signed import Invalid
+from .p2p.signed import Invalid
 from .gossip.swarmstate import owner_signer
 from .gossip.wire import check_labels
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError

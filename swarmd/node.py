@@ -22,7 +22,7 @@ from .compute import setup as jobs_setup
 from .config import Config
 from .gossip import swarmstate
 from .gossip.cert import parse_token
-from .gossip.host import announce_addrs, keep_connected, make_host, mdns_connector
+from .p2p.host import announce_addrs, keep_connected, make_host, mdns_connector
 from .gossip.membership import Timing
 from .gossip.service import Gossip, JoinError
 from .identity import Identity
@@ -31,7 +31,7 @@ from .rpc.protocol import Dispatcher
 from .routing.service import Routing
 from .rpc.server import AccessPolicy, RpcServer, bind_unix
 from .sdnotify import Notifier
-from .wg import mesh as wg_mesh
+from .mesh import driver as mesh_driver
 from .wg.backend import BackendError
 
 SHUTDOWN_GRACE = 3.0  # seconds libp2p gets to close; systemd's stop timeout is longer
@@ -68,7 +68,7 @@ class Node:
                              addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network))
         self.gossip.admission.configure(config.state_dir, config.mesh_network)  # invites, revocations on disk
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
-        self.mesh, self.mesh_off = wg_mesh.from_config(config, self.gossip)
+        self.mesh, self.mesh_off = mesh_driver.from_config(config, self.gossip)
         self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics)
         self.jobs.routing = self.routing  # placement ranks by the paths jobs will use

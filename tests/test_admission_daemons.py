@@ -156,7 +156,7 @@ def test_certificates_from_before_addresses_are_renewed_at_start_and_get_one(own
     owner gives each a distinct address from its registry."""
     from swarmd.gossip import swarmstate
     from swarmd.gossip.cert import issue_cert
-    from swarmd.gossip.signed import peer_bytes
+    from swarmd.p2p.signed import peer_bytes
     from swarmd.identity import load_or_create
 
     owner_id = owner.call("status")["peer_id"]

@@ -1,6 +1,6 @@
 from types import SimpleNamespace
 
-from swarmd.gossip.host import announce_addrs
+from swarmd.p2p.host import announce_addrs
 from swarmd.gossip.wire import only_loopback
 
 

@@ -8,7 +8,7 @@ from nacl.signing import SigningKey
 from swarmd.gossip.cert import (CLOCK_SKEW, DEFAULT_CERT_TTL, DEFAULT_INVITE_TTL, MEMBER_ROLES, RENEW_WINDOW, TOKEN_PREFIX,
                                 check_cert, check_ticket, read_ticket, renew_due,
                                 issue_cert, make_token, parse_token, swarm_id)
-from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal
 
 OWNER = SigningKey(b"\x0a" * 32)
 OWNER_PUBLIC = bytes(OWNER.verify_key)

@@ -424,7 +424,7 @@ async def test_a_checkpoint_crosses_real_libp2p_both_ways(tmp_path):
     from libp2p.peer.peerinfo import PeerInfo
     from multiaddr import Multiaddr
 
-    from swarmd.gossip.host import make_host
+    from swarmd.p2p.host import make_host
     from swarmd.identity import load_or_create
 
     host = Host(tmp_path)

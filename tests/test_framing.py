@@ -60,7 +60,7 @@ import time
 
 import trio
 
-from swarmd.gossip.streams import PeerError, read_frame
+from swarmd.p2p.streams import PeerError, read_frame
 from swarmd.rpc.framing import FrameTooComplex, decode, max_objects
 
 MIB16 = 16 * 1024 * 1024 - 64

@@ -15,13 +15,13 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
 
 from swarmd.gossip import swarmstate
-from swarmd.gossip.limits import Recent, TokenBuckets
+from swarmd.p2p.limits import Recent, TokenBuckets
 from swarmd.gossip.membership import Membership, Timing
 from swarmd.gossip.revocation import make_revocation
 from swarmd.gossip.inbound import RECORD_BURST
 from swarmd.gossip.service import Gossip
 from swarmd.gossip.cert import issue_cert
-from swarmd.gossip.signed import peer_from_key, peer_str
+from swarmd.p2p.signed import peer_from_key, peer_str
 from swarmd.gossip.swarmstate import SwarmMembership
 from swarmd.gossip.wire import MeshInfo, Verifier, make_record, make_rumor, wg_proof_message
 from swarmd.metrics import Metrics

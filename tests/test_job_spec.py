@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from swarmd.compute.spec import (FIELDS, JobSpec, SpecError, build, describe, load_yaml, parse_duration_s,
                                  parse_size_mb)
-from swarmd.gossip.signed import peer_from_key, peer_str
+from swarmd.p2p.signed import peer_from_key, peer_str
 
 TRUSTED = peer_str(peer_from_key(bytes(32)))
 

@@ -26,7 +26,7 @@ from swarmd.gossip.cert import issue_cert, swarm_id
 from swarmd.gossip.membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
                                       Sync, Timing)
 from sim.swarm import SimRecord as Rec
-from swarmd.gossip.signed import Invalid, peer_from_key, peer_str
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str
 from swarmd.gossip.wire import MAX_SEQ, Record, Verifier, make_record, make_rumor
 
 ROOT = Path(__file__).resolve().parent.parent

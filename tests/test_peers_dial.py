@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from swarmd.gossip.peers import DIAL_TIMEOUT, Peers
-from swarmd.gossip.streams import PeerError
+from swarmd.p2p.streams import PeerError
 
 RTT = 0.243
 PROBE_TIMEOUT = 3 * RTT + 0.1

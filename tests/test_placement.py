@@ -293,7 +293,7 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
 
     from swarmd.compute.coordinator import Jobs
     from swarmd.gossip.membership import MemberView, State, View
-    from swarmd.routing.coordinates import Coordinate
+    from swarmd.vivaldi.coordinates import Coordinate
     from swarmd.routing.service import Routing
 
     def at(x_ms):
@@ -315,7 +315,7 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
 def _peer_ids(n: int) -> list[str]:
     from nacl.signing import SigningKey
 
-    from swarmd.gossip.signed import peer_from_key, peer_str
+    from swarmd.p2p.signed import peer_from_key, peer_str
 
     return sorted(peer_str(peer_from_key(bytes(SigningKey(bytes([i + 1]) * 32).verify_key))) for i in range(n))
 

@@ -7,7 +7,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 
 from swarmd.gossip import pubsub as ps
-from swarmd.gossip.host import make_host
+from swarmd.p2p.host import make_host
 from swarmd.identity import load_or_create
 
 TOPIC = ps.topic("cd6729c4c1074bd6")

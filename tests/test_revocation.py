@@ -11,7 +11,7 @@ from swarmd.gossip.cert import issue_cert, swarm_id
 from swarmd.gossip.owner import QUARANTINE, Invites, Members, Refused
 from swarmd.gossip.revocation import (MAX_REASON, MAX_SYNC, Revocations, check_revocation, make_revocation,
                                       resolve_peer)
-from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal
 from swarmd.gossip.wire import MeshInfo, Verifier, make_record, wg_proof_message
 from swarmd.wg import address
 from swarmd.wg.keys import KeyPair, prove

@@ -24,12 +24,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from swarmd.gossip.cert import swarm_id
 from swarmd.gossip.membership import State, View
-from swarmd.gossip.signed import peer_from_key, peer_str, unseal
-from swarmd.gossip.streams import PeerError
+from swarmd.p2p.signed import peer_from_key, peer_str, unseal
+from swarmd.p2p.streams import PeerError
 from swarmd.routing import exchange, server, sessions
 from swarmd.routing import relay as relay_mod
 from swarmd.routing import request as rq
-from swarmd.routing.coordinates import Coordinate
+from swarmd.vivaldi.coordinates import Coordinate
 from swarmd.routing.relay import Relay
 from tests.fake_stream import FakeStream
 

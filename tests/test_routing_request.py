@@ -10,7 +10,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from swarmd.gossip.cert import swarm_id
-from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal
 from swarmd.routing import request as rq
 
 SWARM = swarm_id(bytes(SigningKey(b"\x0a" * 32).verify_key))

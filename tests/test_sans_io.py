@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signed.py", "swarmd/gossip/cert.py",
+CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/p2p/signed.py", "swarmd/gossip/cert.py",
          "swarmd/gossip/wire.py", "swarmd/gossip/suspicion.py", "swarmd/gossip/membership.py",
          "swarmd/gossip/revocation.py", "swarmd/gossip/owner.py",
          "swarmd/wg/address.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
@@ -17,7 +17,7 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/gossip/signe
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py",
          "swarmd/routing/paths.py", "swarmd/routing/request.py",
          "swarmd/routing/relay.py", "swarmd/routing/nft.py",
-         "swarmd/routing/coordinates.py"]
+         "swarmd/vivaldi/coordinates.py"]
 FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",
              "subprocess", "threading"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.routing import EXCHANGE_FRESH
 from sim import coords, runner, scenario
-from swarmd.routing.coordinates import Client, origin
+from swarmd.vivaldi.coordinates import Client, origin
 
 
 def test_1000_nodes_on_the_country_matrix_reach_the_target_in_120_s():

@@ -125,7 +125,7 @@ def test_a_stale_member_leaves_the_mesh_and_placement_until_it_publishes():
 
     from swarmd.compute.coordinator import Jobs, _rtt_ms
     from swarmd.gossip.wire import MeshInfo
-    from swarmd.wg.mesh import Mesh
+    from swarmd.mesh import Mesh
 
     node = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     wg = MeshInfo(public=bytes(32), addr4="10.211.0.2", addr6=None, port=51820, endpoints=())

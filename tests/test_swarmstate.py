@@ -5,7 +5,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from swarmd.gossip.cert import check_cert, issue_cert, swarm_id
-from swarmd.gossip.signed import peer_from_key
+from swarmd.p2p.signed import peer_from_key
 from swarmd.gossip.swarmstate import (LABELS_FILE, OWNER_KEY, SEQ_FILE, SWARM_FILE, SwarmStateError, change_labels,
                                       create, effective_labels, first_seq, load, next_epoch, owner_signer,
                                       save_joined)
@@ -226,7 +226,7 @@ def test_damaged_labels_file_names_the_file(tmp_path, content):
 
 def test_revocations_kept_on_disk_and_checked_again(tmp_path):
     from swarmd.gossip.revocation import make_revocation
-    from swarmd.gossip.signed import peer_str
+    from swarmd.p2p.signed import peer_str
     from swarmd.gossip.swarmstate import REVOKED_FILE, load_revocations, save_revocations
 
     m = create(tmp_path, PEER, now=NOW)
@@ -271,7 +271,7 @@ def test_owner_registries_round_trip_and_damage(tmp_path):
 def test_the_owners_own_certificate_names_an_address_joins_never_get(tmp_path):
     from ipaddress import IPv4Address, IPv4Network
 
-    from swarmd.gossip.signed import peer_str
+    from swarmd.p2p.signed import peer_str
     from swarmd.gossip.swarmstate import MEMBERS_FILE, certify, load_members
 
     network = IPv4Network("10.99.0.0/29")  # 6 hosts: the owner and five members fill it
@@ -306,7 +306,7 @@ def test_certify_keeps_a_renewals_address_and_a_peers_earlier_one(tmp_path):
 
 
 def test_a_new_swarm_starts_a_new_registry(tmp_path):
-    from swarmd.gossip.signed import peer_str
+    from swarmd.p2p.signed import peer_str
     from swarmd.gossip.swarmstate import MEMBERS_FILE, load_members
 
     (tmp_path / MEMBERS_FILE).write_text(json.dumps({peer_str(OTHER_PEER): {"addr4": "10.211.0.9", "expires": NOW,
@@ -319,7 +319,7 @@ def test_the_labs_swarm_allocates_every_address_through_the_owners_registry(tmp_
     from ipaddress import IPv4Address, IPv4Network
 
     from sim.netlab.lab import _make_swarm
-    from swarmd.gossip.signed import peer_str
+    from swarmd.p2p.signed import peer_str
     from swarmd.gossip.swarmstate import load_members
 
     keys = [SigningKey(bytes([0x40 + n]) * 32) for n in range(4)]

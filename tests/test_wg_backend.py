@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from swarmd.wg import backend, kernel, userspace
-from swarmd.wg.backend import BackendError, BackendUnavailable, choose
+from swarmd.wg import choose
+from swarmd.wg.backend import BackendError, BackendUnavailable
 from swarmd.wg.userspace import UserspaceBackend
 
 HAS_MODULE = Path("/sys/module/wireguard").exists()

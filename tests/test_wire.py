@@ -3,7 +3,7 @@ from nacl.signing import SigningKey
 
 from swarmd.gossip.capacity import Gpu, Resources
 from swarmd.gossip.cert import CLOCK_SKEW, issue_cert, swarm_id
-from swarmd.gossip.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal
 from swarmd.gossip.wire import (MAX_ADDRS, MAX_LABELS, MAX_MESSAGE, MAX_SEQ, RUMOR_TTL, MeshInfo, Record, Rumor, Verifier, check_labels,
                                 make_record, make_rumor, only_loopback, wg_proof_message)
 from swarmd.wg.address import ula
@@ -439,7 +439,7 @@ THIRD_PEER = peer_from_key(bytes(SigningKey(b"\x03" * 32).verify_key))
 
 
 def coordinate():
-    from swarmd.routing.coordinates import Coordinate
+    from swarmd.vivaldi.coordinates import Coordinate
 
     return Coordinate(vec=(0.01, -0.02, 0.0, 0.003, 0.0, 0.0, 0.0, 0.0), error=0.4, adjustment=-0.001, height=0.002)
 

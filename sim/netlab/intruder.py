@@ -54,9 +54,9 @@ from swarmd.gossip import pubsub as ps
 from swarmd.gossip import swarmstate
 from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import issue_cert
-from swarmd.gossip.host import make_host
-from swarmd.gossip.signed import peer_bytes
-from swarmd.gossip.streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, encode_frame,
+from swarmd.p2p.host import make_host
+from swarmd.p2p.signed import peer_bytes
+from swarmd.p2p.streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, encode_frame,
                                    request)
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create

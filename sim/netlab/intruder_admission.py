@@ -29,8 +29,8 @@ from swarmd.compute.service import JOB_PROTOCOL
 from swarmd.gossip import swarmstate
 from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import Cert, issue_cert
-from swarmd.gossip.signed import peer_bytes
-from swarmd.gossip.streams import JOIN_PROTOCOL, MAX_SMALL_FRAME, SYNC_PROTOCOL, request
+from swarmd.p2p.signed import peer_bytes
+from swarmd.p2p.streams import JOIN_PROTOCOL, MAX_SMALL_FRAME, SYNC_PROTOCOL, request
 from swarmd.gossip.wire import MeshInfo, make_record, wg_proof_message
 from swarmd.wg import address, keys
 

@@ -19,7 +19,7 @@ from libp2p.peer.id import ID
 from swarmd.compute import ids
 from swarmd.compute.service import JOB_PROTOCOL, role_to_wire
 from swarmd.compute.torchenv import NodeRole
-from swarmd.gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
+from swarmd.p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
 
 BAD_IDS = ["/var/lib/swarmd", "../x", "/tmp/swarmd-intruder-x", ".", "0" * 5000, "０１２３４５６７８９ab",
            "0123456789ab/../../etc"]

@@ -19,8 +19,8 @@ from libp2p.peer.id import ID
 from nacl.signing import SigningKey
 
 from swarmd.gossip.cert import Cert
-from swarmd.gossip.signed import Signer
-from swarmd.gossip.streams import request
+from swarmd.p2p.signed import Signer
+from swarmd.p2p.streams import request
 from swarmd.routing import request as rq
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from swarmd.gossip import swarmstate
 from swarmd.gossip.cert import DEFAULT_CERT_TTL
-from swarmd.gossip.signed import peer_bytes
+from swarmd.p2p.signed import peer_bytes
 from swarmd.identity import load_or_create
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 from swarmd.wg import address

@@ -71,7 +71,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..gossip.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
+from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ..rpc.framing import FramingError, FrameTooLarge
 from .checkpoints import check_listed, check_name, is_sha256
 from .ckptcache import CheckpointError, Incoming

@@ -20,7 +20,7 @@ from .worker import JobNodes, Worker
 from .workdir import Cache
 
 if TYPE_CHECKING:
-    from ..wg.mesh import Mesh
+    from ..mesh import Mesh
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
 _PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only (str.isdigit takes any script's)

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gossip.signed import Invalid, peer_bytes
+from ..p2p.signed import Invalid, peer_bytes
 from ..gossip.wire import check_labels
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",

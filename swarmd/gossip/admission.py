@@ -40,8 +40,8 @@ from . import swarmstate
 from .cert import EXPIRY_WARNING, Cert, check_cert, read_ticket, renew_due
 from .owner import Refused
 from .revocation import MAX_SYNC, Revocation, Revocations, check_revocation, make_revocation
-from .signed import Invalid, peer_bytes
-from .streams import JOIN_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
+from ..p2p.signed import Invalid, peer_bytes
+from ..p2p.streams import JOIN_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
 
 if TYPE_CHECKING:
     from .service import Gossip

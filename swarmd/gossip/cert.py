@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .signed import Invalid, Signer, field, peer_str, seal, unseal
+from ..p2p.signed import Invalid, Signer, field, peer_str, seal, unseal
 
 VERSION = 1
 TOKEN_PREFIX = "swarmd1."

@@ -27,8 +27,8 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from .cert import Cert, check_cert
-from .signed import Invalid
-from .streams import close_quietly, reset_quietly, write_frame
+from ..p2p.signed import Invalid
+from ..p2p.streams import close_quietly, reset_quietly, write_frame
 
 if TYPE_CHECKING:
     from .service import Gossip

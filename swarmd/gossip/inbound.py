@@ -29,10 +29,10 @@ import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from .limits import TokenBuckets
+from ..p2p.limits import TokenBuckets
 from .membership import REFUSED, State
 from .revocation import Revocation
-from .signed import Invalid
+from ..p2p.signed import Invalid
 from .wire import Record, Rumor
 
 if TYPE_CHECKING:

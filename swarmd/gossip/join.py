@@ -20,8 +20,8 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from multiaddr import Multiaddr
 
 from .cert import Cert, Token, check_cert
-from .signed import Invalid, peer_bytes
-from .streams import JOIN_PROTOCOL, request
+from ..p2p.signed import Invalid, peer_bytes
+from ..p2p.streams import JOIN_PROTOCOL, request
 from .swarmstate import SwarmMembership, save_joined
 
 log = structlog.get_logger("swarmd.gossip")

@@ -25,7 +25,7 @@ from multiaddr import Multiaddr
 
 from .inbound import parses
 from .join import JOIN_TIMEOUT
-from .streams import PeerError
+from ..p2p.streams import PeerError
 
 if TYPE_CHECKING:
     from .service import Gossip

@@ -22,8 +22,8 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from ..rpc.framing import FrameTooLarge
-from .signed import Invalid, peer_bytes, peer_str
-from .streams import PROBE_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
+from ..p2p.signed import Invalid, peer_bytes, peer_str
+from ..p2p.streams import PROBE_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
 
 if TYPE_CHECKING:
     from .service import Gossip

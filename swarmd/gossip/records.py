@@ -24,7 +24,7 @@ import trio
 
 from .capacity import Collector, Resources
 from .membership import State
-from .signed import Invalid
+from ..p2p.signed import Invalid
 from .wire import MAX_RTTS, Record, make_record
 
 if TYPE_CHECKING:

@@ -48,9 +48,9 @@ from .membership import Membership, Timing, View
 from .peers import Notifee, Peers
 from .probes import Probes
 from .records import OwnRecord
-from .rejects import Rejects
-from .signed import Signer
-from .streams import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL, Pinger
+from ..p2p.rejects import Rejects
+from ..p2p.signed import Signer
+from ..p2p.streams import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL, Pinger
 from .swarmstate import SwarmMembership
 from .sync import Syncs
 from .wire import JobSlots, MeshInfo, Record, Verifier

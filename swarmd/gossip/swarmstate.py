@@ -32,7 +32,7 @@ from ..wg import address
 from .cert import MEMBER_ROLES, Cert, check_cert, issue_cert, swarm_id
 from .owner import Invites, Members, RegistryError
 from .revocation import Revocation, check_revocation
-from .signed import Invalid, Signer, peer_str
+from ..p2p.signed import Invalid, Signer, peer_str
 
 SWARM_FILE = "swarm.json"
 OWNER_KEY = "owner.key"

@@ -46,12 +46,12 @@ from typing import Any
 
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
 from ..wg.proof import verify_proof
-from ..routing.coordinates import Coordinate
+from ..vivaldi import Coordinate
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
-from .signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
+from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
 VERSION = 1
 MAX_MESSAGE = 64 * 1024  # a record with 64 GPUs is about 8 KiB
@@ -157,7 +157,7 @@ class Record:
     wg: MeshInfo | None
     jobs: JobSlots | None = None
     rtts: dict[str, float] = dataclasses.field(default_factory=dict)  # peer -> ms, measured by this node
-    coord: Coordinate | None = None  # its network coordinate (routing/coordinates.py)
+    coord: Coordinate | None = None  # its network coordinate (vivaldi/coordinates.py)
     relay: bool = False  # it offers to relay WireGuard packets between members
     via: dict[str, str] = dataclasses.field(default_factory=dict)  # peer -> the relay it chose for that pair
     cert: Cert

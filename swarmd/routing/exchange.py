@@ -38,10 +38,10 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from ..gossip.limits import TokenBuckets
-from ..gossip.streams import PeerError, close_quietly, read_frame, request, write_frame
+from ..p2p.limits import TokenBuckets
+from ..p2p.streams import PeerError, close_quietly, read_frame, request, write_frame
 from ..rpc.framing import FrameTooLarge
-from .coordinates import Coordinate
+from ..vivaldi import Coordinate
 
 if TYPE_CHECKING:
     from .service import Routing

@@ -15,8 +15,8 @@ from typing import Any
 import trio
 
 from ..gossip.membership import View
-from ..gossip.signed import short
-from .coordinates import Coordinate
+from ..p2p.signed import short
+from ..vivaldi import Coordinate
 
 
 @dataclass(frozen=True, slots=True)

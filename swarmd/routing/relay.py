@@ -69,7 +69,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..gossip.limits import TokenBuckets
+from ..p2p.limits import TokenBuckets
 
 PORTS = (51821, 52820)  # default relay_ports: one UDP port per relayed pair, above WireGuard's 51820
 MAX_PAIRS = 64  # pairs at once; each is two nat rules and one forward rule

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..gossip.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
+from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
 VERSION = 1
 PROTOCOL = "/swarmd/relay/1.0.0"

@@ -36,8 +36,8 @@ import trio
 from libp2p.abc import INetStream
 
 from ..gossip.membership import State
-from ..gossip.signed import Invalid
-from ..gossip.streams import PeerError, close_quietly, read_frame, write_frame
+from ..p2p.signed import Invalid
+from ..p2p.streams import PeerError, close_quietly, read_frame, write_frame
 from ..rpc.framing import FrameTooLarge
 from . import request as rq
 from .relay import End, Grant, Refused, Relay, unmap

@@ -35,7 +35,7 @@ from ..gossip.membership import State, View
 from ..gossip.wire import MAX_RTTS
 from . import exchange
 from . import request as rq
-from .coordinates import Client, Coordinate
+from ..vivaldi import Client, Coordinate
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
 from ..wg.reconciler import split_endpoint

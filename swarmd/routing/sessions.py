@@ -44,7 +44,7 @@ import structlog
 import trio
 from libp2p.peer.id import ID
 
-from ..gossip.streams import PeerError, request
+from ..p2p.streams import PeerError, request
 from ..wg.reconciler import format_endpoint
 from . import icmp
 from . import request as rq

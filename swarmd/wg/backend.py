@@ -1,5 +1,5 @@
-"""The WireGuard backend interface, the choice between kernel and wireguard-go, and the
-netlink steps both share.
+"""The WireGuard backend interface (the choice between kernel and wireguard-go is
+`wg.choose`) and the netlink steps both share.
 
 A backend owns one WireGuard interface in the daemon's network namespace:
 - ``start`` creates it with a key, a listen port, overlay addresses (CIDR; the prefix gives
@@ -23,7 +23,6 @@ import contextlib
 import errno
 import ipaddress
 import logging
-import shutil
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -69,30 +68,6 @@ class Backend(Protocol):
     async def supervise(self, on_restart: Callable[[], Awaitable[object]]) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def choose(preference: str, iface: str) -> Backend:
-    """The backend for ``preference`` ("auto" | "kernel" | "userspace"), bound to ``iface``.
-
-    auto: the kernel module when present, else wireguard-go when on PATH. A forced choice that
-    cannot run raises BackendUnavailable saying why rather than falling back silently.
-    """
-    from . import kernel, userspace
-
-    if preference not in PREFERENCES:
-        raise ValueError(f"WireGuard backend must be one of {', '.join(PREFERENCES)}, got {preference!r}")
-    has_kernel = preference != "userspace" and kernel.available()
-    if preference == "kernel" and not has_kernel:
-        raise BackendUnavailable(f"WireGuard backend 'kernel' is unavailable: {NO_KERNEL_MODULE}; "
-                                 "or choose the 'userspace' backend (wireguard-go)")
-    if has_kernel:
-        return kernel.KernelBackend(iface)
-    if shutil.which(userspace.BINARY) is None:
-        if preference == "userspace":
-            raise BackendUnavailable(f"wireguard-go not found: {INSTALL_WG_GO}")
-        raise BackendUnavailable(f"no WireGuard backend: {NO_KERNEL_MODULE}, and wireguard-go is not "
-                                 f"on PATH ({INSTALL_WG_GO})")
-    return userspace.UserspaceBackend(iface)
 
 
 def check_ifname(name: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 from sim.netlab.lab import mesh_interface
 from swarmd.gossip import swarmstate
 from swarmd.gossip.cert import issue_cert
-from swarmd.gossip.signed import peer_bytes
+from swarmd.p2p.signed import peer_bytes
 from swarmd.wg import address, keys
 
 from .support import call, in_netns, rank_lines, swarmctl, until

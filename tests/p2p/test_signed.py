@@ -3,7 +3,7 @@ import msgpack
 import pytest
 from nacl.signing import SigningKey
 
-from swarmd.gossip.signed import (PEER_ID_LEN, Invalid, field, peer_bytes, peer_from_key, peer_key, peer_str, seal,
+from swarmd.p2p.signed import (PEER_ID_LEN, Invalid, field, peer_bytes, peer_from_key, peer_key, peer_str, seal,
                                   short, unseal, verify)
 
 KEY = SigningKey(b"\x01" * 32)
@@ -196,7 +196,7 @@ def test_field_type_errors_name_the_field(body, kind, detail):
 def test_a_blob_larger_than_anything_signed_is_refused_before_decoding():
     # 64 KiB bounds what msgpack builds from it: a larger blob (a "revocation" in a sync) of empty
     # arrays would otherwise cost a Python object per byte
-    from swarmd.gossip.signed import MAX_SIGNED
+    from swarmd.p2p.signed import MAX_SIGNED
     blob = b"\xdd" + (10**6).to_bytes(4, "big") + b"\x90" * 10**6
     with pytest.raises(Invalid, match="too_large") as exc:
         unseal(blob)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from swarmd.main import main
-from swarmd.wg import mesh as wg_mesh
+from swarmd.mesh import driver as wg_mesh
 from swarmd.wg.backend import BackendUnavailable
 
 

@@ -1,4 +1,4 @@
-"""routing/coordinates: serf's Vivaldi (its unit cases and its performance_test.go scenarios),
+"""vivaldi/coordinates: serf's Vivaldi (its unit cases and its performance_test.go scenarios),
 the safeguards (bad RTTs, NaN reset), hostile coordinates from the wire, and what a hostile
 member's well-formed samples can do to a converged node (the bounds on weight, force and
 plausibility)."""
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.coordinates import DEFAULT, MAX_COMPONENT, MAX_RTT, Client, Config, Coordinate, origin
+from swarmd.vivaldi.coordinates import DEFAULT, MAX_COMPONENT, MAX_RTT, Client, Config, Coordinate, origin
 
 C3 = Config(dimensionality=3)
 

@@ -28,10 +28,11 @@ from multiaddr import Multiaddr
 from ..atomic import write_atomically
 from ..gossip.membership import State
 from ..gossip.wire import MeshInfo, wg_proof_message
-from . import address, keys
-from .backend import Backend, BackendUnavailable, choose
-from .reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
-from .uapi import PeerConfig
+from ..wg import address, keys
+from ..wg import choose
+from ..wg.backend import Backend, BackendUnavailable
+from ..wg.reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
+from ..wg.uapi import PeerConfig
 
 log = structlog.get_logger("swarmd.wg")
 
@@ -353,7 +354,7 @@ class Mesh:
             await self._resync()
 
     async def _resync(self) -> None:
-        from .reconciler import PeerSpec
+        from ..wg.reconciler import PeerSpec
 
         try:
             state = await self.backend.state()

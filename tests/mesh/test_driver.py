@@ -1,11 +1,11 @@
-"""wg/mesh.py's driver parts that need no device: what it tells routing about its writes."""
+"""mesh/driver.py's driver parts that need no device: what it tells routing about its writes."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from swarmd.wg.mesh import Mesh
+from swarmd.mesh import Mesh
 from swarmd.wg.uapi import PeerConfig
 
 

@@ -1,4 +1,4 @@
-"""The ping stream of far members (gossip/streams.Pinger), on trio's MockClock.
+"""The ping stream of far members (p2p/streams.Pinger), on trio's MockClock.
 
 A stream takes about two round trips to open. Wrapped in the probe's 0.5 s deadline, a
 243 ms member's stream used to open in 0.49 s, start its echo, be cut off 10 ms later and
@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from swarmd.gossip.streams import PeerError, Pinger
+from swarmd.p2p.streams import PeerError, Pinger
 
 RTT = 0.243
 
