@@ -24,7 +24,7 @@ from .gossip import swarmstate
 from .gossip.cert import parse_token
 from .p2p.host import announce_addrs, keep_connected, make_host, mdns_connector
 from .gossip.membership import Timing
-from .gossip.service import Gossip, JoinError
+from .gossip.service import Above, Gossip, JoinError
 from .identity import Identity
 from .metrics import Metrics
 from .rpc.protocol import Dispatcher
@@ -63,15 +63,22 @@ class Node:
         labels = swarmstate.effective_labels(config.state_dir, dict(config.labels))
         seq = swarmstate.first_seq(swarmstate.next_epoch(config.state_dir))
         timing = {"wan": Timing.wan, "lan": Timing.lan, "local": Timing.local}[config.gossip_timing]()
+        # what the floors above put into our record and take from our probes: read only once
+        # gossip runs, when mesh, routing and jobs below exist
+        above = Above(mesh_info=lambda: self.mesh.advertised() if self.mesh is not None else None,
+                      job_slots=lambda: self.jobs.job_slots(), route_info=lambda: self.routing.record_fields(),
+                      recent_rtts=lambda: self.routing.recent_rtts(),
+                      rtt_observed=lambda peer, rtt: self.routing.rtt_observed(peer, rtt))
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
-                             addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network))
+                             addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network),
+                             above=above)
         self.gossip.admission.configure(config.state_dir, config.mesh_network)  # invites, revocations on disk
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = mesh_driver.from_config(config, self.gossip)
-        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics)
-        self.jobs.routing = self.routing  # placement ranks by the paths jobs will use
+        # placement ranks by the paths jobs will use
+        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh, path_rtt=self.routing.rtt_function)
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()

@@ -277,14 +277,14 @@ def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
         def rtt_function(self):
             return lambda a, b: self.measured.get(frozenset((a, b)), self.estimates.get(frozenset((a, b)), 150.0))
 
-    without = Jobs._rtt(SimpleNamespace(routing=None), view)
+    without = Jobs._rtt(SimpleNamespace(path_rtt=None), view)
     assert place(spec(nodes=2), candidates, without) == Placement(("a", "me"), 80.0)
-    with_routing = Jobs._rtt(SimpleNamespace(routing=Routing()), view)
+    with_routing = Jobs._rtt(SimpleNamespace(path_rtt=Routing().rtt_function), view)
     assert place(spec(nodes=2), candidates, with_routing) == Placement(("b", "c"), 12.0)
 
 
 def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
-    """The same with the driver itself (routing.service.Routing, as the node hands it to Jobs):
+    """The same with the driver itself (routing.service.Routing, whose rtt_function the node hands to Jobs):
     records carry coordinates and one reported RTT (c-d, 80 ms); a and b, 2 ms apart by their
     coordinates, have never probed each other and are chosen."""
     from types import MappingProxyType, SimpleNamespace
@@ -306,8 +306,8 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
     routing = Routing(gossip=gossip, mesh=None, config=SimpleNamespace(),
                       metrics=SimpleNamespace(registry=CollectorRegistry()))
     candidates = [node(p) for p in place_at]
-    assert place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(routing=None), view)).peers == ("c", "d")
-    got = place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(routing=routing), view))
+    assert place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(path_rtt=None), view)).peers == ("c", "d")
+    got = place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(path_rtt=routing.rtt_function), view))
     assert got.peers == ("a", "b") and got.worst_rtt_ms == pytest.approx(2.0, abs=0.1)
     assert routing.rtt_ms("c", "d") == 80.0, "a reported RTT is used before an estimate"
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/p2p/signed.py", "swarmd/gossip/cert.py",
          "swarmd/gossip/wire.py", "swarmd/gossip/suspicion.py", "swarmd/gossip/membership.py",
          "swarmd/gossip/revocation.py", "swarmd/gossip/owner.py",
-         "swarmd/wg/address.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
+         "swarmd/wg/address.py", "swarmd/wg/endpoint.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
          "swarmd/compute/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/gang.py", "swarmd/compute/run.py",
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py",
          "swarmd/routing/paths.py", "swarmd/routing/request.py",

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from swarmd.wg.endpoint import format_endpoint, split_endpoint
 from swarmd.wg.reconciler import (
     Member,
     PeerSpec,
@@ -14,8 +15,6 @@ from swarmd.wg.reconciler import (
     Reconciler,
     RemovePeer,
     SetPeer,
-    format_endpoint,
-    split_endpoint,
 )
 
 ME = bytes([0xEE]) * 32

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from swarmd.wg.endpoint import split_endpoint
 from swarmd.wg.uapi import (
     DeviceState,
     PeerConfig,
@@ -15,7 +16,6 @@ from swarmd.wg.uapi import (
     encode_set,
     parse_get,
     parse_set,
-    split_endpoint,
     uapi_get,
     uapi_set,
 )

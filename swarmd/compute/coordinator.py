@@ -32,7 +32,7 @@ import functools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ import trio
 
 from ..gossip.membership import View
 from ..gossip.service import Gossip
-from ..gossip.wire import Record
+from ..gossip.wire import JobSlots, Record
 from . import gang as gangmod
 from . import gc
 from .events import checked_event
@@ -85,7 +85,8 @@ class _Live:
 
 class Jobs:
     def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path,
-                 retention: float = 7 * 86400.0, sandbox: Settings | None = None) -> None:
+                 retention: float = 7 * 86400.0, sandbox: Settings | None = None,
+                 path_rtt: Callable[[], Rtt] | None = None) -> None:
         self.store = store
         self.worker = worker
         self.sandbox = sandbox  # what the worker's sandbox is set up from, at run
@@ -94,9 +95,15 @@ class Jobs:
         self.retention = retention  # finished jobs' directories, records and logs (gc.py)
         self.live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
-        # the node's path choice (routing.service.Routing), set by the node when it runs: then
-        # pairs are measured by the paths jobs will use and pairs nobody probed by coordinates
-        self.routing: Any = None
+        # the node's path choice (routing's rtt_function), wired by node.py: then pairs are
+        # measured by the paths jobs will use and pairs nobody probed by coordinates
+        self.path_rtt = path_rtt
+
+    def job_slots(self) -> JobSlots:
+        """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
+        ledger = self.worker.ledger
+        return JobSlots(slots=ledger.slots, free=ledger.slots_free, gpus_free=len(ledger.gpus_free),
+                        ranks=self.worker.ranks)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         lost = self.store.recover(LOST_REASON)
@@ -617,8 +624,8 @@ class Jobs:
         what was measured, else the network-coordinate estimate (`Routing.rtt_ms`, which reads
         only immutable snapshots), so no pair of members with coordinates is unknown; without
         it, the probes in ``view`` only."""
-        if self.routing is not None:
-            return self.routing.rtt_function()
+        if self.path_rtt is not None:
+            return self.path_rtt()
         return functools.partial(_rtt_ms, view)
 
     def _address(self, peer: str) -> str:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..gossip.service import Gossip
-from ..gossip.wire import JobSlots
 from .coordinator import Jobs
 from .ledger import Ledger
+from .placement import Rtt
 from .sandbox.box import Settings
 from .service import JOB_PROTOCOL, JobHandler
 from .store import JobStore
@@ -34,7 +35,10 @@ def job_user(config: Config) -> str | None:
     return config.job_user or "root"
 
 
-def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
+def from_config(config: Config, gossip: Gossip, mesh: Mesh | None,
+                path_rtt: Callable[[], Rtt] | None = None) -> Jobs:
+    """The job service of this node. `path_rtt`: routing's measure of a pair by the path its
+    traffic takes (Jobs' header); without it placement reads the probes in the view."""
     gpus = tuple(g.index for g in gossip.resources.gpus)
     ledger = Ledger(config.job_slots or len(gpus) or DEFAULT_SLOTS_WITHOUT_GPU, gpus)
     state = config.state_dir
@@ -46,8 +50,6 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
                     changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started)),
                     sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep,
                     coordinator_gone=lambda peer: coordinator_gone(gossip, peer))
-    gossip.job_slots = lambda: JobSlots(slots=ledger.slots, free=ledger.slots_free,
-                                        gpus_free=len(ledger.gpus_free), ranks=worker.ranks)
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=gossip.reject)
     gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
@@ -56,7 +58,7 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None) -> Jobs:
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
                        name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
-                retention=config.job_retention, sandbox=sandbox)
+                retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt)
 
 
 def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:

@@ -28,6 +28,7 @@ expired certificate) until ``readmit_peer``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,27 @@ from .wire import JobSlots, MeshInfo, Record, Verifier
 log = structlog.get_logger("swarmd.gossip")
 
 LEAVE_FLUSH = 1.0
-__all__ = ["Gossip", "JoinError"]
+__all__ = ["Above", "Gossip", "JoinError"]
+
+
+@dataclass(frozen=True)
+class Above:
+    """What the floors above gossip put into this node's record and take from its probes:
+    callables that node.py (the composition root) wires once, at construction, and that
+    gossip calls while it runs (never before `Gossip.run`). Each defaults to "nothing": a
+    node without a mesh, jobs or routing advertises none."""
+
+    mesh_info: Callable[[], MeshInfo | None] = lambda: None  # the mesh, while it is up
+    job_slots: Callable[[], JobSlots | None] = lambda: None  # the job service's ledger
+    route_info: Callable[[], dict[str, Any]] = dict  # routing: coordinate, relay, chosen relays
+    recent_rtts: Callable[[], dict[str, float] | None] = lambda: None  # routing: peer -> ms
+    rtt_observed: Callable[[str, float], None] = lambda peer, rtt: None  # each RTT a probe measured
 
 
 class Gossip:
     def __init__(self, *, host: IHost, sign: Signer, peer: str, swarm: SwarmMembership | None,
                  timing: Timing, labels: dict[str, str], addrs: Callable[[], list[str]], seq: int,
-                 metrics: Any, rng: Any, collector: Collector | None = None) -> None:
+                 metrics: Any, rng: Any, collector: Collector | None = None, above: Above = Above()) -> None:
         self.host = host
         self.sign = sign
         self.me = peer
@@ -81,12 +96,9 @@ class Gossip:
         self.joined = trio.Event()
         if swarm is not None:
             self.joined.set()
-        self.mesh_info: Callable[[], MeshInfo | None] = lambda: None  # set by the mesh when it runs
-        self.job_slots: Callable[[], JobSlots | None] = lambda: None  # set by the job service
-        # set by routing: each RTT a probe measured (peer, seconds), and what our record says about routing
-        self.rtt_observed: Callable[[str, float], None] = lambda peer, rtt: None
-        self.route_info: Callable[[], dict[str, Any]] = dict
-        self.recent_rtts: Callable[[], dict[str, float] | None] = lambda: None  # peer -> ms
+        # the floors above (Above): read by records, inbound, probes and admission
+        self.mesh_info, self.job_slots = above.mesh_info, above.job_slots
+        self.route_info, self.recent_rtts, self.rtt_observed = above.route_info, above.recent_rtts, above.rtt_observed
         self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
         self.excluded: dict[str, str] = {}  # kept here too: applied to the core once it exists
         self.nursery: trio.Nursery | None = None

@@ -107,6 +107,10 @@ class Mesh:
 
     # --- what the record says -----------------------------------------------------------
 
+    def advertised(self) -> MeshInfo | None:
+        """What this node's record says of the mesh: its MeshInfo while the interface is up."""
+        return self.info() if self.started else None
+
     def info(self) -> MeshInfo | None:
         if self.addr4 is None:
             return None
@@ -163,7 +167,6 @@ class Mesh:
         await self.backend.start(private_key=self.keys.private, listen_port=self.port,
                                  addresses=self._cidrs(), mtu=self.mtu)
         self.started, self.error = True, None
-        self.gossip.mesh_info = self.info
         self.gossip.readvertise()
         log.info("mesh up", interface=self.interface, backend=self.backend.name, address=str(self.addr4),
                  address6=str(self.addr6), public_key=self.keys.public_b64)
@@ -177,7 +180,6 @@ class Mesh:
 
     async def close(self) -> None:
         """Remove the interface (and, for wireguard-go, its process and UAPI socket)."""
-        self.gossip.mesh_info = lambda: None
         was_up, self.started = self.started, False
         with trio.CancelScope(shield=True):
             await self.backend.close()

@@ -1,7 +1,7 @@
 """The trio driver of routing: ``Routing``, on ``node.routing``.
 
 It owns three sans-IO cores and feeds them from the daemon:
-- coordinates.Client: each RTT our probes measure (gossip's ``rtt_observed`` hook), with the
+- coordinates.Client: each RTT our probes measure (gossip's ``Above.rtt_observed``, wired by node.py), with the
   peer's coordinate from its record; our own coordinate goes into our record.
 - paths.Paths: once a second (and when a relay session changes) a ``PathView`` built from
   the membership snapshot, our own recent RTTs and the records' reports; its ``UsePath``
@@ -38,7 +38,7 @@ from . import request as rq
 from ..vivaldi import Client, Coordinate
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
-from ..wg.reconciler import split_endpoint
+from ..wg.endpoint import split_endpoint
 from .sessions import Sessions
 
 log = structlog.get_logger("swarmd.routing")
@@ -98,12 +98,13 @@ class Routing(Readout):
               ).set_function(lambda: len(self._relayed))
         Gauge("swarmd_vivaldi_error", "This node's Vivaldi error estimate", registry=registry
               ).set_function(lambda: self.client.coordinate.error)
-        gossip.rtt_observed = self.rtt_observed
-        gossip.route_info = self.record_fields
-        gossip.recent_rtts = lambda: dict(self._snap.own)
         self._reported: dict[str, float] = {}  # our RTTs as our record last carried them
 
     # --- inputs -------------------------------------------------------------------------
+
+    def recent_rtts(self) -> dict[str, float]:
+        """Our own recent RTTs (peer -> ms) for our record."""
+        return dict(self._snap.own)
 
     def rtt_observed(self, peer: str, rtt: float, *, probe: bool = True) -> None:
         """An RTT (seconds) our pings measured to ``peer``."""

@@ -45,7 +45,7 @@ import trio
 from libp2p.peer.id import ID
 
 from ..p2p.streams import PeerError, request
-from ..wg.reconciler import format_endpoint
+from ..wg.endpoint import format_endpoint
 from . import icmp
 from . import request as rq
 

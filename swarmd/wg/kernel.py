@@ -29,7 +29,8 @@ from .backend import (
     delete_link,
     set_link_addresses,
 )
-from .uapi import KEY_LEN, DeviceState, PeerConfig, PeerState, split_endpoint
+from .endpoint import split_endpoint
+from .uapi import KEY_LEN, DeviceState, PeerConfig, PeerState
 
 
 def available() -> bool:

@@ -46,6 +46,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .endpoint import format_endpoint, split_endpoint
+
 KEY_LEN = 32
 DEFAULT_KEEPALIVE = 25  # seconds; wg(8): "a sensible interval that works with a wide variety of firewalls"
 SWITCH_RATIO = 0.8  # a new endpoint must be 20 % faster ...
@@ -303,26 +305,6 @@ class Reconciler:
             candidates = self._members[peer].endpoints
             for ip in [ip for ip in rtts if ip not in candidates]:
                 del rtts[ip]
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``"10.0.0.1:51820"`` or ``"[fd00::1]:51820"`` -> (canonical IP, port)."""
-    host, sep, port_s = endpoint.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    try:
-        if not sep or not port_s.isdigit() or not 0 < int(port_s) <= 0xFFFF:
-            raise ValueError
-        addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
-        if (addr.version == 6) != bracketed:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"endpoint must be IPv4:port or [IPv6]:port, got {endpoint!r}") from None
-    return str(addr), int(port_s)
-
-
-def format_endpoint(ip: str, port: int) -> str:
-    addr = ipaddress.ip_address(ip)
-    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
 
 
 def _endpoint_ip(endpoint: str) -> str:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import trio
 from nacl.bindings import crypto_scalarmult_base
 
+from .endpoint import split_endpoint
+
 KEY_LEN = 32
 DEFAULT_TIMEOUT = 5.0  # seconds; a healthy wireguard-go answers in well under a millisecond
 MAX_REPLY = 64 << 20  # a get with ~100k peers is ~30 MB; anything past this is not a reply
@@ -91,22 +93,6 @@ class DeviceState:
     @property
     def public_key(self) -> bytes | None:
         return None if self.private_key is None else crypto_scalarmult_base(self.private_key)
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``"10.0.0.1:51820"`` or ``"[fd00::1]:51820"`` -> (address, port); IP literals only,
-    as wireguard-go parses endpoints with netip.ParseAddrPort."""
-    host, sep, port_s = endpoint.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    try:
-        if not sep or not port_s.isdigit() or not 0 < int(port_s) <= 0xFFFF:
-            raise ValueError
-        addr = ipaddress.ip_address(host[1:-1] if bracketed else host)
-        if (addr.version == 6) != bracketed:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"endpoint must be IPv4:port or [IPv6]:port, got {endpoint!r}") from None
-    return str(addr), int(port_s)
 
 
 def encode_set(*, private_key: bytes | None = None, listen_port: int | None = None,
