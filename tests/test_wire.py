@@ -398,7 +398,11 @@ def test_private_and_public_underlay_addresses_are_allowed(ip):
     assert decode(sealed(record_body(addrs=[addr]))).addrs == (addr,)
 
 
-@pytest.mark.parametrize("addr", ["/ip4/192.0.2.1/tcp/0", "/ip4/192.0.2.1/tcp/65536", "/ip4/192.0.2.1/udp/x/quic"])
+# "²" and "٤٠٠١" pass str.isdigit; int() refuses the first (a ValueError, not a refusal)
+# and reads the second as 4001
+@pytest.mark.parametrize("addr", ["/ip4/192.0.2.1/tcp/0", "/ip4/192.0.2.1/tcp/65536", "/ip4/192.0.2.1/udp/x/quic",
+                                  "/ip4/192.0.2.1/tcp/\u00b2", "/ip4/192.0.2.1/tcp/\u0664\u0660\u0660\u0661",
+                                  "/ip4/192.0.2.1/tcp/004001"])
 def test_record_addrs_with_a_port_outside_1_65535_are_refused(addr):
     assert reason(sealed(record_body(addrs=[addr]))) == "bad_address"
 

@@ -42,6 +42,7 @@ import trio
 from ..gossip.membership import View
 from ..gossip.service import Gossip
 from ..gossip.wire import JobSlots, Record
+from ..p2p import multiaddrs
 from . import gang as gangmod
 from . import gc
 from .events import checked_event
@@ -634,9 +635,8 @@ class Jobs:
         if record.wg is not None:
             return record.wg.addr4
         for addr in record.addrs:
-            parts = addr.split("/")
-            if len(parts) > 2 and parts[1] == "ip4":
-                return parts[2]
+            if (ip := multiaddrs.ip_of(addr)) is not None and ip.version == 4:
+                return str(ip)
         raise HostError(f"{short(peer)} advertises no IPv4 address")
 
 

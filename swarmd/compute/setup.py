@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..gossip.service import Gossip
+from ..p2p import multiaddrs
 from .coordinator import Jobs
 from .ledger import Ledger
 from .placement import Rtt
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..mesh import Mesh
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
-_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only (str.isdigit takes any script's)
 
 
 def job_user(config: Config) -> str | None:
@@ -88,17 +87,7 @@ def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNode
 def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:
     """(ip, TCP port) of each of a record's libp2p multiaddrs (/ip4/A/tcp/P[/p2p/...]), in
     canonical form; what does not parse is no address of a daemon and is left out."""
-    found = set()
-    for addr in addrs:
-        parts = addr.split("/")
-        if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and _PORT.fullmatch(parts[4]):
-            try:
-                ip = ipaddress.ip_address(parts[2])
-            except ValueError:
-                continue
-            if (ip.version == 4) == (parts[1] == "ip4") and 0 < int(parts[4]) < 65536:
-                found.add((str(ip), int(parts[4])))
-    return found
+    return {endpoint for addr in addrs if (endpoint := multiaddrs.tcp_endpoint(addr)) is not None}
 
 
 def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:

@@ -51,6 +51,7 @@ from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
+from ..p2p import multiaddrs
 from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
 VERSION = 1
@@ -227,7 +228,7 @@ def only_loopback(addrs: Any) -> bool:
     """True when every one of these multiaddrs is on a loopback IP (and there is one)."""
     addrs = list(addrs)
     try:
-        ips = [_multiaddr_parts(a)[0] for a in addrs]
+        ips = [multiaddrs.parts(a)[0] for a in addrs]
     except ValueError:
         return False
     return bool(ips) and all(ip is not None and _unmapped(ip).is_loopback for ip in ips)
@@ -235,20 +236,6 @@ def only_loopback(addrs: Any) -> bool:
 
 def _unmapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
-
-
-def _multiaddr_parts(addr: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, list[str]]:
-    """(its IP if it names one, the values of its tcp/udp components); ValueError if unreadable."""
-    parts = addr.split("/")
-    if len(parts) < 3 or parts[0] != "":
-        raise ValueError(f"{addr!r} is not a multiaddr")
-    ip, ports = None, []
-    for proto, value in zip(parts[1:], parts[2:]):
-        if proto in ("ip4", "ip6") and ip is None:
-            ip = ipaddress.IPv4Address(value) if proto == "ip4" else ipaddress.IPv6Address(value)
-        elif proto in ("tcp", "udp"):
-            ports.append(value)
-    return ip, ports
 
 
 class Verifier:
@@ -323,12 +310,12 @@ class Verifier:
             raise Invalid("malformed", f"record.addrs: at most {MAX_ADDRS} multiaddr strings")
         for addr in addrs:
             try:
-                ip, ports = _multiaddr_parts(addr)
+                ip, ports = multiaddrs.parts(addr)
             except ValueError as exc:
                 raise Invalid("malformed", f"record.addrs: {exc}") from None
             if ip is not None:
                 self.check_ip(ip, "record.addrs")
-            if not all(p.isdigit() and 1 <= int(p) <= 65535 for p in ports):
+            if not all(multiaddrs.is_port(p) for p in ports):
                 raise Invalid("bad_address", f"record.addrs: {addr!r} has a port outside 1-65535")
         try:
             resources = Resources.from_wire(body.get("res"))

@@ -20,6 +20,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from multiaddr import Multiaddr
 
 from ..identity import Identity
+from . import multiaddrs
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -86,13 +87,7 @@ def announce_addrs(host: IHost, announce: Sequence[str], overlay: str | None = N
 
 def _host_only(addr: str) -> bool:
     """A loopback or link-local multiaddr: nobody else can dial it."""
-    import ipaddress
-
-    parts = addr.split("/")
-    try:
-        ip = ipaddress.ip_address(parts[2]) if len(parts) > 2 and parts[1] in ("ip4", "ip6") else None
-    except ValueError:
-        return False
+    ip = multiaddrs.ip_of(addr)
     return ip is not None and (ip.is_loopback or ip.is_link_local)
 
 
@@ -119,7 +114,7 @@ async def mdns_connector(host: IHost, addrs: list[str]) -> None:
     from libp2p.discovery.events.peerDiscovery import peerDiscovery
     from libp2p.discovery.mdns.mdns import MDNSDiscovery
 
-    port = next((int(a.split("/tcp/")[1].split("/")[0]) for a in addrs if "/tcp/" in a), 4001)
+    port = multiaddrs.tcp_port(addrs, 4001)
     mdns = await trio.to_thread.run_sync(lambda: MDNSDiscovery(host.get_network(), port=port, listen_addrs=addrs))
 
     send, receive = trio.open_memory_channel[PeerInfo](64)
