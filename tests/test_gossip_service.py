@@ -8,6 +8,7 @@ import random
 import time
 from types import SimpleNamespace
 
+import pytest
 import trio
 import trio.testing
 from nacl.signing import SigningKey
@@ -244,6 +245,42 @@ def test_a_message_is_verified_once_for_the_rate_check_and_the_validator(monkeyp
 
     trio.run(check)
     assert len(calls) == 1
+
+
+async def test_a_message_is_verified_once_from_the_rate_check_to_its_merge(monkeypatch):
+    """Pubsub validates each message in its own task, and the subscription is read later:
+    the read merges what the validator decoded, with no second signature check, for each of
+    several messages validated before the first is read."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    blobs = [other_record(5 + i, [f"/ip4/192.0.2.{7 + i}/tcp/4001"]) for i in range(10)]
+    calls = []
+    real = g.verifier.decode
+    monkeypatch.setattr(g.verifier, "decode", lambda blob, now: calls.append(1) or real(blob, now))
+
+    class Drained(Exception):
+        pass
+
+    class Subscription:  # hands out a new Message (new bytes) for each, as protobuf does
+        def __init__(self):
+            self.left = [rpc_pb2.Message(data=bytes(bytearray(b))) for b in blobs]
+
+        async def get(self):
+            if not self.left:
+                raise Drained
+            return self.left.pop(0)
+
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        for b in blobs:
+            msg = rpc_pb2.Message(data=b)
+            assert g.inbound.quiet_drop(ID(b"x"), msg) is False and g.inbound.validate(ID(b"x"), msg) is True
+        with pytest.raises(Drained):
+            await g.inbound.read(Subscription())
+        nursery.cancel_scope.cancel()
+    assert len(calls) == len(blobs)
+    assert g.view().get(peer_str(OTHER_PEER)).record.seq == 14, "every record was merged"
 
 
 # --- refute, then sync again (the core's Sync(by)) -------------------------------------------

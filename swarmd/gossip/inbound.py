@@ -16,13 +16,16 @@ Each message meets three steps, in py-libp2p pubsub's order:
    peer had in the peerstore. A failure here (a disk error saving a revocation, a bug) is
    counted and the next message is read.
 
-Verifier.decode runs once per message for steps 1 and 2 (kept by its bytes). Every
-refusal is counted under its reason (rejects.py); the core's refusals (``REFUSED``) too.
+Verifier.decode (its signature checks) runs once per message for all three steps: the
+decoded message is kept by a digest of its bytes, the last ``DECODED_KEEP`` of them (pubsub
+validates in its own task, and the subscription is read later). Every refusal is counted under its reason (rejects.py); the core's refusals (``REFUSED``) too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -43,20 +46,27 @@ ADDR_TTL = 3600
 # burst covers a restart or a partition heal. The excess is dropped, not passed on, counted
 # ``record_rate``, and not held against the member that relayed it.
 RECORD_RATE, RECORD_BURST = 4.0, 20.0
+DECODED_KEEP = 256  # messages decoded by the validator, kept until the subscription reads them
 
 
 class Inbound:
     def __init__(self, gossip: Gossip) -> None:
         self.g = gossip
         self._record_rate = TokenBuckets(RECORD_RATE, RECORD_BURST)
-        self._decoded: tuple[bytes, Any] | None = None  # the last message decoded before validation
+        self._decoded: OrderedDict[bytes, Any] = OrderedDict()  # digest of a message's bytes -> decoded
 
     def decode(self, data: bytes) -> Any:
-        """Verifier.decode, once per message for quiet_drop and the validator that follows it."""
-        if self._decoded is not None and self._decoded[0] == data:  # protobuf hands out a new bytes each read
-            return self._decoded[1]
+        """Verifier.decode, once per message for quiet_drop, the validator and the read that
+        follow it (protobuf hands out a new bytes each time: kept by a digest). A message that
+        fails is not kept: the validator drops it, it is never read."""
+        key = hashlib.blake2b(data, digest_size=16).digest()
+        if (decoded := self._decoded.get(key)) is not None:
+            self._decoded.move_to_end(key)
+            return decoded
         decoded = self.g.verifier.decode(data, time.time())  # type: ignore[union-attr]
-        self._decoded = (data, decoded)
+        self._decoded[key] = decoded
+        if len(self._decoded) > DECODED_KEEP:
+            self._decoded.popitem(last=False)
         return decoded
 
     def quiet_drop(self, forwarder: ID, msg: Any) -> bool:
@@ -95,7 +105,7 @@ class Inbound:
             msg = await subscription.get()
             self.g.rejects.carried("in", len(msg.data))
             try:
-                decoded = self.g.verifier.decode(msg.data, time.time())  # type: ignore[union-attr]
+                decoded = self.decode(msg.data)
             except Invalid:
                 continue  # counted by the validator
             try:
