@@ -510,7 +510,7 @@ async def test_whatever_a_host_sends_or_a_local_file_does_a_remote_host_raises_o
     """Reviewer's #1: an oversized frame, a malformed answer, or this host's own file gone
     (a checkpoint pruned between checkpoint_path and the open) leave a RemoteHost method as
     a HostError naming the host, never FrameTooLarge, KeyError or FileNotFoundError."""
-    shown = f"{PEER[:6]}…{PEER[-4:]}"
+    shown = PEER[-8:]
     path, sha = checkpoint(tmp_path, b"weights")
     role = NodeRole(job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="10.211.0.1",
                     master_port=29500, ifname=None, gpus=(), node_ips=("10.211.0.1",), checkpoint_dir="")

@@ -43,15 +43,16 @@ from ..gossip.membership import View
 from ..gossip.service import Gossip
 from ..gossip.wire import JobSlots, Record
 from ..p2p import multiaddrs
+from ..p2p.signed import short
 from . import gang as gangmod
 from . import gc
 from .events import checked_event
 from .hub import HostsRefused, Hub, Listed
 from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
-from .run import TERMINAL, Run, short_peer
+from .run import TERMINAL, Run
 from .sandbox.box import Sandbox, Settings
-from .service import HostError, LocalHost, RemoteHost, short
+from .service import HostError, LocalHost, RemoteHost
 from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole
@@ -201,7 +202,7 @@ class Jobs:
             raise HostError(f"job {job} is not running ({state})")
         peer = live.run.nodes[0]
         if live.run.node_state.get(peer) != "running" or peer not in live.hosts:
-            raise HostError(f"job {job} is not running on its first host {short_peer(peer)} "
+            raise HostError(f"job {job} is not running on its first host {short(peer)} "
                             f"({live.run.node_state.get(peer, 'not placed')})")
         try:
             address = self._address(peer)
@@ -572,7 +573,7 @@ class Jobs:
         """The line in the job's output where a restart begins."""
         run = live.run
         line = (f"[swarmd] restart {run.restart_count}/{run.max_restarts} after {run.reason}: attempt "
-                f"{len(run.attempts)} on {len(peers)} host(s) ({', '.join(short_peer(p) for p in peers)}), "
+                f"{len(run.attempts)} on {len(peers)} host(s) ({', '.join(short(p) for p in peers)}), "
                 + (f"resuming from checkpoint {resumed_from}" if resumed_from else "from the start (no checkpoint)"))
         self.store.append_logs(job, [(0, line.encode())])
 

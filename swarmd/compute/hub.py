@@ -30,9 +30,10 @@ import structlog
 import trio
 
 from .checkpoints import choose_replica
+from ..p2p.signed import short
 from .placement import Rtt
 from .run import Run
-from .service import HostError, LocalHost, RemoteHost, short
+from .service import HostError, LocalHost, RemoteHost
 from .worker import Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..p2p.signed import short
 from .spec import JobSpec, describe
 
 EXACT_LIMIT = 20_000  # sets scored exactly: about 50 ms at 8 nodes
@@ -69,10 +70,6 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class NoFit:
     reason: str
-
-
-def short(peer: str) -> str:
-    return f"{peer[:6]}…{peer[-4:]}" if len(peer) > 12 else peer
 
 
 def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,

@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..p2p.signed import short
+
 STATES = ("placing", "reserving", "shipping", "starting", "running", "restarting", "succeeded", "failed",
           "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -178,10 +180,10 @@ class Run:
         self.node_state[node] = "lost"
         self.lost.add(node)
         if self.driver and node != self.nodes[0]:
-            self.lost_workers.append(f"host {short_peer(node)} lost: {why}")  # Ray goes on without it
+            self.lost_workers.append(f"host {short(node)} lost: {why}")  # Ray goes on without it
             self._maybe_running(now)
         elif not self.stopping:
-            self._attempt_over(f"host {short_peer(node)} lost: {why}", now)
+            self._attempt_over(f"host {short(node)} lost: {why}", now)
         self._settle(now)
 
     def _driver_exited(self, node: str, codes: dict[int, int], now: float | None) -> None:
@@ -190,7 +192,7 @@ class Run:
             if codes[0] != 0:
                 self.failure = (0, codes[0])
                 lost = f" (while {'; '.join(self.lost_workers)})" if self.lost_workers else ""
-                self._attempt_over(f"the driver (rank 0 on {short_peer(node)}) exited with {codes[0]}{lost}", now)
+                self._attempt_over(f"the driver (rank 0 on {short(node)}) exited with {codes[0]}{lost}", now)
             else:
                 self.stopping = True  # succeeded once the others have stopped
         self._settle(now)
@@ -285,11 +287,6 @@ class Run:
             self.reason = None  # an earlier attempt's end is in its own record, not the job's outcome
             self.to("succeeded")
         # "restart": the coordinator places the next attempt (begin_attempt)
-
-
-def short_peer(peer: str) -> str:
-    """How a person sees a host in a job's words: the last 8 characters of its peer id."""
-    return peer[-8:]
 
 
 def size(n: int) -> str:

@@ -71,6 +71,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
+from ..p2p.signed import short
 from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ..rpc.framing import FramingError, FrameTooLarge
 from .checkpoints import check_listed, check_name, is_sha256
@@ -985,7 +986,3 @@ def _reply(peer: str, reply: Any) -> dict[str, Any]:
     if "error" in reply:
         raise HostError(f"{short(peer)}: {reply['error']}")
     return reply
-
-
-def short(peer: str) -> str:
-    return f"{peer[:6]}…{peer[-4:]}" if len(peer) > 12 else peer

@@ -62,6 +62,8 @@ from typing import Any
 import structlog
 import trio
 
+from ..p2p.signed import short
+
 from .executor import Executor, RankProc
 from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
 from . import trees
@@ -230,7 +232,7 @@ class Worker:
             if {e.name for e in os.scandir(top)} <= {CACHE_DIR}:
                 trees.remove(top)
                 log.info("checkpoints put for a hold that ended before its job started here removed",
-                         job=job, coordinator=coordinator[-8:])
+                         job=job, coordinator=short(coordinator))
         except FileNotFoundError:
             pass
         except (OSError, WorkerError) as exc:  # gc removes it after retention

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .cert import CLOCK_SKEW
-from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal
+from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, short, unseal
 
 VERSION = 1
 KIND = "revoke"
