@@ -5,7 +5,7 @@
    enough free cores and memory.
 2. Too few fit: `NoFit` saying what was asked, which members fit, and each other member
    with its first reason ("need 3 nodes with ≥1 free GPU; 2 alive members fit: …; 1 other:
-   12D3Ko…9999 (no free GPU, 1 needed)"), at most MAX_LISTED of each. `exclude` may map a
+   Xq3e9999 (no free GPU, 1 needed)"), at most MAX_LISTED of each. `exclude` may map a
    host to why it refused a reservation, which is then its reason.
 3. One node: the least-loaded member that fits, ties by peer id.
 4. Several: the set whose worst pairwise RTT is smallest, then the lowest total load, then
