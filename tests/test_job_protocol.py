@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.compute.service import _role, role_to_wire
+from swarmd.compute.messages import role_from_wire, role_to_wire
 from swarmd.compute.torchenv import NodeRole
 
 ROLE = NodeRole(job_id="0123456789ab", node_rank=1, nnodes=2, procs_per_node=2, master_addr="10.211.0.1",
@@ -13,7 +13,7 @@ ROLE = NodeRole(job_id="0123456789ab", node_rank=1, nnodes=2, procs_per_node=2, 
 
 
 def test_the_coordinators_role_round_trips():
-    assert _role(role_to_wire(ROLE)) == ROLE
+    assert role_from_wire(role_to_wire(ROLE)) == ROLE
 
 
 @pytest.mark.parametrize("change, field", [
@@ -32,7 +32,7 @@ def test_the_coordinators_role_round_trips():
 ])
 def test_a_peers_role_out_of_range_is_refused(change, field):
     with pytest.raises(ValueError, match=field):
-        _role(role_to_wire(ROLE) | change)
+        role_from_wire(role_to_wire(ROLE) | change)
 
 
 # --- the handler, driven in-process ------------------------------------------------------
@@ -443,11 +443,11 @@ def test_an_honest_hosts_account_of_the_job_passes():
     ({"disk": 1}, "'limits' must be a map"), ("4G", "'limits' must be a map"),
 ])
 def test_a_peers_limits_out_of_range_are_refused(limits, why):
-    from swarmd.compute.service import _limits
+    from swarmd.compute.messages import limits_from_wire
 
     with pytest.raises(ValueError, match=why):
-        _limits(limits)
-    assert _limits({"cpus": 2, "mem_mb": 4096}) == {"cpus": 2.0, "mem_mb": 4096} and _limits(None) == {}
+        limits_from_wire(limits)
+    assert limits_from_wire({"cpus": 2, "mem_mb": 4096}) == {"cpus": 2.0, "mem_mb": 4096} and limits_from_wire(None) == {}
 
 
 def test_a_batch_of_lines_is_one_append(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The job protocol over libp2p (trio): a host's handler, and the coordinator's proxies.
 
-`/swarmd/job/2.0.0`: one stream per request. The first frame is ``{op, cert, job, …}`` and
+`/swarmd/job/2.0.0`: one stream per request (each op's fields typed and checked in
+messages.py). The first frame is ``{op, cert, job, …}`` and
 at most `MAX_SMALL_FRAME`: the requester's certificate is checked against the peer id
 Noise authenticated before anything else, then the host's submitter allowlist, then the
 job id (ids.py's format, nothing else), and only then is anything larger read. Ops:
@@ -55,10 +56,8 @@ the coordinator handles a host's failure in one place, never a stray exception t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import inspect
-import ipaddress
 import os
 import shutil
 from collections import Counter
@@ -74,17 +73,14 @@ from libp2p.peer.id import ID
 from ..p2p.signed import short
 from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ..rpc.framing import FramingError, FrameTooLarge
-from .checkpoints import check_listed, check_name, is_sha256
 from .ckptcache import CheckpointError, Incoming
 from . import forward as fwd
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
-from .rayhost import TOKEN
-from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
-from .torchenv import NodeRole
+from .messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
 from .worker import HEARTBEAT, CoordinatorGone, Refused, StartRequest, Worker, WorkerError
-from .workdir import DEFAULT_LIMIT, WorkdirError, is_digest
+from .workdir import DEFAULT_LIMIT, WorkdirError
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -95,9 +91,6 @@ MAX_START_FRAME = 4 * 1024 * 1024  # a job spec's largest cmd and env (spec.py) 
 REQUEST_TIMEOUT = 10.0
 CHUNK_TIMEOUT = 30.0  # seconds a workdir upload may pause between chunks
 WORKDIR_TIMEOUT = 600.0  # seconds a whole workdir upload may take (64 MiB at about 110 kB/s)
-MAX_LEASE = 300.0
-MAX_NODES = 1024  # as a job spec allows
-MAX_PROCS_PER_NODE = 256
 MAX_GPUS = 1024  # GPU indices a host's answer may name
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
@@ -270,13 +263,11 @@ class JobHandler:
                   stream: INetStream) -> dict[str, Any] | None:
         w = self.worker
         match op:
-            case "reserve":
-                ranks = _uint(req, "ranks")
-                if not 1 <= ranks <= MAX_PROCS_PER_NODE:
-                    raise ValueError(f"'ranks' must be 1-{MAX_PROCS_PER_NODE}")
-                return _answer(w.reserve(job, coordinator, _uint(req, "gpus"), ranks, _lease(req.get("lease"))))
-            case "commit":
-                return _answer(w.commit(job, coordinator), port=bool(req.get("port")))
+            case Reserve.OP:
+                r = Reserve.from_wire(req)
+                return _answer(w.reserve(job, coordinator, r.gpus, r.ranks, r.lease))
+            case Commit.OP:
+                return _answer(w.commit(job, coordinator), port=Commit.from_wire(req).port)
             case "release":
                 if isinstance(refusal := w.release(job, coordinator), Refusal):
                     raise Refused(refusal)
@@ -285,10 +276,10 @@ class JobHandler:
                 if isinstance(found := w.cancel(job, coordinator), Refusal):
                     raise Refused(found)
                 return {"found": found}
-            case "workdir":
-                return await self._receive_workdir(req, stream, job, coordinator)
-            case "forward":
-                port = _port(req.get("port"))
+            case Workdir.OP:
+                return await self._receive_workdir(Workdir.from_wire(req), stream, job, coordinator)
+            case Forward.OP:
+                port = Forward.from_wire(req).port
                 async with open_forward(w, job, coordinator, port) as (end, stop):
                     await write_frame(stream, {"port": port})
                     with self.streams.aside(coordinator):
@@ -298,10 +289,11 @@ class JobHandler:
                 if piped.why != "closed":  # not both ends done: the coordinator must not write on into it
                     await reset_quietly(stream)
                 return None
-            case "ckpt_put" | "ckpt_get":
-                serve = self._put_checkpoint if op == "ckpt_put" else self._get_checkpoint
+            case CkptPut.OP | CkptGet.OP:
                 try:
-                    return await serve(req, stream, job, coordinator)
+                    if op == CkptPut.OP:
+                        return await self._put_checkpoint(CkptPut.from_wire(req), stream, job, coordinator)
+                    return await self._get_checkpoint(CkptGet.from_wire(req), stream, job, coordinator)
                 except OSError as exc:  # this host's disk, not the request
                     raise WorkerError(f"this host's checkpoint cache: {exc}") from None
             case "start":
@@ -309,15 +301,10 @@ class JobHandler:
                     body = await read_frame(stream, MAX_START_FRAME)
                 if scope.cancelled_caught:
                     raise _Rejected("timeout", f"no start request within {REQUEST_TIMEOUT:g} s")
-                if not isinstance(body, dict):
-                    raise ValueError("the start request must be a map")
-                python, workdir = body.get("python"), body.get("workdir")
-                start = StartRequest(job=job, coordinator=coordinator, role=_role(body.get("role")),
-                                     cmd=tuple(_strings(body.get("cmd"), "cmd")), env=_env(body.get("env")),
-                                     python=_text(python, "python") if python is not None else None,
-                                     workdir=workdir if isinstance(workdir, str) else None,
-                                     checkpoints=check_listed(body.get("checkpoints"), w.checkpoint_max),
-                                     ray=_ray_token(body.get("ray")), **_limits(body.get("limits")))
+                asked = Start.from_wire(body, w.checkpoint_max)
+                start = StartRequest(job=job, coordinator=coordinator, role=asked.role, cmd=asked.cmd, env=asked.env,
+                                     python=asked.python, workdir=asked.workdir, checkpoints=asked.checkpoints,
+                                     ray=asked.ray, cpus=asked.cpus, mem_mb=asked.mem_mb)
 
                 async def emit(event: dict[str, Any]) -> None:
                     try:
@@ -330,11 +317,9 @@ class JobHandler:
             case _:
                 raise ValueError(f"unknown op {str(op)[:40]!r}")
 
-    async def _receive_workdir(self, req: dict[str, Any], stream: INetStream, job: str,
+    async def _receive_workdir(self, req: Workdir, stream: INetStream, job: str,
                                coordinator: str) -> dict[str, Any]:
-        digest, size = req.get("digest"), _uint(req, "size")
-        if not is_digest(digest):
-            raise ValueError("'digest' must be a sha256 hex digest")
+        digest, size = req.digest, req.size
         if self.worker.ledger.state_of(job, coordinator) not in ("leased", "committed"):
             raise Refused(Refusal(f"job {job} holds no reservation on this host to ship a workdir for",
                                   "no_reservation"))
@@ -393,15 +378,12 @@ class JobHandler:
             if self._transfers[peer] <= 0:
                 del self._transfers[peer]
 
-    async def _put_checkpoint(self, req: dict[str, Any], stream: INetStream, job: str,
+    async def _put_checkpoint(self, req: CkptPut, stream: INetStream, job: str,
                               coordinator: str) -> dict[str, Any]:
         """A checkpoint of the requester's job into its cache here: ``{have: true}`` when it
         is here already, else ``{have: false}``, its chunks, and ``{}`` once verified."""
         w = self.worker
-        check_name(req.get("name"))
-        sha, size = req.get("sha256"), _uint(req, "size")
-        if not is_sha256(sha):
-            raise ValueError("'sha256' must be 64 lowercase hex digits")
+        sha, size = req.sha256, req.size
         if size > w.checkpoint_max:
             raise _Rejected("too_large", f"a checkpoint of {size} bytes is over this host's checkpoint_max of "
                                          f"{w.checkpoint_max}")
@@ -445,13 +427,11 @@ class JobHandler:
         await _receive_chunks(stream, incoming.size, transfer_timeout(incoming.size), "checkpoint", take,
                               size_code="checkpoint_size")
 
-    async def _get_checkpoint(self, req: dict[str, Any], stream: INetStream, job: str,
+    async def _get_checkpoint(self, req: CkptGet, stream: INetStream, job: str,
                               coordinator: str) -> dict[str, Any]:
         """A checkpoint from the requester's own cache of its job: ``{size}``, its chunks,
         ``{end}``."""
-        sha = req.get("sha256")
-        if not is_sha256(sha):
-            raise ValueError("'sha256' must be 64 lowercase hex digits")
+        sha = req.sha256
         path = self.worker.checkpoint_path(job, coordinator, sha)
         if path is None:
             raise WorkerError(f"checkpoint {sha[:12]} of job {job} is not on this host")
@@ -517,12 +497,6 @@ def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
     return reply
 
 
-def _port(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
-        raise ValueError("'port' must be an integer from 1 to 65535")
-    return v
-
-
 @contextlib.asynccontextmanager
 async def open_forward(worker: Worker, job: str, coordinator: str,
                        port: int) -> AsyncIterator[tuple[fwd.StreamEnd, trio.Event]]:
@@ -544,103 +518,6 @@ async def open_forward(worker: Worker, job: str, coordinator: str,
             yield end, stop
         finally:
             await end.aclose()
-
-
-def _lease(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= MAX_LEASE:
-        raise ValueError(f"'lease' must be 1-{MAX_LEASE:g} seconds")
-    return float(v)
-
-
-def _uint(req: dict[str, Any], name: str) -> int:
-    v = req.get(name, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**40:
-        raise ValueError(f"'{name}' must be a non-negative integer")
-    return v
-
-
-def _text(v: Any, name: str) -> str:
-    if not isinstance(v, str) or len(v) > MAX_TEXT or "\0" in v:
-        raise ValueError(f"'{name}' must be a string of at most {MAX_TEXT} characters")
-    return v
-
-
-def _strings(v: Any, name: str) -> list[str]:
-    if not isinstance(v, list) or not 1 <= len(v) <= MAX_CMD:
-        raise ValueError(f"'{name}' must be a list of 1-{MAX_CMD} strings")
-    return [_text(x, name) for x in v]
-
-
-def _env(v: Any) -> dict[str, str]:
-    if not isinstance(v, dict) or len(v) > MAX_ENV:
-        raise ValueError(f"'env' must map at most {MAX_ENV} names to strings")
-    for k, x in v.items():
-        if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
-            raise ValueError("'env' names must be letters, digits and _, not starting with a digit")
-        _text(x, f"env.{k}")
-    return v
-
-
-def _role(v: Any) -> NodeRole:
-    """A node's part in a job, from a peer: every number in range (a member's request must
-    not make this host start a thousand ranks), every address an IP."""
-    if not isinstance(v, dict):
-        raise ValueError("'role' must be a map")
-
-    def integer(name: str, low: int, high: int) -> int:
-        x = v.get(name)
-        if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high:
-            raise ValueError(f"'role.{name}' must be an integer from {low} to {high}")
-        return x
-
-    def ip(x: Any, name: str) -> str:
-        try:
-            if not isinstance(x, str) or "%" in x:  # a scoped address names an interface of this host
-                raise ValueError
-            return str(ipaddress.ip_address(x))
-        except ValueError:
-            raise ValueError(f"'role.{name}' must be an IP address (no zone)") from None
-
-    nnodes = integer("nnodes", 1, MAX_NODES)
-    ips = v.get("node_ips")
-    if not isinstance(ips, list) or len(ips) != nnodes:
-        raise ValueError("'role.node_ips' must list one address per node")
-    job = check_job_id(v.get("job_id"), "role.job_id")
-    return NodeRole(job_id=job, node_rank=integer("node_rank", 0, nnodes - 1), nnodes=nnodes,
-                    procs_per_node=integer("procs_per_node", 1, MAX_PROCS_PER_NODE),
-                    master_addr=ip(v.get("master_addr"), "master_addr"),
-                    master_port=integer("master_port", 1, 65535), ifname=None, gpus=(),
-                    node_ips=tuple(ip(x, "node_ips") for x in ips), checkpoint_dir="",
-                    restart_count=integer("restart_count", 0, 1_000_000),
-                    max_restarts=integer("max_restarts", 0, 1_000_000) if "max_restarts" in v else 0)
-
-
-def _ray_token(v: Any) -> str | None:
-    """A Ray job's auth token (rayhost.py), or None for a torch job."""
-    if v is None:
-        return None
-    if not isinstance(v, str) or not TOKEN.fullmatch(v):
-        raise ValueError("'ray' must be the job's Ray token: 64 lowercase hex characters")
-    return v
-
-
-def _limits(v: Any) -> dict[str, Any]:
-    """The job's --cpus and --mem for this host, from a peer: its sandbox's CPU quota and
-    memory limit (absent: this host's share per slot)."""
-    if v is None:
-        return {}
-    if not isinstance(v, dict) or set(v) - {"cpus", "mem_mb"}:
-        raise ValueError("'limits' must be a map of cpus and mem_mb")
-    cpus, mem = v.get("cpus", 0.0), v.get("mem_mb", 0)
-    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus <= MAX_CPUS:
-        raise ValueError(f"'limits.cpus' must be a number from 0 to {MAX_CPUS}")
-    if isinstance(mem, bool) or not isinstance(mem, int) or not 0 <= mem <= MAX_MEM_MB:
-        raise ValueError(f"'limits.mem_mb' must be an integer from 0 to {MAX_MEM_MB}")
-    return {"cpus": float(cpus), "mem_mb": mem}
-
-
-def role_to_wire(role: NodeRole) -> dict[str, Any]:
-    return {k: (list(x) if isinstance(x, tuple) else x) for k, x in dataclasses.asdict(role).items()}
 
 
 # --- the coordinator's side ---------------------------------------------------------------
@@ -748,10 +625,10 @@ class RemoteHost:
         return _reply(self.peer, reply)
 
     async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
-        return _gpus(self.peer, await self._call("reserve", job, gpus=gpus, ranks=ranks, lease=lease))
+        return _gpus(self.peer, await self._call(Reserve.OP, job, **Reserve(gpus, ranks, lease).to_wire()))
 
     async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
-        reply = await self._call("commit", job, port=port)
+        reply = await self._call(Commit.OP, job, **Commit(port).to_wire())
         granted = reply.get("port")
         if port and not (isinstance(granted, int) and not isinstance(granted, bool) and 1 <= granted <= 65535):
             raise HostError(f"{short(self.peer)}: commit: 'port' must be 1-65535")
@@ -771,7 +648,7 @@ class RemoteHost:
         opens = _forward_opens.setdefault(self.peer, trio.Semaphore(FORWARD_OPENS_PER_HOST))
         with trio.move_on_after(REQUEST_TIMEOUT) as scope:
             async with opens:
-                stream = await self._open("forward", job, port=port)
+                stream = await self._open(Forward.OP, job, **Forward(port).to_wire())
                 try:
                     with _host_errors(self.peer, "forward"):
                         answer = await read_frame(stream, MAX_SMALL_FRAME)
@@ -800,7 +677,7 @@ class RemoteHost:
                             f"{REQUEST_TIMEOUT + transfer_timeout(size):g} s")
 
     async def _put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
-        stream = await self._open("ckpt_put", job, name=name, sha256=sha, size=size)
+        stream = await self._open(CkptPut.OP, job, **CkptPut(name, sha, size).to_wire())
         try:
             with trio.move_on_after(REQUEST_TIMEOUT) as first:
                 have = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
@@ -837,7 +714,7 @@ class RemoteHost:
                             f"{REQUEST_TIMEOUT + transfer_timeout(size):g} s")
 
     async def _get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
-        stream = await self._open("ckpt_get", job, sha256=sha)
+        stream = await self._open(CkptGet.OP, job, **CkptGet(sha).to_wire())
         try:
             with trio.move_on_after(REQUEST_TIMEOUT) as first:
                 head = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
@@ -880,7 +757,7 @@ class RemoteHost:
             raise HostError(f"{short(self.peer)}: the workdir was not taken within {SHIP_TIMEOUT:g} s")
 
     async def _ship(self, job: str, digest: str, data: bytes, progress: Callable[[int], None]) -> None:
-        stream = await self._open("workdir", job, digest=digest, size=len(data))
+        stream = await self._open(Workdir.OP, job, **Workdir(digest, len(data)).to_wire())
         try:
             first = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
             if first.get("have"):
@@ -905,10 +782,9 @@ class RemoteHost:
         patience = FIRST_EVENT_TIMEOUT
         try:
             try:
-                await write_frame(stream, {"role": role_to_wire(req.role), "cmd": list(req.cmd), "env": req.env,
-                                           "python": req.python, "workdir": req.workdir,
-                                           "checkpoints": [list(c) for c in req.checkpoints],
-                                           "limits": {"cpus": req.cpus, "mem_mb": req.mem_mb}, "ray": req.ray})
+                await write_frame(stream, Start(role=req.role, cmd=req.cmd, env=req.env, python=req.python,
+                                                workdir=req.workdir, checkpoints=req.checkpoints, cpus=req.cpus,
+                                                mem_mb=req.mem_mb, ray=req.ray).to_wire())
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             while True:
