@@ -22,7 +22,8 @@ from swarmd.compute import service
 from swarmd.compute.ckptcache import CheckpointError, CkptCache
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.messages import role_to_wire
-from swarmd.compute.service import HostError, JobHandler, LocalHost, RemoteHost
+from swarmd.compute.hosts import HostError, LocalHost, RemoteHost
+from swarmd.compute.service import JobHandler
 from swarmd.compute.torchenv import NodeRole
 from swarmd.compute import worker as worker_mod
 from swarmd.compute.worker import StartRequest, Worker, WorkerError

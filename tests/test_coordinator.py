@@ -12,7 +12,7 @@ import trio
 from swarmd.compute.coordinator import Jobs
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.placement import Candidate
-from swarmd.compute.service import HostError
+from swarmd.compute.hosts import HostError
 from swarmd.compute.spec import JobSpec
 from swarmd.compute.store import JobStore
 from swarmd.compute.worker import StartRequest, Worker

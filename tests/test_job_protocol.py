@@ -48,7 +48,7 @@ import trio  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from swarmd.compute import service  # noqa: E402
+from swarmd.compute import hosts, service  # noqa: E402
 from swarmd.compute.ids import host_dir, is_host_dir  # noqa: E402
 from swarmd.compute.ledger import Ledger  # noqa: E402
 from swarmd.compute.service import JobHandler  # noqa: E402
@@ -379,7 +379,7 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
 from swarmd.compute.events import checked_event  # noqa: E402
 from swarmd.compute import output  # noqa: E402
 from swarmd.compute.output import MAX_BATCH_LINES  # noqa: E402
-from swarmd.compute.service import HostError, RemoteHost  # noqa: E402
+from swarmd.compute.hosts import HostError, RemoteHost  # noqa: E402
 from swarmd.compute.store import JobStore  # noqa: E402
 
 HOST_RANKS = range(2, 4)  # node 1 of a job with two ranks a node
@@ -481,7 +481,7 @@ async def test_a_host_gone_silent_fails_its_node_naming_it(autojump_clock):
         job_id=JOB, node_rank=0, nnodes=1, procs_per_node=1, master_addr="10.211.0.1", master_port=29500,
         ifname=None, gpus=(), node_ips=("10.211.0.1",), checkpoint_dir=""), cmd=("true",), env={},
         python=None, workdir=None)
-    for frames, patience in (([{"started": [0]}], service.EVENT_TIMEOUT), ([], service.FIRST_EVENT_TIMEOUT)):
+    for frames, patience in (([{"started": [0]}], hosts.EVENT_TIMEOUT), ([], hosts.FIRST_EVENT_TIMEOUT)):
         events: list = []
 
         async def emit(event) -> None:
@@ -549,8 +549,8 @@ async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_pat
 
     class Gone:
         async def get_checkpoint(self, job, sha, size, dest):
-            raise service.HostError("rank0host: checkpoint get: stream closed")
+            raise HostError("rank0host: checkpoint get: stream closed")
 
-    with pytest.raises(service.HostError, match="no live host gave checkpoint e3.pt: rank0host: checkpoint get"):
+    with pytest.raises(HostError, match="no live host gave checkpoint e3.pt: rank0host: checkpoint get"):
         await hub.fetch(run, {"rank0host": Gone()}, hub.checkpoints[-1])
     assert await hub.put_all(run, {"rank0host": Gone()}, ("rank0host",)) == (), "never resumed from a lost copy"

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from swarmd.compute.service import HostError, RemoteHost
+from swarmd.compute.hosts import HostError, RemoteHost
 from swarmd.rpc.framing import HEADER
 from fake_stream import FakeStream
 from test_forward import echo  # noqa: F401 - the fixture

@@ -23,7 +23,7 @@ import trio
 
 from ..rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError, Takeover, check_owner
 from .forward import StreamEnd, pipe
-from .service import HostError
+from .hosts import HostError
 from .spec import JobSpec, SpecError
 from .workdir import DEFAULT_LIMIT, WorkdirError
 

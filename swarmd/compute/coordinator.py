@@ -20,7 +20,7 @@ is released and the attempt placed again without it (`HostsRefused`), at most
 gang.MAX_ATTEMPTS times, rather than failing the job (issue 23 #4).
 
 A host's events are a peer's input (events.py): anything malformed is counted as
-`job_event` and the host is lost to the job. A host silent past service.EVENT_TIMEOUT is
+`job_event` and the host is lost to the job. A host silent past hosts.EVENT_TIMEOUT is
 lost too, so no host can leave a job running or shipping forever.
 """
 
@@ -52,7 +52,7 @@ from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
 from .run import TERMINAL, Run
 from .sandbox.box import Sandbox, Settings
-from .service import HostError, LocalHost, RemoteHost
+from .hosts import Host, HostError, LocalHost, RemoteHost
 from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole
@@ -75,7 +75,7 @@ class _Live:
     workdir: str | None = None
     shipped: int = 0
     ship_total: int = 0
-    hosts: dict[str, LocalHost | RemoteHost] = dataclasses.field(default_factory=dict)
+    hosts: dict[str, Host] = dataclasses.field(default_factory=dict)
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
     addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
@@ -192,7 +192,7 @@ class Jobs:
                 self._nursery.start_soon(_quietly, host.cancel, job)
         return live.run.state
 
-    def head(self, job: str) -> tuple[str, str, LocalHost | RemoteHost]:
+    def head(self, job: str) -> tuple[str, str, Host]:
         """The running job's first host (node rank 0: a Ray job's head), where `jobs forward`
         connects: (peer, its address, the host). HostError saying why when it is not running."""
         live = self.live.get(job)
@@ -396,7 +396,7 @@ class Jobs:
                 run.fail(f"could not reserve {describe(spec)} after {attempts} attempts: {why}")
                 return None
 
-    async def _reserve(self, job: str, spec: JobSpec, hosts: dict[str, LocalHost | RemoteHost]) -> gangmod.Commit | gangmod.Release:
+    async def _reserve(self, job: str, spec: JobSpec, hosts: dict[str, Host]) -> gangmod.Commit | gangmod.Release:
         g = gangmod.Gang(peers=tuple(hosts), deadline=trio.current_time() + gangmod.RESERVE_TIMEOUT)
 
         async def one(peer: str) -> None:
@@ -413,7 +413,7 @@ class Jobs:
         assert decision is not None
         return decision
 
-    async def _commit(self, job: str, hosts: dict[str, LocalHost | RemoteHost], order: tuple[str, ...],
+    async def _commit(self, job: str, hosts: dict[str, Host], order: tuple[str, ...],
                       held: gangmod.Commit) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int]:
         port = 0
         gpus: dict[str, tuple[int, ...]] = {}
@@ -436,7 +436,7 @@ class Jobs:
 
         refused: dict[str, str] = {}
 
-        async def one(peer: str, host: LocalHost | RemoteHost) -> None:
+        async def one(peer: str, host: Host) -> None:
             try:
                 await host.ship(job, digest, archive, lambda n: progress(peer, n))
             except HostError as exc:
@@ -591,7 +591,7 @@ class Jobs:
 
     # --- the view -----------------------------------------------------------------------
 
-    def _host(self, peer: str) -> LocalHost | RemoteHost:
+    def _host(self, peer: str) -> Host:
         if peer == self.gossip.me:
             return LocalHost(peer, self.worker)
         assert self.gossip.swarm is not None

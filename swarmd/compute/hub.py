@@ -33,12 +33,11 @@ from .checkpoints import choose_replica
 from ..p2p.signed import short
 from .placement import Rtt
 from .run import Run
-from .service import HostError, LocalHost, RemoteHost
+from .hosts import Host, HostError
 from .worker import Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")
 
-Host = LocalHost | RemoteHost
 Listed = tuple[tuple[str, str, int], ...]  # (name, sha256, size) as a start request lists them
 
 
