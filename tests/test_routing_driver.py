@@ -65,7 +65,7 @@ class FakeGossip:
         self.rejected: list[tuple[str, str, str]] = []
         self.pings: list[tuple[float, str]] = []
         self.relay_down: set[str] = set()  # relays whose pings fail (at once: connection refused)
-        self.probes = SimpleNamespace(ping=self._ping)
+        self.ping = self._ping
 
     def view(self) -> View:
         return self._view

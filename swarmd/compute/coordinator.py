@@ -40,7 +40,6 @@ import structlog
 import trio
 
 from ..gossip.membership import View
-from ..gossip.service import Gossip
 from ..gossip.wire import JobSlots, Record
 from ..p2p import multiaddrs
 from ..p2p.signed import short
@@ -50,6 +49,7 @@ from .events import checked_event
 from .hub import HostsRefused, Hub, Listed
 from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
+from .ports import Swarm
 from .run import TERMINAL, Run
 from .sandbox.box import Sandbox, Settings
 from .hosts import Host, HostError, LocalHost, RemoteHost
@@ -86,7 +86,7 @@ class _Live:
 
 
 class Jobs:
-    def __init__(self, *, store: JobStore, worker: Worker, gossip: Gossip, archives: Path,
+    def __init__(self, *, store: JobStore, worker: Worker, gossip: Swarm, archives: Path,
                  retention: float = 7 * 86400.0, sandbox: Settings | None = None,
                  path_rtt: Callable[[], Rtt] | None = None) -> None:
         self.store = store

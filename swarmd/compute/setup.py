@@ -6,22 +6,18 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..gossip.service import Gossip
 from ..p2p import multiaddrs
 from .coordinator import Jobs
 from .ledger import Ledger
 from .placement import Rtt
+from .ports import Overlay, Swarm
 from .sandbox.box import Settings
 from .service import JOB_PROTOCOL, JobHandler
 from .store import JobStore
 from .worker import JobNodes, Worker
 from .workdir import Cache
-
-if TYPE_CHECKING:
-    from ..mesh import Mesh
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
 
@@ -34,7 +30,7 @@ def job_user(config: Config) -> str | None:
     return config.job_user or "root"
 
 
-def from_config(config: Config, gossip: Gossip, mesh: Mesh | None,
+def from_config(config: Config, gossip: Swarm, mesh: Overlay | None,
                 path_rtt: Callable[[], Rtt] | None = None) -> Jobs:
     """The job service of this node. `path_rtt`: routing's measure of a pair by the path its
     traffic takes (Jobs' header); without it placement reads the probes in the view."""
@@ -60,7 +56,7 @@ def from_config(config: Config, gossip: Gossip, mesh: Mesh | None,
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt)
 
 
-def job_nodes(gossip: Gossip, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:
+def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:
     """What a job whose nodes are at `ips` (a coordinator's word) may reach. With the mesh
     up: only those that are a member's overlay address (the owner certified it). Without:
     only those a member is connected from right now (its record's addresses are its own
@@ -90,7 +86,7 @@ def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:
     return {endpoint for addr in addrs if (endpoint := multiaddrs.tcp_endpoint(addr)) is not None}
 
 
-def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:
+def _connected_ips(gossip: Swarm, peers: list[str]) -> set[str]:
     """The remote addresses of our live connections to `peers` (Noise authenticated them)."""
     from libp2p.peer.id import ID
 
@@ -109,7 +105,7 @@ def _connected_ips(gossip: Gossip, peers: list[str]) -> set[str]:
     return found
 
 
-def coordinator_gone(gossip: Gossip, peer: str) -> str | None:
+def coordinator_gone(gossip: Swarm, peer: str) -> str | None:
     """"dead" or "left" when membership says so of `peer`, else None. A coordinator missing
     from the view is not gone: a member that just joined may start a job before its record
     reached this host."""

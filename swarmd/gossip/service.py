@@ -139,6 +139,11 @@ class Gossip:
     def reject(self, reason: str, peer: str, detail: str) -> None:
         self.rejects.reject(reason, peer, detail)
 
+    async def ping(self, peer: str, timeout: float) -> float | None:
+        """The RTT to ``peer`` in seconds (dialled if need be), None without an answer within
+        ``timeout``: what routing measures its legs with."""
+        return await self.probes.ping(peer, timeout)
+
     def is_member(self, peer: str) -> bool:
         """Whether ``peer`` (authenticated by its connection) showed a valid certificate of the
         swarm: in a sync's hello, or in a record of the view; not revoked nor excluded."""

@@ -411,6 +411,6 @@ class Routing(Readout):
         return False
 
     async def _measure(self, peer: str) -> None:
-        rtt = await self.g.probes.ping(peer, MEASURE_TIMEOUT)
+        rtt = await self.g.ping(peer, MEASURE_TIMEOUT)
         if rtt is not None:
             self.rtt_observed(peer, rtt, probe=False)

@@ -230,7 +230,7 @@ class Sessions:
         return None
 
     async def _ping(self, s: Session) -> None:
-        rtt = await self.r.g.probes.ping(s.relay, PING_TIMEOUT)
+        rtt = await self.r.g.ping(s.relay, PING_TIMEOUT)
         if self.by_peer.get(s.peer) is not s:
             return
         if rtt is not None:
