@@ -11,7 +11,6 @@ import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -23,36 +22,17 @@ from swarmd.compute.ckptcache import CheckpointError, CkptCache
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.messages import role_to_wire
 from swarmd.compute.hosts import HostError, LocalHost, RemoteHost
-from swarmd.compute.service import JobHandler
+from swarmd.compute.service import JOB_PROTOCOL, JobHandler
 from swarmd.compute.torchenv import NodeRole
 from swarmd.compute import worker as worker_mod
 from swarmd.compute.worker import StartRequest, Worker, WorkerError
 from swarmd.compute.workdir import Cache
 from swarmd.rpc.framing import HEADER, encode_frame
 from fake_stream import FakeStream
+from swarmd.testing import FakeNet
 
 JOB = "0123456789ab"
 PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # the host, as the coordinator names it
-
-
-class Pipe:
-    """One end of an in-memory duplex job stream; `peer` is who the other end is."""
-
-    def __init__(self, peer: str, stream: trio.abc.HalfCloseableStream) -> None:
-        self.stream = stream
-        self.muxed_conn = SimpleNamespace(peer_id=peer)
-
-    async def read(self, n: int) -> bytes:
-        data = await self.stream.receive_some(n)
-        if not data:
-            raise EOFError("stream closed")
-        return data
-
-    async def write(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def close(self) -> None:
-        await self.stream.aclose()
 
 
 class Host:
@@ -78,16 +58,10 @@ class Host:
         return stream.replies()
 
     def remote(self, nursery: trio.Nursery, me: str) -> RemoteHost:
-        """The coordinator `me`'s proxy for this host."""
-        handler = self.handler
-
-        class Net:
-            async def new_stream(self, peer, protocols):
-                a, b = trio.testing.memory_stream_pair()
-                nursery.start_soon(handler.handle, Pipe(me, b))
-                return Pipe(PEER, a)
-
-        return RemoteHost(PEER, Net(), b"cert")  # type: ignore[arg-type]
+        """The coordinator `me`'s proxy for this host, over an in-memory network."""
+        net = FakeNet(nursery)
+        net.host(PEER).set_stream_handler(JOB_PROTOCOL, self.handler.handle)
+        return RemoteHost(PEER, net.host(me), b"cert")  # type: ignore[arg-type]
 
     def cached(self, coordinator: str) -> list[str]:
         return CkptCache(self.worker.job_dir(JOB, coordinator)).shas()
@@ -202,10 +176,9 @@ async def test_a_stalled_put_is_given_up_after_the_chunk_timeout(tmp_path, patie
     host = Host(tmp_path)
     path, sha = checkpoint(tmp_path, b"weights")
     async with trio.open_nursery() as nursery:
-        await hold(host.remote(nursery, "coord"))
-        a, b = trio.testing.memory_stream_pair()
-        nursery.start_soon(host.handler.handle, Pipe("coord", b))
-        client = Pipe(PEER, a)
+        coord = host.remote(nursery, "coord")
+        await hold(coord)
+        client = await coord.host.new_stream(PEER, [JOB_PROTOCOL])
         await client.write(encode_frame(req("ckpt_put", name="e1.pt", sha256=sha, size=7)))
         await client.write(encode_frame({"data": b"wei"}))
         began = trio.current_time()
