@@ -11,8 +11,6 @@ Rules:
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.peer.id import ID
 
 from .atomic import write_atomically
+from .keyfile import KeyFileError, read_private
 
 KEY_FILE = "identity.key"
 
@@ -69,23 +68,9 @@ def _identity(key: Ed25519PrivateKey, path: Path) -> Identity:
 
 def _load(path: Path) -> Identity:
     try:
-        st = path.stat()
-    except OSError as exc:
-        raise IdentityError(f"identity key {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise IdentityError(f"identity key {path} is not a regular file: move it away")
-    if st.st_mode & 0o077:
-        raise IdentityError(
-            f"identity key {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be readable "
-            f"by its owner only: run `chmod 600 {path}`")
-    if st.st_uid != os.geteuid():
-        raise IdentityError(
-            f"identity key {path} belongs to uid {st.st_uid}, not to the daemon's uid "
-            f"{os.geteuid()}: run `chown {os.geteuid()} {path}`")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise IdentityError(f"identity key {path}: {exc.strerror}") from None
+        data = read_private(path, "identity key")
+    except KeyFileError as exc:
+        raise IdentityError(str(exc)) from None
     try:
         key = deserialize_private_key(data)
         if key.get_type() != KeyType.Ed25519 or len(key.to_bytes()) != 32:

@@ -1,5 +1,6 @@
 import base64
 import json
+import os
 
 import pytest
 from nacl.signing import SigningKey
@@ -123,6 +124,27 @@ def test_owner_key_readable_by_others(tmp_path):
     with pytest.raises(SwarmStateError) as err:
         load(tmp_path, PEER)
     assert f"chmod 600 {tmp_path / OWNER_KEY}" in str(err.value)
+
+
+def test_an_owner_key_that_is_no_regular_file_of_ours_is_refused_at_start_not_read(tmp_path):
+    """The three private keys are read alike (keyfile.py): a FIFO left as the owner key was
+    read, and blocked the daemon's start for good; another uid's file was used."""
+    create(tmp_path, PEER, now=NOW)
+    key = tmp_path / OWNER_KEY
+    seed = key.read_bytes()
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    with pytest.raises(SwarmStateError, match=f"owner key {key} is not a regular file"):
+        load(tmp_path, PEER)
+    key.unlink()
+    key.write_bytes(seed)
+    key.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(key, 65534, 65534)
+        with pytest.raises(SwarmStateError, match=f"owner key {key} belongs to uid 65534"):
+            load(tmp_path, PEER)
+        os.chown(key, 0, 0)
+    assert load(tmp_path, PEER).owner_key is not None
 
 
 def test_owner_key_of_another_swarm(tmp_path):

@@ -28,6 +28,7 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from ..atomic import write_atomically
+from ..keyfile import KeyFileError, read_private
 from ..wg import address
 from .cert import MEMBER_ROLES, Cert, check_cert, issue_cert, swarm_id
 from .owner import Invites, Members, RegistryError
@@ -84,11 +85,13 @@ def load(state_dir: Path, peer: bytes) -> SwarmMembership | None:
     owner_key = None
     key_path = state_dir / OWNER_KEY
     if key_path.exists():
-        if key_path.stat().st_mode & 0o077:
-            raise SwarmStateError(f"owner key {key_path} is readable by others: run `chmod 600 {key_path}`")
         try:
-            owner_key = SigningKey(key_path.read_bytes())
-        except (OSError, ValueError) as exc:  # nacl: "The seed must be exactly 32 bytes long"
+            seed = read_private(key_path, "owner key")
+        except KeyFileError as exc:
+            raise SwarmStateError(str(exc)) from None
+        try:
+            owner_key = SigningKey(seed)
+        except ValueError as exc:  # nacl: "The seed must be exactly 32 bytes long"
             raise SwarmStateError(f"owner key {key_path} is damaged ({exc}): restore it from a backup") from None
         if bytes(owner_key.verify_key) != owner_public:
             raise SwarmStateError(f"owner key {key_path} does not belong to swarm {swarm}")

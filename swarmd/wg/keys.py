@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nacl.public import PrivateKey
 
 from ..atomic import write_atomically
+from ..keyfile import KeyFileError, read_private
 from .proof import KEY_LEN, PROOF_LEN, clamp, prove, verify_proof  # noqa: F401  (callers import them from here)
 
 KEY_FILE = "wg.key"
@@ -114,24 +113,11 @@ def _ensure_dir(state_dir: Path) -> None:
 
 def _load(path: Path) -> KeyPair:
     try:
-        st = path.stat()
-    except OSError as exc:
-        raise WgKeyError(f"WireGuard key {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise WgKeyError(f"WireGuard key {path} is not a regular file: move it away")
-    if st.st_mode & 0o077:
-        raise WgKeyError(
-            f"WireGuard key {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must be readable "
-            f"by its owner only: run `chmod 600 {path}`")
-    if st.st_uid != os.geteuid():
-        raise WgKeyError(
-            f"WireGuard key {path} belongs to uid {st.st_uid}, not to the daemon's uid "
-            f"{os.geteuid()}: run `chown {os.geteuid()} {path}`")
+        data = read_private(path, "WireGuard key")
+    except KeyFileError as exc:
+        raise WgKeyError(str(exc)) from None
     try:
-        text = path.read_bytes().decode("ascii")
-        private = _decode(text, "private key")
-    except OSError as exc:
-        raise WgKeyError(f"WireGuard key {path}: {exc.strerror}") from None
+        private = _decode(data.decode("ascii"), "private key")
     except (UnicodeDecodeError, ValueError) as exc:
         why = "not ASCII text" if isinstance(exc, UnicodeDecodeError) else str(exc)
         raise WgKeyError(
