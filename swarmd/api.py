@@ -11,7 +11,7 @@ import os
 import platform
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -29,9 +29,25 @@ from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
 
 if TYPE_CHECKING:
     from .gossip.membership import MemberView, View
-    from .node import Node
 
 MIN_WATCH_INTERVAL = 0.1
+
+
+class Node(Protocol):
+    """What the control API reads of the daemon (node.Node is the one; node.py builds the
+    methods with itself, so this module never imports it)."""
+
+    config: Any
+    identity: Any
+    gossip: Any
+    mesh: Any
+    mesh_off: str | None
+    routing: Any
+    jobs: Any
+    log: Any
+    log_level: str
+
+    def status(self) -> dict[str, Any]: ...
 
 
 def methods(node: Node) -> list[Method]:

@@ -32,7 +32,7 @@ whatever becomes of the legs (an asker reads a reply without ``legs`` as legs un
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from libp2p.abc import INetStream
@@ -42,9 +42,6 @@ from ..p2p.limits import TokenBuckets
 from ..p2p.streams import PeerError, close_quietly, read_frame, request, write_frame
 from ..rpc.framing import FrameTooLarge
 from ..vivaldi import Coordinate
-
-if TYPE_CHECKING:
-    from .service import Routing
 
 PROTOCOL = "/swarmd/coord/1.0.0"
 FRESH = 10.0  # seconds: a record's coordinate older than this is asked for again after a probe
@@ -59,8 +56,20 @@ LEGS_RATE = 0.1  # a second
 MAX_ASKERS = 4096  # members whose buckets are kept (least recently used dropped: it comes back full)
 
 
+class ExchangeHub(Protocol):
+    """What the coordinate and legs exchange reads of the routing driver (service.Routing is one)."""
+
+    g: Any  # the gossip driver: view, host, guarded, reject
+    client: Any  # vivaldi.Client: our coordinate
+    paths: Any  # paths.Paths: the legs asked and answered
+
+    def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None: ...
+
+    def legs_for(self, peers: list[str]) -> dict[str, float]: ...
+
+
 class Exchange:
-    def __init__(self, routing: Routing) -> None:
+    def __init__(self, routing: ExchangeHub) -> None:
         self.r = routing
         self.asked: dict[str, float] = {}  # peer -> when we last asked it (monotonic)
         self.fetched = 0

@@ -29,7 +29,7 @@ view change.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -42,9 +42,6 @@ from ..rpc.framing import FrameTooLarge
 from . import request as rq
 from .relay import End, Grant, Refused, Relay, unmap
 
-if TYPE_CHECKING:
-    from .service import Routing
-
 log = structlog.get_logger("swarmd.routing")
 
 # A suspect member keeps its pairs: any member can make another suspect for a moment, and the
@@ -56,8 +53,20 @@ APPLY_WAIT = 3.0  # seconds an answer waits for the rules that make its pair act
 # waits at most this much more (well inside APPLY_WAIT); a burst of changes becomes one write.
 APPLY_MIN_GAP = 0.2
 
+class RelayHub(Protocol):
+    """What the relay's protocol reads of the routing driver (service.Routing is one)."""
+
+    g: Any  # the gossip driver: check_member, swarm, me, view
+    metrics_rejected: Any  # a prometheus Counter, by reason
+    metrics_pairs: Any  # a prometheus Gauge
+
+    def own_ips(self) -> list[str]: ...
+
+    def proven(self, peer: str) -> tuple[str, int] | None: ...
+
+
 class RelayServer:
-    def __init__(self, routing: Routing, relay: Relay, forwarder: Any) -> None:
+    def __init__(self, routing: RelayHub, relay: Relay, forwarder: Any) -> None:
         self.r = routing
         self.relay = relay
         self.forwarder = forwarder

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -48,9 +49,6 @@ from ..p2p.streams import PeerError, request
 from ..wg.endpoint import format_endpoint
 from . import icmp
 from . import request as rq
-
-if TYPE_CHECKING:
-    from .service import Routing
 
 log = structlog.get_logger("swarmd.routing")
 
@@ -95,8 +93,24 @@ class Session:
         return format_endpoint(self.via_ip, self.port)
 
 
+class SessionsHub(Protocol):
+    """What our relayed paths read of the routing driver (service.Routing is one)."""
+
+    g: Any  # the gossip driver: view, ping
+
+    async def contained(self, fn: Callable[..., Any], *args: Any) -> None: ...
+
+    def paths_changed(self) -> None: ...
+
+    def overlay_address(self, peer: str) -> str | None: ...
+
+    def carried(self, peer: str) -> str | None: ...
+
+    def rtt_observed(self, peer: str, rtt: float, *, probe: bool = True) -> None: ...
+
+
 class Sessions:
-    def __init__(self, routing: Routing) -> None:
+    def __init__(self, routing: SessionsHub) -> None:
         self.r = routing
         self.by_peer: dict[str, Session] = {}
         self.nursery: trio.Nursery | None = None
