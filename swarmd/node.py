@@ -26,12 +26,12 @@ from .p2p.host import announce_addrs, keep_connected, make_host, mdns_connector
 from .gossip.membership import Timing
 from .gossip.service import Above, Gossip, JoinError
 from .identity import Identity
+from .mesh import driver as mesh_driver
 from .metrics import Metrics
-from .rpc.protocol import Dispatcher
 from .routing.service import Routing
+from .rpc.protocol import Dispatcher
 from .rpc.server import AccessPolicy, RpcServer, bind_unix
 from .sdnotify import Notifier
-from .mesh import driver as mesh_driver
 from .wg.backend import BackendError
 
 SHUTDOWN_GRACE = 3.0  # seconds libp2p gets to close; systemd's stop timeout is longer

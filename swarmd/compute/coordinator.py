@@ -46,13 +46,13 @@ from ..p2p.signed import short
 from . import gang as gangmod
 from . import gc
 from .events import checked_event
+from .hosts import Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
 from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
 from .ports import Swarm
 from .run import TERMINAL, Run
 from .sandbox.box import Sandbox, Settings
-from .hosts import Host, HostError, LocalHost, RemoteHost
 from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
 from .torchenv import NodeRole

@@ -32,8 +32,8 @@ from .ledger import Grant, Refusal
 from .messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
 from .service import (CHUNK, CHUNK_TIMEOUT, JOB_PROTOCOL, MAX_CHUNK_FRAME, REQUEST_TIMEOUT, WORKDIR_TIMEOUT,
                       open_forward, transfer_timeout)
-from .worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
 from .workdir import WorkdirError
+from .worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
 
 # forwards a coordinator opens to one host at once, until the host answered: a burst of local
 # connections (a load generator) must not meet that host's cap on unchecked streams

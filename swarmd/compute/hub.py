@@ -29,11 +29,11 @@ from typing import Any
 import structlog
 import trio
 
-from .checkpoints import choose_replica
 from ..p2p.signed import short
+from .checkpoints import choose_replica
+from .hosts import Host, HostError
 from .placement import Rtt
 from .run import Run
-from .hosts import Host, HostError
 from .worker import Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")

@@ -65,14 +65,14 @@ from libp2p.peer.id import ID
 
 from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ..rpc.framing import FrameTooLarge
-from .ckptcache import CheckpointError, Incoming
 from . import forward as fwd
+from .ckptcache import CheckpointError, Incoming
 from .executor import ExecutorError, free_port
 from .ids import check_job_id, is_job_id
 from .ledger import Grant, Refusal
 from .messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
-from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 from .workdir import DEFAULT_LIMIT, WorkdirError
+from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")
 

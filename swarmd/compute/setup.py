@@ -16,8 +16,8 @@ from .ports import Overlay, Swarm
 from .sandbox.box import Settings
 from .service import JOB_PROTOCOL, JobHandler
 from .store import JobStore
-from .worker import JobNodes, Worker
 from .workdir import Cache
+from .worker import JobNodes, Worker
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
 

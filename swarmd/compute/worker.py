@@ -64,13 +64,13 @@ import trio
 
 from ..p2p.signed import short
 
-from .executor import Executor, RankProc
-from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
 from . import trees
+from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
 from .ckptcache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCache, Watcher, clear_job_dir
+from .executor import Executor, RankProc
+from .forward import Forwards
 from .ids import check_job_id, host_dir
 from .ledger import Cancel, Grant, Ledger, Refusal
-from .forward import Forwards
 from .output import RankOutput
 from .rayhost import (RAY_STOP_GRACE, TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, make_temp_dir, rank_argv,
                       ray_cpus, ray_env, remove_temp_dirs, write_token)

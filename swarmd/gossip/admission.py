@@ -36,12 +36,12 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from multiaddr import Multiaddr
 
 from ..wg import address
+from ..p2p.signed import Invalid, peer_bytes
+from ..p2p.streams import JOIN_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
 from . import swarmstate
 from .cert import EXPIRY_WARNING, Cert, check_cert, read_ticket, renew_due
 from .owner import Refused
 from .revocation import MAX_SYNC, Revocation, Revocations, check_revocation, make_revocation
-from ..p2p.signed import Invalid, peer_bytes
-from ..p2p.streams import JOIN_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
 
 if TYPE_CHECKING:
     from .service import Gossip

@@ -26,9 +26,9 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from .cert import Cert, check_cert
 from ..p2p.signed import Invalid
 from ..p2p.streams import close_quietly, reset_quietly, write_frame
+from .cert import Cert, check_cert
 
 if TYPE_CHECKING:
     from .service import Gossip

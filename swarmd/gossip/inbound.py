@@ -33,9 +33,9 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from ..p2p.limits import TokenBuckets
+from ..p2p.signed import Invalid
 from .membership import REFUSED, State
 from .revocation import Revocation
-from ..p2p.signed import Invalid
 from .wire import Record, Rumor
 
 if TYPE_CHECKING:

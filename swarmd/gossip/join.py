@@ -19,9 +19,9 @@ from libp2p.abc import IHost
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from multiaddr import Multiaddr
 
-from .cert import Cert, Token, check_cert
 from ..p2p.signed import Invalid, peer_bytes
 from ..p2p.streams import JOIN_PROTOCOL, request
+from .cert import Cert, Token, check_cert
 from .swarmstate import SwarmMembership, save_joined
 
 log = structlog.get_logger("swarmd.gossip")

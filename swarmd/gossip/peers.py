@@ -23,9 +23,9 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from multiaddr import Multiaddr
 
+from ..p2p.streams import PeerError
 from .inbound import parses
 from .join import JOIN_TIMEOUT
-from ..p2p.streams import PeerError
 
 if TYPE_CHECKING:
     from .service import Gossip

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
+from ..p2p.signed import Invalid
 from .capacity import Collector, Resources
 from .membership import State
-from ..p2p.signed import Invalid
 from .wire import MAX_RTTS, Record, make_record
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .cert import CLOCK_SKEW
 from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, short, unseal
+from .cert import CLOCK_SKEW
 
 VERSION = 1
 KIND = "revoke"

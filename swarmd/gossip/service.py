@@ -37,6 +37,9 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
+from ..p2p.rejects import Rejects
+from ..p2p.signed import Signer
+from ..p2p.streams import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL, Pinger
 from . import pubsub as ps
 from .admission import Admission
 from .capacity import Collector, Resources
@@ -49,9 +52,6 @@ from .membership import Membership, Timing, View
 from .peers import Notifee, Peers
 from .probes import Probes
 from .records import OwnRecord
-from ..p2p.rejects import Rejects
-from ..p2p.signed import Signer
-from ..p2p.streams import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL, Pinger
 from .swarmstate import SwarmMembership
 from .sync import Syncs
 from .wire import JobSlots, MeshInfo, Record, Verifier

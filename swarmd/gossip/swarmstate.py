@@ -30,10 +30,10 @@ from nacl.signing import SigningKey
 from ..atomic import write_atomically
 from ..keyfile import KeyFileError, read_private
 from ..wg import address
+from ..p2p.signed import Invalid, Signer, peer_str
 from .cert import MEMBER_ROLES, Cert, check_cert, issue_cert, swarm_id
 from .owner import Invites, Members, RegistryError
 from .revocation import Revocation, check_revocation
-from ..p2p.signed import Invalid, Signer, peer_str
 
 SWARM_FILE = "swarm.json"
 OWNER_KEY = "owner.key"

@@ -36,10 +36,10 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from ..rpc.framing import FrameTooLarge
-from .membership import REFUSED
 from ..p2p.signed import Invalid
 from ..p2p.streams import MAX_SMALL_FRAME, MAX_SYNC_FRAME, SYNC_PROTOCOL, PeerError, close_quietly, open_stream, \
     read_frame, write_frame
+from .membership import REFUSED
 from .syncmerge import max_records, select_sync_records
 from .wire import Record
 

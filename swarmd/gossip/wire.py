@@ -44,15 +44,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..vivaldi import Coordinate
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
 from ..wg.proof import verify_proof
-from ..vivaldi import Coordinate
+from ..p2p import multiaddrs
+from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
-from ..p2p import multiaddrs
-from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 
 VERSION = 1
 MAX_MESSAGE = 64 * 1024  # a record with 64 GPUs is about 8 KiB

@@ -28,8 +28,7 @@ from multiaddr import Multiaddr
 from ..atomic import write_atomically
 from ..gossip.membership import State
 from ..gossip.wire import MeshInfo, wg_proof_message
-from ..wg import address, keys
-from ..wg import choose
+from ..wg import address, choose, keys
 from ..wg.backend import Backend, BackendUnavailable
 from ..wg.reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
 from ..wg.uapi import PeerConfig

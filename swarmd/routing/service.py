@@ -33,12 +33,12 @@ from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
 from ..gossip.wire import MAX_RTTS
+from ..vivaldi import Client, Coordinate
+from ..wg.endpoint import split_endpoint
 from . import exchange
 from . import request as rq
-from ..vivaldi import Client, Coordinate
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
-from ..wg.endpoint import split_endpoint
 from .sessions import Sessions
 
 log = structlog.get_logger("swarmd.routing")
