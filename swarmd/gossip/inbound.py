@@ -18,7 +18,8 @@ Each message meets three steps, in py-libp2p pubsub's order:
 
 Verifier.decode (its signature checks) runs once per message for all three steps: the
 decoded message is kept by a digest of its bytes, the last ``DECODED_KEEP`` of them (pubsub
-validates in its own task, and the subscription is read later). Every refusal is counted under its reason (rejects.py); the core's refusals (``REFUSED``) too.
+validates in its own task, and the subscription is read later). Every refusal is counted
+under its reason (p2p/rejects.py); the core's refusals (``REFUSED``) too.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A relay request on the wire: an end of a pair asks a member to relay the pair's packets.
 
-The request is a signed blob (signed.py), like a record: ``{v, k: "relay", swarm, peer,
+The request is a signed blob (p2p/signed.py), like a record: ``{v, k: "relay", swarm, peer,
 relay, other, via_ip, op, issued}``, where ``peer`` is the signer (one end of the pair),
 ``relay`` the member asked, ``other`` the pair's other end, ``via_ip`` the relay's IP this end
 sends to, ``op`` ``"relay"`` (ask or renew) or ``"release"`` (this end stopped using it). It
