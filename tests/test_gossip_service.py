@@ -283,6 +283,29 @@ async def test_a_message_is_verified_once_from_the_rate_check_to_its_merge(monke
     assert g.view().get(peer_str(OTHER_PEER)).record.seq == 14, "every record was merged"
 
 
+def test_the_same_bytes_arriving_again_later_are_checked_afresh(monkeypatch):
+    """The decode kept for the validator's read lasts DECODED_FOR seconds: a record replayed
+    after it expired is refused, not taken from what was kept when it was fresh."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from swarmd.gossip import inbound
+
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    blob = other_record(5, ["/ip4/192.0.2.7/tcp/4001"])
+    clock = [1000.0]
+    monkeypatch.setattr(inbound.time, "monotonic", lambda: clock[0])
+
+    async def check():
+        assert g.inbound.validate(ID(b"x"), rpc_pb2.Message(data=blob)) is True
+        clock[0] += inbound.DECODED_FOR + 1
+        later = time.time() + 300  # the record (ttl 120 s) has expired by then, its certificate not
+        monkeypatch.setattr(inbound.time, "time", lambda: later)
+        assert g.inbound.validate(ID(b"x"), rpc_pb2.Message(data=blob)) is False
+
+    trio.run(check)
+    assert g.rejected.get("stale") == 1, g.rejected
+
+
 # --- refute, then sync again (the core's Sync(by)) -------------------------------------------
 
 async def test_a_sync_that_made_us_refute_runs_once_more_and_no_more():

@@ -17,8 +17,10 @@ Each message meets three steps, in py-libp2p pubsub's order:
    counted and the next message is read.
 
 Verifier.decode (its signature checks) runs once per message for all three steps: the
-decoded message is kept by a digest of its bytes, the last ``DECODED_KEEP`` of them (pubsub
-validates in its own task, and the subscription is read later). Every refusal is counted
+decoded message is kept by a digest of its bytes, the last ``DECODED_KEEP`` of them, for
+``DECODED_FOR`` seconds (pubsub validates in its own task, and the subscription is read
+later; the same bytes arriving again later, a replay, are checked afresh: a record may
+have expired meanwhile). Every refusal is counted
 under its reason (p2p/rejects.py); the core's refusals (``REFUSED``) too.
 """
 
@@ -48,24 +50,27 @@ ADDR_TTL = 3600
 # ``record_rate``, and not held against the member that relayed it.
 RECORD_RATE, RECORD_BURST = 4.0, 20.0
 DECODED_KEEP = 256  # messages decoded by the validator, kept until the subscription reads them
+DECODED_FOR = 5.0  # seconds: from validation to the read is milliseconds; a replay is decoded again
 
 
 class Inbound:
     def __init__(self, gossip: Gossip) -> None:
         self.g = gossip
         self._record_rate = TokenBuckets(RECORD_RATE, RECORD_BURST)
-        self._decoded: OrderedDict[bytes, Any] = OrderedDict()  # digest of a message's bytes -> decoded
+        # digest of a message's bytes -> (decoded, when: time.monotonic())
+        self._decoded: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
 
     def decode(self, data: bytes) -> Any:
         """Verifier.decode, once per message for quiet_drop, the validator and the read that
         follow it (protobuf hands out a new bytes each time: kept by a digest). A message that
         fails is not kept: the validator drops it, it is never read."""
         key = hashlib.blake2b(data, digest_size=16).digest()
-        if (decoded := self._decoded.get(key)) is not None:
-            self._decoded.move_to_end(key)
-            return decoded
+        now = time.monotonic()
+        if (kept := self._decoded.pop(key, None)) is not None and now - kept[1] <= DECODED_FOR:
+            self._decoded[key] = kept
+            return kept[0]
         decoded = self.g.verifier.decode(data, time.time())  # type: ignore[union-attr]
-        self._decoded[key] = decoded
+        self._decoded[key] = (decoded, now)
         if len(self._decoded) > DECODED_KEEP:
             self._decoded.popitem(last=False)
         return decoded
