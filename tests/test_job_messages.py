@@ -50,7 +50,7 @@ def test_a_member_changing_a_field_is_refused_naming_it(kind, change, field):
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"cmd": []}, "'cmd'"), ({"cmd": ["a\0b"]}, "'cmd'"), ({"env": {"1X": "y"}}, "'env'"),
+    ({"workdir": "../../etc"}, "'workdir'"), ({"workdir": 7}, "'workdir'"), ({"cmd": []}, "'cmd'"), ({"cmd": ["a\0b"]}, "'cmd'"), ({"env": {"1X": "y"}}, "'env'"),
     ({"python": 3}, "'python'"), ({"ray": "nope"}, "'ray'"), ({"limits": {"cpus": 1e9}}, "'limits.cpus'"),
     ({"limits": {"gpus": 1}}, "'limits'"), ({"role": {**Start(role=ROLE, cmd=("x",), env={}).to_wire()["role"],
                                                        "nnodes": 5000}}, "'role.nnodes'")])

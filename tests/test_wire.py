@@ -407,6 +407,11 @@ def test_record_addrs_with_a_port_outside_1_65535_are_refused(addr):
     assert reason(sealed(record_body(addrs=[addr]))) == "bad_address"
 
 
+def test_a_record_address_with_an_ipv6_zone_is_refused():
+    """A zone names an interface of the member's own host: no address anyone else can use."""
+    assert reason(sealed(record_body(addrs=["/ip6/2001:db8::1%eth0/tcp/4001"]))) == "malformed"
+
+
 @pytest.mark.parametrize("addr", ["ip4/192.0.2.1/tcp/1", "/ip4/192.0.2.300/tcp/1", "/ip6/zz/tcp/1", "/"])
 def test_unreadable_record_addrs_are_malformed(addr):
     assert reason(sealed(record_body(addrs=[addr]))) == "malformed"

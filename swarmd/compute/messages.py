@@ -160,9 +160,11 @@ class Start:
         if not isinstance(body, dict):
             raise ValueError("the start request must be a map")
         python, workdir = body.get("python"), body.get("workdir")
+        if workdir is not None and not is_digest(workdir):
+            raise ValueError("'workdir' must be a sha256 hex digest (the tree shipped for the job) or absent")
         return cls(role=role_from_wire(body.get("role")), cmd=tuple(_strings(body.get("cmd"), "cmd")),
                    env=_env(body.get("env")), python=_text(python, "python") if python is not None else None,
-                   workdir=workdir if isinstance(workdir, str) else None,
+                   workdir=workdir,
                    checkpoints=check_listed(body.get("checkpoints"), checkpoint_max),
                    ray=_ray_token(body.get("ray")), **limits_from_wire(body.get("limits")))
 

@@ -20,6 +20,8 @@ def parts(addr: str) -> tuple[IP | None, list[str]]:
     ip, ports = None, []
     for proto, value in zip(fields[1:], fields[2:]):
         if proto in ("ip4", "ip6") and ip is None:
+            if "%" in value:  # a zone names an interface of the host that wrote it: no address of ours
+                raise ValueError(f"{addr!r} names an IPv6 zone")
             ip = ipaddress.IPv4Address(value) if proto == "ip4" else ipaddress.IPv6Address(value)
         elif proto in ("tcp", "udp"):
             ports.append(value)
@@ -35,7 +37,7 @@ def is_port(value: str) -> bool:
 def ip_of(addr: str) -> IP | None:
     """The IP an ``/ip4/...`` or ``/ip6/...`` multiaddr starts with; None for anything else."""
     fields = addr.split("/")
-    if len(fields) < 3 or fields[0] != "" or fields[1] not in ("ip4", "ip6"):
+    if len(fields) < 3 or fields[0] != "" or fields[1] not in ("ip4", "ip6") or "%" in fields[2]:
         return None
     try:
         return ipaddress.IPv4Address(fields[2]) if fields[1] == "ip4" else ipaddress.IPv6Address(fields[2])

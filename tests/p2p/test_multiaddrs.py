@@ -13,14 +13,16 @@ from swarmd.p2p import multiaddrs
 def test_parts_gives_the_first_ip_and_every_port_value_unchecked():
     assert multiaddrs.parts("/ip4/192.0.2.1/tcp/4001/p2p/12D3KooW") == (ipaddress.IPv4Address("192.0.2.1"), ["4001"])
     assert multiaddrs.parts("/dns4/example.org/udp/x/quic") == (None, ["x"])
-    for bad in ("ip4/192.0.2.1/tcp/1", "/ip4", "/ip4/999.0.0.1/tcp/1", "/ip6/192.0.2.1/tcp/1", ""):
+    for bad in ("ip4/192.0.2.1/tcp/1", "/ip4", "/ip4/999.0.0.1/tcp/1", "/ip6/192.0.2.1/tcp/1", "",
+                "/ip6/2001:db8::1%eth0/tcp/1"):
         with pytest.raises(ValueError):
             multiaddrs.parts(bad)
 
 
 @pytest.mark.parametrize("addr, ip", [("/ip4/10.0.0.1/tcp/1", "10.0.0.1"), ("/ip6/fd00::1/tcp/1", "fd00::1"),
                                       ("/ip4/fd00::1/tcp/1", None), ("/ip6/10.0.0.1", None), ("/dns4/a/tcp/1", None),
-                                      ("/ip4/010.0.0.1", None), ("x/ip4/10.0.0.1", None), ("/ip4", None)])
+                                      ("/ip4/010.0.0.1", None), ("x/ip4/10.0.0.1", None), ("/ip4", None),
+                                      ("/ip6/2001:db8::1%eth0/tcp/1", None)])
 def test_ip_of_reads_only_an_ip_of_the_named_family(addr, ip):
     got = multiaddrs.ip_of(addr)
     assert (None if got is None else str(got)) == ip
