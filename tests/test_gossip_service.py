@@ -20,7 +20,7 @@ from swarmd.p2p.limits import Recent, TokenBuckets
 from swarmd.gossip.membership import Membership, Timing
 from swarmd.gossip.revocation import make_revocation
 from swarmd.gossip.inbound import RECORD_BURST
-from swarmd.gossip.service import Gossip
+from swarmd.gossip.service import Above, Gossip
 from swarmd.gossip.cert import issue_cert
 from swarmd.p2p.signed import peer_from_key, peer_str
 from swarmd.gossip.swarmstate import SwarmMembership
@@ -40,12 +40,12 @@ def mesh(addr4: str) -> MeshInfo:
                     endpoints=("192.0.2.1",), proof=prove(WG_KEY.private, wg_proof_message(SWARM, ME, WG_KEY.public)))
 
 
-def gossip(cert, peerstore=None) -> Gossip:
+def gossip(cert, peerstore=None, above: Above = Above()) -> Gossip:
     swarm = SwarmMembership(swarm=SWARM, owner_public=OWNER_PUBLIC, cert=cert, bootstrap=())
     host = SimpleNamespace(get_peerstore=lambda: peerstore, get_connected_peers=lambda: [])
     g = Gossip(host=host, sign=signer(NODE), peer=ME, swarm=swarm, timing=Timing.local(), labels={},
                addrs=lambda: ["/ip4/192.0.2.1/tcp/4001"], seq=1 << 32,
-               metrics=Metrics(version="test", peer_id=ME), rng=random.Random(1))
+               metrics=Metrics(version="test", peer_id=ME), rng=random.Random(1), above=above)
     g.verifier = Verifier(SWARM, OWNER_PUBLIC)
     return g
 
@@ -90,8 +90,9 @@ async def test_an_expired_certificate_stops_our_records_and_says_so_instead_of_r
 
 
 async def test_a_renewal_that_gives_a_legacy_certificate_an_address_keeps_publishing():
-    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))  # no addr4: a legacy certificate
-    g.mesh_info = lambda: mesh("10.211.3.4")  # the mesh's derived address
+    mesh_addr = ["10.211.3.4"]  # the mesh's derived address
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600),  # no addr4: a legacy certificate
+               above=Above(mesh_info=lambda: mesh(mesh_addr[0])))
     async with trio.open_nursery() as nursery:
         await running(g, nursery)
         g.readvertise()
@@ -104,7 +105,7 @@ async def test_a_renewal_that_gives_a_legacy_certificate_an_address_keeps_publis
         assert g.record_error is None and published(g), "a record is still published"
         assert g.own_record.wg is None, "without the mesh side until the mesh moves to the certificate's address"
         assert woken.is_set(), "the mesh is woken to re-address"
-        g.mesh_info = lambda: mesh("10.211.9.9")  # the mesh moved and re-advertises
+        mesh_addr[0] = "10.211.9.9"  # the mesh moved and re-advertises
         g.readvertise()
         flush(g, 30)
         assert g.own_record.wg.addr4 == "10.211.9.9"
@@ -328,7 +329,7 @@ async def test_a_sync_that_made_us_refute_runs_once_more_and_no_more():
                 claim = [ME, "dead", g.core.seq if liar else first]
                 return "refuted" if g.syncs.merge({"records": [], "claims": [claim]}, pid) else "done"
 
-            g.peers.ensure_connected, g.syncs._once = connected, once
+            g.syncs._connect, g.syncs._once = connected, once
             await g.syncs.sync(other)
             assert runs == [other, other], "once more after the refute, then no more"
             assert g.core.seq == first + (2 if liar else 1) and g.own_record.seq == g.core.seq

@@ -58,11 +58,16 @@ def peers_on(host: SlowHost, nursery: trio.Nursery | None, view=lambda: {}) -> P
     async def watch(pid, gated) -> None:
         pass
 
+    async def sync(peer) -> None:
+        pass
+
+    async def tell_revoked(pid, proof) -> None:
+        pass
+
     host.disconnect = disconnect
-    return Peers(SimpleNamespace(host=host, nursery=nursery, view=view, pinger=SimpleNamespace(forget=forget),
-                                 admission=SimpleNamespace(proof_of_revocation=lambda peer: None),
-                                 core=SimpleNamespace(), gate=SimpleNamespace(watch=watch),
-                                 syncs=SimpleNamespace(busy=lambda peer: True), excluded=set()))
+    shared = SimpleNamespace(host=host, nursery=nursery, view=view, excluded=set())
+    return Peers(shared, watch=watch, lost=lambda pid: None, busy=lambda peer: True, sync=sync, forget_ping=forget,
+                 proof_of_revocation=lambda peer: [], tell_revoked=tell_revoked)
 
 
 async def probe(peers: Peers, peer: str = "far") -> bool:

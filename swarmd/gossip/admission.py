@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 import trio
@@ -42,10 +42,8 @@ from . import swarmstate
 from .cert import EXPIRY_WARNING, Cert, check_cert, read_ticket, renew_due
 from .owner import Refused
 from .revocation import MAX_SYNC, Revocation, Revocations, check_revocation, make_revocation
-
-if TYPE_CHECKING:
-    from .service import Gossip
-    from .wire import Record
+from .state import Shared
+from .wire import MeshInfo, Record
 
 log = structlog.get_logger("swarmd.admission")
 
@@ -55,8 +53,15 @@ CHECK_INTERVAL = 1.0  # how often the clock-driven checks run (expiry, renewal d
 
 
 class Admission:
-    def __init__(self, gossip: Gossip) -> None:
-        self.gossip = gossip
+    """Wired by service.py: ``exclude`` takes a revoked member out of the view
+    (``Gossip.exclude_peer``), ``publish`` puts a revocation on the swarm topic,
+    ``readvertise`` publishes our record after a renewal, ``mesh_info`` is this node's side
+    of the mesh (its overlay address is in use)."""
+
+    def __init__(self, shared: Shared, *, exclude: Callable[[str, str], None], publish: Callable[[bytes], None],
+                 readvertise: Callable[[], None], mesh_info: Callable[[], MeshInfo | None]) -> None:
+        self.s = shared
+        self._exclude, self._publish, self._readvertise, self._mesh_info = exclude, publish, readvertise, mesh_info
         self.state_dir: Path | None = None  # None: nothing on disk (tests)
         self.network = address.DEFAULT_NETWORK
         self.revocations = Revocations()
@@ -71,7 +76,7 @@ class Admission:
 
     def start(self) -> None:
         """The swarm is known (at start or after a join): load the revocations kept on disk."""
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         assert swarm is not None
         if self.state_dir is None:
             return
@@ -89,7 +94,7 @@ class Admission:
         delay, next_try = RENEW_RETRY[0], 0.0
         while True:
             await trio.sleep(CHECK_INTERVAL)
-            swarm = self.gossip.swarm
+            swarm = self.s.swarm
             if swarm is None or self.revoked_self is not None:
                 continue
             now = time.time()
@@ -97,9 +102,9 @@ class Admission:
                 continue
             # a certificate without an address is due at once (cert.renew_due); an owner that still
             # gives none (older software) is asked again with backoff, not every second
-            ok = await self.renew() and self.gossip.swarm.cert.addr4 is not None
+            ok = await self.renew() and self.s.swarm.cert.addr4 is not None
             delay = RENEW_RETRY[0] if ok else min(RENEW_RETRY[1], delay * 2)
-            next_try = trio.current_time() + (0 if ok else self.gossip.rng.uniform(delay / 2, delay))
+            next_try = trio.current_time() + (0 if ok else self.s.rng.uniform(delay / 2, delay))
             self.renewal["next"] = None if ok else now + (next_try - trio.current_time())
 
     # --- revocations --------------------------------------------------------------------
@@ -117,36 +122,36 @@ class Admission:
         """Apply a revocation; True when it is news (the caller saves the list)."""
         if not self.revocations.add(r):
             return False
-        verifier = self.gossip.verifier
-        if verifier is not None and r.peer != self.gossip.me:  # our own record is still decoded here
+        verifier = self.s.verifier
+        if verifier is not None and r.peer != self.s.me:  # our own record is still decoded here
             verifier.revoked.add(r.peer)
-        if r.peer == self.gossip.me:
+        if r.peer == self.s.me:
             self.revoked_self = r
             log.error("this node's membership was revoked by the swarm's owner", reason=r.reason)
             return True
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         if swarm is not None and swarm.is_owner and self.state_dir is not None:
             members = swarmstate.load_members(self.state_dir)
             members.revoke(r.peer, r.issued)
             swarmstate.save_members(self.state_dir, members)
         log.warning("member revoked", peer=r.peer, reason=r.reason)
-        self.gossip.exclude_peer(r.peer, "revoked" + (f": {r.reason}" if r.reason else ""))
+        self._exclude(r.peer, "revoked" + (f": {r.reason}" if r.reason else ""))
         return True
 
     def merge(self, blobs: Any, peer: str) -> None:
         """The revocation list a sync payload carries."""
         if blobs is None:
             return
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         if not isinstance(blobs, list) or len(blobs) > MAX_SYNC or swarm is None:
-            self.gossip.reject("malformed", peer, f"sync.revoked: expected a list of at most {MAX_SYNC}")
+            self.s.reject("malformed", peer, f"sync.revoked: expected a list of at most {MAX_SYNC}")
             return
         news = False
         for blob in blobs:
             try:
                 r = check_revocation(blob, owner_public=swarm.owner_public, swarm=swarm.swarm, now=time.time())
             except Invalid as exc:
-                self.gossip.reject(exc.reason, peer, exc.detail)
+                self.s.reject(exc.reason, peer, exc.detail)
                 continue
             news |= self._learn(r)
         if news:
@@ -157,14 +162,14 @@ class Admission:
 
     def revoke(self, peer: str, reason: str) -> Revocation:
         """Owner: revoke ``peer`` here and tell the swarm."""
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         assert swarm is not None and swarm.is_owner
         existing = self.revocations.get(peer)
         if existing is not None:
             return existing
         r = make_revocation(swarmstate.owner_signer(swarm), swarm.swarm, peer, now=time.time(), reason=reason)
         self.received(r)
-        self.gossip.publish(r.blob)
+        self._publish(r.blob)
         return r
 
     def proof_of_revocation(self, peer: str) -> list[bytes]:
@@ -205,19 +210,19 @@ class Admission:
                     return
                 except (Refused, Invalid) as exc:
                     reason = exc.reason if isinstance(exc, Invalid) else "join_refused"
-                    self.gossip.reject(reason, str(peer), str(exc) if not isinstance(exc, Invalid) else exc.detail)
+                    self.s.reject(reason, str(peer), str(exc) if not isinstance(exc, Invalid) else exc.detail)
                     await write_frame(stream, {"error": exc.detail if isinstance(exc, Invalid) else str(exc)})
                     return
                 await write_frame(stream, {"cert": cert.blob})
                 log.info("certified", peer=str(peer), expires=round(cert.expires), addr4=cert.addr4,
                          renewal=isinstance(req, dict) and "renew" in req)
         except Exception as exc:
-            self.gossip.reject("join", str(peer), f"{exc.__class__.__name__}: {exc}")
+            self.s.reject("join", str(peer), f"{exc.__class__.__name__}: {exc}")
         finally:
             await close_quietly(stream)
 
     def _answer(self, req: Any, peer: str) -> Cert:
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         if swarm is None or not swarm.is_owner:
             raise Refused("this node does not hold the swarm's owner key")
         if not isinstance(req, dict) or ("ticket" in req) == ("renew" in req):
@@ -253,20 +258,20 @@ class Admission:
     def _addresses_in_use(self, peer: str) -> set[ipaddress.IPv4Address]:
         """Overlay addresses other members advertise or hold by certificate (ours too)."""
         out = set()
-        for m in self.gossip.view():
+        for m in self.s.view():
             if m.peer == peer:
                 continue
             for a in (m.record.wg.addr4 if m.record.wg else None, m.record.cert.addr4):
                 if a is not None:
                     out.add(ipaddress.IPv4Address(a))
-        own = self.gossip.mesh_info()
+        own = self._mesh_info()
         if own is not None:
             out.add(ipaddress.IPv4Address(own.addr4))
         return out
 
     def record_invite(self, ticket: bytes, uses: int) -> None:
         """Owner: remember an invite just made, so that a join can use it up."""
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         assert swarm is not None and self.state_dir is not None
         t = read_ticket(ticket, owner_public=swarm.owner_public, now=time.time())
         invites = swarmstate.load_invites(self.state_dir)
@@ -277,16 +282,16 @@ class Admission:
 
     async def renew(self) -> bool:
         """Ask the owner for a fresh certificate; True when one was saved."""
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         assert swarm is not None
         self.renewal["last"] = time.time()
         try:
             if swarm.is_owner:  # an owner certificate from before addresses gets one here
                 assert swarm.owner_key is not None
-                cert = swarmstate.certify(self.state_dir, swarm.owner_key, peer_bytes(self.gossip.me),
+                cert = swarmstate.certify(self.state_dir, swarm.owner_key, peer_bytes(self.s.me),
                                           now=time.time(), network=self.network, roles=swarm.cert.roles,
                                           ttl=max(60.0, swarm.cert.expires - swarm.cert.issued),
-                                          addr4=swarm.cert.addr4, in_use=self._addresses_in_use(self.gossip.me))
+                                          addr4=swarm.cert.addr4, in_use=self._addresses_in_use(self.s.me))
             else:
                 cert = await self._ask_owner(swarm)
         except (PeerError, Refused, Invalid, OSError, trio.TooSlowError) as exc:
@@ -298,17 +303,17 @@ class Admission:
         return True
 
     def adopt_cert(self, cert: Cert) -> None:
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         assert swarm is not None
         if self.state_dir is not None:
             swarm = swarmstate.save_cert(self.state_dir, swarm, cert)
         else:
             swarm = swarmstate.SwarmMembership(swarm=swarm.swarm, owner_public=swarm.owner_public, cert=cert,
                                                bootstrap=swarm.bootstrap, owner_key=swarm.owner_key)
-        self.gossip.swarm = swarm
+        self.s.swarm = swarm
         self.renewal["error"] = None
         log.info("certificate renewed", expires=round(cert.expires), addr4=cert.addr4)
-        self.gossip.readvertise()
+        self._readvertise()
 
     async def _ask_owner(self, swarm: swarmstate.SwarmMembership) -> Cert:
         errors = []
@@ -316,8 +321,8 @@ class Admission:
             try:
                 with trio.fail_after(JOIN_TIMEOUT):
                     if addrs:
-                        await self.gossip.host.connect(PeerInfo(pid, addrs))
-                    reply = await request(self.gossip.host, pid, JOIN_PROTOCOL, {"renew": swarm.cert.blob})
+                        await self.s.host.connect(PeerInfo(pid, addrs))
+                    reply = await request(self.s.host, pid, JOIN_PROTOCOL, {"renew": swarm.cert.blob})
             except Exception as exc:
                 errors.append(f"{pid}: {exc.__class__.__name__}: {exc}")
                 continue
@@ -325,7 +330,7 @@ class Admission:
                 reason = reply.get("error") if isinstance(reply, dict) else "a malformed answer"
                 raise Refused(f"the owner refused: {str(reason)[:300]}")
             cert = check_cert(reply["cert"], owner_public=swarm.owner_public, swarm=swarm.swarm,
-                              peer=peer_bytes(self.gossip.me), now=time.time())
+                              peer=peer_bytes(self.s.me), now=time.time())
             if cert.expires <= swarm.cert.expires:
                 raise Refused("the owner sent a certificate that expires no later than ours")
             return cert
@@ -333,7 +338,7 @@ class Admission:
 
     def _owner_candidates(self, swarm: swarmstate.SwarmMembership) -> list[tuple[ID, list[Multiaddr]]]:
         out: list[tuple[ID, list[Multiaddr]]] = []
-        for m in self.gossip.view():
+        for m in self.s.view():
             if "owner" in m.record.cert.roles:
                 out.append((ID.from_base58(m.peer), []))
         for addr in swarm.bootstrap:
@@ -348,7 +353,7 @@ class Admission:
     # --- status -------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        swarm = self.gossip.swarm
+        swarm = self.s.swarm
         now = time.time()
         out: dict[str, Any] = {"revoked": None if self.revoked_self is None else self.revoked_self.to_dict(),
                                "revocations": len(self.revocations)}

@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import trio
 from libp2p.peer.id import ID
@@ -39,10 +40,8 @@ from ..p2p.limits import TokenBuckets
 from ..p2p.signed import Invalid
 from .membership import REFUSED, State
 from .revocation import Revocation
-from .wire import Record, Rumor
-
-if TYPE_CHECKING:
-    from .service import Gossip
+from .state import Shared
+from .wire import MeshInfo, Record, Rumor
 
 ADDR_TTL = 3600
 # Valid records per publisher: an honest member publishes on a change and its refresh; the
@@ -54,8 +53,15 @@ DECODED_FOR = 5.0  # seconds: from validation to the read is milliseconds; a rep
 
 
 class Inbound:
-    def __init__(self, gossip: Gossip) -> None:
-        self.g = gossip
+    """Wired by service.py: ``revoked`` takes a checked revocation (admission), ``refuse_record``
+    says why a record must not enter the view (admission), ``acted`` lets the core act on what
+    was merged (loop.input), ``mesh_info`` is this node's side of the mesh (its WireGuard key)."""
+
+    def __init__(self, shared: Shared, *, revoked: Callable[[Revocation], None],
+                 refuse_record: Callable[[Record, Iterable[tuple[str, bytes]]], tuple[str, str] | None],
+                 acted: Callable[[], None], mesh_info: Callable[[], MeshInfo | None]) -> None:
+        self.s = shared
+        self._revoked, self._refuse_record, self._acted, self._mesh_info = revoked, refuse_record, acted, mesh_info
         self._record_rate = TokenBuckets(RECORD_RATE, RECORD_BURST)
         # digest of a message's bytes -> (decoded, when: time.monotonic())
         self._decoded: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
@@ -69,7 +75,7 @@ class Inbound:
         if (kept := self._decoded.pop(key, None)) is not None and now - kept[1] <= DECODED_FOR:
             self._decoded[key] = kept
             return kept[0]
-        decoded = self.g.verifier.decode(data, time.time())  # type: ignore[union-attr]
+        decoded = self.s.verifier.decode(data, time.time())  # type: ignore[union-attr]
         self._decoded[key] = (decoded, now)
         if len(self._decoded) > DECODED_KEEP:
             self._decoded.popitem(last=False)
@@ -77,24 +83,24 @@ class Inbound:
 
     def quiet_drop(self, forwarder: ID, msg: Any) -> bool:
         """Whether to drop ``msg`` before validation without counting it against ``forwarder``."""
-        g = self.g
+        s = self.s
         try:
             decoded = self.decode(msg.data)
         except Invalid:
             return False  # the validator counts it
         if isinstance(decoded, Rumor):
-            if g.core is not None and (why := g.core.screen(decoded)):
-                g.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
+            if s.core is not None and (why := s.core.screen(decoded)):
+                s.reject(why, decoded.sender, f"{decoded.kind} rumor about this node at incarnation "
                                               f"{decoded.incarnation}")
                 return True
             return False
-        if not isinstance(decoded, Record) or decoded.peer == g.me:
+        if not isinstance(decoded, Record) or decoded.peer == s.me:
             return False
         if self.refused(decoded):
             return True
         if self._record_rate.allow(decoded.peer, trio.current_time()):
             return False
-        g.reject("record_rate", decoded.peer,
+        s.reject("record_rate", decoded.peer,
                  f"more than {RECORD_RATE:g} records/s (burst {RECORD_BURST:g}); record seq {decoded.seq} dropped")
         return True
 
@@ -102,14 +108,14 @@ class Inbound:
         try:
             self.decode(msg.data)
         except Invalid as exc:
-            self.g.reject(exc.reason, str(forwarder), exc.detail)
+            self.s.reject(exc.reason, str(forwarder), exc.detail)
             return False
         return True
 
     async def read(self, subscription: Any) -> None:
         while True:
             msg = await subscription.get()
-            self.g.rejects.carried("in", len(msg.data))
+            self.s.rejects.carried("in", len(msg.data))
             try:
                 decoded = self.decode(msg.data)
             except Invalid:
@@ -118,55 +124,56 @@ class Inbound:
                 self.accept(decoded)
             except Exception as exc:  # a disk error saving a revocation, a bug: the next message is read
                 sender = getattr(decoded, "peer", None) or getattr(decoded, "sender", "?")
-                self.g.rejects.internal("handler", str(sender), f"gossip {decoded.__class__.__name__}", exc)
+                self.s.rejects.internal("handler", str(sender), f"gossip {decoded.__class__.__name__}", exc)
 
     def accept(self, msg: Record | Rumor | Revocation) -> str:
         """Merge a verified message; the core's result (or ``revocation``, ``refused``)."""
-        g = self.g
+        s = self.s
+        assert s.core is not None
         if isinstance(msg, Revocation):
-            g.admission.received(msg)
+            self._revoked(msg)
             return "revocation"
         if isinstance(msg, Record):
             if self.refused(msg):
                 return "refused"
-            result = g.core.receive_record(trio.current_time(), msg, time.time())
+            result = s.core.receive_record(trio.current_time(), msg, time.time())
             self.merged(msg, result)
         else:
-            result = g.core.receive_rumor(trio.current_time(), msg)
+            result = s.core.receive_rumor(trio.current_time(), msg)
             if result in REFUSED:
-                g.reject(result, msg.sender, f"{msg.kind} rumor about {msg.about} at incarnation {msg.incarnation}")
-        g.loop.input()
+                s.reject(result, msg.sender, f"{msg.kind} rumor about {msg.about} at incarnation {msg.incarnation}")
+        self._acted()
         return result
 
     def refused(self, record: Record, keys: list[tuple[str, bytes]] | None = None) -> bool:
         """Whether admission refuses ``record`` (counted), given the WireGuard keys held (``keys``;
         by default those of this node and the view)."""
-        if refused := self.g.admission.refuse_record(record, self.wg_keys() if keys is None else keys):
-            self.g.reject(refused[0], record.peer, refused[1])
+        if refused := self._refuse_record(record, self.wg_keys() if keys is None else keys):
+            self.s.reject(refused[0], record.peer, refused[1])
             return True
         return False
 
     def merged(self, record: Record, result: str) -> None:
         """Count what the core said of ``record``; a newer record's addresses replace its old ones."""
-        g = self.g
+        s = self.s
         if result == "old":  # a replay, or overtaken in flight
-            g.rejects.count("old_seq")
+            s.rejects.count("old_seq")
         elif result in REFUSED:
-            g.reject(result, record.peer, f"record seq {record.seq}")
+            s.reject(result, record.peer, f"record seq {record.seq}")
         if result in ("new", "updated"):
             addrs = [Multiaddr(a) for a in record.addrs if parses(a)]
-            if addrs and record.peer != g.me:  # the record's addresses replace the ones it replaces
-                store, pid = g.host.get_peerstore(), ID.from_base58(record.peer)
+            if addrs and record.peer != s.me:  # the record's addresses replace the ones it replaces
+                store, pid = s.host.get_peerstore(), ID.from_base58(record.peer)
                 store.clear_addrs(pid)
                 store.add_addrs(pid, addrs, ADDR_TTL)
-            g.changed()
+            s.changed()
 
     def wg_keys(self) -> list[tuple[str, bytes]]:
         """(peer, WireGuard key) of this node and the members in the view that advertise one."""
-        own = self.g.mesh_info()
-        return [(m.peer, m.record.wg.public) for m in self.g.view()
+        own = self._mesh_info()
+        return [(m.peer, m.record.wg.public) for m in self.s.view()
                 if m.record.wg is not None and m.state in (State.ALIVE, State.SUSPECT)] + \
-            ([(self.g.me, own.public)] if own is not None else [])
+            ([(self.s.me, own.public)] if own is not None else [])
 
 
 def parses(addr: str) -> bool:

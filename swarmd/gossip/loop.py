@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 import trio
 from libp2p.peer.id import ID
 
 from .membership import Changed, Probe, ProbeVia, PublishRecord, PublishRumor, State, Sync
+from .state import Shared
 from .wire import make_rumor
-
-if TYPE_CHECKING:
-    from .service import Gossip
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -38,22 +37,32 @@ INTERNAL_BACKOFF = 0.1  # after an unexpected error in the action loop: never a 
 
 
 class Loop:
-    def __init__(self, gossip: Gossip) -> None:
-        self.g = gossip
+    """The core's actions, each performed through what service.py wires in: ``make_record``
+    (records.py), ``probe`` and ``probe_via`` (probes.py), ``sync`` (sync.py), ``hang_up``
+    (peers.py), ``set_members`` (the members gauge)."""
+
+    def __init__(self, shared: Shared, *, make_record: Callable[[int], bytes | None],
+                 probe: Callable[[int, str, float], Awaitable[None]],
+                 probe_via: Callable[[int, str, str, float], Awaitable[None]],
+                 sync: Callable[[str], None], hang_up: Callable[[ID], Awaitable[None]],
+                 set_members: Callable[[dict[str, int]], None]) -> None:
+        self.s = shared
+        self._make_record, self._probe, self._probe_via = make_record, probe, probe_via
+        self._sync, self._hang_up, self._set_members = sync, hang_up, set_members
         self._wake = trio.Event()
         self.publish_send, self.publish_recv = trio.open_memory_channel[bytes](math.inf)
         self._publishing = False  # a publish is between the channel and the peers' queues
 
     async def timers(self) -> None:
         while True:
-            with trio.move_on_at(self.g.core.next_deadline()):
+            with trio.move_on_at(self.s.core.next_deadline()):  # type: ignore[union-attr]
                 await self._wake.wait()
             self._wake = trio.Event()
             try:
-                self.g.core.handle_timeout(trio.current_time())
+                self.s.core.handle_timeout(trio.current_time())  # type: ignore[union-attr]
                 self.perform()
             except Exception as exc:  # a disk error, a bug: the swarm task must go on
-                self.g.rejects.internal("internal", self.g.me, "timers", exc)
+                self.s.rejects.internal("internal", self.s.me, "timers", exc)
                 await trio.sleep(INTERNAL_BACKOFF)
 
     def wake(self) -> None:
@@ -65,40 +74,40 @@ class Loop:
         self._wake.set()
 
     def perform(self) -> None:
-        g = self.g
-        assert g.nursery is not None
-        for action in g.core.take_actions():
+        s = self.s
+        assert s.nursery is not None and s.core is not None
+        for action in s.core.take_actions():
             match action:
                 case PublishRecord(seq):
-                    if (blob := g.own.make(seq)) is not None:
+                    if (blob := self._make_record(seq)) is not None:
                         self.publish_send.send_nowait(blob)
                 case PublishRumor(kind, about, inc):
-                    swarm = g.swarm
+                    swarm = s.swarm
                     assert swarm is not None  # the core exists only in a swarm
                     self.publish_send.send_nowait(make_rumor(
-                        g.sign, kind=kind, swarm=swarm.swarm, sender=g.me, about=about,
+                        s.sign, kind=kind, swarm=swarm.swarm, sender=s.me, about=about,
                         incarnation=inc, issued=time.time(), cert=swarm.cert))
                 case Probe(pid, peer, timeout):
-                    g.nursery.start_soon(g.probes.probe, pid, peer, timeout)
+                    s.nursery.start_soon(self._probe, pid, peer, timeout)
                 case ProbeVia(pid, via, target, timeout):
-                    g.nursery.start_soon(g.probes.probe_via, pid, via, target, timeout)
+                    s.nursery.start_soon(self._probe_via, pid, via, target, timeout)
                 case Sync(peer):
-                    g.syncs.request(peer)
+                    self._sync(peer)
                 case Changed(peer, old, new, reason):
-                    g.changed()
+                    s.changed()
                     log.info("member " + (new.value if new else "removed"), member=peer,
                              was=old.value if old else None, reason=reason)
                     gone = new in (State.DEAD, State.LEFT) or (new is None and reason != "forgotten")
                     if gone:
-                        g.nursery.start_soon(g.peers.hang_up, ID.from_base58(peer))
-        g.metrics.set_members(g.core.counts())
+                        s.nursery.start_soon(self._hang_up, ID.from_base58(peer))
+        self._set_members(s.core.counts())
 
     async def publisher(self, pubsub: Any) -> None:
         async for blob in self.publish_recv:
             self._publishing = True
             try:
-                await pubsub.publish(self.g.topic, blob)
-                self.g.rejects.carried("out", len(blob))
+                await pubsub.publish(self.s.topic, blob)
+                self.s.rejects.carried("out", len(blob))
             except Exception as exc:
                 log.warning("publish failed", error=f"{exc.__class__.__name__}: {exc}")
             finally:

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import structlog
 import trio
@@ -26,9 +26,7 @@ from multiaddr import Multiaddr
 from ..p2p.streams import PeerError
 from .inbound import parses
 from .join import JOIN_TIMEOUT
-
-if TYPE_CHECKING:
-    from .service import Gossip
+from .state import Shared
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -70,48 +68,54 @@ class _Dial:
 
 
 class Peers:
-    def __init__(self, gossip: Gossip) -> None:
-        self.g = gossip
+    """Wired by service.py: ``watch`` is the gate's watch of a new connection, ``lost`` what
+    the others do when our last connection to a peer closes (the gate and pubsub forget it,
+    the core probes it), ``busy`` and ``sync`` are sync.py's, ``forget_ping`` drops the
+    peer's ping stream, and ``proof_of_revocation`` and ``tell_revoked`` tell a revoked member
+    before we hang up."""
+
+    def __init__(self, shared: Shared, *, watch: Callable[[ID, set[ID]], Awaitable[None]],
+                 lost: Callable[[ID], None], busy: Callable[[str], bool], sync: Callable[[str], Awaitable[None]],
+                 forget_ping: Callable[[ID], Awaitable[None]], proof_of_revocation: Callable[[str], list[bytes]],
+                 tell_revoked: Callable[[ID, list[bytes]], Awaitable[None]]) -> None:
+        self.s = shared
+        self._watch, self._lost, self._busy, self._sync = watch, lost, busy, sync
+        self._forget_ping, self._proof_of_revocation, self._tell_revoked = forget_ping, proof_of_revocation, tell_revoked
         self._dialing: dict[ID, _Dial] = {}
         self.events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](float("inf"))
 
     async def events(self) -> None:
-        g = self.g
-        assert g.core is not None
+        s = self.s
         gated: set[ID] = set()
         async for kind, pid in self._events_recv:
             peer = str(pid)
             if kind == "connected" and (dial := self._dialing.get(pid)) is not None:
                 dial.done.set()  # it reached us first: whoever waits for our dial has a connection now
             if kind == "disconnected":
-                if pid not in g.host.get_connected_peers():
-                    g.gate.checked.pop(peer, None)
-                    if g.pubsub is not None:
-                        g.pubsub.forget(pid)
-                    g.core.connection_lost(trio.current_time(), peer)
-                    g.loop.input()
+                if pid not in s.host.get_connected_peers():
+                    self._lost(pid)
                 continue
-            if pid not in gated and g.nursery:
+            if pid not in gated and s.nursery:
                 gated.add(pid)
-                g.nursery.start_soon(g.gate.watch, pid, gated)
-            if peer not in g.view() and not g.syncs.busy(peer) and peer not in g.excluded and g.nursery:
-                g.nursery.start_soon(g.syncs.sync, peer)  # a new peer: exchange views at once
+                s.nursery.start_soon(self._watch, pid, gated)
+            if peer not in s.view() and not self._busy(peer) and peer not in s.excluded and s.nursery:
+                s.nursery.start_soon(self._sync, peer)  # a new peer: exchange views at once
 
     async def hang_up(self, pid: ID) -> None:
         """Close what we hold to a member gone dead, left or excluded (or never checked), a
         dial to it under way included (it would connect us again)."""
-        g = self.g
+        host = self.s.host
         if (dial := self._dialing.get(pid)) is not None:
             dial.error = "cannot connect (hung up on)"
             dial.scope.cancel()
-        await g.pinger.forget(pid)
-        if pid in g.host.get_connected_peers() and (proof := g.admission.proof_of_revocation(str(pid))):
+        await self._forget_ping(pid)
+        if pid in host.get_connected_peers() and (proof := self._proof_of_revocation(str(pid))):
             with trio.move_on_after(2):  # a revoked member learns it now, not when its syncs start failing
-                await g.syncs.tell_revoked(pid, proof)
-        if pid in g.host.get_connected_peers():
+                await self._tell_revoked(pid, proof)
+        if pid in host.get_connected_peers():
             with trio.move_on_after(1):
                 try:
-                    await g.host.disconnect(pid)
+                    await host.disconnect(pid)
                 except Exception as exc:
                     log.debug("disconnect failed", peer=str(pid), error=f"{exc.__class__.__name__}: {exc}")
 
@@ -121,17 +125,17 @@ class Peers:
         several round trips (TCP, multistream-select, Noise, the muxer), about 1.2 s to a
         member 243 ms away, more than a probe's timeout; cut off with each probe, it would
         start over at every one and that member would never be probed directly again."""
-        g = self.g
-        if peer in g.host.get_connected_peers():
+        s = self.s
+        if peer in s.host.get_connected_peers():
             return
-        if g.nursery is None:
+        if s.nursery is None:
             return await self._dial(peer)
         dial = self._dialing.get(peer)
         if dial is None:
             dial = self._dialing[peer] = _Dial()
-            g.nursery.start_soon(self._dial_apart, peer, dial)
+            s.nursery.start_soon(self._dial_apart, peer, dial)
         await dial.done.wait()
-        if peer not in g.host.get_connected_peers():
+        if peer not in s.host.get_connected_peers():
             raise PeerError(dial.error or "cannot connect (the connection closed at once)")
 
     async def _dial_apart(self, peer: ID, dial: _Dial) -> None:
@@ -148,30 +152,30 @@ class Peers:
             dial.done.set()
 
     async def _dial(self, peer: ID) -> None:
-        g = self.g
-        m = g.view().get(str(peer))
+        s = self.s
+        m = s.view().get(str(peer))
         addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if parses(a)]
         if addrs:  # the signed record is the authority on where a member listens
-            g.host.get_peerstore().clear_addrs(peer)
+            s.host.get_peerstore().clear_addrs(peer)
         try:
-            await g.host.connect(PeerInfo(peer, addrs))
+            await s.host.connect(PeerInfo(peer, addrs))
         except Exception as exc:
             raise PeerError(f"cannot connect ({cause(exc)})") from None
 
     async def dial_bootstrap(self, addr: str) -> None:
-        g = self.g
+        s = self.s
         info = info_from_p2p_addr(Multiaddr(addr))
         delay = 0.5
-        while str(info.peer_id) not in g.view():
+        while str(info.peer_id) not in s.view():
             try:
                 with trio.move_on_after(JOIN_TIMEOUT):
-                    await g.host.connect(info)
-                    await g.syncs.sync(str(info.peer_id))
+                    await s.host.connect(info)
+                    await self._sync(str(info.peer_id))
             except Exception:
                 pass
-            if str(info.peer_id) in g.view():
+            if str(info.peer_id) in s.view():
                 return
-            await trio.sleep(g.rng.uniform(0, delay))
+            await trio.sleep(s.rng.uniform(0, delay))
             delay = min(30.0, delay * 2)
 
 

@@ -15,7 +15,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 from libp2p.abc import INetStream
@@ -24,68 +25,76 @@ from libp2p.peer.id import ID
 from ..rpc.framing import FrameTooLarge
 from ..p2p.signed import Invalid, peer_bytes, peer_str
 from ..p2p.streams import PROBE_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
-
-if TYPE_CHECKING:
-    from .service import Gossip
+from .state import Shared
 
 
 class Probes:
-    def __init__(self, gossip: Gossip) -> None:
-        self.g = gossip
+    """Wired by service.py: ``connect`` dials a peer if need be (peers.py), ``ping`` is one
+    round trip on the ping stream (p2p.streams.Pinger), ``acted`` lets the core act on a
+    result (loop.input), ``rtt_observed`` hands each RTT to routing, ``check_member`` is the
+    gate's check of a request's certificate."""
+
+    def __init__(self, shared: Shared, *, connect: Callable[[ID], Awaitable[None]],
+                 ping: Callable[[ID], Awaitable[float]], acted: Callable[[], None],
+                 rtt_observed: Callable[[str, float], None],
+                 check_member: Callable[[Any, ID, INetStream], Awaitable[bool]]) -> None:
+        self.s = shared
+        self._connect, self._ping, self._acted = connect, ping, acted
+        self._rtt_observed, self._check_member = rtt_observed, check_member
 
     async def ping(self, peer: str, timeout: float) -> float | None:
         """The RTT to ``peer`` in seconds, or None if it did not answer within ``timeout``."""
         pid = ID.from_base58(peer)
         with trio.move_on_after(timeout):
             try:
-                await self.g.peers.ensure_connected(pid)
-                return await self.g.pinger.ping(pid)
+                await self._connect(pid)
+                return await self._ping(pid)
             except PeerError:
                 return None
         return None
 
     async def probe(self, probe_id: int, peer: str, timeout: float) -> None:
         rtt = await self.ping(peer, timeout)
-        self.g.core.probe_result(trio.current_time(), probe_id, rtt is not None, rtt)
-        self.g.loop.input()
+        self.s.core.probe_result(trio.current_time(), probe_id, rtt is not None, rtt)  # type: ignore[union-attr]
+        self._acted()
         if rtt is not None:
-            self.g.rtt_observed(peer, rtt)
+            self._rtt_observed(peer, rtt)
 
     async def probe_via(self, probe_id: int, via: str, target: str, timeout: float) -> None:
-        g = self.g
-        assert g.swarm is not None
+        s = self.s
+        assert s.swarm is not None and s.core is not None
         ack = None
         with trio.move_on_after(timeout * 1.5 + 0.5):
             try:
                 pid = ID.from_base58(via)
-                await g.peers.ensure_connected(pid)
-                reply = await request(g.host, pid, PROBE_PROTOCOL, {
-                    "cert": g.swarm.cert.blob, "target": peer_bytes(target), "timeout": timeout})
+                await self._connect(pid)
+                reply = await request(s.host, pid, PROBE_PROTOCOL, {
+                    "cert": s.swarm.cert.blob, "target": peer_bytes(target), "timeout": timeout})
                 ack = bool(reply.get("ack")) if isinstance(reply, dict) else None
             except PeerError:
                 pass
         if ack is not None:
-            g.core.via_result(trio.current_time(), probe_id, via, ack)
-            g.loop.input()
+            s.core.via_result(trio.current_time(), probe_id, via, ack)
+            self._acted()
 
     async def handle_probe(self, stream: INetStream) -> None:
-        g = self.g
+        s = self.s
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(10):
                 req = await read_frame(stream, 4096)
-                if not await g.check_member(req, peer, stream):
+                if not await self._check_member(req, peer, stream):
                     return
                 target = peer_str(req["target"])
                 timeout = min(5.0, max(0.05, float(req.get("timeout", 1.0))))
-                if target not in g.view():  # members only: a probe must not make us dial just anyone
+                if target not in s.view():  # members only: a probe must not make us dial just anyone
                     await write_frame(stream, {"ack": False})
                     return
                 rtt = await self.ping(target, timeout)
                 await write_frame(stream, {"ack": rtt is not None})
         except FrameTooLarge as exc:
-            g.reject("too_large", str(peer), f"probe request: {exc}")
+            s.reject("too_large", str(peer), f"probe request: {exc}")
         except (PeerError, Invalid, KeyError, TypeError, ValueError, trio.TooSlowError) as exc:
-            g.reject("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
+            s.reject("malformed", str(peer), f"probe request: {exc.__class__.__name__}: {exc}")
         finally:
             await close_quietly(stream)

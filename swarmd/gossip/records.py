@@ -17,7 +17,8 @@ else the verifier refuses.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 import trio
@@ -25,10 +26,8 @@ import trio
 from ..p2p.signed import Invalid
 from .capacity import Collector, Resources
 from .membership import State
-from .wire import MAX_RTTS, Record, make_record
-
-if TYPE_CHECKING:
-    from .service import Gossip
+from .state import Shared
+from .wire import MAX_RTTS, JobSlots, MeshInfo, Record, make_record
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -36,8 +35,17 @@ SAMPLE_INTERVAL = 5.0  # capacity sampling; changes are advertised only when sig
 
 
 class OwnRecord:
-    def __init__(self, gossip: Gossip, collector: Collector) -> None:
-        self.g = gossip
+    """Wired by service.py: this node's ``addrs`` and ``labels``, the floors above's fields
+    (``mesh_info``, ``job_slots``, ``route_info``, ``recent_rtts``: service.Above), and
+    ``readvertise`` for a significant change of the resources."""
+
+    def __init__(self, shared: Shared, collector: Collector, *, addrs: Callable[[], list[str]],
+                 labels: Callable[[], dict[str, str]], mesh_info: Callable[[], MeshInfo | None],
+                 job_slots: Callable[[], JobSlots | None], route_info: Callable[[], dict[str, Any]],
+                 recent_rtts: Callable[[], dict[str, float] | None], readvertise: Callable[[], None]) -> None:
+        self.s = shared
+        self._addrs, self._labels, self._mesh_info, self._job_slots = addrs, labels, mesh_info, job_slots
+        self._route_info, self._recent_rtts, self._readvertise = route_info, recent_rtts, readvertise
         self.collector = collector
         self.resources: Resources = collector.sample()
         self.advertised: Resources = self.resources
@@ -46,25 +54,25 @@ class OwnRecord:
 
     def make(self, seq: int) -> bytes | None:
         """Our record with ``seq``, signed; None (``error`` says why) when it would be refused."""
-        g = self.g
-        assert g.swarm is not None
-        cert, now = g.swarm.cert, time.time()
+        s = self.s
+        assert s.swarm is not None and s.core is not None and s.verifier is not None
+        cert, now = s.swarm.cert, time.time()
         if cert.expires <= now:
             return self._none(f"this node's certificate expired at {round(cert.expires)}: not publishing "
                               f"records until it is renewed")
-        wg = g.mesh_info()
+        wg = self._mesh_info()
         if wg is not None and cert.addr4 is not None and wg.addr4 != cert.addr4:
             # a renewal gave an older certificate an address: every member would refuse a record
             # with the mesh's old one. Published without the mesh side until the mesh moves to it
             # (woken here; it re-advertises once it has).
             wg = None
-            g.changed()
+            s.changed()
         try:
-            blob = make_record(g.sign, swarm=g.swarm.swarm, peer=g.me, seq=seq, issued=now,
-                               ttl=g.core.record_ttl, addrs=g.addrs(), resources=self.resources,
-                               labels=g.labels, wg=wg, jobs=g.job_slots(), rtts=self.nearest_rtts(), cert=cert,
-                               **g.route_info())
-            own = g.verifier.decode(blob, now)  # type: ignore[union-attr]
+            blob = make_record(s.sign, swarm=s.swarm.swarm, peer=s.me, seq=seq, issued=now,
+                               ttl=s.core.record_ttl, addrs=self._addrs(), resources=self.resources,
+                               labels=self._labels(), wg=wg, jobs=self._job_slots(), rtts=self.nearest_rtts(),
+                               cert=cert, **self._route_info())
+            own = s.verifier.decode(blob, now)
         except (Invalid, ValueError) as exc:
             detail = f"{exc.reason}: {exc.detail}" if isinstance(exc, Invalid) else str(exc)
             return self._none(f"this node's own record would be refused ({detail}): not publishing it")
@@ -84,8 +92,8 @@ class OwnRecord:
     def nearest_rtts(self) -> dict[str, float]:
         """This node's RTTs to its nearest alive members, in ms: routing's recent ones when it
         runs (they rise again when a path slows), else the lowest the probes ever measured."""
-        view = self.g.view()
-        recent = self.g.recent_rtts()
+        view = self.s.view()
+        recent = self._recent_rtts()
         if recent is not None:
             measured = sorted((ms, peer) for peer, ms in recent.items()
                               if (m := view.get(peer)) is not None and m.state is State.ALIVE)
@@ -99,4 +107,4 @@ class OwnRecord:
             await trio.sleep(SAMPLE_INTERVAL)
             self.resources = await trio.to_thread.run_sync(self.collector.sample)
             if self.resources.significant_change(self.advertised):
-                self.g.readvertise()
+                self._readvertise()

@@ -1,8 +1,11 @@
 """The trio driver of membership: ``Gossip``, the one object the rest of the daemon holds.
 
 The sans-IO core (membership.py) decides; the driver only feeds it and performs what it
-returns, one module per concern:
+returns, one module per concern. Each helper reads the state they share (state.py) and is
+given, here and only here, the few callables it needs of the others: no helper holds
+another, or this object.
 
+- state.py     what the helpers share: host, swarm, core, verifier, exclusions, nursery
 - loop.py      the core's clock and actions (publish, probe, sync, changed members)
 - records.py   this node's own record, its capacity samples
 - inbound.py   gossip from the swarm topic: screened, validated, merged
@@ -52,6 +55,7 @@ from .membership import Membership, Timing, View
 from .peers import Notifee, Peers
 from .probes import Probes
 from .records import OwnRecord
+from .state import Shared
 from .swarmstate import SwarmMembership
 from .sync import Syncs
 from .wire import JobSlots, MeshInfo, Record, Verifier
@@ -80,41 +84,134 @@ class Gossip:
     def __init__(self, *, host: IHost, sign: Signer, peer: str, swarm: SwarmMembership | None,
                  timing: Timing, labels: dict[str, str], addrs: Callable[[], list[str]], seq: int,
                  metrics: Any, rng: Any, collector: Collector | None = None, above: Above = Above()) -> None:
-        self.host = host
-        self.sign = sign
-        self.me = peer
-        self.swarm = swarm
         self.timing = timing
         self.labels = dict(labels)
         self.addrs = addrs
         self.metrics = metrics
-        self.rng = rng
         self.seq = seq
-        self.core: Membership | None = None  # made when this node is in a swarm
-        self.verifier: Verifier | None = None  # made with the core
+        self.rejects = Rejects(metrics)
+        # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
+        self.traffic, self.rejected = self.rejects.traffic, self.rejects.rejected
+        self.shared = s = Shared(host=host, sign=sign, me=peer, swarm=swarm, rng=rng, rejects=self.rejects)
         self.pinger = Pinger(host)
         self.joined = trio.Event()
         if swarm is not None:
             self.joined.set()
-        # the floors above (Above): read by records, inbound, probes and admission
-        self.mesh_info, self.job_slots = above.mesh_info, above.job_slots
-        self.route_info, self.recent_rtts, self.rtt_observed = above.route_info, above.recent_rtts, above.rtt_observed
-        self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
-        self.excluded: dict[str, str] = {}  # kept here too: applied to the core once it exists
-        self.nursery: trio.Nursery | None = None
-        self.pubsub: Any = None
-        self.topic = ""
-        self.rejects = Rejects(metrics)
-        # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
-        self.traffic, self.rejected = self.rejects.traffic, self.rejects.rejected
-        self.own = OwnRecord(self, collector or Collector())
-        self.loop = Loop(self)
-        self.inbound = Inbound(self)
-        self.probes = Probes(self)
-        self.syncs = Syncs(self)
-        self.gate = Gate(self)
-        self.peers = Peers(self)
-        self.admission = Admission(self)  # joins, renewals, revocations: admission.py
+        self.mesh_info = above.mesh_info  # what admission and our own record read of the mesh
+
+        # the helpers, each given what it needs of the others (and nothing else)
+        self.own = OwnRecord(s, collector or Collector(), addrs=addrs, labels=lambda: self.labels,
+                             mesh_info=above.mesh_info, job_slots=above.job_slots, route_info=above.route_info,
+                             recent_rtts=above.recent_rtts, readvertise=self.readvertise)
+        self.admission = Admission(s, exclude=self.exclude_peer, publish=self.publish,  # joins, renewals, revocations
+                                   readvertise=self.readvertise, mesh_info=above.mesh_info)
+        self.peers = Peers(s, watch=self._watch, lost=self._lost, busy=self._sync_busy, sync=self._sync,
+                           forget_ping=self.pinger.forget, proof_of_revocation=self.admission.proof_of_revocation,
+                           tell_revoked=self._tell_revoked)
+        self.gate = Gate(s, refuses=self.admission.refuses, proof_of_revocation=self.admission.proof_of_revocation,
+                         merge_revocations=self.admission.merge, hang_up=self.peers.hang_up)
+        self.loop = Loop(s, make_record=self.own.make, probe=self._probe, probe_via=self._probe_via,
+                         sync=self._request_sync, hang_up=self.peers.hang_up, set_members=metrics.set_members)
+        self.inbound = Inbound(s, revoked=self.admission.received, refuse_record=self.admission.refuse_record,
+                               acted=self.loop.input, mesh_info=above.mesh_info)
+        self.probes = Probes(s, connect=self.peers.ensure_connected, ping=self.pinger.ping, acted=self.loop.input,
+                             rtt_observed=above.rtt_observed, check_member=self.gate.check_member)
+        self.syncs = Syncs(s, merge=self.inbound, connect=self.peers.ensure_connected, own_record=self._own_record,
+                           acted=self.loop.input, check_member=self.gate.check_member,
+                           hello_is_member=self.gate.hello_is_member, revocations=self.admission.for_sync,
+                           merge_revocations=self.admission.merge)
+
+    # --- callbacks between helpers: they call each other in circles (a probe's answer makes
+    # the loop act, the loop starts probes), so these forward to the helper at call time ---
+
+    def _own_record(self) -> Record | None:
+        return self.own.record
+
+    async def _watch(self, pid: ID, gated: set[ID]) -> None:
+        await self.gate.watch(pid, gated)
+
+    def _lost(self, pid: ID) -> None:
+        """Our last connection to ``pid`` closed: it shows its certificate again, pubsub drops
+        it, and the core probes it at once."""
+        self.gate.forget(str(pid))
+        if self.shared.pubsub is not None:
+            self.shared.pubsub.forget(pid)
+        if self.shared.core is not None:
+            self.shared.core.connection_lost(trio.current_time(), str(pid))
+            self.loop.input()
+
+    def _sync_busy(self, peer: str) -> bool:
+        return self.syncs.busy(peer)
+
+    async def _sync(self, peer: str) -> None:
+        await self.syncs.sync(peer)
+
+    def _request_sync(self, peer: str) -> None:
+        self.syncs.request(peer)
+
+    async def _tell_revoked(self, pid: ID, proof: list[bytes]) -> None:
+        await self.syncs.tell_revoked(pid, proof)
+
+    async def _probe(self, probe_id: int, peer: str, timeout: float) -> None:
+        await self.probes.probe(probe_id, peer, timeout)
+
+    async def _probe_via(self, probe_id: int, via: str, target: str, timeout: float) -> None:
+        await self.probes.probe_via(probe_id, via, target, timeout)
+
+    # --- the shared state, as the rest of the daemon (and tests) read it ----------------
+
+    @property
+    def host(self) -> IHost:
+        return self.shared.host
+
+    @property
+    def me(self) -> str:
+        return self.shared.me
+
+    @property
+    def swarm(self) -> SwarmMembership | None:
+        return self.shared.swarm
+
+    @swarm.setter
+    def swarm(self, swarm: SwarmMembership | None) -> None:
+        self.shared.swarm = swarm
+
+    @property
+    def core(self) -> Membership | None:
+        return self.shared.core
+
+    @core.setter
+    def core(self, core: Membership | None) -> None:
+        self.shared.core = core
+
+    @property
+    def verifier(self) -> Verifier | None:
+        return self.shared.verifier
+
+    @verifier.setter
+    def verifier(self, verifier: Verifier | None) -> None:
+        self.shared.verifier = verifier
+
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        return self.shared.nursery
+
+    @nursery.setter
+    def nursery(self, nursery: trio.Nursery | None) -> None:
+        self.shared.nursery = nursery
+
+    @property
+    def excluded(self) -> dict[str, str]:
+        return self.shared.excluded
+
+    @property
+    def pubsub(self) -> Any:
+        return self.shared.pubsub
+
+    @property
+    def view_changed(self) -> trio.Event:
+        """Set, and replaced, whenever a member or its record changes."""
+        return self.shared.view_changed
 
     # --- what others read ---------------------------------------------------------------
 
@@ -134,10 +231,10 @@ class Gossip:
     def view(self) -> View:
         """The membership as an immutable snapshot (the same object until something changes);
         what the mesh, placement and the control API read, from any thread."""
-        return self.core.view() if self.core is not None else View.empty(self.me)
+        return self.shared.view()
 
     def reject(self, reason: str, peer: str, detail: str) -> None:
-        self.rejects.reject(reason, peer, detail)
+        self.shared.reject(reason, peer, detail)
 
     async def ping(self, peer: str, timeout: float) -> float | None:
         """The RTT to ``peer`` in seconds (dialled if need be), None without an answer within
@@ -184,17 +281,17 @@ class Gossip:
         self.verifier = Verifier(self.swarm.swarm, self.swarm.owner_public, network=self.admission.network,
                                  local_addrs=self.addrs())
         self.admission.start()
-        self.core = Membership(self.me, self.seq, self.timing, self.rng, trio.current_time())
+        self.core = Membership(self.me, self.seq, self.timing, self.shared.rng, trio.current_time())
         for peer, reason in self.excluded.items():
             self.core.exclude(trio.current_time(), peer, reason)
-        self.topic = ps.topic(self.swarm.swarm)
+        topic = self.shared.topic = ps.topic(self.swarm.swarm)
         pubsub, router = ps.make_pubsub(self.host)
-        pubsub.set_topic_validator(self.topic, self.inbound.validate, False)
+        pubsub.set_topic_validator(topic, self.inbound.validate, False)
         pubsub.quiet_drop = self.inbound.quiet_drop
-        self.pubsub = pubsub
+        self.shared.pubsub = pubsub
         async with background_trio_service(pubsub), background_trio_service(router):
             await pubsub.wait_until_ready()
-            subscription = await pubsub.subscribe(self.topic)
+            subscription = await pubsub.subscribe(topic)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.loop.timers)
                 nursery.start_soon(self.inbound.read, subscription)
@@ -239,7 +336,7 @@ class Gossip:
         if peer == self.me:
             return
         self.excluded[peer] = reason
-        self.gate.checked.pop(peer, None)
+        self.gate.forget(peer)
         if self.pubsub is not None:
             self.pubsub.forget(ID.from_base58(peer))
         if self.core is not None:
@@ -258,8 +355,7 @@ class Gossip:
 
     def changed(self) -> None:
         """Wake whoever waits on ``view_changed``."""
-        self.view_changed.set()
-        self.view_changed = trio.Event()
+        self.shared.changed()
 
     def readvertise(self) -> None:
         """Something in this node's record changed (labels, mesh key or address): publish it."""

@@ -28,7 +28,8 @@ more), or starts one (when we were the responder).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -40,11 +41,10 @@ from ..p2p.signed import Invalid
 from ..p2p.streams import MAX_SMALL_FRAME, MAX_SYNC_FRAME, SYNC_PROTOCOL, PeerError, close_quietly, open_stream, \
     read_frame, write_frame
 from .membership import REFUSED
+from .revocation import Revocation
+from .state import Shared
 from .syncmerge import max_records, select_sync_records
-from .wire import Record
-
-if TYPE_CHECKING:
-    from .service import Gossip
+from .wire import Record, Rumor
 
 log = structlog.get_logger("swarmd.gossip")
 
@@ -52,9 +52,31 @@ SYNC_TIMEOUT = 5.0
 MAX_CLAIMS = 100_000
 
 
+class Merge(Protocol):
+    """What a sync's records and rumors go through, as if they came by gossip (inbound.Inbound)."""
+
+    def accept(self, msg: Record | Rumor | Revocation) -> str: ...
+    def refused(self, record: Record, keys: list[tuple[str, bytes]] | None = None) -> bool: ...
+    def merged(self, record: Record, result: str) -> None: ...
+    def wg_keys(self) -> list[tuple[str, bytes]]: ...
+
+
 class Syncs:
-    def __init__(self, gossip: Gossip) -> None:
-        self.g = gossip
+    """Wired by service.py: ``merge`` (inbound.py), ``connect`` dials a peer if need be
+    (peers.py), ``own_record`` is this node's newest record (records.py), ``acted`` lets the
+    core act on a merge (loop.input), ``check_member`` and ``hello_is_member`` are the gate's
+    checks of a requester and of a responder, ``revocations`` and ``merge_revocations`` are
+    admission's list to send and its merge of the one received."""
+
+    def __init__(self, shared: Shared, *, merge: Merge, connect: Callable[[ID], Awaitable[None]],
+                 own_record: Callable[[], Record | None], acted: Callable[[], None],
+                 check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
+                 hello_is_member: Callable[[Any, ID], bool], revocations: Callable[[], list[bytes]],
+                 merge_revocations: Callable[[Any, str], None]) -> None:
+        self.s = shared
+        self._inbound, self._connect, self._own_record, self._acted = merge, connect, own_record, acted
+        self._check_member, self._hello_is_member = check_member, hello_is_member
+        self._revocations, self._merge_revocations = revocations, merge_revocations
         self._syncing: set[str] = set()  # peers we are syncing with, as the requester
         self._again: set[str] = set()  # ... and that the core wants synced once more after it
 
@@ -66,45 +88,47 @@ class Syncs:
         (at most once more: the core asks again after a merge that made us refute)."""
         if peer in self._syncing:
             self._again.add(peer)
-        elif self.g.nursery is not None:
-            self.g.nursery.start_soon(self.sync, peer)
+        else:
+            self.s.start_soon(self.sync, peer)
 
     def payload(self) -> dict[str, Any]:
         """What a sync sends once the other side proved membership: every record we hold, our
         claims about members down, and the revocations we know."""
-        g = self.g
-        records = [m.record.blob for m in g.view()]
-        if g.own_record is not None:
-            records.append(g.own_record.blob)
-        return {"records": records, "claims": g.core.sync_claims(), "revoked": g.admission.for_sync()}
+        s, own = self.s, self._own_record()
+        assert s.core is not None
+        records = [m.record.blob for m in s.view()]
+        if own is not None:
+            records.append(own.blob)
+        return {"records": records, "claims": s.core.sync_claims(), "revoked": self._revocations()}
 
     def merge(self, payload: Any, peer: ID) -> bool:
         """Merge a member's payload through the core; True when it made us refute (the core
         then asks for another sync with the peer: ``request``)."""
-        g, by = self.g, str(peer)
+        s, by, inbound = self.s, str(peer), self._inbound
+        assert s.core is not None and s.verifier is not None
         if not isinstance(payload, dict) or not isinstance(payload.get("records", []), list) \
                 or not isinstance(payload.get("claims", []), list):
-            g.reject("malformed", by, "sync payload: expected {records: [...], claims: [...]}")
+            s.reject("malformed", by, "sync payload: expected {records: [...], claims: [...]}")
             return False
-        g.admission.merge(payload.get("revoked"), by)
-        view = g.view()
-        known = {m.record.blob for m in view} | ({g.own_record.blob} if g.own_record is not None else set())
+        self._merge_revocations(payload.get("revoked"), by)
+        view, own = s.view(), self._own_record()
+        known = {m.record.blob for m in view} | ({own.blob} if own is not None else set())
         records = payload.get("records", [])
         chosen = select_sync_records(records, known, len(view))
         if len(records) > max_records(len(view)) and len(chosen) >= max_records(len(view)):
-            g.reject("sync_records", by, f"sync payload: {len(records)} records for a view of {len(view)}; "
+            s.reject("sync_records", by, f"sync payload: {len(records)} records for a view of {len(view)}; "
                                          f"{len(chosen)} read")
         verified: list[Record] = []
-        keys = g.inbound.wg_keys()
+        keys = inbound.wg_keys()
         for blob in chosen:
             try:
-                msg = g.verifier.decode(blob, time.time())  # type: ignore[union-attr]
+                msg = s.verifier.decode(blob, time.time())
             except Invalid as exc:
-                g.reject(exc.reason, by, exc.detail)
+                s.reject(exc.reason, by, exc.detail)
                 continue
             if not isinstance(msg, Record):
-                g.inbound.accept(msg)  # a rumor or a revocation: as if it came by gossip
-            elif not g.inbound.refused(msg, keys):
+                inbound.accept(msg)  # a rumor or a revocation: as if it came by gossip
+            elif not inbound.refused(msg, keys):
                 verified.append(msg)
                 if msg.wg is not None:  # the first holder of a WireGuard key keeps it, within a sync too
                     keys.append((msg.peer, msg.wg.public))
@@ -112,27 +136,27 @@ class Syncs:
         for c in payload.get("claims", [])[:MAX_CLAIMS]:
             if not (isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str)
                     and isinstance(c[2], int) and not isinstance(c[2], bool)):
-                g.reject("malformed", by, f"sync claim {str(c)[:100]}: expected [peer, state, inc]")
+                s.reject("malformed", by, f"sync claim {str(c)[:100]}: expected [peer, state, inc]")
                 continue
-            if c[0] == g.me:  # about others, our own probes decide: the core reads only these
+            if c[0] == s.me:  # about others, our own probes decide: the core reads only these
                 claims.append((c[0], c[1], c[2]))
-        merged = g.core.merge_sync(trio.current_time(), verified, claims, by, time.time())
+        merged = s.core.merge_sync(trio.current_time(), verified, claims, by, time.time())
         for record, result in zip(verified, merged.records):
-            g.inbound.merged(record, result)
+            inbound.merged(record, result)
         accusations = [(state, inc) for _, state, inc in claims if state in ("suspect", "dead")]
         for (state, inc), result in zip(accusations, merged.claims):  # one result per accusation, in order
             if result in REFUSED:
-                g.reject(result, by, f"sync claim: this node {state} at incarnation {inc}")
-        g.loop.input()
+                s.reject(result, by, f"sync claim: this node {state} at incarnation {inc}")
+        self._acted()
         return merged.refuted
 
     async def _once(self, pid: ID) -> str:
-        g = self.g
-        assert g.swarm is not None
-        stream = await open_stream(g.host, pid, SYNC_PROTOCOL)
+        s = self.s
+        assert s.swarm is not None
+        stream = await open_stream(s.host, pid, SYNC_PROTOCOL)
         try:
-            await write_frame(stream, {"cert": g.swarm.cert.blob})
-            if not g.gate.hello_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):
+            await write_frame(stream, {"cert": s.swarm.cert.blob})
+            if not self._hello_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):
                 return "refused"
             theirs = await read_frame(stream, MAX_SYNC_FRAME)
             await write_frame(stream, self.payload())
@@ -142,15 +166,14 @@ class Syncs:
 
     async def sync(self, peer: str) -> None:
         """A sync with ``peer`` as the requester, within ``SYNC_TIMEOUT``."""
-        g = self.g
-        if peer in g.excluded:
+        if peer in self.s.excluded:
             return
         self._syncing.add(peer)
         pid = ID.from_base58(peer)
         started, outcome = trio.current_time(), "timeout"
         try:
             with trio.move_on_after(SYNC_TIMEOUT):
-                await g.peers.ensure_connected(pid)
+                await self._connect(pid)
                 outcome = await self._once(pid)
                 if peer in self._again:  # we had to refute: the peer still holds us down
                     self._again.discard(peer)
@@ -159,7 +182,7 @@ class Syncs:
             outcome = str(exc)
         except Exception as exc:  # a frame too large, a bad answer
             outcome = "rejected"
-            g.reject("sync", peer, f"{exc.__class__.__name__}: {exc}")
+            self.s.reject("sync", peer, f"{exc.__class__.__name__}: {exc}")
         finally:
             self._syncing.discard(peer)
             self._again.discard(peer)
@@ -167,14 +190,14 @@ class Syncs:
 
     async def tell_revoked(self, pid: ID, proof: list[bytes]) -> None:
         """A sync hello that carries the peer's own revocation and ends there (``bye``)."""
-        g = self.g
-        assert g.swarm is not None
+        s = self.s
+        assert s.swarm is not None
         try:
-            stream = await open_stream(g.host, pid, SYNC_PROTOCOL)
+            stream = await open_stream(s.host, pid, SYNC_PROTOCOL)
         except PeerError:
             return
         try:
-            await write_frame(stream, {"cert": g.swarm.cert.blob, "revoked": proof, "bye": True})
+            await write_frame(stream, {"cert": s.swarm.cert.blob, "revoked": proof, "bye": True})
         except PeerError:
             pass
         finally:
@@ -182,22 +205,22 @@ class Syncs:
 
     async def handle_sync(self, stream: INetStream) -> None:
         """The responder's side."""
-        g = self.g
+        s = self.s
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
                 hello = await read_frame(stream, MAX_SMALL_FRAME)  # nothing large before the certificate
-                if not await g.check_member(hello, peer, stream):
+                if not await self._check_member(hello, peer, stream):
                     return
                 if hello.get("bye") is True:  # a member that just revoked us tells us so, and goes
-                    g.admission.merge(hello.get("revoked"), str(peer))
+                    self._merge_revocations(hello.get("revoked"), str(peer))
                     return
-                await write_frame(stream, {"cert": g.swarm.cert.blob})  # type: ignore[union-attr]
+                await write_frame(stream, {"cert": s.swarm.cert.blob})  # type: ignore[union-attr]
                 await write_frame(stream, self.payload())
                 self.merge(await read_frame(stream, MAX_SYNC_FRAME), peer)  # a refute: the core asks for a sync back
         except FrameTooLarge as exc:
-            g.reject("too_large", str(peer), f"sync request: {exc}")
+            s.reject("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
-            g.reject("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
+            s.reject("sync", str(peer), f"sync request: {exc.__class__.__name__}: {exc}")
         finally:
             await close_quietly(stream)

@@ -1,0 +1,62 @@
+"""What gossip's helpers share: state, never another helper.
+
+``Shared`` is what this node is and holds while it gossips: its host, key and peer id, the
+swarm it is in (replaced by a renewal), the membership core and the verifier once it is in
+one, the peers it excludes, the nursery and pubsub of the running swarm, and the refusal
+counter. Every helper (loop.py, inbound.py, probes.py, sync.py, gate.py, peers.py,
+admission.py, records.py) reads this, and is given the few callables it needs of the others
+when service.py builds it: a helper holds no other helper, and what one causes in another
+(a probe answered: the core acts; a connection lost: the gate forgets it) goes through the
+core's actions or one callback wired in service.py.
+
+Everything here is set from the swarm task; nothing is read before ``Gossip.run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from libp2p.abc import IHost
+
+from ..p2p.rejects import Rejects
+from ..p2p.signed import Signer
+from .membership import Membership, View
+from .swarmstate import SwarmMembership
+from .wire import Verifier
+
+
+class Shared:
+    def __init__(self, *, host: IHost, sign: Signer, me: str, swarm: SwarmMembership | None, rng: Any,
+                 rejects: Rejects) -> None:
+        self.host = host
+        self.sign = sign
+        self.me = me
+        self.swarm = swarm  # None until `swarm init` or a join; a renewal replaces it
+        self.rng = rng
+        self.rejects = rejects
+        self.core: Membership | None = None  # made when this node is in a swarm
+        self.verifier: Verifier | None = None  # made with the core
+        self.excluded: dict[str, str] = {}  # peer -> why; applied to the core once it exists
+        self.nursery: trio.Nursery | None = None  # gossip's, while it runs
+        self.pubsub: Any = None  # pubsub.GatedPubsub, while in a swarm
+        self.topic = ""
+        self.view_changed = trio.Event()  # set, and replaced, whenever a member or its record changes
+
+    def view(self) -> View:
+        """The membership as an immutable snapshot (the same object until something changes)."""
+        return self.core.view() if self.core is not None else View.empty(self.me)
+
+    def reject(self, reason: str, peer: str, detail: str) -> None:
+        self.rejects.reject(reason, peer, detail)
+
+    def changed(self) -> None:
+        """Wake whoever waits on ``view_changed``."""
+        self.view_changed.set()
+        self.view_changed = trio.Event()
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in gossip's nursery; nothing before gossip runs."""
+        if self.nursery is not None:
+            self.nursery.start_soon(fn, *args)
