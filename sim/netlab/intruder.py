@@ -49,15 +49,15 @@ import trio
 from multiaddr import Multiaddr
 from nacl.signing import SigningKey
 
-from swarmd.compute.service import JOB_PROTOCOL
+from swarmd.compute.host.service import JOB_PROTOCOL
 from swarmd.gossip import pubsub as ps
 from swarmd.gossip import swarmstate
 from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import issue_cert
 from swarmd.p2p.host import make_host
 from swarmd.p2p.signed import peer_bytes
-from swarmd.p2p.streams import (JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL, encode_frame,
-                                   request)
+from swarmd.gossip.protocols import JOIN_PROTOCOL, MAX_SYNC_FRAME, PROBE_PROTOCOL, SYNC_PROTOCOL
+from swarmd.p2p.streams import encode_frame, request
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 

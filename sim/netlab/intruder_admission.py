@@ -25,12 +25,13 @@ from typing import Any
 
 import trio
 
-from swarmd.compute.service import JOB_PROTOCOL
+from swarmd.compute.host.service import JOB_PROTOCOL
 from swarmd.gossip import swarmstate
 from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import Cert, issue_cert
 from swarmd.p2p.signed import peer_bytes
-from swarmd.p2p.streams import JOIN_PROTOCOL, MAX_SMALL_FRAME, SYNC_PROTOCOL, request
+from swarmd.gossip.protocols import JOIN_PROTOCOL, SYNC_PROTOCOL
+from swarmd.p2p.streams import MAX_SMALL_FRAME, request
 from swarmd.gossip.wire import MeshInfo, make_record, wg_proof_message
 from swarmd.wg import address, keys
 

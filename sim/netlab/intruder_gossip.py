@@ -28,8 +28,8 @@ from libp2p.peer.id import ID
 
 from swarmd.gossip.cert import Cert
 from swarmd.p2p.signed import Signer
-from swarmd.p2p.streams import (MAX_SMALL_FRAME, MAX_SYNC_FRAME, SYNC_PROTOCOL, PeerError, close_quietly,
-                                   open_stream, read_frame, write_frame)
+from swarmd.gossip.protocols import MAX_SYNC_FRAME, SYNC_PROTOCOL
+from swarmd.p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, open_stream, read_frame, write_frame
 from swarmd.gossip.wire import MAX_SEQ, make_rumor
 from swarmd.rpc.framing import HEADER
 

@@ -37,10 +37,11 @@ from multiaddr import Multiaddr
 
 from ..wg import address
 from ..p2p.signed import Invalid, peer_bytes
-from ..p2p.streams import JOIN_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
+from ..p2p.streams import PeerError, close_quietly, read_frame, request, write_frame
 from . import swarmstate
 from .cert import EXPIRY_WARNING, Cert, check_cert, read_ticket, renew_due
 from .owner import Refused
+from .protocols import JOIN_PROTOCOL
 from .revocation import MAX_SYNC, Revocation, Revocations, check_revocation, make_revocation
 from .state import Shared
 from .wire import MeshInfo, Record

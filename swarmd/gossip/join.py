@@ -20,8 +20,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from multiaddr import Multiaddr
 
 from ..p2p.signed import Invalid, peer_bytes
-from ..p2p.streams import JOIN_PROTOCOL, request
+from ..p2p.streams import request
 from .cert import Cert, Token, check_cert
+from .protocols import JOIN_PROTOCOL
 from .swarmstate import SwarmMembership, save_joined
 
 log = structlog.get_logger("swarmd.gossip")

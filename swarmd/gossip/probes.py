@@ -24,7 +24,8 @@ from libp2p.peer.id import ID
 
 from ..rpc.framing import FrameTooLarge
 from ..p2p.signed import Invalid, peer_bytes, peer_str
-from ..p2p.streams import PROBE_PROTOCOL, PeerError, close_quietly, read_frame, request, write_frame
+from ..p2p.streams import PeerError, close_quietly, read_frame, request, write_frame
+from .protocols import PROBE_PROTOCOL
 from .state import Shared
 
 

@@ -42,7 +42,7 @@ from libp2p.peer.id import ID
 
 from ..p2p.rejects import Rejects
 from ..p2p.signed import Signer
-from ..p2p.streams import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL, Pinger
+from ..p2p.streams import Pinger
 from . import pubsub as ps
 from .admission import Admission
 from .capacity import Collector, Resources
@@ -54,6 +54,7 @@ from .loop import Loop
 from .membership import Membership, Timing, View
 from .peers import Notifee, Peers
 from .probes import Probes
+from .protocols import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL
 from .records import OwnRecord
 from .state import Shared
 from .swarmstate import SwarmMembership

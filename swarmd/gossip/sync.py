@@ -38,9 +38,9 @@ from libp2p.peer.id import ID
 
 from ..rpc.framing import FrameTooLarge
 from ..p2p.signed import Invalid
-from ..p2p.streams import MAX_SMALL_FRAME, MAX_SYNC_FRAME, SYNC_PROTOCOL, PeerError, close_quietly, open_stream, \
-    read_frame, write_frame
+from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, open_stream, read_frame, write_frame
 from .membership import REFUSED
+from .protocols import MAX_SYNC_FRAME, SYNC_PROTOCOL
 from .revocation import Revocation
 from .state import Shared
 from .syncmerge import max_records, select_sync_records

@@ -4,7 +4,8 @@ Frames are the control socket's (4-byte length + msgpack, checked from the heade
 anything is read), so a 10 MB frame from a peer costs four bytes of reading. Each request
 carries the requester's membership certificate in its first frame, read with a small limit
 (``MAX_SMALL_FRAME``); the handler checks it against the peer id Noise authenticated before
-reading or sending anything more. Only then may a frame be large (``MAX_SYNC_FRAME``).
+reading or sending anything more. Only then may a frame be large (a sync's views:
+``gossip.protocols.MAX_SYNC_FRAME``).
 A body is decoded within the object budget of ``rpc.framing.decode``; one larger than
 ``THREAD_DECODE`` is decoded in a worker thread, one at a time (``_big_decodes``), so a
 peer's frame neither holds the event loop nor multiplies its memory cost by concurrency.
@@ -23,10 +24,6 @@ from libp2p.peer.id import ID
 
 from ..rpc.framing import HEADER, FrameTooLarge, MalformedFrame, decode, encode_frame
 
-PROBE_PROTOCOL = "/swarmd/probe/1.0.0"
-SYNC_PROTOCOL = "/swarmd/sync/2.0.0"  # 2: certificates first, views only to members (service.py)
-JOIN_PROTOCOL = "/swarmd/join/1.0.0"
-MAX_SYNC_FRAME = 16 * 1024 * 1024
 MAX_SMALL_FRAME = 64 * 1024
 PING_SIZE = 32
 THREAD_DECODE = 256 * 1024  # measured: a 256 KiB frame at its object budget decodes in about 10 ms

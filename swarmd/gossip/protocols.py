@@ -1,0 +1,11 @@
+"""Gossip's libp2p protocols, and the one large frame they allow.
+
+Each request's first frame is read with p2p.streams' small limit (``MAX_SMALL_FRAME``: a
+certificate); only a sync's views, after both certificates were checked, may be as large as
+``MAX_SYNC_FRAME`` (every record of a large swarm).
+"""
+
+PROBE_PROTOCOL = "/swarmd/probe/1.0.0"  # probes.py: an indirect probe through a helper member
+SYNC_PROTOCOL = "/swarmd/sync/2.0.0"  # sync.py; 2: certificates first, views only to members
+JOIN_PROTOCOL = "/swarmd/join/1.0.0"  # join.py and admission.py: joins and renewals, on the owner
+MAX_SYNC_FRAME = 16 * 1024 * 1024
