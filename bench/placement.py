@@ -7,7 +7,7 @@ import random
 import statistics
 import time
 
-from swarmd.compute.placement import Candidate, Placement, place
+from swarmd.compute.coordinator.placement import Candidate, Placement, place
 from swarmd.compute.spec import build
 
 MEMBERS = 1000

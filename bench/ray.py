@@ -265,7 +265,7 @@ def _nsenter(host, *argv: str) -> list[str]:
 
 
 def _stock_argv(ip: str, temp: Path, head: str | None) -> list[str]:
-    from swarmd.compute.raynode import layout
+    from swarmd.compute.host.raynode import layout
 
     p = layout(*STOCK_BLOCK)
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={ip}",
@@ -282,7 +282,7 @@ def _stock_argv(ip: str, temp: Path, head: str | None) -> list[str]:
 
 
 def _stock_env() -> dict[str, str]:
-    from swarmd.compute.raynode import layout
+    from swarmd.compute.host.raynode import layout
 
     p = layout(*STOCK_BLOCK)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import trio
 
-from swarmd.compute.executor import Executor, RankProc
-from swarmd.compute.sandbox.box import Sandbox, Settings
+from swarmd.compute.host.executor import Executor, RankProc
+from swarmd.compute.host.sandbox.box import Sandbox, Settings
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/"}
 

@@ -17,15 +17,15 @@ import pytest
 import trio
 import trio.testing
 
-from swarmd.compute import service
-from swarmd.compute.ckptcache import CheckpointError, CkptCache
+from swarmd.compute.host import service
+from swarmd.compute.checkpoints.cache import CheckpointError, CkptCache
 from swarmd.compute.ledger import Ledger
 from swarmd.compute.messages import role_to_wire
-from swarmd.compute.hosts import HostError, LocalHost, RemoteHost
-from swarmd.compute.service import JOB_PROTOCOL, JobHandler
+from swarmd.compute.coordinator.hosts import HostError, LocalHost, RemoteHost
+from swarmd.compute.host.service import JOB_PROTOCOL, JobHandler
 from swarmd.compute.torchenv import NodeRole
-from swarmd.compute import worker as worker_mod
-from swarmd.compute.worker import StartRequest, Worker, WorkerError
+from swarmd.compute.host import worker as worker_mod
+from swarmd.compute.host.worker import StartRequest, Worker, WorkerError
 from swarmd.compute.workdir import Cache
 from swarmd.rpc.framing import HEADER, encode_frame
 from fake_stream import FakeStream
@@ -547,7 +547,7 @@ async def test_a_put_needs_a_committed_hold_and_a_cache_filled_for_a_hold_that_n
     the disk); checkpoints put for a hold released or lapsed before its job started here are
     removed at once, not kept for gc's retention. A job that ran here keeps its cache, and
     the hub's own cache (stored, never put) is no peer's to lose."""
-    from swarmd.compute.worker import START_WITHIN
+    from swarmd.compute.host.worker import START_WITHIN
 
     host = Host(tmp_path)
     w = host.worker
@@ -634,7 +634,7 @@ async def test_a_member_filling_the_budget_does_not_stop_another_jobs_checkpoint
     holds; another coordinator's job running here still has every checkpoint it writes
     copied and told (it takes its share back from the member's older copies), and the member
     cannot take it again."""
-    from swarmd.compute.ckptcache import Watcher
+    from swarmd.compute.checkpoints.cache import Watcher
 
     host = Host(tmp_path, checkpoint_max=100)
     w = host.worker

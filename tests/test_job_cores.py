@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.compute.gang import Commit, Gang, Release
+from swarmd.compute.coordinator.gang import Commit, Gang, Release
 from swarmd.compute.ledger import Cancel, Grant, Ledger, Refusal
-from swarmd.compute.run import Run
+from swarmd.compute.coordinator.run import Run
 
 # --- a host's ledger ---------------------------------------------------------------------
 

@@ -48,11 +48,12 @@ import trio  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from swarmd.compute import hosts, service  # noqa: E402
+from swarmd.compute.coordinator import hosts
+from swarmd.compute.host import service  # noqa: E402
 from swarmd.compute.ids import host_dir, is_host_dir  # noqa: E402
 from swarmd.compute.ledger import Ledger  # noqa: E402
-from swarmd.compute.service import JobHandler  # noqa: E402
-from swarmd.compute.worker import Worker  # noqa: E402
+from swarmd.compute.host.service import JobHandler  # noqa: E402
+from swarmd.compute.host.worker import Worker  # noqa: E402
 from swarmd.compute.workdir import Cache, pack  # noqa: E402
 from fake_stream import FakeStream  # noqa: E402
 from swarmd.rpc.framing import HEADER, encode_frame  # noqa: E402
@@ -379,8 +380,8 @@ def test_no_message_escapes_the_handler_and_no_count_goes_negative(sequence):
 from swarmd.compute.events import checked_event  # noqa: E402
 from swarmd.compute import output  # noqa: E402
 from swarmd.compute.output import MAX_BATCH_LINES  # noqa: E402
-from swarmd.compute.hosts import HostError, RemoteHost  # noqa: E402
-from swarmd.compute.store import JobStore  # noqa: E402
+from swarmd.compute.coordinator.hosts import HostError, RemoteHost  # noqa: E402
+from swarmd.compute.coordinator.store import JobStore  # noqa: E402
 
 HOST_RANKS = range(2, 4)  # node 1 of a job with two ranks a node
 
@@ -506,10 +507,10 @@ async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_pat
     """Reviewer's #1 and #6: a host whose answer to ckpt_get is an oversized frame (or anything
     else) costs that copy, never the daemon; only rank 0's host's checkpoints count; one
     over checkpoint_max is ignored."""
-    from swarmd.compute.hub import Hub
+    from swarmd.compute.coordinator.hub import Hub
     from swarmd.compute.ledger import Ledger
-    from swarmd.compute.run import Run
-    from swarmd.compute.worker import Worker
+    from swarmd.compute.coordinator.run import Run
+    from swarmd.compute.host.worker import Worker
     from swarmd.compute.workdir import Cache
     from swarmd.rpc.framing import FrameTooLarge
 

@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from swarmd.compute.forward import Broken
-from swarmd.compute.hosts import HostError, RemoteHost
-from swarmd.compute.service import JOB_PROTOCOL
+from swarmd.compute.coordinator.hosts import HostError, RemoteHost
+from swarmd.compute.host.service import JOB_PROTOCOL
 from swarmd.testing import FakeNet
 from swarmd.rpc.framing import HEADER
 from fake_stream import FakeStream

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from swarmd.compute.store import MAX_RECORD, TERMINAL, JobRow, JobStore, RankRow
+from swarmd.compute.coordinator.store import MAX_RECORD, TERMINAL, JobRow, JobStore, RankRow
 
 
 def row(store: JobStore, state: str = "running", job_id: str | None = None) -> JobRow:
@@ -200,7 +200,7 @@ def test_prune_forgets_jobs_that_ended_before_a_time_and_keeps_the_rest(tmp_path
 
 
 def test_attempts_survive_a_restart_and_the_one_going_is_ended_by_recover(tmp_path):
-    from swarmd.compute.run import Attempt
+    from swarmd.compute.coordinator.run import Attempt
 
     store = JobStore(tmp_path)
     done, going = row(store, "succeeded"), row(store, "restarting")

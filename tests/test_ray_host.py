@@ -8,9 +8,9 @@ import stat
 
 import pytest
 
-from swarmd.compute import raynode
+from swarmd.compute.host import raynode
 from swarmd.compute.events import checked_event
-from swarmd.compute.rayhost import (BLOCK, MIN_OBJECT_STORE, NoPorts, PortBlocks, RayNode, describe, install_launcher,
+from swarmd.compute.host.rayhost import (BLOCK, MIN_OBJECT_STORE, NoPorts, PortBlocks, RayNode, describe, install_launcher,
                                     rank_argv, ray_cpus, split_memory, write_token)
 
 from test_job_protocol import HOST_RANKS, JOB, Host, req, start_body
@@ -140,7 +140,7 @@ def test_a_jobs_ray_temp_dir_cannot_be_made_first_by_a_local_user(tmp_path, monk
     fixed (a hash of the job's directory): a local user who made it first (or again, between
     the daemon's removal and its mkdir) failed every start of the job. Now its end is random
     and made exclusively; leftovers of the job's prefix go, links not followed."""
-    from swarmd.compute import rayhost
+    from swarmd.compute.host import rayhost
 
     monkeypatch.setattr(rayhost, "TEMP_ROOT", str(tmp_path))
     top = tmp_path / "jobs" / "job1"

@@ -3,7 +3,7 @@ is stopped after it, and a worker node's exit or loss does not end the job."""
 
 from __future__ import annotations
 
-from swarmd.compute.run import Run
+from swarmd.compute.coordinator.run import Run
 
 HEAD, W1, W2 = "peerHEADHEADhead", "peerW1W1W1W1wwww", "peerW2W2W2W2wwww"
 

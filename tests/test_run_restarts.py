@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmd.compute.run import MOVES, STATES, TERMINAL, IllegalMove, Run
+from swarmd.compute.coordinator.run import MOVES, STATES, TERMINAL, IllegalMove, Run
 
 A, B, C, D = "peerAAAAAAAAaaaa", "peerBBBBBBBBbbbb", "peerCCCCCCCCcccc", "peerDDDDDDDDdddd"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from swarmd.compute.sandbox import box as boxmod
-from swarmd.compute.sandbox.box import PARTS, Sandbox, SandboxError, Settings
-from swarmd.compute.sandbox.uids import SCRATCH, ipc_of, pids_of
+from swarmd.compute.host.sandbox import box as boxmod
+from swarmd.compute.host.sandbox.box import PARTS, Sandbox, SandboxError, Settings
+from swarmd.compute.host.sandbox.uids import SCRATCH, ipc_of, pids_of
 
 UIDS = (64900, 64999)  # apart from the lab's slices and the default's low end
 

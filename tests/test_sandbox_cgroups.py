@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-from swarmd.compute.sandbox import cgroups
-from swarmd.compute.sandbox.cgroups import CgroupError, Limits, Usage
+from swarmd.compute.host.sandbox import cgroups
+from swarmd.compute.host.sandbox.cgroups import CgroupError, Limits, Usage
 
 # the join line the worker puts before a rank's command (box.JOIN_CGROUP): sh writes its own
 # pid into each file, then execs the command, so nothing it starts is ever outside

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from swarmd.compute.sandbox import firewall
-from swarmd.compute.sandbox.firewall import Policy
+from swarmd.compute.host.sandbox import firewall
+from swarmd.compute.host.sandbox.firewall import Policy
 
 ip = ipaddress.ip_address
 net = ipaddress.ip_network

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.compute.sandbox import mounts
+from swarmd.compute.host.sandbox import mounts
 
 UID = GID = 64999  # a job uid for these tests (nothing here depends on who else has it)
 REPO = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ import pytest
 import trio
 
 from conftest import wait_until
-from swarmd.compute.executor import Executor, RankProc
+from swarmd.compute.host.executor import Executor, RankProc
 from reaper_daemon import settings
-from swarmd.compute.sandbox import box as boxmod, cgroups, reaper
+from swarmd.compute.host.sandbox import box as boxmod, cgroups, reaper
 
 ROOT = os.geteuid() == 0
 DAEMON = Path(__file__).with_name("reaper_daemon.py")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmd.compute.sandbox import uids as uidsmod
-from swarmd.compute.sandbox.uids import HIGHEST, SCRATCH, UidPool, ipc_owners
+from swarmd.compute.host.sandbox import uids as uidsmod
+from swarmd.compute.host.sandbox.uids import HIGHEST, SCRATCH, UidPool, ipc_owners
 from swarmd.config import ConfigError, load
 
 BASE = 2_000_000_000  # far from any uid this machine or another test uses
@@ -377,7 +377,7 @@ def test_two_pools_on_one_host_never_share_a_uid(jobs, locks):
 READ_ONLY = """
 import sys
 from pathlib import Path
-from swarmd.compute.sandbox.uids import UidPool
+from swarmd.compute.host.sandbox.uids import UidPool
 pool = UidPool(int(sys.argv[1]), int(sys.argv[1]) + 9, Path(sys.argv[2]), locks=Path(sys.argv[3]))
 print(pool.allocate(), pool.allocate(), flush=True)
 print(pool.systemd, flush=True)

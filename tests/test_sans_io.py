@@ -13,8 +13,9 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/p2p/signed.p
          "swarmd/gossip/wire.py", "swarmd/gossip/suspicion.py", "swarmd/gossip/membership.py",
          "swarmd/gossip/revocation.py", "swarmd/gossip/owner.py",
          "swarmd/wg/address.py", "swarmd/wg/endpoint.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
-         "swarmd/compute/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/gang.py", "swarmd/compute/run.py",
-         "swarmd/compute/ids.py", "swarmd/compute/checkpoints.py", "swarmd/compute/events.py",
+         "swarmd/compute/coordinator/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/coordinator/gang.py",
+         "swarmd/compute/coordinator/run.py",
+         "swarmd/compute/ids.py", "swarmd/compute/checkpoints/rules.py", "swarmd/compute/events.py",
          "swarmd/routing/paths.py", "swarmd/routing/request.py",
          "swarmd/routing/relay.py", "swarmd/routing/nft.py",
          "swarmd/vivaldi/coordinates.py"]

@@ -123,7 +123,7 @@ def test_an_empty_view_before_any_swarm():
 def test_a_stale_member_leaves_the_mesh_and_placement_until_it_publishes():
     from types import SimpleNamespace
 
-    from swarmd.compute.coordinator import Jobs, _rtt_ms
+    from swarmd.compute.coordinator.coordinator import Jobs, _rtt_ms
     from swarmd.gossip.wire import MeshInfo
     from swarmd.mesh import Mesh
 

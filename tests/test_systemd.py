@@ -126,7 +126,7 @@ def test_the_unit_grants_the_job_sandbox_what_it_needs_and_no_more():
 
 
 def test_bwrap_asks_for_no_namespace_the_unit_refuses(tmp_path):
-    from swarmd.compute.sandbox import mounts
+    from swarmd.compute.host.sandbox import mounts
 
     argv = mounts.bwrap_argv(bwrap="bwrap", top=tmp_path, cwd=tmp_path, hide=[], expose=[], devices=[],
                              uid=61184, gid=61184, setpriv="setpriv")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from swarmd.compute.executor import free_port
+from swarmd.compute.host.executor import free_port
 from swarmd.compute.torchenv import NodeRole, rank_env, resolve_argv
 
 BASE = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/home/job"}

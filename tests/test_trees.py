@@ -62,10 +62,10 @@ RECURSIVE = {"rmtree", "copytree", "walk", "fwalk", "rglob", "move"}
 # Trees the daemon alone made and fills, where such a call is fine; each with its reason.
 ALLOWED = {
     # the coordinator's per-job directory in STATE_DIR: the daemon writes its output.log, nothing else
-    ("store.py", "rmtree"),
+    ("coordinator/store.py", "rmtree"),
     # raynode.py is the job's own launcher: it runs in the job's sandbox as the job's uid, on the
     # Ray temp dir it made itself; what it leaves the daemon removes (worker, trees.remove)
-    ("raynode.py", "rmtree"),
+    ("host/raynode.py", "rmtree"),
 }
 
 

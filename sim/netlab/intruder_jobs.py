@@ -18,7 +18,7 @@ from libp2p.peer.id import ID
 
 from swarmd.compute import ids
 from swarmd.compute.messages import role_to_wire
-from swarmd.compute.service import JOB_PROTOCOL
+from swarmd.compute.host.service import JOB_PROTOCOL
 from swarmd.compute.torchenv import NodeRole
 from swarmd.p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, write_frame
 

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError, Takeover, check_owner
+from .coordinator.hosts import HostError
 from .forward import StreamEnd, pipe
-from .hosts import HostError
 from .spec import JobSpec, SpecError
 from .workdir import DEFAULT_LIMIT, WorkdirError
 
 if TYPE_CHECKING:
-    from .coordinator import Jobs
-    from .store import JobRow
+    from .coordinator.coordinator import Jobs
+    from .coordinator.store import JobRow
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK = 8 * 1024 * 1024

@@ -2,7 +2,7 @@
 
 A host speaks only for its own ranks (node_rank × procs_per_node + i), starts once, sends
 lines as strings in batches of at most MAX_BATCH_LINES, integers in range, a
-checkpoint as [name, sha256, size] with a checkpoint's name (checkpoints.py); anything else
+checkpoint as [name, sha256, size] with a checkpoint's name (checkpoints/rules.py); anything else
 is a ValueError saying what, which the coordinator counts as `job_event` and takes as the
 host lost to the job.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checkpoints import check_name, is_sha256
+from .checkpoints.rules import check_name, is_sha256
 
 MAX_BATCH_LINES = 4096  # lines per output event (output.py's take()): one event's work at the coordinator stays small
 MAX_SANDBOX_TEXT = 200  # characters of a host's account of a job's confinement

@@ -12,7 +12,7 @@ hex digits of sha256(coordinator)>``, and two coordinators' same id never share 
 bits, because peer ids are free: with 8 digits (daemons before) a member could make 2^32 keys
 until one's hash matched a coordinator's and share its job's directory on every host.
 `is_host_dir` takes those older 8-digit names too, so a daemon upgraded in place still
-collects what its previous version left (gc.py); none is ever made again.
+collects what its previous version left (coordinator/gc.py); none is ever made again.
 """
 
 from __future__ import annotations

@@ -1,25 +1,28 @@
-"""The job protocol's requests as types (service.py has the protocol and who may ask what):
+"""The job protocol's requests as types (host/service.py has the protocol and who may ask what):
 each a frozen dataclass whose `to_wire` is the map the coordinator sends and whose
 `from_wire` reads a peer's map, checking every field's type and range and naming the
 field it refuses (ValueError; the handler counts it `malformed` and answers the reason).
-The first frame of every op is ``{op, job, cert}`` and the op's fields (service.py checks
+The first frame of every op is ``{op, job, cert}`` and the op's fields (host/service.py checks
 the first three); `Start` is the second frame of a start."""
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .checkpoints import check_listed, check_name, is_sha256
+from .checkpoints.rules import check_listed, check_name, is_sha256
 from .ids import check_job_id
-from .rayhost import TOKEN
 from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
 from .torchenv import NodeRole
 from .workdir import is_digest
 
 MAX_LEASE = 300.0
+# a Ray job's auth token: minted by its coordinator (64 hex digits), written for its ranks by
+# host/rayhost.py; here, not there, so the host's side is not below this module
+TOKEN = re.compile(r"[0-9a-f]{64}")
 MAX_NODES = 1024  # as a job spec allows
 MAX_PROCS_PER_NODE = 256
 

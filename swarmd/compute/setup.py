@@ -9,15 +9,15 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..p2p import multiaddrs
-from .coordinator import Jobs
+from .coordinator.coordinator import Jobs
+from .coordinator.placement import Rtt
+from .coordinator.store import JobStore
+from .host.sandbox.box import Settings
+from .host.service import JOB_PROTOCOL, JobHandler
+from .host.worker import JobNodes, Worker
 from .ledger import Ledger
-from .placement import Rtt
 from .ports import Overlay, Swarm
-from .sandbox.box import Settings
-from .service import JOB_PROTOCOL, JobHandler
-from .store import JobStore
 from .workdir import Cache
-from .worker import JobNodes, Worker
 
 DEFAULT_SLOTS_WITHOUT_GPU = 2
 

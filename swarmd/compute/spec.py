@@ -12,9 +12,9 @@ Rules:
   reads `1.10` as 1.1 and `yes` as True.
 - `nodes` is N or torchrun's MIN:MAX: the job starts on as many hosts as fit up to MAX, at
   least MIN, and after a lost host goes on with the survivors while they are at least MIN
-  (run.py). `max_restarts` (default 0) is how many times it is started again.
+  (coordinator/run.py). `max_restarts` (default 0) is how many times it is started again.
 - `ray: true` runs a Ray cluster for the job alone (one Ray node per host, the command as its
-  driver on the first host; raynode.py): one process per node, and no restarts (Ray handles
+  driver on the first host; host/raynode.py): one process per node, and no restarts (Ray handles
   failures inside its cluster, e.g. Train's FailureConfig), so `procs_per_node` above 1 and
   `max_restarts` are refused with it.
 - Sizes are binary megabytes (8G = 8192); waits are at most 30 days; procs_per_node

@@ -1,6 +1,6 @@
 """The coordinator's side of the job protocol: one interface (`Host`) to its own worker
 (`LocalHost`, called directly) and to a peer's (`RemoteHost`, over `/swarmd/job/2.0.0`,
-service.py and messages.py). Whatever a peer does (a frame too large or unreadable, a
+host/service.py and messages.py). Whatever a peer does (a frame too large or unreadable, a
 malformed reply, a stream that breaks or goes silent) and whatever this host's files do (a
 checkpoint pruned before it is opened, a full disk) leaves their methods as one `HostError`
 naming the host: the coordinator handles a host's failure in one place, never a stray
@@ -22,18 +22,18 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..p2p.signed import short
-from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
-from ..rpc.framing import FramingError
-from . import forward as fwd
-from .ckptcache import CheckpointError
-from .executor import ExecutorError, free_port
-from .ledger import Grant, Refusal
-from .messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
-from .service import (CHUNK, CHUNK_TIMEOUT, JOB_PROTOCOL, MAX_CHUNK_FRAME, REQUEST_TIMEOUT, WORKDIR_TIMEOUT,
+from ...p2p.signed import short
+from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
+from ...rpc.framing import FramingError
+from .. import forward as fwd
+from ..checkpoints.cache import CheckpointError
+from ..host.executor import ExecutorError, free_port
+from ..host.service import (CHUNK, CHUNK_TIMEOUT, JOB_PROTOCOL, MAX_CHUNK_FRAME, REQUEST_TIMEOUT, WORKDIR_TIMEOUT,
                       open_forward, transfer_timeout)
-from .workdir import WorkdirError
-from .worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
+from ..host.worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
+from ..ledger import Grant, Refusal
+from ..messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
+from ..workdir import WorkdirError
 
 # forwards a coordinator opens to one host at once, until the host answered: a burst of local
 # connections (a load generator) must not meet that host's cap on unchecked streams

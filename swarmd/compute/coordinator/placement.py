@@ -37,8 +37,8 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..p2p.signed import short
-from .spec import JobSpec, describe
+from ...p2p.signed import short
+from ..spec import JobSpec, describe
 
 EXACT_LIMIT = 20_000  # sets scored exactly: about 50 ms at 8 nodes
 GREEDY_WORK = 2_000_000  # seeds × nodes × fitting members: about 0.6 s here with 1,000 fitting

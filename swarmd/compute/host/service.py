@@ -1,5 +1,5 @@
 """The job protocol over libp2p (trio), a host's side: its handler (the coordinator's
-side is hosts.py).
+side is coordinator/hosts.py).
 
 `/swarmd/job/2.0.0`: one stream per request (each op's fields typed and checked in
 messages.py). The first frame is ``{op, cert, job, …}`` and
@@ -19,7 +19,7 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
 - ``start`` → a second frame ``{role, cmd, env, python, workdir, checkpoints}`` (up to
   `MAX_START_FRAME`), then the worker's events, one frame each, until ``{exit}``; ``start``
   needs the same coordinator's committed reservation and at most the ranks reserved.
-  ``checkpoints`` lists at most 16 ``[name, sha256, size]`` (checkpoints.check_listed),
+  ``checkpoints`` lists at most 16 ``[name, sha256, size]`` (checkpoints.rules.check_listed),
   each in this host's cache of the (requester, job), else the start fails naming it. The
   stream breaking either way ends the job on that host.
 - ``ckpt_put {name, sha256, size}`` → ``{have: true}``, or ``{have: false}`` then the
@@ -27,7 +27,7 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   within `transfer_timeout(size)`) and ``{}`` once the bytes match sha256 and size; only
   while the requester holds a committed or running reservation here (not a mere lease),
   at most the worker's `checkpoint_max` bytes, within the host's budget for all its
-  checkpoint caches (ckptcache.Budget), `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
+  checkpoint caches (checkpoints.cache.Budget), `MAX_CHECKPOINT_TRANSFERS_PER_PEER` at once. A
   checkpoint that does not match is refused and nothing of it is kept; a cache filled for
   a hold that ends before its job starts here goes with the hold (worker.py).
 - ``forward {port}`` → ``{port}``, then the stream is a raw byte pipe to the job's
@@ -37,7 +37,7 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
   when the job's ranks end here); only for the requester's running hold.
   Its stream does not count against `MAX_STREAMS_PER_PEER` (forward.MAX_PER_JOB bounds it).
 - ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
-  requester's own cache of that job (ckptcache.py, keyed like the ledger by (requester,
+  requester's own cache of that job (checkpoints/cache.py, keyed like the ledger by (requester,
   job)): another member asking for a coordinator's checkpoint finds its own, empty, cache.
 Before its certificate is checked a stream costs little and is held briefly: its first
 frame and the check within `FIRST_FRAME_TIMEOUT`, at most `MAX_UNCHECKED_PER_PEER` such
@@ -63,15 +63,15 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from ..p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
-from ..rpc.framing import FrameTooLarge
-from . import forward as fwd
-from .ckptcache import CheckpointError, Incoming
+from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
+from ...rpc.framing import FrameTooLarge
+from .. import forward as fwd
+from ..checkpoints.cache import CheckpointError, Incoming
+from ..ids import check_job_id, is_job_id
+from ..ledger import Grant, Refusal
+from ..messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
+from ..workdir import DEFAULT_LIMIT, WorkdirError
 from .executor import ExecutorError, free_port
-from .ids import check_job_id, is_job_id
-from .ledger import Grant, Refusal
-from .messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
-from .workdir import DEFAULT_LIMIT, WorkdirError
 from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")

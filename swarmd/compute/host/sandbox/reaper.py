@@ -6,7 +6,7 @@ the job's GPUs and keep writing checkpoints while the coordinator restarts the j
 elsewhere. PR_SET_PDEATHSIG cannot help: trio spawns from a worker thread (the signal fires
 when that thread exits, not the daemon) and the ranks' credential changes clear it. So each
 job gets a reaper on each host: this module, run as a small process of its own
-(`python -m swarmd.compute.sandbox.reaper`, importing nothing but the stdlib and cgroups.py).
+(`python -m swarmd.compute.host.sandbox.reaper`, importing nothing but the stdlib and cgroups.py).
 
 Rules:
 - The executor starts one reaper per job, before the job's first rank: as the daemon's user
@@ -76,7 +76,7 @@ def command(job: str, cgroup: JobCgroup | None) -> list[str]:
 
 def environment() -> dict[str, str]:
     """The reaper's whole environment: where this package is, and nothing of the daemon's."""
-    return {"PYTHONPATH": str(Path(__file__).resolve().parents[3]), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    return {"PYTHONPATH": str(Path(__file__).resolve().parents[4]), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8"}
 
 

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import trio
 
-from swarmd.compute.coordinator import Jobs
+from swarmd.compute.coordinator.coordinator import Jobs
 from swarmd.compute.ledger import Ledger
-from swarmd.compute.placement import Candidate
-from swarmd.compute.hosts import HostError
+from swarmd.compute.coordinator.placement import Candidate
+from swarmd.compute.coordinator.hosts import HostError
 from swarmd.compute.spec import JobSpec
-from swarmd.compute.store import JobStore
-from swarmd.compute.worker import StartRequest, Worker
+from swarmd.compute.coordinator.store import JobStore
+from swarmd.compute.host.worker import StartRequest, Worker
 from swarmd.compute.workdir import Cache
 
 ME = "peerCOORDINATORme"

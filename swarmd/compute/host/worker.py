@@ -14,19 +14,19 @@ path as one placed elsewhere. Rules:
   host's /tmp, _base_env) inside handed to the job user: only what the
   daemon just created is chowned, links never followed, and the job user reaches nothing
   until it is all in place. `output.log` beside them stays the daemon's, and so does
-  `ckpt-cache/` (ckptcache.py), the one thing a start keeps: the job's checkpoints by
+  `ckpt-cache/` (checkpoints/cache.py), the one thing a start keeps: the job's checkpoints by
   sha256, of which the start's listed ones are hard-linked into `checkpoints/`. A peer
   puts checkpoints only for its committed or running hold (`accept_checkpoint_put`); a
   cache it filled for a hold that went (released, lapsed) before the job ever started
   here is removed with the hold, and all caches together stay within `checkpoint_budget`
-  (ckptcache.Budget), a share per job, what a cache keeps going last. Which holds were put
+  (checkpoints.cache.Budget), a share per job, what a cache keeps going last. Which holds were put
   into is remembered in memory: after a restart of the daemon such a leftover waits for
   gc's retention, counted in the budget. What a cache keeps (`checkpoints_kept`: the
   latest start's listed checkpoints, or the hub's list) is recorded only once the ledger
   took the start, and at most MAX_KEPT_PER_COORDINATOR jobs per coordinator: a member's
   requests, refused or not, never push another coordinator's out.
 - While the ranks run, `checkpoints/` is scanned every CHECKPOINT_SCAN; each checkpoint
-  that completes (checkpoints.py) is copied into the cache and told as ``{"ckpt": [name,
+  that completes (checkpoints/rules.py) is copied into the cache and told as ``{"ckpt": [name,
   sha256, size]}``, the last ones before the exit event, which waits for them at most
   LAST_CHECKPOINT_WAIT (a scan stuck in a job's file system never holds the slot).
 - `start` emits events: ``{"started": ranks}``, batches of output ``{"out": [[rank, line]…]}``,
@@ -39,7 +39,7 @@ path as one placed elsewhere. Rules:
 - A workdir shipped for a hold (`pin`) stays in the cache while the hold lasts, one tree per
   hold, so other uploads cannot evict it between ship and start.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
-  workdir dropped; the directory stays until garbage collection (gc.py). Each step of that
+  workdir dropped; the directory stays until garbage collection (coordinator/gc.py). Each step of that
   clean-up runs whatever the others did (one that fails is logged), and a tree the job or a
   peer shaped (its Ray temp dir, the workdir copied out) is removed, copied and chowned
   only through trees.py, at any depth.
@@ -62,21 +62,21 @@ from typing import Any
 import structlog
 import trio
 
-from ..p2p.signed import short
+from ...p2p.signed import short
 
-from . import trees
-from .checkpoints import KEEP as CHECKPOINT_KEEP, is_sha256
-from .ckptcache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCache, Watcher, clear_job_dir
+from .. import trees
+from ..checkpoints.cache import BUDGET_FACTOR, CACHE_DIR, Budget, CheckpointError, CkptCache, Watcher, clear_job_dir
+from ..checkpoints.rules import KEEP as CHECKPOINT_KEEP, is_sha256
+from ..forward import Forwards
+from ..ids import check_job_id, host_dir
+from ..ledger import Cancel, Grant, Ledger, Refusal
+from ..output import RankOutput
+from ..torchenv import NodeRole, rank_env, resolve_argv
+from ..workdir import Cache
 from .executor import Executor, RankProc
-from .forward import Forwards
-from .ids import check_job_id, host_dir
-from .ledger import Cancel, Grant, Ledger, Refusal
-from .output import RankOutput
 from .rayhost import (RAY_STOP_GRACE, TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, make_temp_dir, rank_argv,
                       ray_cpus, ray_env, remove_temp_dirs, write_token)
 from .sandbox.box import Box, Sandbox, SandboxError
-from .torchenv import NodeRole, rank_env, resolve_argv
-from .workdir import Cache
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -181,8 +181,8 @@ class Worker:
         # while the job lives; any other job's cache goes when its ranks here end (the hub has them)
         self.hubs: set[tuple[str, str]] = set()
         self.lingering: dict[tuple[str, str], float] = {}  # (coordinator, job) -> when its cache here goes
-        # bytes of every job's checkpoint cache on this host together (ckptcache.Budget)
-        # (its share per job, ckptcache.py's header; what a cache keeps goes last, read from a thread)
+        # bytes of every job's checkpoint cache on this host together (checkpoints.cache.Budget)
+        # (its share per job, checkpoints/cache.py's header; what a cache keeps goes last, read from a thread)
         self.checkpoint_budget = Budget(jobs_dir.resolve(), checkpoint_budget if checkpoint_budget is not None
                                         else BUDGET_FACTOR * checkpoint_max,
                                         protect=lambda name: self.checkpoints_kept.get(name, frozenset()))
@@ -459,7 +459,7 @@ class Worker:
                         ("let the checkpoint cache linger", linger), ("drop workdir pins", self._unpin_gone),
                         ("stamp the finish", lambda: _stamp(top)), ("readvertise", self.changed)])
 
-    # --- checkpoints (ckptcache.py) ---------------------------------------------------------
+    # --- checkpoints (checkpoints/cache.py) ---------------------------------------------------------
 
     def checkpoint_cache(self, job: str, coordinator: str) -> CkptCache:
         return CkptCache(self.job_dir(job, coordinator), self.checkpoint_budget)
@@ -474,7 +474,7 @@ class Worker:
         """A fresh temporary file in (coordinator, job)'s cache for a checkpoint of `size`
         bytes that the caller writes (RemoteHost.get_checkpoint) and then hands to
         `store_checkpoint`, which moves it into place; one left behind is removed by the
-        cache's prune (ckptcache.TEMP_AGE) or with the job's directory. WorkerError when
+        cache's prune (checkpoints.cache.TEMP_AGE) or with the job's directory. WorkerError when
         the checkpoint is over checkpoint_max or the disk has no room for it."""
         self._check_size(size)
         try:
@@ -603,7 +603,7 @@ class Worker:
                  listed: tuple[tuple[str, str, int], ...] = ()) -> Path:
         """The job's directory, made afresh: `home/`, a writable copy of its workdir in
         `work/`, and `checkpoints/` holding the listed checkpoints, handed to the job's uid
-        (or user) once complete. Its checkpoint cache (ckptcache.py) is kept."""
+        (or user) once complete. Its checkpoint cache (checkpoints/cache.py) is kept."""
         clear_job_dir(top)  # nobody else reaches in while it is built (0700)
         work, checkpoints, home, tmp = top / "work", top / "checkpoints", top / "home", top / "tmp"
         if workdir is not None:

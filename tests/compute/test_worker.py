@@ -12,7 +12,7 @@ import pytest
 import deep_trees
 from swarmd.compute.ids import host_dir, is_host_dir
 from swarmd.compute.ledger import Ledger
-from swarmd.compute.worker import Worker, WorkerError
+from swarmd.compute.host.worker import Worker, WorkerError
 from swarmd.compute.workdir import Cache
 
 JOB = "0123456789ab"
@@ -81,7 +81,7 @@ async def test_ranks_stop_when_membership_declares_their_coordinator_dead(tmp_pa
     import trio
 
     from swarmd.compute.torchenv import NodeRole
-    from swarmd.compute.worker import CoordinatorGone, StartRequest
+    from swarmd.compute.host.worker import CoordinatorGone, StartRequest
 
     jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-gone-"))  # reachable by the job user (tmp_path is 0700)
     jobs.chmod(0o711)
@@ -124,10 +124,10 @@ async def test_a_checkpoint_scan_that_never_returns_does_not_hold_the_exit_or_th
 
     import trio
 
-    from swarmd.compute import worker as worker_module
-    from swarmd.compute.ckptcache import Watcher
+    from swarmd.compute.host import worker as worker_module
+    from swarmd.compute.checkpoints.cache import Watcher
     from swarmd.compute.torchenv import NodeRole
-    from swarmd.compute.worker import StartRequest
+    from swarmd.compute.host.worker import StartRequest
 
     stuck = threading.Event()
     monkeypatch.setattr(Watcher, "_poll", lambda self: stuck.wait() and [])
@@ -165,7 +165,7 @@ async def test_refused_starts_never_evict_another_coordinators_kept_checkpoints(
 
     from swarmd.compute.ids import encode
     from swarmd.compute.torchenv import NodeRole
-    from swarmd.compute.worker import MAX_KEPT_PER_COORDINATOR, Refused, StartRequest
+    from swarmd.compute.host.worker import MAX_KEPT_PER_COORDINATOR, Refused, StartRequest
 
     kept = frozenset({"a" * 64})
     worker.keep_checkpoints(JOB, "coord", kept)  # the hub's list, or the latest start's
@@ -207,11 +207,11 @@ async def test_without_bubblewrap_the_next_job_gets_another_uid_and_its_own_temp
 
     import trio
 
-    from swarmd.compute.sandbox import box as boxmod
-    from swarmd.compute.sandbox.box import Sandbox, Settings
-    from swarmd.compute.sandbox.uids import pids_of
+    from swarmd.compute.host.sandbox import box as boxmod
+    from swarmd.compute.host.sandbox.box import Sandbox, Settings
+    from swarmd.compute.host.sandbox.uids import pids_of
     from swarmd.compute.torchenv import NodeRole
-    from swarmd.compute.worker import StartRequest
+    from swarmd.compute.host.worker import StartRequest
 
     monkeypatch.setattr(boxmod.mounts, "detect_bwrap", lambda: "bwrap (bubblewrap) is not installed")
     monkeypatch.setattr(boxmod.cgroups, "detect", lambda: "no cgroup file system here")
@@ -287,10 +287,10 @@ async def _run_ray_rank(tmp_path, monkeypatch, *, depth: int):
 
     import trio
 
-    from swarmd.compute import worker as worker_module
-    from swarmd.compute.rayhost import TEMP_ROOT, ray_temp_prefix
+    from swarmd.compute.host import worker as worker_module
+    from swarmd.compute.host.rayhost import TEMP_ROOT, ray_temp_prefix
     from swarmd.compute.torchenv import NodeRole
-    from swarmd.compute.worker import StartRequest
+    from swarmd.compute.host.worker import StartRequest
 
     jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-raytemp-"))  # reachable by the job user (tmp_path is 0700)
     jobs.chmod(0o711)

@@ -29,12 +29,12 @@ from typing import Any
 import structlog
 import trio
 
-from ..p2p.signed import short
-from .checkpoints import choose_replica
+from ...p2p.signed import short
+from ..checkpoints.rules import choose_replica
+from ..host.worker import Worker, WorkerError
 from .hosts import Host, HostError
 from .placement import Rtt
 from .run import Run
-from .worker import Worker, WorkerError
 
 log = structlog.get_logger("swarmd.jobs")
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import structlog
 import trio
 
-from . import trees
-from .ids import is_host_dir, is_job_id
+from .. import trees
+from ..ids import is_host_dir, is_job_id
 
 log = structlog.get_logger("swarmd.jobs")
 

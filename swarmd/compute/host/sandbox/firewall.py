@@ -91,7 +91,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ...nft import NftError, apply  # noqa: F401 (apply: part of this module's interface, box.py calls it)
+from ....nft import NftError, apply  # noqa: F401 (apply: part of this module's interface, box.py calls it)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..p2p.signed import short
+from ...p2p.signed import short
 
 STATES = ("placing", "reserving", "shipping", "starting", "running", "restarting", "succeeded", "failed",
           "cancelled")

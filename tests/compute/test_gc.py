@@ -6,7 +6,7 @@ import functools
 import os
 import time
 
-from swarmd.compute import gc
+from swarmd.compute.coordinator import gc
 from swarmd.compute.ids import host_dir
 
 OLD = time.time() - 30 * 86400

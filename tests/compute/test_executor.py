@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from swarmd.compute.executor import MAX_LINE, Executor, ExecutorError, RankProc, free_port
+from swarmd.compute.host.executor import MAX_LINE, Executor, ExecutorError, RankProc, free_port
 from swarmd.compute.torchenv import NodeRole, rank_env
 
 ROOT = os.geteuid() == 0

@@ -1,5 +1,5 @@
 """Which files are checkpoints (names, the two-scan rule, what a file must be), which host
-keeps a replica, which checkpoints are kept; then the host's cache (ckptcache.py) on real
+keeps a replica, which checkpoints are kept; then the host's cache (checkpoints/cache.py) on real
 files: what it refuses to copy, what a job can and cannot do to what it installs."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import stat
 
 import pytest
 
-from swarmd.compute.checkpoints import (MAX_LISTED, Copy, Scan, check_listed, choose_replica, is_checkpoint_name,
+from swarmd.compute.checkpoints.rules import (MAX_LISTED, Copy, Scan, check_listed, choose_replica, is_checkpoint_name,
                                         keep_newest, make_room, refusal)
-from swarmd.compute.ckptcache import CACHE_DIR, Changed, CheckpointError, CkptCache, Watcher, clear_job_dir, listing
+from swarmd.compute.checkpoints.cache import CACHE_DIR, Changed, CheckpointError, CkptCache, Watcher, clear_job_dir, listing
 
 SHA = "a" * 64
 

@@ -56,8 +56,8 @@ from pathlib import Path
 import structlog
 import trio
 
-from .. import trees
-from ..spec import ENV_NAME
+from ... import trees
+from ...spec import ENV_NAME
 from . import cgroups, firewall, mounts
 from .cgroups import Limits, Usage
 from .uids import LOWEST, SCRATCH, SYSVIPC, UidPool, ipc_of, pids_of

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from swarmd.compute import placement
-from swarmd.compute.placement import Candidate, NoFit, Placement, place
+from swarmd.compute.coordinator import placement
+from swarmd.compute.coordinator.placement import Candidate, NoFit, Placement, place
 from swarmd.compute.spec import build
 
 
@@ -260,7 +260,7 @@ def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
     one measured pair wins however far apart its ends are."""
     from types import MappingProxyType, SimpleNamespace
 
-    from swarmd.compute.coordinator import Jobs
+    from swarmd.compute.coordinator.coordinator import Jobs
     from swarmd.gossip.membership import MemberView, State, View
 
     def member(peer, rtt_s=None):
@@ -291,7 +291,7 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
 
     from prometheus_client import CollectorRegistry
 
-    from swarmd.compute.coordinator import Jobs
+    from swarmd.compute.coordinator.coordinator import Jobs
     from swarmd.gossip.membership import MemberView, State, View
     from swarmd.vivaldi.coordinates import Coordinate
     from swarmd.routing.service import Routing

@@ -39,24 +39,24 @@ from typing import Any
 import structlog
 import trio
 
-from ..gossip.membership import View
-from ..gossip.wire import JobSlots, Record
-from ..p2p import multiaddrs
-from ..p2p.signed import short
+from ...gossip.membership import View
+from ...gossip.wire import JobSlots, Record
+from ...p2p import multiaddrs
+from ...p2p.signed import short
+from ..events import checked_event
+from ..host.sandbox.box import Sandbox, Settings
+from ..host.worker import StartRequest, Worker, stop_orphans
+from ..ids import host_dir
+from ..ports import Swarm
+from ..spec import JobSpec, describe
+from ..torchenv import NodeRole
 from . import gang as gangmod
 from . import gc
-from .events import checked_event
 from .hosts import Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
-from .ids import host_dir
 from .placement import Candidate, NoFit, Rtt, place
-from .ports import Swarm
 from .run import TERMINAL, Run
-from .sandbox.box import Sandbox, Settings
-from .spec import JobSpec, describe
 from .store import JobRow, JobStore, RankRow
-from .torchenv import NodeRole
-from .worker import StartRequest, Worker, stop_orphans
 
 log = structlog.get_logger("swarmd.jobs")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import ids, output
+from .. import ids, output
 from .run import STATES, TERMINAL
 
 MIN_PREFIX = 4

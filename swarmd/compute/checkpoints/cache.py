@@ -10,11 +10,11 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
   none. A second copy of a sha changes nothing.
 - It outlives the job's starts (worker `_prepare` empties the job's directory except it,
   `clear_job_dir`), so a restart finds the checkpoints of attempts before, and goes with
-  the job's directory (gc.py).
+  the job's directory (coordinator/gc.py).
 - `snapshot` copies a file out of the rank's checkpoint directory, which the job owns and
   changes at will: opened relative to a descriptor of that directory, O_NOFOLLOW (a link
   is not followed, whatever it points at) and O_NONBLOCK (a FIFO does not hold the thread),
-  then judged by fstat of what was opened (checkpoints.refusal): a regular file with one
+  then judged by fstat of what was opened (rules.refusal): a regular file with one
   link, the job's uid's, at most `max_size`, not sparse. It must show the observation the scan found
   stable before and after the copy, and give exactly its size; else it is `Changed` and
   is looked at again when stable.
@@ -32,7 +32,7 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
   at most `BUDGET_FACTOR` × checkpoint_max: room for one job's `keep` (2) checkpoints at
   the largest size, one arriving and one more, or for many jobs with the usual smaller
   ones. Without it a member could fill any host's disk by putting checkpoints for jobs it
-  never runs. The budget is shared per job (checkpoints.make_room), not first come first
+  never runs. The budget is shared per job (rules.make_room), not first come first
   served for the whole host: while there is room any copy fits; past it a job whose cache
   stays within its share (budget / caches holding anything) gets room by removing copies
   of caches over theirs, unprotected ones (neither the latest start's, nor the hub's list,
@@ -46,10 +46,10 @@ Layout: `jobs_dir/<job>-<coordinator hash>/ckpt-cache/<sha256>` (ids.host_dir). 
   and not a fixed fraction: the budget stays whole for one job alone (its checkpoints at
   checkpoint_max), and n jobs get an n-th each. A refusal says why (the watcher logs it;
   a refused put fails that host's part of an attempt, and the coordinator places the
-  attempt again without the host, coordinator.py). Caches of jobs that finished count
+  attempt again without the host, coordinator/coordinator.py). Caches of jobs that finished count
   until they go (a host that is not the hub drops one CHECKPOINT_LINGER after its ranks
   end), or gc removes them (retention); caches a peer put into for a hold that ended
-  before its job ever started here go with the hold (worker.py).
+  before its job ever started here go with the hold (host/worker.py).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ from pathlib import Path
 import structlog
 import trio
 
-from . import trees
-from .checkpoints import Copy, Observation, Scan, is_checkpoint_name, is_sha256, keep_newest, make_room, refusal
+from .. import trees
+from .rules import Copy, Observation, Scan, is_checkpoint_name, is_sha256, keep_newest, make_room, refusal
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -142,7 +142,7 @@ def listing(dir_fd: int) -> dict[str, Observation]:
 class Budget:
     """Bytes all the checkpoint caches under `jobs_dir` may hold together: files, and what
     copies under way have been promised (`claim`, by temporary name, until `settle` or the
-    temporary is gone), shared among the jobs by checkpoints.make_room (the header says
+    temporary is gone), shared among the jobs by rules.make_room (the header says
     why). `protect` names, for a job directory, the shas its cache keeps (the worker's
     word); each cache's newest copy is protected too. Blocking (it lists every job's
     cache): call it from a thread."""

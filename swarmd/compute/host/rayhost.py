@@ -24,14 +24,15 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import raynode, trees
+from .. import trees
+from ..messages import TOKEN
+from . import raynode
 
 BLOCK = 100  # ports of one job on one host: raynode.FIXED of its node's, the rest for its workers
 DEFAULT_RANGE = (20000, 29999)  # below Linux's ephemeral ports (32768-60999)
@@ -40,7 +41,6 @@ OBJECT_STORE_SHARE = 0.3  # Ray's own default share of a node's memory
 # ~510 MiB on a worker, measured) and the driver, so tasks at Ray's limit do not meet the cgroup's
 SYSTEM_SHARE, SYSTEM_MIN = 0.2, 1 << 30
 MIN_OBJECT_STORE = 80 * 2**20  # Ray refuses less than 75 MiB
-TOKEN = re.compile(r"[0-9a-f]{64}")
 TEMP_ROOT = "/tmp"  # where a job without the sandbox's private /tmp gets its Ray temp dir
 TEMP_IN_BOX = "/tmp/ray"  # inside the sandbox /tmp is the job's own tmpfs: short socket paths, gone with it
 WAIT_FOR_CLUSTER = 120.0
