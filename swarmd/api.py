@@ -18,13 +18,8 @@ import trio
 from . import __version__, log
 from .compute import api as compute_api
 from .config import LOG_LEVELS
-from .gossip import swarmstate
-from .gossip.cert import DEFAULT_CERT_TTL, DEFAULT_INVITE_TTL, DEFAULT_INVITE_USES, MAX_INVITE_USES, make_token, parse_token
-from .gossip.revocation import MAX_REASON, resolve_peer
-from .gossip.service import JoinError
-from .p2p.signed import Invalid
-from .gossip.swarmstate import owner_signer
-from .gossip.wire import check_labels
+from .gossip import api as gossip_api
+from .gossip.revocation import resolve_peer
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
 
 if TYPE_CHECKING:
@@ -83,111 +78,8 @@ def methods(node: Node) -> list[Method]:
         node.log.info("log level changed", level=level, previous=previous, by_uid=caller.uid)
         return {"level": level, "previous": previous}
 
-    async def swarm_init(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        try:
-            # the owner's own address comes from the network joins are allocated from (mesh_network)
-            swarm = swarmstate.create(node.config.state_dir, node.identity.peer_id.to_bytes(),
-                                      network=node.gossip.admission.network)
-        except swarmstate.SwarmStateError as exc:
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm init: {exc}") from None
-        node.gossip.adopt(swarm)
-        node.log.info("swarm created", swarm=swarm.swarm, by_uid=caller.uid)
-        return {"swarm": swarm.swarm}
-
-    async def swarm_invite(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        swarm = node.gossip.swarm
-        if swarm is None or not swarm.is_owner:
-            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm invite: only the node that ran `swarm init` holds the owner "
-                                             "key and can invite")
-        expires = float(params.get("expires", DEFAULT_INVITE_TTL))
-        cert_ttl = float(params.get("cert_ttl", DEFAULT_CERT_TTL))
-        uses = params.get("uses", DEFAULT_INVITE_USES)
-        if not 60 <= expires <= 365 * 86400 or not 60 <= cert_ttl <= 10 * 365 * 86400:
-            raise RpcError(ErrorCode.INVALID_PARAMS, "swarm invite: 'expires' must be 1 min to 365 d "
-                                                     "and 'cert_ttl' 1 min to 10 years")
-        if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= MAX_INVITE_USES:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm invite: 'uses' must be 1 to {MAX_INVITE_USES}")
-        me = str(node.identity.peer_id)
-        addrs = [f"{a}/p2p/{me}" for a in node.gossip.addrs()]
-        token = make_token(owner_signer(swarm), swarm.owner_public, addrs, now=time.time(),
-                           expires_in=expires, cert_ttl=cert_ttl, uses=uses)
-        try:
-            node.gossip.admission.record_invite(token.ticket, uses)
-        except (swarmstate.SwarmStateError, ValueError) as exc:
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm invite: {exc}") from None
-        node.log.info("invite issued", expires=round(token.expires), uses=uses, by_uid=caller.uid)
-        return {"token": token.encode(), "swarm": swarm.swarm, "expires": token.expires, "uses": uses,
-                "addrs": addrs}
-
-    async def swarm_revoke(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        swarm = node.gossip.swarm
-        if swarm is None or not swarm.is_owner:
-            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm revoke: only the node that ran `swarm init` holds the "
-                                                       "owner key and can revoke")
-        reason = params.get("reason", "")
-        if not isinstance(reason, str) or len(reason) > MAX_REASON:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm revoke: 'reason' must be at most {MAX_REASON} characters")
-        try:
-            peer = resolve_peer(params["peer"], [m.peer for m in node.gossip.view()])
-        except ValueError as exc:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm revoke: {exc}") from None
-        if peer == node.gossip.me:
-            raise RpcError(ErrorCode.INVALID_PARAMS, "swarm revoke: this is the owner's own node")
-        r = node.gossip.admission.revoke(peer, reason)
-        node.log.warning("member revoked", peer=peer, reason=reason, by_uid=caller.uid)
-        return {"peer": r.peer, "issued": r.issued, "reason": r.reason, "swarm": swarm.swarm}
-
-    async def swarm_revocations(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        return {"revocations": [r.to_dict() for r in node.gossip.admission.revocations.all()]}
-
-    async def swarm_renew(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        if node.gossip.swarm is None:
-            raise RpcError(ErrorCode.OPERATION_FAILED, "swarm renew: this node is in no swarm")
-        if not await node.gossip.admission.renew():
-            raise RpcError(ErrorCode.OPERATION_FAILED,
-                           f"swarm renew: {node.gossip.admission.renewal['error']}")
-        cert = node.gossip.swarm.cert
-        return {"expires": cert.expires, "addr4": cert.addr4}
-
-    async def swarm_join(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        if node.gossip.swarm is not None:
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm join: this node is already in swarm {node.gossip.swarm.swarm}")
-        try:
-            token = parse_token(params["token"])
-        except ValueError as exc:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"swarm join: {exc}") from None
-        try:
-            swarm = await node.gossip.join(token, node.config.state_dir)
-        except (JoinError, swarmstate.SwarmStateError) as exc:
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"swarm join: {exc}") from None
-        return {"swarm": swarm.swarm}
-
     async def peers(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         return {"swarm": node.gossip.swarm.swarm if node.gossip.swarm else None, "peers": peer_rows(node)}
-
-    async def labels_set(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        return change_labels(params["labels"], [], caller)
-
-    async def labels_rm(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        keys = params["keys"]
-        if not all(isinstance(k, str) for k in keys):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "labels.rm: 'keys' must be strings")
-        return change_labels({}, keys, caller)
-
-    def change_labels(set_: dict[str, Any], remove: list[str], caller: Caller) -> dict[str, Any]:
-        try:
-            check_labels(set_, "labels")
-        except Invalid as exc:
-            raise RpcError(ErrorCode.INVALID_PARAMS, exc.detail) from None
-        labels = {k: v for k, v in node.gossip.labels.items() if k not in remove} | set_
-        try:
-            check_labels(labels, "labels")
-        except Invalid as exc:
-            raise RpcError(ErrorCode.INVALID_PARAMS, exc.detail) from None
-        swarmstate.change_labels(node.config.state_dir, set_, remove)
-        node.gossip.set_labels(labels)
-        node.log.info("labels changed", labels=labels, by_uid=caller.uid)
-        return {"labels": labels}
 
     def mesh_or_error(method: str):
         if node.mesh is None:
@@ -222,6 +114,7 @@ def methods(node: Node) -> list[Method]:
         return result
 
     return [*compute_api.methods(lambda: node.jobs if node.gossip.swarm is not None else None),
+        *gossip_api.methods(node.gossip, state_dir=node.config.state_dir, log=node.log),
         Method(name="status", handler=status, access=Access.READ, doc="this node: identity, addresses, uptime"),
         Method(name="version", handler=version, access=Access.READ, doc="daemon and library versions"),
         Method(name="status.watch", handler=watch, access=Access.READ, streams=True,
@@ -231,28 +124,7 @@ def methods(node: Node) -> list[Method]:
         Method(name="log.level", handler=set_log_level, access=Access.ADMIN,
                doc="change the daemon's log level at run time",
                params={"level": Param(type=str, required=True, doc=" | ".join(LOG_LEVELS))}),
-        Method(name="swarm.init", handler=swarm_init, access=Access.ADMIN,
-               doc="make a new swarm, owned by this node"),
-        Method(name="swarm.invite", handler=swarm_invite, access=Access.ADMIN,
-               doc="an invite token for a new member (owner only)",
-               params={"expires": Param(type=(int, float), doc="seconds the token is valid (default 1 day)"),
-                       "cert_ttl": Param(type=(int, float), doc="seconds the member's certificate is valid"),
-                       "uses": Param(type=int, doc="how many nodes the token admits (default 1)")}),
-        Method(name="swarm.revoke", handler=swarm_revoke, access=Access.ADMIN,
-               doc="revoke a member for good (owner only); the swarm drops it within seconds",
-               params={"peer": Param(type=str, required=True, doc="peer id, or an unambiguous part of one"),
-                       "reason": Param(type=str, doc="for the record and the logs")}),
-        Method(name="swarm.revocations", handler=swarm_revocations, access=Access.READ,
-               doc="the revoked peers this node knows of"),
-        Method(name="swarm.renew", handler=swarm_renew, access=Access.ADMIN,
-               doc="renew this node's certificate from the owner now"),
-        Method(name="swarm.join", handler=swarm_join, access=Access.ADMIN, doc="join a swarm with an invite token",
-               params={"token": Param(type=str, required=True, doc="from `swarmctl swarm invite`")}),
         Method(name="peers", handler=peers, access=Access.READ, doc="every member in this node's view"),
-        Method(name="labels.set", handler=labels_set, access=Access.ADMIN, doc="set labels on this node's record",
-               params={"labels": Param(type=dict, required=True, doc="{key: value}")}),
-        Method(name="labels.rm", handler=labels_rm, access=Access.ADMIN, doc="remove labels from this node's record",
-               params={"keys": Param(type=list, required=True, doc="[key, ...]")}),
         Method(name="mesh", handler=mesh, access=Access.READ, doc="this node's WireGuard interface and its peers"),
         Method(name="route", handler=route, access=Access.READ,
                doc="why traffic to a peer goes direct or through a relay: RTTs, relays considered, hysteresis",

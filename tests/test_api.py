@@ -74,7 +74,8 @@ class FakeMesh:
 
 def node(v: View, routing: FakeRouting | None, mesh: FakeMesh | None = None, **extra: Any) -> SimpleNamespace:
     gossip = SimpleNamespace(view=lambda: v, me=ME, swarm=SimpleNamespace(swarm="s1"))
-    return SimpleNamespace(gossip=gossip, routing=routing, mesh=mesh, **{"mesh_off": None, **extra})
+    return SimpleNamespace(gossip=gossip, routing=routing, mesh=mesh, config=SimpleNamespace(state_dir=None), log=None,
+                           **{"mesh_off": None, **extra})
 
 
 def call(n: SimpleNamespace, method: str, **params: Any) -> Any:
