@@ -14,6 +14,7 @@ import trio
 from swarmd import api
 from swarmd.gossip.membership import MemberView, State, View
 from swarmd.rpc.protocol import Access, Caller, ErrorCode, RpcError
+from swarmd.testing import FakeMesh
 
 ME = "12D3KooWK99VoVxNE7XzyBwXEzW7xhK7Gpv85r9F3V3fyKSUKPH5"
 H2 = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
@@ -56,20 +57,6 @@ def view(members: dict[str, float | None]) -> View:
     return View(version=1, me=ME, members=MappingProxyType({
         p: MemberView(peer=p, state=State.ALIVE, stale=False, record=record(p), since=0.0, heard=0.0,
                       expires=1e9, rtt_ewma=rtt, rtt_min=rtt) for p, rtt in members.items()}))
-
-
-class FakeMesh:
-    started, error = True, None
-
-    def __init__(self, peers: list[str | None]) -> None:
-        self.peers = peers
-
-    def status(self) -> dict[str, Any]:
-        return {"interface": "wrd0", "backend": "kernel", "address": "10.211.0.1", "public_key": "k"}
-
-    async def peer_rows(self) -> list[dict[str, Any]]:
-        return [{"peer": p, "overlay": None, "endpoint": "192.0.2.3:51820", "direct": False,
-                 "handshake_age_s": 3.0, "rx_bytes": 1, "tx_bytes": 2} for p in self.peers]
 
 
 def node(v: View, routing: FakeRouting | None, mesh: FakeMesh | None = None, **extra: Any) -> SimpleNamespace:

@@ -16,44 +16,15 @@ import trio.testing
 
 from swarmd.gossip.peers import DIAL_TIMEOUT, Peers
 from swarmd.p2p.streams import PeerError
+from swarmd.testing import SlowHost
 
 RTT = 0.243
 PROBE_TIMEOUT = 3 * RTT + 0.1
 
 
-class SlowHost:
-    """``connect`` takes five round trips; ``refuse`` makes it fail, ``hang`` never answer."""
-
-    def __init__(self, *, refuse: bool = False, hang: bool = False) -> None:
-        self.connected: set = set()
-        self.dials = 0
-        self.cancelled = 0
-        self.refuse, self.hang = refuse, hang
-
-    def get_connected_peers(self) -> list:
-        return list(self.connected)
-
-    def get_peerstore(self):
-        return SimpleNamespace(clear_addrs=lambda peer: None)
-
-    async def connect(self, info) -> None:
-        self.dials += 1
-        try:
-            await trio.sleep(float("inf") if self.hang else 5 * RTT)
-        except trio.Cancelled:
-            self.cancelled += 1
-            raise
-        if self.refuse:
-            raise ConnectionRefusedError("refused")
-        self.connected.add(info.peer_id)
-
-
 def peers_on(host: SlowHost, nursery: trio.Nursery | None, view=lambda: {}) -> Peers:
     async def forget(pid) -> None:
         pass
-
-    async def disconnect(pid) -> None:
-        host.connected.discard(pid)
 
     async def watch(pid, gated) -> None:
         pass
@@ -64,7 +35,6 @@ def peers_on(host: SlowHost, nursery: trio.Nursery | None, view=lambda: {}) -> P
     async def tell_revoked(pid, proof) -> None:
         pass
 
-    host.disconnect = disconnect
     shared = SimpleNamespace(host=host, nursery=nursery, view=view, excluded=set())
     return Peers(shared, watch=watch, lost=lambda pid: None, busy=lambda peer: True, sync=sync, forget_ping=forget,
                  proof_of_revocation=lambda peer: [], tell_revoked=tell_revoked)
@@ -86,7 +56,7 @@ def autojump_clock():
 
 
 async def test_a_far_members_dial_outlives_the_probe_and_the_next_probe_finds_the_connection(nursery, autojump_clock):
-    host = SlowHost()
+    host = SlowHost(RTT)
     peers = peers_on(host, nursery)
     assert not await probe(peers), "the dial takes longer than one probe"
     await trio.sleep(1.0)  # the next probe period
@@ -96,7 +66,7 @@ async def test_a_far_members_dial_outlives_the_probe_and_the_next_probe_finds_th
 
 async def test_without_the_nursery_the_probe_cuts_the_dial_off_every_time(autojump_clock):
     """What the daemon did before: the member stays unreachable, probe after probe."""
-    host = SlowHost()
+    host = SlowHost(RTT)
     peers = peers_on(host, None)
     for _ in range(3):
         assert not await probe(peers)
@@ -105,7 +75,7 @@ async def test_without_the_nursery_the_probe_cuts_the_dial_off_every_time(autoju
 
 
 async def test_callers_at_once_share_one_dial_and_its_failure(nursery, autojump_clock):
-    host = SlowHost(refuse=True)
+    host = SlowHost(RTT, refuse=True)
     peers = peers_on(host, nursery)
     errors: list[str] = []
 
@@ -127,7 +97,7 @@ async def test_callers_at_once_share_one_dial_and_its_failure(nursery, autojump_
 
 
 async def test_a_dial_that_never_answers_ends_after_its_own_timeout(nursery, autojump_clock):
-    host = SlowHost(hang=True)
+    host = SlowHost(RTT, hang=True)
     peers = peers_on(host, nursery)
     started = trio.current_time()
     with pytest.raises(PeerError, match=f"no answer within {DIAL_TIMEOUT:g} s"):
@@ -139,7 +109,7 @@ async def test_a_dial_that_never_answers_ends_after_its_own_timeout(nursery, aut
 async def test_hanging_up_on_a_member_cancels_its_dial_under_way(nursery, autojump_clock):
     """A member declared dead (or revoked) while a probe's dial to it runs apart: hang_up ends
     the dial, so it cannot connect us again to a member we just hung up on."""
-    host = SlowHost()
+    host = SlowHost(RTT)
     peers = peers_on(host, nursery)
     assert not await probe(peers)  # the dial goes on after the probe ...
     await peers.hang_up("far")  # ... until we hang up on the member
@@ -148,7 +118,7 @@ async def test_hanging_up_on_a_member_cancels_its_dial_under_way(nursery, autoju
 
 
 async def test_a_waiter_whose_dial_fails_after_a_hang_up_hears_why(nursery, autojump_clock):
-    host = SlowHost()
+    host = SlowHost(RTT)
     peers = peers_on(host, nursery)
 
     async def hang_up_soon() -> None:
@@ -162,7 +132,7 @@ async def test_a_waiter_whose_dial_fails_after_a_hang_up_hears_why(nursery, auto
 
 async def test_a_connection_from_the_member_meanwhile_ends_the_wait(nursery, autojump_clock):
     """The far member dialled us first: the probe waiting for our dial goes on at once."""
-    host = SlowHost(hang=True)
+    host = SlowHost(RTT, hang=True)
     peers = peers_on(host, nursery)
     nursery.start_soon(peers.events)
     started = trio.current_time()
@@ -181,7 +151,7 @@ async def test_whatever_a_dial_raises_is_the_waiters_error_and_gossip_goes_on(nu
     def view():
         raise RuntimeError("a view that cannot be read")
 
-    peers = peers_on(SlowHost(), nursery, view=view)
+    peers = peers_on(SlowHost(RTT), nursery, view=view)
     with pytest.raises(PeerError, match="RuntimeError: a view that cannot be read"):
         await peers.ensure_connected("far")
     assert not peers._dialing  # (and the nursery, gossip's, still runs: this test would fail otherwise)

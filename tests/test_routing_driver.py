@@ -31,6 +31,7 @@ from swarmd.routing import relay as relay_mod
 from swarmd.routing import request as rq
 from swarmd.vivaldi.coordinates import Coordinate
 from swarmd.routing.relay import Relay
+from swarmd.testing import FakeMesh
 from tests.fake_stream import FakeStream
 
 SWARM = swarm_id(bytes(SigningKey(b"\x0a" * 32).verify_key))
@@ -1397,43 +1398,6 @@ class HostGossip(FakeGossip):
         self.readvertised += 1
 
 
-class FakeMesh:
-    def __init__(self, direct: dict[str, str] | None = None) -> None:
-        self.direct = direct or {}
-        self.set_calls: list[tuple[float, dict]] = []
-        self.down = 0  # set_relayed calls that raise (the backend being restarted)
-        self.writes = 0  # Mesh.writes: our writes to the device, started and ended
-        self.write_while_read = False  # a write of ours overlaps the next reading
-
-    def peers(self) -> set[str]:
-        return set()
-
-    def info(self):
-        return None
-
-    def direct_ip(self, peer: str, version: int) -> str | None:
-        return self.direct.get(peer)
-
-    async def reassert(self, peers) -> None:
-        await trio.lowlevel.checkpoint()
-
-    async def set_relayed(self, relayed: dict[str, str]) -> None:
-        self.set_calls.append((trio.current_time(), dict(relayed)))
-        if self.down:
-            self.down -= 1
-            raise RuntimeError("wireguard-go is not running")
-
-    async def peer_rows(self) -> list[dict]:
-        if self.down:
-            raise RuntimeError("wireguard-go is not running")
-        if self.write_while_read:
-            self.write_while_read = False
-            self.writes += 2
-        if hasattr(self, "rows"):
-            return list(self.rows)
-        return [{"peer": peer, "rx_bytes": rx, "tx_bytes": tx} for peer, (rx, tx) in getattr(self, "bytes", {}).items()]
-
-
 async def test_a_peers_wireguard_endpoint_is_proven_by_its_packets_never_by_an_endpoint_we_wrote(autojump_clock):
     """Routing.proven, what the relay aims a pair's packets at (issue 23 finding 11): rx grew
     from one reading to the next with no write of ours to the device in between, so the
@@ -1528,7 +1492,7 @@ def test_the_relays_ip_is_the_one_our_connection_reaches_if_its_record_lists_it(
                             ("c", ("2001:db8::3",))):
         view.members[ID[name]].record.wg.endpoints = endpoints
     connections = {R: ["198.18.0.1", "192.0.2.100"], R2: ["198.18.0.2"], C: ["2001:db8::3"]}
-    mesh = FakeMesh({R: "203.0.113.9", R2: "192.0.2.200", C: "2001:db8::3"})
+    mesh = FakeMesh(direct={R: "203.0.113.9", R2: "192.0.2.200", C: "2001:db8::3"})
     routing = make_routing(HostGossip(A, view, connections), mesh)
     assert routing.relay_ip(R) == "192.0.2.100"  # proven by TCP and listed; not the mesh's first choice
     assert routing.relay_ip(R2) == "192.0.2.200"  # connected from an address it does not list: the mesh's

@@ -12,39 +12,10 @@ import trio
 import trio.testing
 
 from swarmd.p2p.streams import PeerError, Pinger
+from swarmd.testing import SlowHost
 
 RTT = 0.243
-
-
-class EchoStream:
-    """libp2p's ping protocol: what is written comes back one RTT later."""
-
-    def __init__(self) -> None:
-        self.pending = bytearray()
-        self.resets = 0
-
-    async def write(self, data: bytes) -> None:
-        self.pending += data
-
-    async def read(self, n: int) -> bytes:
-        await trio.sleep(RTT)
-        out, self.pending = bytes(self.pending[:n]), self.pending[n:]
-        return out
-
-    async def reset(self) -> None:
-        self.resets += 1
-
-
-class SlowHost:
-    """Opening a stream costs two round trips (multistream-select)."""
-
-    def __init__(self) -> None:
-        self.opened: list[EchoStream] = []
-
-    async def new_stream(self, peer, protocols) -> EchoStream:
-        await trio.sleep(2 * RTT + 0.004)
-        self.opened.append(EchoStream())
-        return self.opened[-1]
+OPEN = 2 * RTT + 0.004  # a stream's opening as seen: two round trips and a little (0.49 s)
 
 
 async def probe(pinger: Pinger, timeout: float = 0.5) -> float | None:
@@ -62,7 +33,7 @@ def autojump_clock():
 
 
 async def test_a_far_member_is_measured_from_the_second_probe_on(nursery, autojump_clock):
-    host = SlowHost()
+    host = SlowHost(RTT, open_s=OPEN)
     pinger = Pinger(host)
     pinger.start(nursery)
     assert await probe(pinger) is None  # the opening takes the first probe's time
@@ -74,7 +45,7 @@ async def test_a_far_member_is_measured_from_the_second_probe_on(nursery, autoju
 
 async def test_a_probe_that_waited_for_the_opening_keeps_time_for_the_echo_when_it_has_it(nursery, autojump_clock):
     """A near member (the opening quick, time left over) is measured by the first probe."""
-    host = SlowHost()
+    host = SlowHost(RTT, open_s=OPEN)
     pinger = Pinger(host)
     pinger.start(nursery)
     assert await probe(pinger, timeout=2.0) is not None  # (timed on the wall clock, not the mock one)
