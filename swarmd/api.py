@@ -39,6 +39,7 @@ class Node(Protocol):
     mesh_off: str | None
     routing: Any
     jobs: Any
+    rejects: Any  # p2p.rejects.Rejects: what every subsystem refused
     log: Any
     log_level: str
 
@@ -218,9 +219,10 @@ def swarm_status(node: Node) -> dict[str, Any]:
         "swarm": {"id": swarm.swarm, "owner": swarm.is_owner, "cert_expires": swarm.cert.expires,
                   "members": node.gossip.view().counts(), "record_error": node.gossip.record_error,
                   **node.gossip.admission.status()},
-        "gossip": {**{k: node.gossip.traffic[k] for k in ("messages_in", "messages_out", "bytes_in",
-                                                           "bytes_out", "dropped")},
-                   "rejected": dict(node.gossip.rejected)},
+        "gossip": {**{k: node.gossip.traffic.counts[k] for k in ("messages_in", "messages_out", "bytes_in",
+                                                                  "bytes_out", "dropped")},
+                   "rejected": dict(node.rejects.rejected)},  # every subsystem's, by reason
+        "rejected": {subsystem: dict(counts) for subsystem, counts in node.rejects.by_subsystem.items()},
         "record": None if own is None else {
             "seq": own.seq, "addrs": list(own.addrs), "labels": own.labels,
             "resources": own.resources.to_wire(), "summary": own.resources.summary()},

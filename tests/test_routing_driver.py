@@ -91,6 +91,7 @@ class FakeRouting:
 
     def __init__(self, gossip: FakeGossip) -> None:
         self.g = gossip
+        self.reject = gossip.reject  # routing's refusals: the fake gossip records them
         self.config = SimpleNamespace(mesh_port=51820, relay_ports=(51821, 52820))
         self.registry = CollectorRegistry()
         self.metrics_rejected = Counter("swarmd_relay_rejected", "refused", ["reason"], registry=self.registry)

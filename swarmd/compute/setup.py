@@ -31,9 +31,13 @@ def job_user(config: Config) -> str | None:
 
 
 def from_config(config: Config, gossip: Swarm, mesh: Overlay | None,
-                path_rtt: Callable[[], Rtt] | None = None) -> Jobs:
+                path_rtt: Callable[[], Rtt] | None = None,
+                reject: Callable[[str, str, str], None] | None = None) -> Jobs:
     """The job service of this node. `path_rtt`: routing's measure of a pair by the path its
-    traffic takes (Jobs' header); without it placement reads the probes in the view."""
+    traffic takes (Jobs' header); without it placement reads the probes in the view.
+    `reject`: what counts the jobs' refusals of peers (node.py: the node's counter, labelled
+    "jobs"); gossip's by default."""
+    reject = reject or gossip.reject
     gpus = tuple(g.index for g in gossip.resources.gpus)
     ledger = Ledger(config.job_slots or len(gpus) or DEFAULT_SLOTS_WITHOUT_GPU, gpus)
     state = config.state_dir
@@ -46,14 +50,14 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None,
                     sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep,
                     coordinator_gone=lambda peer: coordinator_gone(gossip, peer))
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
-                         rejected=gossip.reject)
+                         rejected=reject)
     gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
                        name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
-                retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt)
+                retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject)
 
 
 def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:

@@ -3,7 +3,7 @@
 Inputs: join and renew requests (owner node), revocations from gossip and syncs, records
 entering the view, the clock. Outputs: certificates, the revocation list on disk, exclusions
 from the membership (``Gossip.exclude_peer``), refusals counted in
-``swarmd_gossip_rejected_total{reason}``. Checks are the sans-IO ones in ``cert.py``,
+``swarmd_rejected_total{subsystem="gossip", reason}``. Checks are the sans-IO ones in ``cert.py``,
 ``revocation.py`` and ``owner.py``; this module only reads and writes files, talks to peers
 and keeps time.
 

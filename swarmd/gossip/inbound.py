@@ -115,7 +115,7 @@ class Inbound:
     async def read(self, subscription: Any) -> None:
         while True:
             msg = await subscription.get()
-            self.s.rejects.carried("in", len(msg.data))
+            self.s.traffic.carried("in", len(msg.data))
             try:
                 decoded = self.decode(msg.data)
             except Invalid:

@@ -107,7 +107,7 @@ class Loop:
             self._publishing = True
             try:
                 await pubsub.publish(self.s.topic, blob)
-                self.s.rejects.carried("out", len(blob))
+                self.s.traffic.carried("out", len(blob))
             except Exception as exc:
                 log.warning("publish failed", error=f"{exc.__class__.__name__}: {exc}")
             finally:

@@ -13,7 +13,6 @@ another, or this object.
 - sync.py      push-pull sync: the protocol, the payload checks, the merge through the core
 - gate.py      who may talk to us: certificates first, streams per peer
 - peers.py     connections: their events, dialling, hanging up
-- rejects.py   counting and logging what is refused
 - join.py      joining a swarm with an invite
 - admission.py the owner's side of joins, renewals, revocations
 
@@ -21,7 +20,8 @@ Inputs: verified gossipsub messages, probe and sync answers, libp2p connection e
 capacity samples and label changes, and the core's own deadlines. Outputs: signed records
 and rumors on the swarm topic, pings, indirect probes, push-pull syncs. Every request on our
 protocols carries the sender's certificate; anything that fails a check is dropped, counted
-in ``swarmd_gossip_rejected_total{reason}`` and logged once per (reason, peer).
+in ``swarmd_rejected_total{subsystem="gossip", reason}`` (p2p/rejects.py) and logged once
+per (reason, peer).
 
 Everyone else (mesh, placement, the control API) reads the membership through ``view()``,
 an immutable snapshot (membership.View); ``exclude_peer`` removes a member (a revocation, an
@@ -40,7 +40,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from ..p2p.rejects import Rejects
+from ..p2p.rejects import Refusals, Rejects
 from ..p2p.signed import Signer
 from ..p2p.streams import Pinger
 from . import pubsub as ps
@@ -56,7 +56,7 @@ from .peers import Notifee, Peers
 from .probes import Probes
 from .protocols import JOIN_PROTOCOL, PROBE_PROTOCOL, SYNC_PROTOCOL
 from .records import OwnRecord
-from .state import Shared
+from .state import Shared, Traffic
 from .swarmstate import SwarmMembership
 from .sync import Syncs
 from .wire import JobSlots, MeshInfo, Record, Verifier
@@ -84,16 +84,20 @@ class Above:
 class Gossip:
     def __init__(self, *, host: IHost, sign: Signer, peer: str, swarm: SwarmMembership | None,
                  timing: Timing, labels: dict[str, str], addrs: Callable[[], list[str]], seq: int,
-                 metrics: Any, rng: Any, collector: Collector | None = None, above: Above = Above()) -> None:
+                 metrics: Any, rng: Any, collector: Collector | None = None, above: Above = Above(),
+                 refusals: Refusals | None = None) -> None:
         self.timing = timing
         self.labels = dict(labels)
         self.addrs = addrs
         self.metrics = metrics
         self.seq = seq
-        self.rejects = Rejects(metrics)
+        # what gossip refuses (its side of the node's one counter: node.py hands it; a test gets its own)
+        self.rejects = refusals or Rejects(metrics).of("gossip")
+        self.traffic = Traffic(metrics)
         # the metrics' values, kept here too for `swarmctl status` (no metrics port needed)
-        self.traffic, self.rejected = self.rejects.traffic, self.rejects.rejected
-        self.shared = s = Shared(host=host, sign=sign, me=peer, swarm=swarm, rng=rng, rejects=self.rejects)
+        self.rejected = self.rejects.rejected
+        self.shared = s = Shared(host=host, sign=sign, me=peer, swarm=swarm, rng=rng, rejects=self.rejects,
+                                 traffic=self.traffic)
         self.pinger = Pinger(host)
         self.joined = trio.Event()
         if swarm is not None:
@@ -266,7 +270,7 @@ class Gossip:
                                   (JOIN_PROTOCOL, self.admission.handle_join)):
             self.host.set_stream_handler(protocol, self.guarded(handler, per_peer=STREAMS_PER_PEER))
         self.host.get_network().register_notifee(Notifee(self.peers.events_send))
-        ps.count_drops(self.rejects.dropped)
+        ps.count_drops(self.traffic.dropped)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.pinger.start(nursery)

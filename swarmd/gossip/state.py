@@ -2,40 +2,62 @@
 
 ``Shared`` is what this node is and holds while it gossips: its host, key and peer id, the
 swarm it is in (replaced by a renewal), the membership core and the verifier once it is in
-one, the peers it excludes, the nursery and pubsub of the running swarm, and the refusal
-counter. Every helper (loop.py, inbound.py, probes.py, sync.py, gate.py, peers.py,
-admission.py, records.py) reads this, and is given the few callables it needs of the others
-when service.py builds it: a helper holds no other helper, and what one causes in another
-(a probe answered: the core acts; a connection lost: the gate forgets it) goes through the
-core's actions or one callback wired in service.py.
+one, the peers it excludes, the nursery and pubsub of the running swarm, gossip's side of
+the refusal counter (p2p/rejects.py) and the topic's traffic (``Traffic``). Every helper
+(loop.py, inbound.py, probes.py, sync.py, gate.py, peers.py, admission.py, records.py)
+reads this, and is given the few callables it needs of the others when service.py builds
+it: a helper holds no other helper, and what one causes in another (a probe answered: the
+core acts; a connection lost: the gate forgets it) goes through the core's actions or one
+callback wired in service.py.
 
 Everything here is set from the swarm task; nothing is read before ``Gossip.run``.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 from libp2p.abc import IHost
 
-from ..p2p.rejects import Rejects
+from ..p2p.rejects import Refusals
 from ..p2p.signed import Signer
 from .membership import Membership, View
 from .swarmstate import SwarmMembership
 from .wire import Verifier
 
 
+class Traffic:
+    """The swarm topic's messages and bytes each way, and what pubsub dropped for a slow peer:
+    in ``swarmd_gossip_{messages,bytes,dropped}_total`` and in ``counts`` (`swarmctl status`)."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def carried(self, direction: str, size: int) -> None:
+        self.counts[f"messages_{direction}"] += 1
+        self.counts[f"bytes_{direction}"] += size
+        self.metrics.gossip_messages.labels(direction).inc()
+        self.metrics.gossip_bytes.labels(direction).inc(size)
+
+    def dropped(self, peer: Any) -> None:
+        self.counts["dropped"] += 1
+        self.metrics.gossip_dropped.inc()
+
+
 class Shared:
     def __init__(self, *, host: IHost, sign: Signer, me: str, swarm: SwarmMembership | None, rng: Any,
-                 rejects: Rejects) -> None:
+                 rejects: Refusals, traffic: Traffic) -> None:
         self.host = host
         self.sign = sign
         self.me = me
         self.swarm = swarm  # None until `swarm init` or a join; a renewal replaces it
         self.rng = rng
         self.rejects = rejects
+        self.traffic = traffic
         self.core: Membership | None = None  # made when this node is in a swarm
         self.verifier: Verifier | None = None  # made with the core
         self.excluded: dict[str, str] = {}  # peer -> why; applied to the core once it exists

@@ -4,7 +4,7 @@
 - streams.py  framed request/response on a stream, and libp2p's ping as a probe
 - signed.py   signed messages and peer ids (seal, unseal, verify; `short` for display)
 - limits.py   per-peer token buckets and a bounded "recently seen" set
-- rejects.py  one refusal counter (reason, peer) with its log line, once per pair
+- rejects.py  the node's one refusal counter, labelled by subsystem, logged once per (reason, peer)
 
 What a stream here is (every protocol of gossip, routing and compute relies on exactly this):
 reliable and ordered (yamux over TCP), its remote peer the one Noise authenticated

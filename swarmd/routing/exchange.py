@@ -24,7 +24,7 @@ input), and our RTTs to other members are not anyone's to map (records publish o
 (300 s; a pair on a relay is asked first when due, not more often), so an honest asker is
 never refused, and mapping our RTTs to 1,000 relays, 8 a request, takes about 20 minutes.
 A refused ``legs`` (malformed: ``malformed``; too often: ``legs_rate``, like gossip's
-``record_rate``) is counted (gossip's rejected input, by reason) and answered ``{coord,
+``record_rate``) is counted (routing's refusals, p2p/rejects.py) and answered ``{coord,
 error, reason}``: the coordinate is a member's to ask for at any time, so it is served
 whatever becomes of the legs (an asker reads a reply without ``legs`` as legs unanswered,
 ``legs_failed``, and path choice asks that peer again after ASK_INTERVAL_S).
@@ -59,9 +59,11 @@ MAX_ASKERS = 4096  # members whose buckets are kept (least recently used dropped
 class ExchangeHub(Protocol):
     """What the coordinate and legs exchange reads of the routing driver (service.Routing is one)."""
 
-    g: Any  # the gossip driver: view, host, guarded, reject
+    g: Any  # the gossip driver: view, host, swarm
     client: Any  # vivaldi.Client: our coordinate
     paths: Any  # paths.Paths: the legs asked and answered
+
+    def reject(self, reason: str, peer: str, detail: str) -> None: ...  # routing's refusals, counted and logged
 
     def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None: ...
 
@@ -97,7 +99,7 @@ class Exchange:
         try:
             coord = Coordinate.from_wire(reply.get("coord")) if isinstance(reply, dict) else None
         except ValueError as exc:
-            g.reject("malformed", peer, f"coordinate answer: {exc}")
+            self.r.reject("malformed", peer, f"coordinate answer: {exc}")
             coord = None
         if coord is None:
             self.failed += 1
@@ -124,7 +126,7 @@ class Exchange:
             return
         why = self.r.paths.legs_answered(trio.current_time(), peer, reply["legs"])
         if why is not None:
-            g.reject("malformed", peer, f"legs answer: {why}")
+            self.r.reject("malformed", peer, f"legs answer: {why}")
 
     async def handle(self, stream: INetStream) -> None:
         g = self.r.g
@@ -138,9 +140,9 @@ class Exchange:
                         answer.update(self._legs(str(peer), req["legs"]))
                     await write_frame(stream, answer)
         except FrameTooLarge as exc:
-            g.reject("too_large", str(peer), f"coordinate request: {exc}")
+            self.r.reject("too_large", str(peer), f"coordinate request: {exc}")
         except (PeerError, trio.TooSlowError) as exc:
-            g.reject("malformed", str(peer), f"coordinate request: {exc.__class__.__name__}: {exc}")
+            self.r.reject("malformed", str(peer), f"coordinate request: {exc.__class__.__name__}: {exc}")
         finally:
             await close_quietly(stream)
 
@@ -152,7 +154,7 @@ class Exchange:
             reason = "legs_rate"
         if why is not None:
             self.legs_refused += 1
-            self.r.g.reject(reason, peer, f"coordinate request: {why}")
+            self.r.reject(reason, peer, f"coordinate request: {why}")
             return {"error": why, "reason": reason}
         self.legs_served += 1
         return {"legs": self.r.legs_for(legs)}

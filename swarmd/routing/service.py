@@ -62,8 +62,10 @@ PROVEN_FOR = 120.0
 
 
 class Routing(Readout):
-    def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any) -> None:
+    def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any, refusals: Any = None) -> None:
         self.g = gossip
+        # what routing refuses of its peers (p2p.rejects.Refusals, from node.py; a test's gossip counts it)
+        self.reject: Callable[[str, str, str], None] = refusals.reject if refusals is not None else gossip.reject
         self.mesh = mesh
         self.config = config
         self.client = Client(seed=gossip.me)

@@ -88,7 +88,8 @@ class _Live:
 class Jobs:
     def __init__(self, *, store: JobStore, worker: Worker, gossip: Swarm, archives: Path,
                  retention: float = 7 * 86400.0, sandbox: Settings | None = None,
-                 path_rtt: Callable[[], Rtt] | None = None) -> None:
+                 path_rtt: Callable[[], Rtt] | None = None,
+                 reject: Callable[[str, str, str], None] | None = None) -> None:
         self.store = store
         self.worker = worker
         self.sandbox = sandbox  # what the worker's sandbox is set up from, at run
@@ -100,6 +101,7 @@ class Jobs:
         # the node's path choice (routing's rtt_function), wired by node.py: then pairs are
         # measured by the paths jobs will use and pairs nobody probed by coordinates
         self.path_rtt = path_rtt
+        self.reject = reject or gossip.reject  # a member's bad input, counted (node.py: under "jobs")
 
     def job_slots(self) -> JobSlots:
         """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
@@ -482,7 +484,7 @@ class Jobs:
                 try:
                     checked = checked_event(event, ranks, started=run.node_state.get(peer) != "starting")
                 except ValueError as exc:
-                    self.gossip.reject("job_event", peer, f"job {job}: {exc}")
+                    self.reject("job_event", peer, f"job {job}: {exc}")
                     raise HostError(f"{short(peer)} broke the job protocol: {exc}") from None
                 self._event(job, live, peer, checked)
 
