@@ -35,8 +35,8 @@ class Metrics:
                                        ["direction"], registry=self.registry)
         self.gossip_bytes = Counter("swarmd_gossip_bytes", "Bytes of records and rumors on the swarm topic",
                                     ["direction"], registry=self.registry)
-        self.rejected = Counter("swarmd_rejected", "Peer input refused, by subsystem and reason", ["subsystem", "reason"],
-                                registry=self.registry)
+        self.rejected = Counter("swarmd_rejected", "Peer input refused, by subsystem and reason",
+                                ["subsystem", "reason"], registry=self.registry)
         self.gossip_dropped = Counter("swarmd_gossip_dropped", "Outbound gossip RPCs dropped by a full queue",
                                       registry=self.registry)
         self._server: WSGIServer | None = None

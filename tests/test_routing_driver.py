@@ -20,10 +20,12 @@ from structlog.testing import capture_logs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
 from swarmd.gossip.cert import swarm_id
 from swarmd.gossip.membership import State, View
+from swarmd.metrics import Metrics
+from swarmd.p2p.rejects import Rejects
 from swarmd.p2p.signed import peer_from_key, peer_str, unseal
 from swarmd.p2p.streams import PeerError
 from swarmd.routing import exchange, server, sessions
@@ -91,10 +93,11 @@ class FakeRouting:
 
     def __init__(self, gossip: FakeGossip) -> None:
         self.g = gossip
-        self.reject = gossip.reject  # routing's refusals: the fake gossip records them
         self.config = SimpleNamespace(mesh_port=51820, relay_ports=(51821, 52820))
         self.registry = CollectorRegistry()
-        self.metrics_rejected = Counter("swarmd_relay_rejected", "refused", ["reason"], registry=self.registry)
+        self.metrics = Metrics(version="test", peer_id=gossip.me)
+        self.refusals = Rejects(self.metrics).of("routing")  # routing's side of the node's one counter
+        self.refused: list[tuple[str, str, str]] = []  # ... and each refusal with its detail
         self.metrics_pairs = Gauge("swarmd_relay_pairs", "pairs", registry=self.registry)
         self.observed: list[tuple[str, float, bool]] = []
         self.updates: list[tuple[str, Coordinate, float]] = []
@@ -135,8 +138,13 @@ class FakeRouting:
     def update_coordinate(self, peer: str, coord: Coordinate, rtt: float) -> None:
         self.updates.append((peer, coord, rtt))
 
+    def reject(self, reason: str, peer: str, detail: str) -> None:
+        self.refused.append((reason, peer, detail))
+        self.refusals.reject(reason, peer, detail)
+
     def rejected(self, reason: str) -> float:
-        return self.registry.get_sample_value("swarmd_relay_rejected_total", {"reason": reason}) or 0.0
+        return self.metrics.registry.get_sample_value("swarmd_rejected_total",
+                                                      {"subsystem": "routing", "reason": reason}) or 0.0
 
 
 def pending(reply: dict) -> bool:
@@ -583,7 +591,7 @@ async def test_a_refusal_is_logged_once_per_reason_and_peer_but_counted_every_ti
             await srv.answer(ask(A, other=C), A, stream_from(A))  # C is not in the view
             await srv.answer(ask(B, other=C), B, stream_from(B))
             await srv.answer(ask(A, other=B, via_ip="10.0.0.1"), A, stream_from(A))
-    refused = [(e["peer"], e["reason"]) for e in logs if e["event"] == "relay request refused"]
+    refused = [(e["peer"], e["reason"]) for e in logs if e["event"] == "rejected input" and e["subsystem"] == "routing"]
     assert sorted(refused) == sorted([(A, "not_member"), (B, "not_member"), (A, "not_our_address")])
     assert routing.rejected("not_member") == 10 and routing.rejected("not_our_address") == 5
     assert srv.rejected == {"not_member": 10, "not_our_address": 5}
@@ -609,7 +617,7 @@ async def test_a_member_toggling_its_pair_is_rate_limited_counted_and_logged_onc
     refused = [r for r in replies if "error" in r]
     assert refused and {r["reason"] for r in refused} == {"rate_limited"}
     assert routing.rejected("rate_limited") == len(refused) and srv.rejected == {"rate_limited": len(refused)}
-    assert [(e["peer"], e["reason"]) for e in logs if e["event"] == "relay request refused"] == [(B, "rate_limited")]
+    assert [(e["peer"], e["reason"]) for e in logs if e["event"] == "rejected input"] == [(B, "rate_limited")]
     changes = srv.relay.version  # each change of the active pairs (A's first ask changed none)
     assert abs(changes - (relay_mod.CHANGE_BURST + 10 * relay_mod.CHANGE_RATE)) <= 1
     assert len(fwd.applied) <= 1 + changes  # the initial empty table, then one `nft -f` per change at most
@@ -1283,7 +1291,7 @@ async def test_a_fetched_coordinate_updates_ours_with_the_rtt_measured(monkeypat
     await ex.fetch(B, 0.042)
     assert asked == [(asked[0][0], B, exchange.PROTOCOL, {"cert": CERT})]
     assert routing.updates == [(B, Coordinate.from_wire(GOOD), 0.042)]
-    assert (ex.fetched, ex.failed) == (1, 0) and routing.g.rejected == []
+    assert (ex.fetched, ex.failed) == (1, 0) and routing.refused == []
 
 
 async def test_a_coordinate_arriving_after_its_member_left_is_dropped(monkeypatch, autojump_clock):
@@ -1302,8 +1310,8 @@ async def test_a_malformed_coordinate_answer_is_refused_and_counted(monkeypatch,
     ex, routing, _ = exchange_for(monkeypatch, {"coord": coord})
     await ex.fetch(B, 0.042)
     assert routing.updates == [] and (ex.fetched, ex.failed) == (0, 1)
-    assert [(reason, peer) for reason, peer, _ in routing.g.rejected] == [("malformed", B)]
-    assert "coordinate answer" in routing.g.rejected[0][2]
+    assert [(reason, peer) for reason, peer, _ in routing.refused] == [("malformed", B)]
+    assert "coordinate answer" in routing.refused[0][2]
 
 
 @pytest.mark.parametrize("reply", [None, [GOOD], "hang", PeerError("reset")])
@@ -1365,7 +1373,7 @@ async def test_the_exchange_answers_members_only(monkeypatch):
     assert outsider.replies() == []
     big = FakeStream(A, [], raw=(1 << 20).to_bytes(4, "big"))
     await ex.handle(big)
-    assert big.replies() == [] and [r[0] for r in routing.g.rejected] == ["too_large"]
+    assert big.replies() == [] and [r[0] for r in routing.refused] == ["too_large"]
 
 
 

@@ -80,7 +80,8 @@ class Peers:
                  tell_revoked: Callable[[ID, list[bytes]], Awaitable[None]]) -> None:
         self.s = shared
         self._watch, self._lost, self._busy, self._sync = watch, lost, busy, sync
-        self._forget_ping, self._proof_of_revocation, self._tell_revoked = forget_ping, proof_of_revocation, tell_revoked
+        self._forget_ping, self._proof_of_revocation = forget_ping, proof_of_revocation
+        self._tell_revoked = tell_revoked
         self._dialing: dict[ID, _Dial] = {}
         self.events_send, self._events_recv = trio.open_memory_channel[tuple[str, ID]](float("inf"))
 

@@ -11,7 +11,8 @@ end's datagrams at any port of whatever host the request came from), the pair's 
 alive member of our view with a mesh side. A member changing the rules too often (each change is one ``nft -f``
 here) is refused ``rate_limited``, a release too (relay.py). The answer is ``{port, active,
 expires_in}``, ``{released: true}`` or ``{error, reason}``; every refusal is counted in
-``swarmd_relay_rejected{reason}`` and the stream closed, nothing else: one request cannot end
+``swarmd_rejected_total{subsystem="routing", reason}`` (p2p/rejects.py: logged once per
+(reason, peer) an hour) and the stream closed, nothing else: one request cannot end
 the read loop or the daemon.
 
 The rules follow the core's active pairs: after any change the forwarder replaces the
@@ -57,8 +58,9 @@ class RelayHub(Protocol):
     """What the relay's protocol reads of the routing driver (service.Routing is one)."""
 
     g: Any  # the gossip driver: check_member, swarm, me, view
-    metrics_rejected: Any  # a prometheus Counter, by reason
     metrics_pairs: Any  # a prometheus Gauge
+
+    def reject(self, reason: str, peer: str, detail: str) -> None: ...  # routing's refusals, counted and logged
 
     def own_ips(self) -> list[str]: ...
 
@@ -73,16 +75,12 @@ class RelayServer:
         self.applied = -1  # the relay core's version last written to nftables
         self.error: str | None = None  # the last failure to apply the rules
         self.rejected: dict[str, int] = {}
-        self._logged: set[tuple[str, str]] = set()
         self.wake = trio.Event()
         self.applied_event = trio.Event()  # set (and replaced) whenever an attempt to write the rules ended
 
     def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
-        self.r.metrics_rejected.labels(reason).inc()
+        self.r.reject(reason, peer, detail)
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        if (reason, peer) not in self._logged and len(self._logged) < 10_000:  # once per (reason, peer)
-            self._logged.add((reason, peer))
-            log.info("relay request refused", peer=peer, reason=reason, detail=detail)
         return {"error": detail, "reason": reason}
 
     async def handle(self, stream: INetStream) -> None:

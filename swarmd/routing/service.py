@@ -90,8 +90,6 @@ class Routing(Readout):
         self.errors = 0
         self._last_error: str | None = None
         registry = metrics.registry
-        self.metrics_rejected = Counter("swarmd_relay_rejected", "Relay requests refused, by reason", ["reason"],
-                                        registry=registry)
         self.metrics_pairs = Gauge("swarmd_relay_pairs", "Pairs this node relays for (both ends asked)",
                                    registry=registry)
         self.metrics_switches = Counter("swarmd_path_switches", "Paths moved to a relay or back to direct",
