@@ -1,8 +1,12 @@
 """The daemon's control-socket methods: what swarmctl can ask of a node.
 
-Each handler reads the node's state and returns plain data (msgpack-able); the method table
-says who may call each (`rpc.protocol.Access`): anyone who can open the socket reads status,
-peers, the mesh and its routes; changing the node or the swarm needs root or the daemon's user.
+Each package offers its own methods in its api.py (compute: jobs; gossip: the swarm and
+labels; mesh: its key; routing: `route`); this module puts them together with what joins
+several packages or the daemon itself (status, version, the log level, `peers` and `mesh`,
+whose rows carry routing's path columns). Each handler reads the node's state and returns
+plain data (msgpack-able); the method table says who may call each (`rpc.protocol.Access`):
+anyone who can open the socket reads status, peers, the mesh and its routes; changing the
+node or the swarm needs root or the daemon's user.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from . import __version__, log
 from .compute import api as compute_api
 from .config import LOG_LEVELS
 from .gossip import api as gossip_api
-from .gossip.revocation import resolve_peer
+from .mesh import api as mesh_api
+from .routing import api as routing_api
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
 
 if TYPE_CHECKING:
@@ -82,40 +87,16 @@ def methods(node: Node) -> list[Method]:
     async def peers(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         return {"swarm": node.gossip.swarm.swarm if node.gossip.swarm else None, "peers": peer_rows(node)}
 
-    def mesh_or_error(method: str):
-        if node.mesh is None:
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: the WireGuard mesh is off on this node "
-                                                       f"({node.mesh_off})")
-        if not node.mesh.started:
-            why = f": {node.mesh.error}" if node.mesh.error else " (waiting to join a swarm)"
-            raise RpcError(ErrorCode.OPERATION_FAILED, f"{method}: the WireGuard mesh is not up yet{why}")
-        return node.mesh
-
     async def mesh(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        m = mesh_or_error("mesh")
+        m = mesh_api.up(node.mesh, node.mesh_off, "mesh")
         rows, view = await m.peer_rows(), node.gossip.view()
         return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
 
-    async def route(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        mesh_or_error("route")  # paths are the mesh's
-        routing = node.routing
-        if routing is None:
-            raise RpcError(ErrorCode.OPERATION_FAILED, "route: path choice is not running on this node")
-        peer = route_peer(params["peer"], node.gossip.view())
-        try:
-            explained = routing.explain(peer)
-        except KeyError:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {peer} is not a member this node has a path to "
-                                                     "(alive, in the mesh; see `swarmctl peers`)") from None
-        return {"peer": peer, **explained}
-
-    async def mesh_rotate_key(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        result = await mesh_or_error("mesh.rotate-key").rotate_key()
-        node.log.info("mesh key rotated", by_uid=caller.uid)
-        return result
-
     return [*compute_api.methods(lambda: node.jobs if node.gossip.swarm is not None else None),
         *gossip_api.methods(node.gossip, state_dir=node.config.state_dir, log=node.log),
+        *mesh_api.methods(node.mesh, node.mesh_off, log=node.log),
+        *routing_api.methods(node.routing, node.gossip.view,
+                             mesh_up=lambda method: mesh_api.up(node.mesh, node.mesh_off, method)),
         Method(name="status", handler=status, access=Access.READ, doc="this node: identity, addresses, uptime"),
         Method(name="version", handler=version, access=Access.READ, doc="daemon and library versions"),
         Method(name="status.watch", handler=watch, access=Access.READ, streams=True,
@@ -127,12 +108,6 @@ def methods(node: Node) -> list[Method]:
                params={"level": Param(type=str, required=True, doc=" | ".join(LOG_LEVELS))}),
         Method(name="peers", handler=peers, access=Access.READ, doc="every member in this node's view"),
         Method(name="mesh", handler=mesh, access=Access.READ, doc="this node's WireGuard interface and its peers"),
-        Method(name="route", handler=route, access=Access.READ,
-               doc="why traffic to a peer goes direct or through a relay: RTTs, relays considered, hysteresis",
-               params={"peer": Param(type=str, required=True,
-                                     doc=f"peer id, or at least {MIN_PEER_PART} characters of its start or end")}),
-        Method(name="mesh.rotate-key", handler=mesh_rotate_key, access=Access.ADMIN,
-               doc="a new WireGuard key for this node, re-advertised at once"),
     ]
 
 
@@ -187,23 +162,6 @@ def path_columns(node: Node, view: View[Any], peer: str | None) -> dict[str, Any
     return {key: _ms(row.get(key)) if key.endswith("_ms") else row.get(key) for key in NO_PATH}
 
 
-MIN_PEER_PART = 6  # characters of a peer id `route` takes: the tables show the last 8
-
-
-def route_peer(text: str, view: View[Any]) -> str:
-    """The member `route` is asked about: a full id, or an unambiguous start or end of one."""
-    text = text.strip()
-    if text not in view and len(text) < MIN_PEER_PART:
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {text!r} is too short to name a peer: give at least "
-                                                 f"{MIN_PEER_PART} characters of its id (`swarmctl peers` shows "
-                                                 "the last 8)")
-    try:
-        peer = resolve_peer(text, [m.peer for m in view])
-    except ValueError as exc:
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"route: {exc}") from None
-    if peer == view.me:
-        raise RpcError(ErrorCode.INVALID_PARAMS, "route: that is this node itself")
-    return peer
 
 
 def _ms(value: float | None) -> float | None:
