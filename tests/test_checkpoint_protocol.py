@@ -27,6 +27,7 @@ from swarmd.compute.torchenv import NodeRole
 from swarmd.compute.host import worker as worker_mod
 from swarmd.compute.host.worker import StartRequest, Worker, WorkerError
 from swarmd.compute.workdir import Cache
+from swarmd.p2p.transfer import CHUNK
 from swarmd.rpc.framing import HEADER, encode_frame
 from fake_stream import FakeStream
 from swarmd.testing import FakeNet
@@ -89,7 +90,7 @@ def checkpoint(tmp_path: Path, data: bytes, name: str = "e1.pt") -> tuple[Path, 
 
 async def test_a_put_then_a_get_round_trips_the_bytes_and_a_second_put_sends_nothing(tmp_path):
     host = Host(tmp_path)
-    data = os.urandom(service.CHUNK * 2 + 12345)  # three chunks
+    data = os.urandom(CHUNK * 2 + 12345)  # three chunks
     path, sha = checkpoint(tmp_path, data)
     async with trio.open_nursery() as nursery:
         coord = host.remote(nursery, "coord")
@@ -406,7 +407,7 @@ async def test_a_checkpoint_crosses_real_libp2p_both_ways(tmp_path):
     h_ident, _ = load_or_create(tmp_path / "h")
     c_ident, _ = load_or_create(tmp_path / "c")
     h_p2p, c_p2p = make_host(h_ident, ["/ip4/127.0.0.1/tcp/0"]), make_host(c_ident, ["/ip4/127.0.0.1/tcp/0"])
-    data = os.urandom(3 * service.CHUNK + 1)
+    data = os.urandom(3 * CHUNK + 1)
     path, sha = checkpoint(tmp_path, data)
     async with h_p2p.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]), c_p2p.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         h_p2p.set_stream_handler(service.JOB_PROTOCOL, host.handler.handle)
@@ -431,7 +432,7 @@ async def test_a_fetch_into_the_hubs_incoming_file_is_moved_into_the_cache_and_a
     (tmp_path / "h").mkdir()
     (tmp_path / "hub").mkdir()
     host, hub = Host(tmp_path / "h"), Host(tmp_path / "hub")
-    data = os.urandom(service.CHUNK + 7)
+    data = os.urandom(CHUNK + 7)
     path, sha = checkpoint(tmp_path, data)
     w = hub.worker
     async with trio.open_nursery() as nursery:
@@ -505,6 +506,14 @@ async def test_whatever_a_host_sends_or_a_local_file_does_a_remote_host_raises_o
          "a 4294967295-byte frame"),
         (Scripted([{"size": 7}]), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "no" / "dest"),
          "No such file or directory"),
+        (Scripted([{"size": 7}, {"data": b"weights!"}]), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"),
+         "more than its 7 bytes, or a malformed chunk"),
+        (Scripted([{"size": 7}, {"data": "weights"}]), lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"),
+         "more than its 7 bytes, or a malformed chunk"),
+        (Scripted([{"size": 7}, {"data": b"wei"}, {"error": "the disk went away"}]),
+         lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"), "the disk went away"),
+        (Scripted([{"size": 7}, {"data": b"wei"}, {"end": True}]),
+         lambda r: r.get_checkpoint(JOB, sha, 7, tmp_path / "dest"), "arrived as 3 bytes with sha256"),
         (Scripted([], HUGE), lambda r: r.put_checkpoint(JOB, "e1.pt", sha, 7, path), "a 4294967295-byte frame"),
         (Scripted([{"have": False}]), lambda r: r.put_checkpoint(JOB, "e1.pt", sha, 7, tmp_path / "pruned"),
          "No such file or directory"),

@@ -2,6 +2,7 @@
 
 - host.py     the libp2p host (Noise, yamux, mDNS), the addresses it announces, reconnects
 - streams.py  framed request/response on a stream, and libp2p's ping as a probe
+- transfer.py chunked transfer on a stream: {data} frames then {end}, received with its limits
 - signed.py   signed messages and peer ids (seal, unseal, verify; `short` for display)
 - limits.py   per-peer token buckets and a bounded "recently seen" set
 - rejects.py  the node's one refusal counter, labelled by subsystem, logged once per (reason, peer)

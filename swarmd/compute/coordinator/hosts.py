@@ -24,12 +24,12 @@ from libp2p.peer.id import ID
 
 from ...p2p.signed import short
 from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
+from ...p2p.transfer import CHUNK_TIMEOUT, TransferError, receive_chunks, send_chunks
 from ...rpc.framing import FramingError
 from .. import forward as fwd
 from ..checkpoints.cache import CheckpointError
 from ..host.executor import ExecutorError, free_port
-from ..host.service import (CHUNK, CHUNK_TIMEOUT, JOB_PROTOCOL, MAX_CHUNK_FRAME, REQUEST_TIMEOUT, WORKDIR_TIMEOUT,
-                      open_forward, transfer_timeout)
+from ..host.service import JOB_PROTOCOL, REQUEST_TIMEOUT, WORKDIR_TIMEOUT, open_forward, transfer_timeout
 from ..host.worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
 from ..ledger import Grant, Refusal
 from ..messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
@@ -245,11 +245,9 @@ class RemoteHost:
                 return
             fd = await trio.to_thread.run_sync(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                while chunk := await trio.to_thread.run_sync(os.read, fd, CHUNK):
-                    await write_frame(stream, {"data": chunk})
+                await send_chunks(stream, fd)
             finally:
                 os.close(fd)
-            await write_frame(stream, {"end": True})
             _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
         except PeerError as exc:
             raise HostError(f"{short(self.peer)}: putting checkpoint {sha[:12]} failed: {exc}") from None
@@ -283,18 +281,14 @@ class RemoteHost:
                                 f"there, not {size}")
             received = _Received(dest)
             try:
-                while True:
-                    with trio.move_on_after(CHUNK_TIMEOUT) as pause:
-                        frame = _reply(self.peer, await read_frame(stream, MAX_CHUNK_FRAME))
-                    if pause.cancelled_caught:
-                        raise HostError(f"{short(self.peer)}: no checkpoint chunk for {CHUNK_TIMEOUT:g} s")
-                    if frame.get("end") is True:
-                        break
-                    chunk = frame.get("data")
-                    if not isinstance(chunk, bytes) or received.size + len(chunk) > size:
-                        raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]}: more than its {size} bytes, "
-                                        "or a malformed chunk")
-                    await trio.to_thread.run_sync(received.write, chunk)
+                await receive_chunks(stream, size, lambda chunk: trio.to_thread.run_sync(received.write, chunk),
+                                     what="checkpoint", check=lambda frame: _reply(self.peer, frame))
+            except TransferError as exc:  # one short of `size` is told below, with its sha256
+                if exc.reason == "stalled":
+                    raise HostError(f"{short(self.peer)}: no checkpoint chunk for {CHUNK_TIMEOUT:g} s") from None
+                if exc.reason != "short":
+                    raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]}: more than its {size} bytes, "
+                                    "or a malformed chunk") from None
             finally:
                 received.close()
             if received.size != size or received.hash.hexdigest() != sha:
@@ -320,10 +314,7 @@ class RemoteHost:
             first = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
             if first.get("have"):
                 return
-            for offset in range(0, len(data), CHUNK):
-                await write_frame(stream, {"data": data[offset:offset + CHUNK]})
-                progress(min(len(data), offset + CHUNK))
-            await write_frame(stream, {"end": True})
+            await send_chunks(stream, data, progress=progress)
             _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
         except PeerError as exc:
             raise HostError(f"{short(self.peer)}: shipping the workdir failed: {exc}") from None

@@ -51,7 +51,6 @@ Every refusal of a peer's request is counted by reason and answered with the rea
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
@@ -64,6 +63,7 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
+from ...p2p.transfer import CHUNK_TIMEOUT, TransferError, receive_chunks, send_chunks
 from ...rpc.framing import FrameTooLarge
 from .. import forward as fwd
 from ..checkpoints.cache import CheckpointError, Incoming
@@ -77,11 +77,8 @@ from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
 log = structlog.get_logger("swarmd.jobs")
 
 JOB_PROTOCOL = "/swarmd/job/2.0.0"
-CHUNK = 1024 * 1024
-MAX_CHUNK_FRAME = CHUNK + 1024  # a chunk and its framing
 MAX_START_FRAME = 4 * 1024 * 1024  # a job spec's largest cmd and env (spec.py) with room to spare
 REQUEST_TIMEOUT = 10.0
-CHUNK_TIMEOUT = 30.0  # seconds a workdir upload may pause between chunks
 WORKDIR_TIMEOUT = 600.0  # seconds a whole workdir upload may take (64 MiB at about 110 kB/s)
 MAX_STREAMS_PER_PEER = 16  # beyond this host's job slots (each running job holds one stream)
 MAX_STREAMS = 256
@@ -204,7 +201,7 @@ class JobHandler:
                 if not is_job_id(req.get("job")):
                     check_job_id(req.get("job"))  # raises, naming the format
                 reply = await self._op(op, req["job"], peer, req, stream)
-                if reply is not None:  # None: the op has had the stream (a forward)
+                if reply is not None:  # None: the op has had the stream (a forward, a ckpt_get)
                     await write_frame(stream, reply)
             except _Rejected as exc:
                 self.rejected(exc.code, peer, f"job {shown}: {exc}")
@@ -265,7 +262,8 @@ class JobHandler:
                 try:
                     if op == CkptPut.OP:
                         return await self._put_checkpoint(CkptPut.from_wire(req), stream, job, coordinator)
-                    return await self._get_checkpoint(CkptGet.from_wire(req), stream, job, coordinator)
+                    await self._get_checkpoint(CkptGet.from_wire(req), stream, job, coordinator)
+                    return None
                 except OSError as exc:  # this host's disk, not the request
                     raise WorkerError(f"this host's checkpoint cache: {exc}") from None
             case "start":
@@ -399,8 +397,7 @@ class JobHandler:
         await _receive_chunks(stream, incoming.size, transfer_timeout(incoming.size), "checkpoint", take,
                               size_code="checkpoint_size")
 
-    async def _get_checkpoint(self, req: CkptGet, stream: INetStream, job: str,
-                              coordinator: str) -> dict[str, Any]:
+    async def _get_checkpoint(self, req: CkptGet, stream: INetStream, job: str, coordinator: str) -> None:
         """A checkpoint from the requester's own cache of its job: ``{size}``, its chunks,
         ``{end}``."""
         sha = req.sha256
@@ -416,13 +413,11 @@ class JobHandler:
                 size = os.fstat(fd).st_size
                 await write_frame(stream, {"size": size})
                 with trio.move_on_after(transfer_timeout(size)) as whole:
-                    while chunk := await trio.to_thread.run_sync(os.read, fd, CHUNK):
-                        await write_frame(stream, {"data": chunk})
+                    await send_chunks(stream, fd)
                 if whole.cancelled_caught:
                     raise _Rejected("timeout", f"the checkpoint was not taken within {transfer_timeout(size):g} s")
             finally:
                 os.close(fd)
-        return {"end": True}
 
 
 def transfer_timeout(size: int) -> float:
@@ -432,32 +427,15 @@ def transfer_timeout(size: int) -> float:
 
 async def _receive_chunks(stream: INetStream, size: int, within: float, what: str,
                           take: Callable[[bytes], Any], *, size_code: str = "malformed") -> None:
-    """A transfer's ``{data}`` frames until ``{end}``, each handed to `take` (sync or async):
-    exactly `size` bytes, a chunk every CHUNK_TIMEOUT, all within `within` seconds; anything
-    else is refused naming `what` (a size mismatch counted under `size_code`)."""
-    received = 0
-    with trio.move_on_after(within) as whole:
-        while True:
-            with trio.move_on_after(CHUNK_TIMEOUT) as pause:
-                frame = await read_frame(stream, MAX_CHUNK_FRAME)
-            if pause.cancelled_caught:
-                raise _Rejected("timeout", f"no {what} chunk for {CHUNK_TIMEOUT:g} s")
-            if not isinstance(frame, dict):
-                raise ValueError(f"a {what} chunk must be a map")
-            if frame.get("end") is True:
-                break
-            chunk = frame.get("data")
-            if not isinstance(chunk, bytes) or not chunk:
-                raise ValueError(f"a {what} chunk must be {{data: bytes}} or {{end: true}}")
-            if received + len(chunk) > size:
-                raise _Rejected(size_code, f"the {what}'s chunks are more than its {size} bytes")
-            if inspect.isawaitable(taken := take(chunk)):
-                await taken
-            received += len(chunk)
-    if whole.cancelled_caught:
-        raise _Rejected("timeout", f"the {what} took more than {within:g} s to arrive")
-    if received != size:
-        raise _Rejected(size_code, f"the {what} ended after {received} of its {size} bytes")
+    """transfer.receive_chunks, its refusals as this protocol's: a malformed chunk a
+    ValueError, a pause or the deadline counted under ``timeout``, a size mismatch under
+    `size_code`."""
+    try:
+        await receive_chunks(stream, size, take, what=what, within=within)
+    except TransferError as exc:
+        if exc.reason == "malformed":
+            raise ValueError(str(exc)) from None
+        raise _Rejected("timeout" if exc.reason in ("stalled", "late") else size_code, str(exc)) from None
 
 
 def _answer(answer: Grant | Refusal, *, port: bool = False) -> dict[str, Any]:
