@@ -64,8 +64,7 @@ PROVEN_FOR = 120.0
 class Routing(Readout):
     def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any, refusals: Any = None) -> None:
         self.g = gossip
-        # what routing refuses of its peers (p2p.rejects.Refusals, from node.py; a test's gossip counts it)
-        self.reject: Callable[[str, str, str], None] = refusals.reject if refusals is not None else gossip.reject
+        self._refusals = refusals  # p2p.rejects.Refusals, from node.py; without one gossip's counts (tests)
         self.mesh = mesh
         self.config = config
         self.client = Client(seed=gossip.me)
@@ -137,6 +136,10 @@ class Routing(Readout):
 
     def paths_changed(self) -> None:
         self._wake.set()
+
+    def reject(self, reason: str, peer: str, detail: str) -> None:
+        """A peer's input routing refuses (exchange.py, server.py): counted under "routing", logged once."""
+        (self._refusals or self.g).reject(reason, peer, detail)
 
     def own_ips(self) -> list[str]:
         info = self.mesh.info() if self.mesh is not None else None
