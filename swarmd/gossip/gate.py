@@ -16,7 +16,6 @@ record of the view (``is_member``). Excluded and revoked peers are refused all t
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +25,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
+from ..p2p.limits import Streams
 from ..p2p.signed import Invalid
 from ..p2p.streams import close_quietly, reset_quietly, write_frame
 from .cert import Cert, check_cert
@@ -60,16 +60,15 @@ class Gate:
     def guarded(self, handler: Callable[[INetStream], Any],
                 per_peer: int = STREAMS_PER_PEER_OTHER) -> Callable[[INetStream], Any]:
         """``handler`` with at most ``per_peer`` running at once per peer, and no exception out."""
-        active: collections.Counter[str] = collections.Counter()
+        active = Streams(per_peer)
         s = self.s
 
         async def guarded(stream: INetStream) -> None:
             peer = str(stream.muxed_conn.peer_id)
-            if active[peer] >= per_peer:
-                s.reject("too_many_streams", peer, f"{handler.__name__}: {per_peer} already open")
+            if (busy := active.acquire(peer)) is not None:
+                s.reject("too_many_streams", peer, f"{handler.__name__}: {busy}")
                 await reset_quietly(stream)
                 return
-            active[peer] += 1
             try:
                 await handler(stream)
             except Exception as exc:
@@ -77,9 +76,7 @@ class Gate:
                 log.exception("stream handler failed", peer=peer, handler=handler.__name__)
                 await close_quietly(stream)
             finally:
-                active[peer] -= 1
-                if active[peer] <= 0:
-                    del active[peer]
+                active.release(peer)
         return guarded
 
     def is_member(self, peer: str) -> bool:

@@ -1,12 +1,14 @@
-"""Bounded bookkeeping for the gossip driver: per-publisher token buckets and a
-time-windowed "seen lately" set. Pure: every call is given ``now``; memory is capped, so a
-flood of distinct keys (peer ids are free) costs at most ``size`` entries.
+"""Bounded bookkeeping every subsystem's protocol uses: per-key token buckets, a
+time-windowed "seen lately" set, and concurrent streams per peer. Pure: every timed call is
+given ``now``; memory is capped, so a flood of distinct keys (peer ids are free) costs at
+most ``size`` entries (streams: one entry per peer with a stream open).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable
+import contextlib
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Iterator
 
 
 class TokenBuckets:
@@ -63,3 +65,38 @@ class Recent:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+
+class Streams:
+    """Concurrent inbound streams, per peer and (optionally) in all: the one per-peer stream
+    limit (gossip's gate for every protocol it guards, the job protocol's own two). A count
+    never goes below zero; a peer with none open holds no entry."""
+
+    def __init__(self, per_peer: int, total: int | None = None, what: str = "streams") -> None:
+        self.per_peer = per_peer
+        self.total = total
+        self.what = what  # in the refusal: "8 job streams from this peer are already open"
+        self.open: Counter[str] = Counter()
+
+    def acquire(self, peer: str) -> str | None:
+        """None when the stream may go on (it is counted), else why not."""
+        if self.open[peer] >= self.per_peer:
+            return f"{self.per_peer} {self.what} from this peer are already open"
+        if self.total is not None and sum(self.open.values()) >= self.total:
+            return f"this host already serves {self.total} {self.what}"
+        self.open[peer] += 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self.open[peer] -= 1
+        if self.open[peer] <= 0:
+            del self.open[peer]
+
+    @contextlib.contextmanager
+    def aside(self, peer: str) -> Iterator[None]:
+        """A stream bounded elsewhere (a forward) stops counting here while it lasts."""
+        self.release(peer)
+        try:
+            yield
+        finally:
+            self.open[peer] += 1

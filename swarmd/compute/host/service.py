@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
+from ...p2p.limits import Streams
 from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ...p2p.transfer import CHUNK_TIMEOUT, TransferError, receive_chunks, send_chunks
 from ...rpc.framing import FrameTooLarge
@@ -99,38 +100,6 @@ class _Rejected(Exception):
 
 # --- the host's side ----------------------------------------------------------------------
 
-class Streams:
-    """Concurrent streams, per peer and in all; a count never goes below zero."""
-
-    def __init__(self, per_peer: int, total: int | None = None) -> None:
-        self.per_peer = per_peer
-        self.total = total
-        self.open: Counter[str] = Counter()
-
-    def acquire(self, peer: str) -> str | None:
-        """None when the stream may go on, else why not."""
-        if self.open[peer] >= self.per_peer:
-            return f"{self.per_peer} job streams from this peer are already open"
-        if self.total is not None and sum(self.open.values()) >= self.total:
-            return f"this host already serves {self.total} job streams"
-        self.open[peer] += 1
-        return None
-
-    def release(self, peer: str) -> None:
-        self.open[peer] -= 1
-        if self.open[peer] <= 0:
-            del self.open[peer]
-
-    @contextlib.contextmanager
-    def aside(self, peer: str) -> Iterator[None]:
-        """A stream bounded elsewhere (a forward) stops counting here while it lasts."""
-        self.release(peer)
-        try:
-            yield
-        finally:
-            self.open[peer] += 1
-
-
 class JobHandler:
     def __init__(self, worker: Worker, *, check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
                  submitters: Collection[str], rejected: Callable[[str, str, str], None]) -> None:
@@ -138,8 +107,9 @@ class JobHandler:
         self.check_member = check_member
         self.submitters = frozenset(submitters)
         self.rejected = rejected
-        self.unchecked = Streams(MAX_UNCHECKED_PER_PEER)  # before check_member, per peer only
-        self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS)  # members'
+        self.unchecked = Streams(MAX_UNCHECKED_PER_PEER, what="job streams")  # before check_member, per peer
+        # members', per peer and in all
+        self.streams = Streams(MAX_STREAMS_PER_PEER + worker.ledger.slots, MAX_STREAMS, what="job streams")
         self._uploading: dict[tuple[str, str], trio.Event] = {}  # (coordinator, digest) -> set when it ends
         self._uploads: Counter[str] = Counter()  # workdir uploads under way, per peer
         self._transfers: Counter[str] = Counter()  # checkpoint puts and gets under way, per peer
