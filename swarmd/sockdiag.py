@@ -15,7 +15,10 @@ Rules:
   wildcard). `listener` uses that on purpose, with a remote port no connection has (0);
   `connection` takes a reply only if its four ends are the ones asked for.
 - Blocking (one netlink socket per call, opened and closed in the calling thread): call
-  these from a worker thread (`trio.to_thread.run_sync`).
+  these from a worker thread (`trio.to_thread.run_sync`), from as many at once as need be.
+- pyroute2 is imported on first use (swarmctl starts without it), once, under a lock: its
+  package imports itself in a circle, and two threads importing it at once got a partially
+  initialized module (an ImportError in `swarmctl jobs forward`'s first connections).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import ipaddress
 import os
 import socket
 import struct
+import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +69,34 @@ def address(text: str) -> Address:
     return a
 
 
+_import_lock = threading.Lock()
+_netlink: SimpleNamespace | None = None
+
+
+def _pyroute2() -> SimpleNamespace:
+    """What this module uses of pyroute2, imported by the first caller of any thread."""
+    global _netlink
+    with _import_lock:
+        if _netlink is None:
+            import logging
+
+            from pyroute2 import DiagSocket
+            from pyroute2.netlink import NLM_F_REQUEST
+            from pyroute2.netlink.diag import SOCK_DIAG_BY_FAMILY, inet_diag_req
+
+            logging.getLogger("pyroute2").setLevel(logging.WARNING)  # importing it resets its logger to NOTSET
+            _netlink = SimpleNamespace(DiagSocket=DiagSocket, NLM_F_REQUEST=NLM_F_REQUEST,
+                                       SOCK_DIAG_BY_FAMILY=SOCK_DIAG_BY_FAMILY, inet_diag_req=inet_diag_req)
+        return _netlink
+
+
 def _request(family: int, local: tuple[str, int], remote: tuple[str, int]) -> Any:
     """An inet_diag_req_v2 for the one TCP socket with these ends, in any state."""
-    from pyroute2.netlink.diag import inet_diag_req
 
     def words(addr: str) -> tuple[int, ...]:
         return struct.unpack(">4I", ipaddress.ip_address(addr).packed.ljust(16, b"\0"))
 
-    req = inet_diag_req()
+    req = _pyroute2().inet_diag_req()
     req["sdiag_family"] = family
     req["sdiag_protocol"] = socket.IPPROTO_TCP
     req["idiag_states"] = ALL_STATES
@@ -84,25 +109,18 @@ def _request(family: int, local: tuple[str, int], remote: tuple[str, int]) -> An
 @contextlib.contextmanager
 def _diag() -> Iterator[Any]:
     """A sock_diag netlink socket, for this thread's calls only."""
-    import logging
-
-    from pyroute2 import DiagSocket
-
-    logging.getLogger("pyroute2").setLevel(logging.WARNING)  # importing it resets its logger to NOTSET
-    with DiagSocket() as ds:
+    with _pyroute2().DiagSocket() as ds:
         ds.bind()
         yield ds
 
 
 def _lookup(local: tuple[str, int], remote: tuple[str, int]) -> TcpSocket | None:
     """What the kernel's one-socket lookup answers for these ends (unchecked), or None."""
-    from pyroute2.netlink import NLM_F_REQUEST
-    from pyroute2.netlink.diag import SOCK_DIAG_BY_FAMILY
-
+    nl = _pyroute2()
     v4 = isinstance(address(local[0]), ipaddress.IPv4Address) and isinstance(address(remote[0]), ipaddress.IPv4Address)
     req = _request(socket.AF_INET if v4 else socket.AF_INET6, local, remote)
     with _diag() as ds:
-        for msg in ds.nlm_request(req, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST):
+        for msg in ds.nlm_request(req, nl.SOCK_DIAG_BY_FAMILY, nl.NLM_F_REQUEST):
             if msg["header"]["type"] == _NLMSG_ERROR:
                 # struct nlmsgerr follows the 16-byte header; its first field is -errno
                 (code,) = struct.unpack_from("i", msg.data, msg.offset + 16)

@@ -118,7 +118,7 @@ def test_a_jobs_http_server_answers_through_the_forward(node, server_job):  # no
             t.start()
         for t in threads:
             t.join(30)
-        assert sorted(a.rsplit(" ", 1)[1] for a in answers) == ["/0", "/1", "/2", "/3"], answers
+        assert sorted(a.rsplit(" ", 1)[1] for a in answers) == ["/0", "/1", "/2", "/3"], (answers, fw.err)
         assert all(a.startswith("hello from the job, uid ") for a in answers)
         assert fw.stop() == 0, fw.err
     finally:

@@ -153,3 +153,35 @@ def test_a_lookup_costs_the_same_among_many_sockets():
 @pytest.mark.slow
 def test_a_lookup_costs_the_same_among_200k_sockets():
     check_lookups_bounded(200_000, 0.5)
+
+
+
+FIRST_CALLS_AT_ONCE = """
+import socket, sys, threading, time
+from swarmd import sockdiag
+assert "pyroute2" not in sys.modules
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+port = s.getsockname()[1]
+results = []
+def ask():
+    try:
+        results.append(sockdiag.listener("127.0.0.1", port).local[1] == port)
+    except Exception as exc:
+        results.append(f"{exc.__class__.__name__}: {exc}")
+threads = [threading.Thread(target=ask) for _ in range(8)]
+for t in threads:
+    t.start()
+    time.sleep(0.005)  # connections a few ms apart, as a browser opens them
+for t in threads:
+    t.join()
+print(results)
+"""
+
+
+def test_the_first_lookups_from_threads_a_few_ms_apart_all_answer():
+    """`swarmctl jobs forward` asks from one thread per connection: the first few, started
+    milliseconds apart, each imported pyroute2 while another was importing it, and one got a
+    partially initialized module (an ImportError, and that connection reset)."""
+    out = subprocess.run([sys.executable, "-c", FIRST_CALLS_AT_ONCE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str([True] * 8)
