@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..p2p import multiaddrs
+from ..p2p.host import remote_ips
 from .coordinator.coordinator import Jobs
 from .coordinator.placement import Rtt
 from .coordinator.store import JobStore
@@ -92,21 +93,7 @@ def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:
 
 def _connected_ips(gossip: Swarm, peers: list[str]) -> set[str]:
     """The remote addresses of our live connections to `peers` (Noise authenticated them)."""
-    from libp2p.peer.id import ID
-
-    found: set[str] = set()
-    network = gossip.host.get_network()
-    for peer in peers:
-        try:
-            conns = network.get_connections(ID.from_base58(peer))
-        except Exception:  # a peer id we cannot parse has no connection
-            continue
-        for conn in conns:
-            try:
-                found.add(str(ipaddress.ip_address(conn.muxed_conn.get_remote_address()[0])))
-            except Exception:  # a transport without addresses
-                continue
-    return found
+    return {ip for peer in peers for ip in remote_ips(gossip.host, peer)}
 
 
 def coordinator_gone(gossip: Swarm, peer: str) -> str | None:

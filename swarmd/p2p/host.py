@@ -1,19 +1,24 @@
 """The libp2p host, configured the way DESIGN requires, and the bootstrap dialer.
 
 Security: Noise is the only security transport offered; py-libp2p's default would also
-accept /plaintext/2.0.0. Muxer: yamux only.
+accept /plaintext/2.0.0. Muxer: yamux only. ``remote_ip`` and ``remote_ips``: the one place
+a connection's remote address is read (its TCP peer: what Noise authenticated came from
+there, unlike any address a record or a frame claims).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 import trio
 from libp2p import create_yamux_muxer_option, new_host
 from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_pair
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -167,3 +172,26 @@ async def keep_connected(host: IHost, addr: str, rng: random.Random) -> None:
             log.debug("bootstrap dial failed", addr=addr, error=str(exc), retry_in=round(delay, 2))
             attempt += 1
             await trio.sleep(delay)
+
+
+def remote_ip(muxed_conn: Any) -> str | None:
+    """The IP address a connection (``stream.muxed_conn``, a connection's ``muxed_conn``)
+    comes from, canonical, an IPv4-mapped one as the IPv4 address it is (how a dual-stack
+    listener shows an IPv4 peer); None where the transport has none."""
+    try:
+        ip = ipaddress.ip_address(str(muxed_conn.get_remote_address()[0]))
+    except Exception:  # no address (a transport without one), or not an IP
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def remote_ips(host: IHost, peer: str) -> list[str]:
+    """The remote addresses of our live connections to ``peer``, in the network's order;
+    none for a peer id that does not parse."""
+    try:
+        conns = host.get_network().get_connections(ID.from_base58(peer))
+    except Exception:
+        return []
+    return [ip for conn in conns if (ip := remote_ip(conn.muxed_conn)) is not None]

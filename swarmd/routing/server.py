@@ -37,11 +37,12 @@ import trio
 from libp2p.abc import INetStream
 
 from ..gossip.membership import State
+from ..p2p.host import remote_ip
 from ..p2p.signed import Invalid
 from ..p2p.streams import PeerError, close_quietly, read_frame, write_frame
 from ..rpc.framing import FrameTooLarge
 from . import request as rq
-from .relay import End, Grant, Refused, Relay, unmap
+from .relay import End, Grant, Refused, Relay
 
 log = structlog.get_logger("swarmd.routing")
 
@@ -121,11 +122,9 @@ class RelayServer:
         for who, m in (("requester", mine), ("other end", theirs)):
             if m is None or m.state not in IN_SERVICE or m.record.wg is None:
                 return self.refuse("not_member", peer, f"the pair's {who} is not an alive member of the mesh here")
-        remote = stream.muxed_conn.get_remote_address() if hasattr(stream.muxed_conn, "get_remote_address") else None
-        if not remote:
+        ip = remote_ip(stream.muxed_conn)  # a dual-stack listener's ::ffff:a.b.c.d is a.b.c.d
+        if ip is None:
             return self.refuse("bad_address", peer, "cannot tell the requester's address")
-        # A dual-stack listener shows an IPv4 peer as ::ffff:a.b.c.d: that is its IPv4 address.
-        ip = str(unmap(str(remote[0])))
         # Its WireGuard endpoint as our own WireGuard proved it (Routing.proven), at the address
         # its connection comes from: the pair's packets go to that socket only, never to a port
         # its record names (a member's claim: any service of the host it asks from).

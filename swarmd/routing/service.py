@@ -28,10 +28,10 @@ from typing import Any
 
 import structlog
 import trio
-from libp2p.peer.id import ID
 from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
+from ..p2p.host import remote_ips
 from ..gossip.wire import MAX_RTTS
 from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
@@ -157,15 +157,7 @@ class Routing(Readout):
         m = self.g.view().get(relay)
         if m is not None and m.record.wg is not None:
             listed = set(m.record.wg.endpoints)
-        try:
-            conns = self.g.host.get_network().get_connections(ID.from_base58(relay))
-        except Exception:
-            conns = []
-        for conn in conns:
-            try:
-                ip = str(conn.muxed_conn.get_remote_address()[0])
-            except Exception:
-                continue
+        for ip in remote_ips(self.g.host, relay):
             if ip in listed and "." in ip:
                 return ip
         return self.direct_ip(relay)
