@@ -24,6 +24,7 @@ from .gossip import swarmstate
 from .gossip.cert import parse_token
 from .p2p.host import announce_addrs, keep_connected, make_host, mdns_connector
 from .p2p.rejects import Rejects
+from .p2p.transport import Transport
 from .gossip.membership import Timing
 from .gossip.service import Above, Gossip, JoinError
 from .identity import Identity
@@ -70,6 +71,7 @@ class Node:
                       job_slots=lambda: self.jobs.job_slots(), route_info=lambda: self.routing.record_fields(),
                       recent_rtts=lambda: self.routing.recent_rtts(),
                       rtt_observed=lambda peer, rtt: self.routing.rtt_observed(peer, rtt))
+        self.transport = Transport(self.host)  # what every subsystem's protocol runs on
         self.rejects = Rejects(self.metrics)  # what every subsystem refuses of its peers, by its label
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
@@ -79,10 +81,10 @@ class Node:
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = mesh_driver.from_config(config, self.gossip)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics,
-                               refusals=self.rejects.of("routing"))
+                               refusals=self.rejects.of("routing"), transport=self.transport)
         # placement ranks by the paths jobs will use
-        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh, path_rtt=self.routing.rtt_function,
-                                           reject=self.rejects.of("jobs").reject)
+        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh, transport=self.transport,
+                                           reject=self.rejects.of("jobs").reject, path_rtt=self.routing.rtt_function)
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()

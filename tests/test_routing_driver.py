@@ -28,6 +28,7 @@ from swarmd.metrics import Metrics
 from swarmd.p2p.rejects import Rejects
 from swarmd.p2p.signed import peer_from_key, peer_str, unseal
 from swarmd.p2p.streams import PeerError
+from swarmd.p2p.transport import Transport
 from swarmd.routing import exchange, server, sessions
 from swarmd.routing import relay as relay_mod
 from swarmd.routing import request as rq
@@ -1339,7 +1340,7 @@ async def test_routing_asks_a_probed_member_at_most_once_per_fresh_interval(monk
     view = mview(a=State.ALIVE, b=State.ALIVE)  # B's record was issued 100 s ago: its coordinate is old
     g = FakeGossip(A, view)
     routing = Routing(gossip=g, mesh=None, config=SimpleNamespace(relay="off"),
-                      metrics=SimpleNamespace(registry=CollectorRegistry()))
+                      metrics=SimpleNamespace(registry=CollectorRegistry()), transport=Transport(g.host))
     asked = []
 
     async def request(host, peer_id, protocol, obj):
@@ -1397,9 +1398,6 @@ class HostGossip(FakeGossip):
         self.host = SimpleNamespace(set_stream_handler=self.handlers.__setitem__,
                                     get_network=lambda: SimpleNamespace(get_connections=get_connections))
 
-    def guarded(self, handler):
-        return handler
-
     def is_member(self, peer: str) -> bool:  # the gate: a certificate not revoked
         return peer != X
 
@@ -1440,7 +1438,8 @@ def make_routing(gossip: FakeGossip, mesh=None):
     from swarmd.routing.service import Routing
 
     config = SimpleNamespace(relay="off", relay_ports=(51821, 52820), relay_max_mbit=100)
-    return Routing(gossip=gossip, mesh=mesh, config=config, metrics=SimpleNamespace(registry=CollectorRegistry()))
+    return Routing(gossip=gossip, mesh=mesh, config=config, metrics=SimpleNamespace(registry=CollectorRegistry()),
+                   transport=Transport(gossip.host))
 
 
 async def test_an_exception_in_a_routing_step_is_counted_and_logged_and_the_next_step_runs(autojump_clock):

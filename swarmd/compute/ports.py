@@ -4,10 +4,9 @@ package's driver class, only these shapes and the data types they carry."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from ..gossip.capacity import Resources
@@ -17,10 +16,9 @@ from ..gossip.wire import Record
 
 
 class Swarm(Protocol):
-    """The membership as the job side reads it, and the libp2p host its protocol runs on."""
+    """The membership as the job side reads it (the streams go over p2p.transport.Transport)."""
 
     me: str  # this node's peer id
-    host: IHost
     swarm: SwarmMembership | None  # None until this node is in a swarm (its certificate then)
 
     @property
@@ -36,8 +34,6 @@ class Swarm(Protocol):
     def readvertise(self) -> None: ...
 
     async def check_member(self, req: Any, peer: ID, stream: INetStream) -> bool: ...
-
-    def guarded(self, handler: Callable[[INetStream], Any], per_peer: int = ...) -> Callable[[INetStream], Any]: ...
 
 
 class Overlay(Protocol):

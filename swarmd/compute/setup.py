@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..p2p import multiaddrs
-from ..p2p.host import remote_ips
+from ..p2p.transport import Transport
 from .coordinator.coordinator import Jobs
 from .coordinator.placement import Rtt
 from .coordinator.store import JobStore
@@ -31,14 +31,12 @@ def job_user(config: Config) -> str | None:
     return config.job_user or "root"
 
 
-def from_config(config: Config, gossip: Swarm, mesh: Overlay | None,
-                path_rtt: Callable[[], Rtt] | None = None,
-                reject: Callable[[str, str, str], None] | None = None) -> Jobs:
-    """The job service of this node. `path_rtt`: routing's measure of a pair by the path its
-    traffic takes (Jobs' header); without it placement reads the probes in the view.
-    `reject`: what counts the jobs' refusals of peers (node.py: the node's counter, labelled
-    "jobs"); gossip's by default."""
-    reject = reject or gossip.reject
+def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transport: Transport,
+                reject: Callable[[str, str, str], None], path_rtt: Callable[[], Rtt] | None = None) -> Jobs:
+    """The job service of this node: its protocol served on `transport`, the refusals of
+    peers counted with `reject` (the node's counter, labelled "jobs"). `path_rtt`: routing's
+    measure of a pair by the path its traffic takes (Jobs' header); without it placement
+    reads the probes in the view."""
     gpus = tuple(g.index for g in gossip.resources.gpus)
     ledger = Ledger(config.job_slots or len(gpus) or DEFAULT_SLOTS_WITHOUT_GPU, gpus)
     state = config.state_dir
@@ -47,21 +45,25 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None,
     config.jobs_path.chmod(0o711)  # ranks of another user reach their own directory inside
     worker = Worker(ledger=ledger, cache=Cache(state / "workdirs"), jobs_dir=config.jobs_path,
                     user=job_user(config), ifname=lambda: mesh.interface if mesh and mesh.started else None,
-                    changed=gossip.readvertise, job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started)),
+                    changed=gossip.readvertise,
+                    job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started),
+                                                    connected=transport.remote_ips),
                     sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep,
                     coordinator_gone=lambda peer: coordinator_gone(gossip, peer))
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=reject)
-    gossip.host.set_stream_handler(JOB_PROTOCOL, gossip.guarded(handler.handle))
+    transport.serve(JOB_PROTOCOL, handler.handle, reject=reject)
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
                        name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
-                retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject)
+                retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
+                transport=transport)
 
 
-def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes:
+def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool,
+              connected: Callable[[str], list[str]]) -> JobNodes:
     """What a job whose nodes are at `ips` (a coordinator's word) may reach. With the mesh
     up: only those that are a member's overlay address (the owner certified it). Without:
     only those a member is connected from right now (its record's addresses are its own
@@ -69,7 +71,8 @@ def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes
     port (its record's libp2p addresses) is closed to it: with `job_egress = internet` a job
     would otherwise speak libp2p to any member from this host's address (and ask a relay to
     forward towards this host, routing/relay.py). A member's claim only closes that
-    (address, TCP port) to the jobs here, which a member may do."""
+    (address, TCP port) to the jobs here, which a member may do. `connected(peer)`: where
+    our live connections to a member come from (Transport.remote_ips)."""
     records = [m.record for m in gossip.view().in_service()]
     if gossip.own_record is not None:
         records.append(gossip.own_record)
@@ -78,7 +81,7 @@ def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool) -> JobNodes
     if mesh_up:
         overlay = {r.wg.addr4 for r in records if r.wg is not None}
         return JobNodes(addresses=tuple(sorted(wanted & overlay)), daemon_ports=tuple(sorted(ports)))
-    known = _connected_ips(gossip, [r.peer for r in records if r.peer != gossip.me])
+    known = {ip for r in records if r.peer != gossip.me for ip in connected(r.peer)}
     if gossip.own_record is not None:
         known |= {ip for ip, _ in _daemon_ports(gossip.own_record.addrs)}
     allowed = wanted & known
@@ -89,11 +92,6 @@ def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:
     """(ip, TCP port) of each of a record's libp2p multiaddrs (/ip4/A/tcp/P[/p2p/...]), in
     canonical form; what does not parse is no address of a daemon and is left out."""
     return {endpoint for addr in addrs if (endpoint := multiaddrs.tcp_endpoint(addr)) is not None}
-
-
-def _connected_ips(gossip: Swarm, peers: list[str]) -> set[str]:
-    """The remote addresses of our live connections to `peers` (Noise authenticated them)."""
-    return {ip for peer in peers for ip in remote_ips(gossip.host, peer)}
 
 
 def coordinator_gone(gossip: Swarm, peer: str) -> str | None:

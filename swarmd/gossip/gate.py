@@ -1,4 +1,4 @@
-"""Who may talk to us: a certificate of the swarm first, and a limit of streams per peer.
+"""Who may talk to us: a certificate of the swarm first.
 
 Nothing is given to a peer before it proves membership: a valid, unrevoked certificate of
 the swarm for the stream's peer id, shown in a request's first frame (``check_member``; a
@@ -8,10 +8,8 @@ record of the view (``is_member``). Excluded and revoked peers are refused all t
 - A connected peer gets nothing from our pubsub (pubsub.GatedPubsub) until it is a member,
   and is disconnected and counted (``unchecked``) if it does not show it within
   ``GATE_TIMEOUT`` (the sync started when it connects is how a member does).
-- A peer may hold at most ``STREAMS_PER_PEER`` inbound streams of each of our protocols at
-  once; more are reset at once and counted (``too_many_streams``). An exception a handler
-  did not expect is counted (``handler``), never passed to py-libp2p, which would take the
-  whole host down.
+- Every protocol's handler runs guarded (p2p/transport.py: streams per peer, no exception
+  out); gossip's own at most ``STREAMS_PER_PEER`` at once per peer.
 """
 
 from __future__ import annotations
@@ -25,16 +23,14 @@ import trio
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
-from ..p2p.limits import Streams
 from ..p2p.signed import Invalid
-from ..p2p.streams import close_quietly, reset_quietly, write_frame
+from ..p2p.streams import write_frame
 from .cert import Cert, check_cert
 from .state import Shared
 
 log = structlog.get_logger("swarmd.gossip")
 
 STREAMS_PER_PEER = 8  # inbound syncs, probes, joins at once from one peer; honest ones need 1-2
-STREAMS_PER_PEER_OTHER = 64  # a backstop for protocols that do not set their own (jobs stream output)
 GATE_TIMEOUT = 5.0
 GATE_POLL = 0.25
 
@@ -56,28 +52,6 @@ class Gate:
     def forget(self, peer: str) -> None:
         """``peer`` disconnected or was excluded: it shows its certificate again."""
         self.checked.pop(peer, None)
-
-    def guarded(self, handler: Callable[[INetStream], Any],
-                per_peer: int = STREAMS_PER_PEER_OTHER) -> Callable[[INetStream], Any]:
-        """``handler`` with at most ``per_peer`` running at once per peer, and no exception out."""
-        active = Streams(per_peer)
-        s = self.s
-
-        async def guarded(stream: INetStream) -> None:
-            peer = str(stream.muxed_conn.peer_id)
-            if (busy := active.acquire(peer)) is not None:
-                s.reject("too_many_streams", peer, f"{handler.__name__}: {busy}")
-                await reset_quietly(stream)
-                return
-            try:
-                await handler(stream)
-            except Exception as exc:
-                s.reject("handler", peer, f"{handler.__name__}: {exc.__class__.__name__}: {exc}")
-                log.exception("stream handler failed", peer=peer, handler=handler.__name__)
-                await close_quietly(stream)
-            finally:
-                active.release(peer)
-        return guarded
 
     def is_member(self, peer: str) -> bool:
         s = self.s

@@ -43,11 +43,12 @@ from libp2p.peer.id import ID
 from ..p2p.rejects import Refusals, Rejects
 from ..p2p.signed import Signer
 from ..p2p.streams import Pinger
+from ..p2p.transport import guarded
 from . import pubsub as ps
 from .admission import Admission
 from .capacity import Collector, Resources
 from .cert import Token
-from .gate import STREAMS_PER_PEER, STREAMS_PER_PEER_OTHER, Gate
+from .gate import STREAMS_PER_PEER, Gate
 from .inbound import Inbound
 from .join import JoinError, join
 from .loop import Loop
@@ -255,20 +256,13 @@ class Gossip:
         """Whether the requester holds a certificate of this swarm; if not, it is told why."""
         return await self.gate.check_member(req, peer, stream)
 
-    def guarded(self, handler: Callable[[INetStream], Any],
-                per_peer: int = STREAMS_PER_PEER_OTHER) -> Callable[[INetStream], Any]:
-        """py-libp2p lets an exception from a stream handler take the whole host down: no
-        request a peer can send may do that. The handlers catch what they expect; this is
-        the backstop for what they did not. A peer gets at most ``per_peer`` of these
-        handlers at once: 500 streams from one peer cost 500 resets, not 500 tasks."""
-        return self.gate.guarded(handler, per_peer)
-
     # --- lifecycle ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         for protocol, handler in ((PROBE_PROTOCOL, self.probes.handle_probe), (SYNC_PROTOCOL, self.syncs.handle_sync),
                                   (JOIN_PROTOCOL, self.admission.handle_join)):
-            self.host.set_stream_handler(protocol, self.guarded(handler, per_peer=STREAMS_PER_PEER))
+            self.host.set_stream_handler(protocol, guarded(handler, reject=self.rejects.reject,
+                                                           per_peer=STREAMS_PER_PEER))
         self.host.get_network().register_notifee(Notifee(self.peers.events_send))
         ps.count_drops(self.traffic.dropped)
         async with trio.open_nursery() as nursery:

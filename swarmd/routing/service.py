@@ -31,7 +31,7 @@ import trio
 from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
-from ..p2p.host import remote_ips
+from ..p2p.transport import Transport
 from ..gossip.wire import MAX_RTTS
 from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
@@ -62,8 +62,10 @@ PROVEN_FOR = 120.0
 
 
 class Routing(Readout):
-    def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any, refusals: Any = None) -> None:
+    def __init__(self, *, gossip: Any, mesh: Any, config: Any, metrics: Any, transport: Transport,
+                 refusals: Any = None) -> None:
         self.g = gossip
+        self.transport = transport  # what routing's protocols run on
         self._refusals = refusals  # p2p.rejects.Refusals, from node.py; without one gossip's counts (tests)
         self.mesh = mesh
         self.config = config
@@ -157,7 +159,7 @@ class Routing(Readout):
         m = self.g.view().get(relay)
         if m is not None and m.record.wg is not None:
             listed = set(m.record.wg.endpoints)
-        for ip in remote_ips(self.g.host, relay):
+        for ip in self.transport.remote_ips(relay):
             if ip in listed and "." in ip:
                 return ip
         return self.direct_ip(relay)
@@ -169,7 +171,7 @@ class Routing(Readout):
     # --- lifecycle ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        self.g.host.set_stream_handler(exchange.PROTOCOL, self.g.guarded(self.exchange.handle))
+        self.transport.serve(exchange.PROTOCOL, self.exchange.handle, reject=self.reject)
         await self.g.joined.wait()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
@@ -219,7 +221,7 @@ class Routing(Readout):
         relay = Relay(self.g.me, is_member=self._alive_member, addresses=self.own_ips(),
                       exclude=(str(self.mesh.network),), ports=self.config.relay_ports)
         self.server = RelayServer(self, relay, forwarder)
-        self.g.host.set_stream_handler(rq.PROTOCOL, self.g.guarded(self.server.handle))
+        self.transport.serve(rq.PROTOCOL, self.server.handle, reject=self.reject)
         self.relay_off = None
         self.g.readvertise()
         log.info("relaying for members", ports="%d-%d" % self.config.relay_ports, cap_mbit=self.config.relay_max_mbit)

@@ -12,6 +12,7 @@ import pytest
 from swarmd.compute.coordinator import placement
 from swarmd.compute.coordinator.placement import Candidate, NoFit, Placement, place
 from swarmd.compute.spec import build
+from swarmd.p2p.transport import Transport
 
 
 def spec(**fields):
@@ -304,7 +305,7 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
                       since=0.0, heard=0.0, expires=1e9, rtt_ewma=None, rtt_min=None) for p, x in place_at.items()}))
     gossip = SimpleNamespace(me="me", view=lambda: view)
     routing = Routing(gossip=gossip, mesh=None, config=SimpleNamespace(),
-                      metrics=SimpleNamespace(registry=CollectorRegistry()))
+                      metrics=SimpleNamespace(registry=CollectorRegistry()), transport=Transport(SimpleNamespace()))
     candidates = [node(p) for p in place_at]
     assert place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(path_rtt=None), view)).peers == ("c", "d")
     got = place(spec(nodes=2), candidates, Jobs._rtt(SimpleNamespace(path_rtt=routing.rtt_function), view))

@@ -43,6 +43,7 @@ from ...gossip.membership import View
 from ...gossip.wire import JobSlots, Record
 from ...p2p import multiaddrs
 from ...p2p.signed import short
+from ...p2p.transport import Transport
 from ..events import checked_event
 from ..host.sandbox.box import Sandbox, Settings
 from ..host.worker import StartRequest, Worker, stop_orphans
@@ -89,8 +90,10 @@ class Jobs:
     def __init__(self, *, store: JobStore, worker: Worker, gossip: Swarm, archives: Path,
                  retention: float = 7 * 86400.0, sandbox: Settings | None = None,
                  path_rtt: Callable[[], Rtt] | None = None,
-                 reject: Callable[[str, str, str], None] | None = None) -> None:
+                 reject: Callable[[str, str, str], None] | None = None,
+                 transport: Transport | None = None) -> None:
         self.store = store
+        self.transport = transport  # the job protocol's streams to other hosts (None: a test's own hosts)
         self.worker = worker
         self.sandbox = sandbox  # what the worker's sandbox is set up from, at run
         self.gossip = gossip
@@ -597,7 +600,8 @@ class Jobs:
         if peer == self.gossip.me:
             return LocalHost(peer, self.worker)
         assert self.gossip.swarm is not None
-        return RemoteHost(peer, self.gossip.host, self.gossip.swarm.cert.blob)
+        assert self.transport is not None
+        return RemoteHost(peer, self.transport.host, self.gossip.swarm.cert.blob)
 
     def _records(self, view: View | None = None) -> dict[str, tuple[str, Record]]:
         """peer -> (state, record), this node included; a member whose record is past its ttl
