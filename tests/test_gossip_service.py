@@ -392,3 +392,29 @@ async def test_within_one_sync_the_first_holder_of_a_wireguard_key_keeps_it():
         assert [m.peer for m in g.view()] == [peer_str(OTHER_PEER)]
         assert g.rejected == {"wg_key_taken": 1}
         nursery.cancel_scope.cancel()
+
+
+# --- what the floors above read of Gossip exists on it ---------------------------------------
+
+def test_what_routing_and_the_jobs_read_of_gossip_is_there_on_the_real_driver():
+    """Routing's helpers and the jobs read Gossip through narrow ports, faked in their tests:
+    a name the real driver lacks (routing signed its relay requests with ``g.sign`` after a
+    refactor dropped it) would fail only in a lab. Every attribute compute's Swarm port
+    declares, and every ``g.<name>`` routing reads, must exist on a real Gossip."""
+    import ast
+    import typing
+    from pathlib import Path
+
+    from swarmd.compute.ports import Swarm
+
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600))
+    declared = {name for name in vars(Swarm) if not name.startswith("_")} | set(typing.get_type_hints(Swarm))
+    read = set()
+    for path in (Path(__file__).parents[1] / "swarmd" / "routing").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and (
+                    (isinstance(node.value, ast.Name) and node.value.id == "g")
+                    or (isinstance(node.value, ast.Attribute) and node.value.attr == "g")):
+                read.add(node.attr)
+    assert read >= {"view", "me", "sign", "swarm"}, "the scan finds routing's reads"
+    assert [name for name in sorted(declared | read) if not hasattr(g, name)] == []

@@ -94,6 +94,7 @@ class FakeRouting:
 
     def __init__(self, gossip: FakeGossip) -> None:
         self.g = gossip
+        self.transport = Transport(gossip.host)
         self.config = SimpleNamespace(mesh_port=51820, relay_ports=(51821, 52820))
         self.registry = CollectorRegistry()
         self.metrics = Metrics(version="test", peer_id=gossip.me)

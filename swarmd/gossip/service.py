@@ -175,6 +175,11 @@ class Gossip:
         return self.shared.me
 
     @property
+    def sign(self) -> Signer:
+        """This node's identity key (routing signs its relay requests with it)."""
+        return self.shared.sign
+
+    @property
     def swarm(self) -> SwarmMembership | None:
         return self.shared.swarm
 

@@ -59,7 +59,8 @@ MAX_ASKERS = 4096  # members whose buckets are kept (least recently used dropped
 class ExchangeHub(Protocol):
     """What the coordinate and legs exchange reads of the routing driver (service.Routing is one)."""
 
-    g: Any  # the gossip driver: view, host, swarm
+    g: Any  # the gossip driver: view, swarm
+    transport: Any  # p2p.transport.Transport: the exchange's streams
     client: Any  # vivaldi.Client: our coordinate
     paths: Any  # paths.Paths: the legs asked and answered
 
@@ -93,7 +94,8 @@ class Exchange:
         reply = None
         with trio.move_on_after(TIMEOUT):
             try:
-                reply = await request(g.host, ID.from_base58(peer), PROTOCOL, {"cert": g.swarm.cert.blob})
+                reply = await request(self.r.transport.host, ID.from_base58(peer), PROTOCOL,
+                                      {"cert": g.swarm.cert.blob})
             except PeerError:
                 pass
         try:
@@ -115,7 +117,7 @@ class Exchange:
         reply = None
         with trio.move_on_after(TIMEOUT):
             try:
-                reply = await request(g.host, ID.from_base58(peer), PROTOCOL,
+                reply = await request(self.r.transport.host, ID.from_base58(peer), PROTOCOL,
                                       {"cert": g.swarm.cert.blob, "legs": list(relays)})
             except PeerError:
                 pass

@@ -96,7 +96,8 @@ class Session:
 class SessionsHub(Protocol):
     """What our relayed paths read of the routing driver (service.Routing is one)."""
 
-    g: Any  # the gossip driver: view, ping
+    g: Any  # the gossip driver: view, ping, sign, swarm
+    transport: Any  # p2p.transport.Transport: the relay requests' streams
 
     async def contained(self, fn: Callable[..., Any], *args: Any) -> None: ...
 
@@ -204,8 +205,8 @@ class Sessions:
         reply = None
         with trio.move_on_after(REQUEST_TIMEOUT):
             try:
-                reply = await request(g.host, ID.from_base58(s.relay), rq.PROTOCOL, {"cert": g.swarm.cert.blob,
-                                                                                     "req": blob})
+                reply = await request(self.r.transport.host, ID.from_base58(s.relay), rq.PROTOCOL,
+                                      {"cert": g.swarm.cert.blob, "req": blob})
             except PeerError as exc:
                 s.error = str(exc)
         if op == "release" or self.by_peer.get(s.peer) is not s:
