@@ -18,7 +18,7 @@ import trio
 from multiaddr import Multiaddr
 
 from . import __version__, api
-from .compute import setup as jobs_setup
+from .compute import service as jobs_service
 from .config import Config
 from .gossip import swarmstate
 from .gossip.cert import parse_token
@@ -83,7 +83,7 @@ class Node:
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics,
                                refusals=self.rejects.of("routing"), transport=self.transport)
         # placement ranks by the paths jobs will use
-        self.jobs = jobs_setup.from_config(config, self.gossip, self.mesh, transport=self.transport,
+        self.jobs = jobs_service.from_config(config, self.gossip, self.mesh, transport=self.transport,
                                            reject=self.rejects.of("jobs").reject, path_rtt=self.routing.rtt_function)
 
     def status(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""setup.job_nodes: a coordinator's `node_ips` open a job's egress only to what membership
+"""service.job_nodes: a coordinator's `node_ips` open a job's egress only to what membership
 vouches for. A certified member listing the provider's LAN, or an address it merely put in its
 own record, gets nothing opened."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from swarmd.compute.setup import job_nodes
+from swarmd.compute.service import job_nodes
 
 
 def member(peer: str, addr4: str | None, addrs: tuple[str, ...]) -> SimpleNamespace:

@@ -303,7 +303,7 @@ async def test_a_workdir_upload_needs_a_reservation_and_a_peer_uploads_two_at_on
 async def test_a_workdir_too_deep_to_walk_is_refused_and_the_next_start_comes_up(tmp_path):
     """Issue 23, finding 1: one reserve and 23 KB of workdir 1,200 directories deep made
     os.walk and rmtree raise RecursionError, left the half-unpacked tree, and the daemon's
-    next start (Cache(), compute/setup.py) died removing it. Refused before anything is
+    next start (Cache(), compute/service.py) died removing it. Refused before anything is
     made; the hold goes on; the next start comes up."""
     import hashlib
 

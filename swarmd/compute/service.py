@@ -1,5 +1,6 @@
 """Jobs as the daemon configures them: slots, the job user, the sandbox, directories, the
-protocol handler."""
+protocol handler. The package's composition (like gossip's and routing's service.py): the
+one place compute's parts are built and wired, called once by node.py."""
 
 from __future__ import annotations
 
