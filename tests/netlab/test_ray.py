@@ -177,6 +177,9 @@ def test_the_tune_example_spreads_its_trials_over_every_node(rl):
     assert accuracy > 0.85, text[-2000:]
 
 
+# measured 245-300 s on 2 cores, and the suite's 300 s cut it once; 3 epochs ran in 190 s but
+# reached 0.876 accuracy, too near the 0.85 bar: 5 epochs, and a limit of its own
+@pytest.mark.timeout(480)
 def test_the_data_example_streams_into_a_torch_trainer_on_every_node(rl):
     r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "3", "--workdir", str(EXAMPLES), "--",
                  "python", "data_train.py", "--epochs", "5", timeout=600)
