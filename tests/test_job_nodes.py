@@ -39,7 +39,8 @@ def test_with_the_mesh_up_only_members_overlay_addresses_are_opened():
 def test_without_the_mesh_only_addresses_a_member_is_connected_from_with_daemon_ports_closed():
     liar = member(OTHER, None, ("/ip4/192.168.1.10/tcp/4001", "/ip4/10.0.0.2/tcp/4001"))
     g = gossip([liar], member(ME, None, ("/ip4/10.0.0.1/tcp/4001",)))
-    got = job_nodes(g, ("10.0.0.1", "10.0.0.2", "192.168.1.10"), mesh_up=False, connected=connections({OTHER: "10.0.0.2"}))
+    got = job_nodes(g, ("10.0.0.1", "10.0.0.2", "192.168.1.10"), mesh_up=False,
+                    connected=connections({OTHER: "10.0.0.2"}))
     assert got.addresses == ("10.0.0.1", "10.0.0.2"), "the record's LAN claim is not opened"
     assert got.daemon_ports == (("10.0.0.1", 4001), ("10.0.0.2", 4001), ("192.168.1.10", 4001))
 

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_THE_CORE = {("swarmd/metrics.py", "self.members"),
                 ("swarmd/compute/workdir.py", "tar.members")}  # tarfile's list of headers read
 # the trio driver of the membership core: Gossip (service.py) and its modules
-DRIVER = {f"swarmd/gossip/{m}.py" for m in ("service", "state", "loop", "inbound", "probes", "sync", "peers", "gate", "records")}
+DRIVER = {f"swarmd/gossip/{m}.py"
+          for m in ("service", "state", "loop", "inbound", "probes", "sync", "peers", "gate", "records")}
 
 
 def test_nobody_outside_the_core_reads_its_members():
