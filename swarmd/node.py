@@ -22,13 +22,15 @@ from .compute import service as jobs_service
 from .config import Config
 from .gossip import swarmstate
 from .gossip.cert import parse_token
-from .p2p.host import announce_addrs, keep_connected, make_host, mdns_connector
+from .p2p.host import announce_addrs, keep_connected, local_ipv4, make_host, mdns_connector
+from .p2p import multiaddrs
 from .p2p.rejects import Rejects
 from .p2p.transport import Transport
 from .gossip.membership import Timing
 from .gossip.service import Above, Gossip, JoinError
 from .identity import Identity
 from .mesh import driver as mesh_driver
+from .mesh.reach import Reachability
 from .metrics import Metrics
 from .routing.service import Routing
 from .rpc.protocol import Dispatcher
@@ -75,16 +77,30 @@ class Node:
         self.rejects = Rejects(self.metrics)  # what every subsystem refuses of its peers, by its label
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
                              timing=timing, labels=labels, seq=seq, metrics=self.metrics, rng=self.rng,
-                             addrs=lambda: announce_addrs(self.host, config.announce, config.mesh_network),
+                             addrs=self._announced,
                              above=above, refusals=self.rejects.of("gossip"))
         self.gossip.admission.configure(config.state_dir, config.mesh_network)  # invites, revocations on disk
         # BackendUnavailable here (a backend forced in config that cannot run): exit 2
         self.mesh, self.mesh_off = mesh_driver.from_config(config, self.gossip)
+        # how members reach us (needs WireGuard: what a member's device sees of ours is the measure)
+        self.reach = None if self.mesh is None else Reachability(
+            transport=self.transport, gossip=self.gossip, mesh=self.mesh, sign=identity.sign,
+            reject=self.rejects.of("reach").reject, network=config.mesh_network)
+        if self.mesh is not None and self.reach is not None:
+            self.mesh.reach = self.reach.current
+            self.mesh.tcp_port = multiaddrs.tcp_port(list(config.listen), 4001)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics,
                                refusals=self.rejects.of("routing"), transport=self.transport)
         # placement ranks by the paths jobs will use
         self.jobs = jobs_service.from_config(config, self.gossip, self.mesh, transport=self.transport,
                                            reject=self.rejects.of("jobs").reject, path_rtt=self.routing.rtt_function)
+
+    def _announced(self) -> list[str]:
+        """Our record's addresses: none once members found nobody can dial them (behind a NAT or
+        a firewall: we are dialled at our overlay address then, mesh/reach.py)."""
+        if self.reach is not None and not self.reach.public():
+            return []
+        return announce_addrs(self.host, self.config.announce, self.config.mesh_network)
 
     def status(self) -> dict[str, Any]:
         peers = self.host.get_connected_peers()
@@ -102,6 +118,7 @@ class Node:
             "log_level": self.log_level,
             **api.swarm_status(self),
             "mesh": self.mesh.status() if self.mesh else {"up": False, "off": self.mesh_off},
+            "reach": self.reach.status() if self.reach else {"reach": "unknown (no mesh: it is measured over WireGuard)"},
             "routing": self.routing.status(),
             "jobs": self.jobs.status(),
             "sandbox": self.jobs.sandbox_status(),
@@ -124,6 +141,9 @@ class Node:
                 nursery.start_soon(self.routing.run)
                 if self.mesh is not None:
                     nursery.start_soon(self._run_mesh)
+                if self.reach is not None:
+                    nursery.start_soon(self.reach.run, lambda: local_ipv4(config.mesh_network),
+                                       multiaddrs.tcp_port(list(config.listen), 4001))
                 if config.join and self.gossip.swarm is None:
                     nursery.start_soon(self._join, config.join)
                 if config.mdns:

@@ -456,3 +456,17 @@ def test_device_follows_a_random_history(seed):
         assert dev.peers == r.current
         claimed = [ip for spec in dev.peers.values() for ip in spec.allowed_ips]
         assert len(claimed) == len(set(claimed)), "one allowed IP routed to two peers"
+
+
+def test_a_member_behind_a_nat_is_sent_to_at_its_reflexive_endpoint():
+    from dataclasses import replace
+
+    r = Reconciler(K(1))
+    natted = replace(member("b", 2, endpoints=()), reflexive="203.0.113.5:40000")
+    [action] = r.update_view(0.0, [natted])
+    assert isinstance(action, SetPeer) and action.spec.endpoint == "203.0.113.5:40000"
+    assert r.direct_ip("b") == "203.0.113.5" and r.direct_ip("b", 6) is None
+    r.set_relayed({"b": "198.51.100.1:51821"})  # a relay still takes precedence
+    assert r.current[K(2)].endpoint == "198.51.100.1:51821"
+    with pytest.raises(ValueError):
+        replace(natted, reflexive="203.0.113.5")

@@ -161,7 +161,7 @@ class Inbound:
         elif result in REFUSED:
             s.reject(result, record.peer, f"record seq {record.seq}")
         if result in ("new", "updated"):
-            addrs = [Multiaddr(a) for a in record.addrs if parses(a)]
+            addrs = dial_addrs(record)
             if addrs and record.peer != s.me:  # the record's addresses replace the ones it replaces
                 store, pid = s.host.get_peerstore(), ID.from_base58(record.peer)
                 store.clear_addrs(pid)
@@ -182,3 +182,15 @@ def parses(addr: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def dial_addrs(record: Record) -> list[Multiaddr]:
+    """Where to dial a member: the addresses its signed record announces; a member nobody
+    can dial at its underlay (behind a NAT or a firewall, wg/reach.py) announces none and is
+    dialled at its overlay address instead, which works once our WireGuard reaches it
+    (punched or relayed)."""
+    addrs = [Multiaddr(a) for a in record.addrs if parses(a)]
+    wg = record.wg
+    if not addrs and wg is not None and wg.tcp is not None:
+        addrs = [Multiaddr(f"/ip4/{wg.addr4}/tcp/{wg.tcp}")]
+    return addrs

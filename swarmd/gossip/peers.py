@@ -24,7 +24,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from multiaddr import Multiaddr
 
 from ..p2p.streams import PeerError
-from .inbound import parses
+from .inbound import dial_addrs
 from .join import JOIN_TIMEOUT
 from .state import Shared
 
@@ -155,7 +155,7 @@ class Peers:
     async def _dial(self, peer: ID) -> None:
         s = self.s
         m = s.view().get(str(peer))
-        addrs = [Multiaddr(a) for a in (m.record.addrs if m else ()) if parses(a)]
+        addrs = dial_addrs(m.record) if m else []
         if addrs:  # the signed record is the authority on where a member listens
             s.host.get_peerstore().clear_addrs(peer)
         try:

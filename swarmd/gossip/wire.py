@@ -46,6 +46,8 @@ from typing import Any
 
 from ..vivaldi import Coordinate
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
+from ..wg import reach
+from ..wg.endpoint import format_endpoint, split_endpoint
 from ..wg.proof import verify_proof
 from ..p2p import multiaddrs
 from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
@@ -85,12 +87,28 @@ class MeshInfo:
     port: int
     endpoints: tuple[str, ...]
     proof: bytes | None = None  # wg_proof_message signed by the WireGuard key (keys.prove)
+    # How the member is reached (wg/reach.py), once two members measured it: its class (one
+    # of reach.KINDS), its reflexive endpoint ("IP:port", behind a NAT or a firewall) with
+    # the observers' signed attestations of it, and, when nobody can dial its underlay (its
+    # record then lists no addresses), the libp2p TCP port it listens on at its overlay address.
+    nat: str | None = None
+    reflexive: str | None = None
+    seen: tuple[bytes, ...] = ()
+    tcp: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out = {"pub": self.public, "addr4": self.addr4, "addr6": self.addr6, "port": self.port,
                "endpoints": list(self.endpoints)}
         if self.proof is not None:
             out["proof"] = self.proof
+        if self.nat is not None:
+            out["nat"] = self.nat
+        if self.reflexive is not None:
+            out["reflexive"] = self.reflexive
+        if self.seen:
+            out["seen"] = list(self.seen)
+        if self.tcp is not None:
+            out["tcp"] = self.tcp
         return out
 
     @classmethod
@@ -115,7 +133,27 @@ class MeshInfo:
             endpoints = [str(ipaddress.ip_address(e)) for e in endpoints]
         except (ValueError, TypeError) as exc:
             raise Invalid("malformed", f"record.wg: {exc}") from None
-        return cls(public=public, addr4=addr4, addr6=addr6, port=port, endpoints=tuple(endpoints), proof=proof)
+        nat = data.get("nat")
+        if nat is not None and nat not in reach.KINDS:
+            raise Invalid("malformed", f"record.wg.nat: expected one of {', '.join(reach.KINDS)}, got {nat!r:.40}")
+        reflexive = data.get("reflexive")
+        if reflexive is not None:
+            try:
+                if not isinstance(reflexive, str) or len(reflexive) > 64:
+                    raise ValueError("expected IPv4:port or [IPv6]:port")
+                reflexive = format_endpoint(*split_endpoint(reflexive))
+            except ValueError as exc:
+                raise Invalid("malformed", f"record.wg.reflexive: {exc}") from None
+        seen = data.get("seen", [])
+        if not isinstance(seen, list) or len(seen) > reach.MAX_SEEN \
+                or not all(isinstance(b, bytes) and len(b) <= reach.MAX_SEEN_BYTES for b in seen):
+            raise Invalid("malformed", f"record.wg.seen: expected at most {reach.MAX_SEEN} attestations of at most "
+                          f"{reach.MAX_SEEN_BYTES} bytes")
+        tcp = data.get("tcp")
+        if tcp is not None and (isinstance(tcp, bool) or not isinstance(tcp, int) or not 1 <= tcp <= 65535):
+            raise Invalid("malformed", f"record.wg.tcp: expected 1-65535, got {tcp!r:.20}")
+        return cls(public=public, addr4=addr4, addr6=addr6, port=port, endpoints=tuple(endpoints), proof=proof,
+                   nat=nat, reflexive=reflexive, seen=tuple(seen), tcp=tcp)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +372,8 @@ class Verifier:
                                                f"signer's id, {ula(self.swarm, cert.peer.encode())}")
             for endpoint in wg.endpoints:
                 self.check_ip(ipaddress.ip_address(endpoint), "record.wg.endpoints")
+            if wg.reflexive is not None:
+                self.check_ip(ipaddress.ip_address(split_endpoint(wg.reflexive)[0]), "record.wg.reflexive")
             if wg.proof is None or not verify_proof(wg.public, wg_proof_message(self.swarm, cert.peer, wg.public),
                                                     wg.proof):
                 raise Invalid("wg_proof", "record.wg.proof: the WireGuard key's holder did not sign it")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from multiaddr import Multiaddr
 from ..atomic import write_atomically
 from ..gossip.membership import State
 from ..gossip.wire import MeshInfo, wg_proof_message
-from ..wg import address, choose, keys
+from ..wg import address, choose, keys, reach
 from ..wg.backend import Backend, BackendUnavailable
 from ..wg.reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
 from ..wg.uapi import PeerConfig
@@ -103,6 +103,11 @@ class Mesh:
         self._configured: set[bytes] = set()  # peers set on the device since it started
         self._proof: tuple[bytes, bytes] | None = None  # (our key, its proof)
         self._warned_network = False
+        # how this node is reached (wg/reach.Verdict), from the reach driver; None: not measured
+        self.reach: Callable[[], Any] | None = None
+        self.tcp_port: int | None = None  # libp2p's TCP port, dialled at our overlay address when we are NATed
+        self._written_at: dict[bytes, float] = {}  # peer key -> wall time we last wrote its config
+        self._attested: dict[tuple[str, str, tuple[bytes, ...]], tuple[bool, float]] = {}  # confirmed() cache
 
     # --- what the record says -----------------------------------------------------------
 
@@ -116,8 +121,13 @@ class Mesh:
         if self._proof is None or self._proof[0] != self.keys.public:
             message = wg_proof_message(self.gossip.swarm.swarm, self.gossip.me, self.keys.public)
             self._proof = (self.keys.public, keys.prove(self.keys.private, message))
+        verdict = self.reach() if self.reach is not None else None
+        kind = verdict.kind if verdict is not None and verdict.kind in reach.KINDS else None
+        behind = kind not in (None, "public")
         return MeshInfo(public=self.keys.public, addr4=str(self.addr4), addr6=str(self.addr6), port=self.port,
-                        endpoints=tuple(self._underlay_ips()), proof=self._proof[1])
+                        endpoints=tuple(self._underlay_ips()), proof=self._proof[1], nat=kind,
+                        reflexive=verdict.reflexive if behind else None, seen=verdict.seen if behind else (),
+                        tcp=self.tcp_port if behind else None)
 
     def _cert_addr4(self) -> ipaddress.IPv4Address | None:
         """The address our certificate names, if any. It is used even outside the configured
@@ -252,9 +262,47 @@ class Mesh:
             await self.backend.set_addresses(self._cidrs())
             self.gossip.readvertise()
         members = [Member(peer=peer, public=wg.public, addr4=wg.addr4, addr6=wg.addr6, port=wg.port,
-                          endpoints=wg.endpoints) for peer, wg, _ in self._bound_view() if wg.public != self.keys.public]
+                          endpoints=wg.endpoints, reflexive=self._attested_reflexive(peer, wg))
+                   for peer, wg, _ in self._bound_view() if wg.public != self.keys.public]
         self._members = {m.peer: m for m in members}
         await self._perform(self.reconciler.update_view(time.monotonic(), members), nursery)
+
+    def _attested_reflexive(self, peer: str, wg: MeshInfo) -> str | None:
+        """A member's reflexive endpoint, if two other members attest it (reach.confirmed): only
+        then do we send its WireGuard handshakes there. Checked once per (member, endpoint,
+        attestations) until the oldest attestation could have expired."""
+        if wg.reflexive is None:
+            return None
+        now = time.time()
+        key = (peer, wg.reflexive, wg.seen)
+        cached = self._attested.get(key)
+        if cached is not None and now < cached[1]:
+            return wg.reflexive if cached[0] else None
+        members = {m.peer for m in self.gossip.view() if m.state in (State.ALIVE, State.SUSPECT)}
+        ok = reach.confirmed(wg.seen, wg.reflexive, swarm=self.gossip.swarm.swarm, about=peer, wgpub=wg.public,
+                             now=now, is_member=members.__contains__)
+        if len(self._attested) > 4 * max(64, len(members)):
+            self._attested.clear()
+        self._attested[key] = (ok, now + 30.0)
+        if not ok:
+            log.warning("a member's reflexive endpoint is not attested by two members: not used",
+                        peer=peer, reflexive=wg.reflexive)
+        return wg.reflexive if ok else None
+
+    async def observed_endpoint(self, peer: str) -> str | None:
+        """Where ``peer``'s WireGuard packets come from, as our device authenticated them: its
+        endpoint read back, when a handshake with it completed after we last wrote its config
+        (before that, the endpoint may be the one we wrote from its record: its claim)."""
+        m = self._members.get(peer)
+        if m is None or not self.started:
+            return None
+        state = await self.backend.state()
+        p = state.peers.get(m.public)
+        if p is None or p.endpoint is None or not p.last_handshake:
+            return None
+        if p.last_handshake <= self._written_at.get(m.public, 0.0):
+            return None
+        return p.endpoint
 
     async def _perform(self, actions: Iterable[Any], nursery: trio.Nursery) -> None:
         configs = []
@@ -282,6 +330,9 @@ class Mesh:
         packet came from only if no write of ours (an endpoint from a record, which a member
         chose) happened since (routing's proven endpoints, relay.py)."""
         self.writes += 1
+        now = time.time()
+        for config in configs:
+            self._written_at[config.public] = now
         try:
             await self.backend.set_peers(configs)
         finally:
@@ -400,7 +451,8 @@ class Mesh:
             rows.append({
                 "peer": m.peer if m else None, "public_key": keys.b64(pub),
                 "overlay": m.addr4 if m else None, "overlay6": m.addr6 if m else None,
-                "endpoint": p.endpoint, "direct": bool(m and host in m.endpoints),
+                "endpoint": p.endpoint, "direct": bool(m and (host in m.endpoints or p.endpoint == m.reflexive)),
+                "reflexive": bool(m and m.reflexive is not None and p.endpoint == m.reflexive),
                 "handshake_age_s": None if not p.last_handshake else round(now - p.last_handshake, 1),
                 "rx_bytes": p.rx_bytes, "tx_bytes": p.tx_bytes,
             })

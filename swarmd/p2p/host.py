@@ -83,7 +83,7 @@ def announce_addrs(host: IHost, announce: Sequence[str], overlay: str | None = N
         text = str(addr).split("/p2p/")[0]
         if text.startswith("/ip4/0.0.0.0/"):
             rest = text[len("/ip4/0.0.0.0"):]
-            out += [f"/ip4/{ip}{rest}" for ip in _local_ipv4(overlay)]
+            out += [f"/ip4/{ip}{rest}" for ip in local_ipv4(overlay)]
         else:
             out.append(text)
     reachable = [a for a in out if not _host_only(a)]
@@ -96,7 +96,7 @@ def _host_only(addr: str) -> bool:
     return ip is not None and (ip.is_loopback or ip.is_link_local)
 
 
-def _local_ipv4(overlay: str | None) -> list[str]:
+def local_ipv4(overlay: str | None) -> list[str]:
     import ipaddress
     import socket
 

@@ -27,6 +27,9 @@ Rules:
   switch_min_gain``, or when the current one failed (RTT None). Hysteresis on both ratio and
   absolute gain keeps two near-equal paths from flapping; an unmeasured current endpoint is
   kept until it is measured, so results arriving out of order cannot cause a switch.
+- A member behind a NAT or a firewall names its ``reflexive`` endpoint (attested by two
+  members; the driver checks that): it is used instead of its candidates, and since this
+  side sends there too, the two punch through each other's NAT.
 - Relayed paths (routing/): ``set_relayed`` names, per peer, the relay endpoint ("IP:port"
   on a relay that forwards the pair's packets unchanged) to use instead of the peer's own;
   a peer left out of it goes back to its own endpoint. Endpoint measurements and switching
@@ -90,6 +93,10 @@ class Member:
     addr6: str | None
     port: int  # its WireGuard listen port
     endpoints: tuple[str, ...]  # candidate underlay IPs, in its order of preference
+    # "IP:port" its NAT (or firewall) shows to members, attested by two of them (wg/reach.py):
+    # behind a NAT it has no candidates of its own, and both ends sending to each other's
+    # reflexive endpoint is the punch
+    reflexive: str | None = None
 
     def __post_init__(self) -> None:
         _check_key(f"member {self.peer} public key", self.public)
@@ -102,6 +109,8 @@ class Member:
                                _ip(ipaddress.IPv6Address, self.addr6, f"{where} addr6", "an IPv6 address"))
         ips = [_ip(ipaddress.ip_address, e, f"{where} endpoints", "IP addresses") for e in self.endpoints]
         object.__setattr__(self, "endpoints", tuple(dict.fromkeys(ips)))
+        if self.reflexive is not None:
+            object.__setattr__(self, "reflexive", format_endpoint(*split_endpoint(self.reflexive)))
 
 
 # Actions are built by keyword but matched by position (``case SetPeer(spec):``), so each
@@ -223,9 +232,12 @@ class Reconciler:
         (routing's relays are IPv4 only), one of that IP version: the one in use if it is, else
         the fastest candidate measured alive, else the first not yet measured."""
         chosen = self._chosen.get(peer)
+        m = self._members.get(peer)
+        if chosen is None and m is not None and m.reflexive is not None:  # behind a NAT: its NAT's address
+            ip = split_endpoint(m.reflexive)[0]
+            return ip if version is None or ipaddress.ip_address(ip).version == version else None
         if version is None or (chosen is not None and ipaddress.ip_address(chosen).version == version):
             return chosen
-        m = self._members.get(peer)
         if m is None:
             return None
         rtts = self._rtt.get(peer, {})
@@ -273,7 +285,7 @@ class Reconciler:
 
     def _spec(self, m: Member) -> PeerSpec:
         ip = self._chosen.get(m.peer)
-        endpoint = self._relayed.get(m.peer) or (None if ip is None else format_endpoint(ip, m.port))
+        endpoint = self._relayed.get(m.peer) or m.reflexive or (None if ip is None else format_endpoint(ip, m.port))
         return PeerSpec(public=m.public, endpoint=endpoint,
                         allowed_ips=tuple(r for r in _host_routes(m) if self._owner.get(r) == m.public),
                         keepalive=self.keepalive)

@@ -1,0 +1,218 @@
+"""The reach driver: asks members how they see this node, and answers them (wg/reach.py's I/O).
+
+Protocol ``/swarmd/reach/1.0.0``, one request and one answer per stream, members only
+(both ways): ``{cert, port}`` -> ``{seen}``, an attestation signed by the observer
+(reach.seal_seen) of
+- ``wg``: where the asker's WireGuard packets come from, as the observer's own device
+  authenticated them (``Mesh.observed_endpoint``), or None;
+- ``ip``: the address the asker's libp2p connection comes from (None over the overlay);
+- ``dial``: whether a fresh TCP connection to ``ip:port`` reached a libp2p listener (the
+  multistream header answers). Only the asker's own address is dialled, never one it names,
+  at most once per ``DIAL_EVERY`` seconds per asker and ``DIALS_PER_S`` in all, so nobody can
+  aim the observer at a victim; a refused dial-back is answered without ``dial`` (counted).
+
+The asker (``run``) asks ``OBSERVERS`` members, those whose records say they are public
+first, every ``ASK_EVERY`` seconds (``ASK_EVERY_UNKNOWN`` while the verdict is unknown);
+a verdict that changes makes gossip reissue our record: the mesh puts it in (nat,
+reflexive endpoint, the attestations) and node.py's announced addresses follow it (nobody
+can dial a node that is not public: it announces none, and is dialled at its overlay
+address instead).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from ..gossip.membership import State
+from ..p2p.host import remote_ip
+from ..p2p.limits import TokenBuckets
+from ..p2p.signed import Invalid
+from ..p2p.streams import PeerError, close_quietly, read_frame, request, write_frame
+from ..rpc.framing import FrameTooLarge
+from ..wg import reach
+
+log = structlog.get_logger("swarmd.reach")
+
+PROTOCOL = "/swarmd/reach/1.0.0"
+OBSERVERS = 3  # asked per round: the quorum (2) and one to spare for a liar or a slow one
+ASK_EVERY = 20.0  # seconds between rounds once known: a rebinding shows within one
+ASK_EVERY_UNKNOWN = 2.0
+TIMEOUT = 5.0  # for one answer, dial-back included
+DIAL_TIMEOUT = 2.0
+DIAL_EVERY = 10.0  # seconds between dial-backs for one asker
+DIALS_PER_S = 5.0  # dial-backs in all, whoever asks
+MULTISTREAM = b"\x13/multistream/1.0.0\n"
+MAX_FRAME = 4096
+
+
+class Reachability:
+    def __init__(self, *, transport: Any, gossip: Any, mesh: Any, sign: Callable[[bytes], bytes], reject: Any,
+                 network: str) -> None:
+        self.transport = transport
+        self.g = gossip
+        self.mesh = mesh
+        self.sign = sign
+        self.reject = reject  # (reason, peer, detail): the reach subsystem's refusals
+        self.network = ipaddress.ip_network(network)
+        self.core = reach.Reach(wg_port=mesh.port)
+        self.verdict = reach.UNKNOWN
+        self.port: int | None = None  # our libp2p TCP port, for dial-backs
+        self.asked = self.answered = self.dialled = 0
+        self._dial_per_asker = TokenBuckets(1 / DIAL_EVERY, 1.0, size=4096)
+        self._dials = TokenBuckets(DIALS_PER_S, DIALS_PER_S, size=1)
+        self._dial_asked: dict[str, float] = {}  # observer -> when we last asked it to dial back
+
+    def current(self) -> reach.Verdict:
+        return self.verdict
+
+    def public(self) -> bool:
+        """Whether to announce our underlay addresses: unless members found nobody can dial them."""
+        return self.verdict.kind in ("public", "unknown")
+
+    # --- the asker ------------------------------------------------------------------------
+
+    async def run(self, local_ips: Callable[[], list[str]], port: int | None) -> None:
+        self.port = port
+        self.transport.serve(PROTOCOL, self.handle, reject=self.reject, per_peer=4)
+        while True:
+            await self.round(local_ips())
+            await trio.sleep(ASK_EVERY_UNKNOWN if self.verdict.kind == "unknown" else ASK_EVERY)
+
+    async def round(self, local_ips: list[str]) -> None:
+        if self.g.swarm is None or not getattr(self.mesh, "started", False):
+            return
+        self.core.set_local_ips(local_ips)
+        observers = self._observers()
+        async with trio.open_nursery() as nursery:
+            for peer in observers:
+                nursery.start_soon(self._ask, peer)
+        self._decide()
+
+    def _observers(self) -> list[str]:
+        """Members to ask: alive, with a mesh side, public ones first (their dial-back means
+        something), then the others; the order within each kind shuffled by gossip's rng."""
+        members = [m for m in self.g.view() if m.state == State.ALIVE and m.record.wg is not None]
+        self.g.rng.shuffle(members)
+        members.sort(key=lambda m: m.record.wg.nat != "public")
+        return [m.peer for m in members[:OBSERVERS]]
+
+    async def _ask(self, peer: str) -> None:
+        self.asked += 1
+        req: dict[str, Any] = {"cert": self.g.swarm.cert.blob}
+        now = trio.current_time()
+        if self.port is not None and now - self._dial_asked.get(peer, -DIAL_EVERY) > DIAL_EVERY:
+            self._dial_asked[peer] = now  # the observer rations dial-backs per asker: ask within its rate
+            req["port"] = self.port
+        reply = None
+        with trio.move_on_after(TIMEOUT):
+            try:
+                reply = await request(self.transport.host, ID.from_base58(peer), PROTOCOL, req, MAX_FRAME)
+            except PeerError:
+                return
+        if not isinstance(reply, dict) or "seen" not in reply:
+            return
+        try:
+            seen = reach.open_seen(reply["seen"], swarm=self.g.swarm.swarm, about=self.g.me,
+                                   wgpub=self.mesh.keys.public, now=time.time())
+        except Invalid as exc:
+            self.reject(exc.reason, peer, f"reach answer: {exc.detail}")
+            return
+        if seen.observer != peer:
+            self.reject("mismatch", peer, "reach answer signed by another member")
+            return
+        self.answered += 1
+        self.core.observed(seen)
+
+    def _decide(self) -> None:
+        verdict = self.core.verdict(time.time())
+        before = self.verdict
+        self.verdict = verdict
+        if (verdict.kind, verdict.reflexive) != (before.kind, before.reflexive):
+            log.info("reachability", reach=verdict.label, reflexive=verdict.reflexive,
+                     confirmed_by=list(verdict.confirmed_by), was=before.label)
+            self.g.readvertise()
+        elif verdict.seen != before.seen and verdict.kind not in ("public", "unknown"):
+            self.g.readvertise()  # fresh attestations, before the old ones expire
+
+    # --- the observer ---------------------------------------------------------------------
+
+    async def handle(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id
+        try:
+            with trio.fail_after(TIMEOUT + 5):
+                req = await read_frame(stream, MAX_FRAME)
+                if not await self.g.check_member(req, peer, stream):
+                    return
+                await write_frame(stream, await self._answer(str(peer), stream, req))
+        except FrameTooLarge as exc:
+            self.reject("too_large", str(peer), f"reach request: {exc}")
+        except (PeerError, trio.TooSlowError) as exc:
+            self.reject("malformed", str(peer), f"reach request: {exc.__class__.__name__}: {exc}")
+        finally:
+            await close_quietly(stream)
+
+    async def _answer(self, peer: str, stream: INetStream, req: dict[str, Any]) -> dict[str, Any]:
+        m = self.g.view().get(peer)
+        wg = m.record.wg if m is not None else None
+        if wg is None:
+            self.reject("not_member", peer, "reach request from a member with no mesh side in the view")
+            return {"error": "no record of yours with a mesh side yet"}
+        endpoint = await self.mesh.observed_endpoint(peer)
+        ip = remote_ip(stream.muxed_conn)
+        if ip is not None and ipaddress.ip_address(ip) in self.network:
+            ip = None  # over the overlay: says nothing of the underlay
+        dial = None
+        port = req.get("port")
+        if ip is not None and port is not None:
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                self.reject("malformed", peer, f"reach request: port {port!r:.20}")
+            elif not self._dial_per_asker.allow(peer, trio.current_time()) \
+                    or not self._dials.allow("all", trio.current_time()):
+                self.reject("dial_rate", peer, "reach request: dial-back asked too often")
+            else:
+                dial = await dial_back(ip, port)
+                self.dialled += 1
+        seen = reach.seal_seen(self.sign, swarm=self.g.swarm.swarm, observer=self.g.me, about=peer,
+                               wgpub=wg.public, wg=endpoint, ip=ip, dial=dial, at=time.time())
+        return {"seen": seen}
+
+    def status(self) -> dict[str, Any]:
+        v = self.verdict
+        return {"reach": v.label, "nat": v.kind, "reflexive": v.reflexive, "confirmed_by": list(v.confirmed_by),
+                "port_mapping": None, "observations": [
+                    {"observer": s.observer, "wg": s.wg, "ip": s.ip, "dial": s.dial, "age_s": round(time.time() - s.at, 1)}
+                    for s in self.core.observations(time.time())],
+                "asked": self.asked, "answered": self.answered, "dialled_back": self.dialled}
+
+
+async def dial_back(ip: str, port: int) -> bool:
+    """Whether a fresh TCP connection to ``ip:port`` reaches a libp2p listener: it answers
+    multistream-select's header with its own."""
+    with trio.move_on_after(DIAL_TIMEOUT):
+        try:
+            stream = await trio.open_tcp_stream(ip, port)
+        except OSError:
+            return False
+        try:
+            await stream.send_all(MULTISTREAM)
+            got = b""
+            while len(got) < len(MULTISTREAM):
+                chunk = await stream.receive_some(len(MULTISTREAM) - len(got))
+                if not chunk:
+                    return False
+                got += chunk
+            return got == MULTISTREAM
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+    return False
