@@ -111,6 +111,7 @@ def status(s: Mapping[str, Any]) -> None:
         ("log level", s.get("log_level")),
         *swarm_rows(s),
         *mesh_rows(s.get("mesh")),
+        *reach_rows(s.get("reach")),
         *routing_rows(s.get("routing")),
         *job_rows(s.get("jobs")),
         *sandbox_rows(s.get("sandbox")),
@@ -153,6 +154,20 @@ def mesh_rows(m: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
         ("overlay address", [a for a in (m.get("address"), m.get("address6")) if a]),
         ("wireguard key", m["public_key"]),
     ]
+
+
+def reach_rows(r: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    """How members reach this node, who confirmed it, and whether the router mapped a port."""
+    if not r:
+        return []
+    rows: list[tuple[str, Any]] = [("reached", r.get("reach"))]
+    if r.get("reflexive"):
+        rows.append(("  seen from outside as", r["reflexive"]))
+    if r.get("confirmed_by"):
+        rows.append(("  confirmed by", ", ".join(str(p)[-8:] for p in r["confirmed_by"])))
+    if "port_mapping" in r:
+        rows.append(("  port mapping", r["port_mapping"] or "none (no UPnP/NAT-PMP asked: see the README)"))
+    return rows
 
 
 def routing_rows(r: Mapping[str, Any] | None) -> list[tuple[str, Any]]:

@@ -85,7 +85,7 @@ class Node:
         # how members reach us (needs WireGuard: what a member's device sees of ours is the measure)
         self.reach = None if self.mesh is None else Reachability(
             transport=self.transport, gossip=self.gossip, mesh=self.mesh, sign=identity.sign,
-            reject=self.rejects.of("reach").reject, network=config.mesh_network)
+            reject=self.rejects.of("reach").reject, network=config.mesh_network, rng=self.rng)
         if self.mesh is not None and self.reach is not None:
             self.mesh.reach = self.reach.current
             self.mesh.tcp_port = multiaddrs.tcp_port(list(config.listen), 4001)

@@ -22,6 +22,7 @@ address instead).
 from __future__ import annotations
 
 import ipaddress
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,7 +56,8 @@ MAX_FRAME = 4096
 
 class Reachability:
     def __init__(self, *, transport: Any, gossip: Any, mesh: Any, sign: Callable[[bytes], bytes], reject: Any,
-                 network: str) -> None:
+                 network: str, rng: random.Random) -> None:
+        self.rng = rng
         self.transport = transport
         self.g = gossip
         self.mesh = mesh
@@ -83,7 +85,10 @@ class Reachability:
         self.port = port
         self.transport.serve(PROTOCOL, self.handle, reject=self.reject, per_peer=4)
         while True:
-            await self.round(local_ips())
+            try:
+                await self.round(local_ips())
+            except Exception:  # a bug here must not take the daemon down: the next round tries again
+                log.exception("reach round failed")
             await trio.sleep(ASK_EVERY_UNKNOWN if self.verdict.kind == "unknown" else ASK_EVERY)
 
     async def round(self, local_ips: list[str]) -> None:
@@ -98,9 +103,9 @@ class Reachability:
 
     def _observers(self) -> list[str]:
         """Members to ask: alive, with a mesh side, public ones first (their dial-back means
-        something), then the others; the order within each kind shuffled by gossip's rng."""
+        something), then the others; the order within each kind shuffled."""
         members = [m for m in self.g.view() if m.state == State.ALIVE and m.record.wg is not None]
-        self.g.rng.shuffle(members)
+        self.rng.shuffle(members)
         members.sort(key=lambda m: m.record.wg.nat != "public")
         return [m.peer for m in members[:OBSERVERS]]
 
