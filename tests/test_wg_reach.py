@@ -151,3 +151,13 @@ def test_a_record_carries_how_it_is_reached_and_refuses_nonsense():
                       ("seen", [b"x"] * (reach.MAX_SEEN + 1)), ("seen", [b"x" * 600])):
         with pytest.raises(Invalid, match=f"record.wg.{name}"):
             MeshInfo.from_wire({**wire, name: bad})
+
+
+def test_an_observer_that_cannot_prove_our_endpoint_this_time_does_not_unmake_the_verdict():
+    core = reach.Reach(wg_port=51820)
+    core.observed(seen(A, SIGN_A, wg="203.0.113.5:40000", at=NOW - 30))
+    core.observed(seen(B, SIGN_B, wg="203.0.113.5:40000", at=NOW - 30))
+    core.observed(seen(A, SIGN_A, wg=None, dial=False, at=NOW))
+    v = core.verdict(NOW)
+    assert v.kind == "eim" and v.reflexive == "203.0.113.5:40000" and len(v.seen) == 2
+    assert core.verdict(NOW + reach.WINDOW).kind == "unknown"  # until the window ends

@@ -107,6 +107,7 @@ class Mesh:
         self.reach: Callable[[], Any] | None = None
         self.tcp_port: int | None = None  # libp2p's TCP port, dialled at our overlay address when we are NATed
         self._written_at: dict[bytes, float] = {}  # peer key -> wall time we last wrote its config
+        self._rx_base: dict[bytes, tuple[float, int]] = {}  # peer key -> (when, rx bytes) read after a write
         self._attested: dict[tuple[str, str, tuple[bytes, ...]], tuple[bool, float]] = {}  # confirmed() cache
 
     # --- what the record says -----------------------------------------------------------
@@ -292,17 +293,26 @@ class Mesh:
     async def observed_endpoint(self, peer: str) -> str | None:
         """Where ``peer``'s WireGuard packets come from, as our device authenticated them: its
         endpoint read back, when a handshake with it completed after we last wrote its config
-        (before that, the endpoint may be the one we wrote from its record: its claim)."""
+        or bytes from it arrived since a reading taken after that write (before either, the
+        endpoint may be the one we wrote from its record: its claim)."""
         m = self._members.get(peer)
         if m is None or not self.started:
             return None
         state = await self.backend.state()
         p = state.peers.get(m.public)
-        if p is None or p.endpoint is None or not p.last_handshake:
+        if p is None or p.endpoint is None:
             return None
-        if p.last_handshake <= self._written_at.get(m.public, 0.0):
+        written = self._written_at.get(m.public, 0.0)
+        if p.last_handshake and p.last_handshake > written:
+            return p.endpoint
+        # No handshake since: packets of the session that authenticate after our write move
+        # the endpoint too (WireGuard roams on each), so bytes received since a reading taken
+        # after the write prove it as well (its keepalive, every 25 s, at the latest).
+        base = self._rx_base.get(m.public)
+        if base is None or base[0] <= written:
+            self._rx_base[m.public] = (time.time(), p.rx_bytes)
             return None
-        return p.endpoint
+        return p.endpoint if p.rx_bytes > base[1] else None
 
     async def _perform(self, actions: Iterable[Any], nursery: trio.Nursery) -> None:
         configs = []
@@ -318,6 +328,8 @@ class Mesh:
                         configs.append(_config(spec))
                 case RemovePeer(public):
                     self._configured.discard(public)
+                    self._written_at.pop(public, None)
+                    self._rx_base.pop(public, None)
                     configs.append(PeerConfig(public=public, remove=True))
                 case ProbeEndpoints(peer, endpoints):
                     nursery.start_soon(self._probe_endpoints, peer, endpoints, nursery)

@@ -169,7 +169,11 @@ class Reach:
     def observed(self, seen: Seen) -> None:
         old = self._seen.get(seen.observer)
         if old is None or seen.at >= old.at:
-            if seen.dial is None and old is not None and old.dial is not None:
+            if old is not None and seen.wg is None and old.wg is not None:
+                # the observer could not prove our endpoint this time (it just rewrote our peer):
+                # what it last proved stands, until the window ends
+                seen = dataclasses.replace(old, dial=old.dial if seen.dial is None else seen.dial)
+            elif seen.dial is None and old is not None and old.dial is not None:
                 seen = dataclasses.replace(seen, dial=old.dial)  # dial-backs are rationed: the last one stands
             self._seen[seen.observer] = seen
 

@@ -42,3 +42,35 @@ async def test_every_write_to_the_device_is_counted_as_it_starts_and_as_it_ends(
     else:
         await m._set_peers([peer])
     assert backend.seen == [1] and m.writes == 2, "seen while running, and ended even when it failed"
+
+
+async def test_an_observed_endpoint_is_one_the_peer_proved_after_our_last_write(tmp_path):
+    # what the reach protocol attests of a member must be where its packets authenticate from,
+    # never the endpoint we wrote from its record (its claim)
+    import time
+
+    from swarmd.wg.reconciler import Member
+    from swarmd.wg.uapi import DeviceState, PeerState
+
+    key = b"\x02" * 32
+    state = {"endpoint": "203.0.113.5:40000", "handshake": None, "rx": 0}
+
+    class Device(Backend):
+        async def state(self):
+            return DeviceState(private_key=None, listen_port=51820, peers={key: PeerState(
+                public=key, endpoint=state["endpoint"], allowed_ips=(), last_handshake=state["handshake"],
+                rx_bytes=state["rx"], tx_bytes=0, keepalive=25)})
+
+    backend = Device()
+    m = mesh(tmp_path, backend)
+    m.started = True
+    m._members = {"b": Member(peer="b", public=key, addr4="10.211.0.2", addr6=None, port=51820, endpoints=())}
+    await m._set_peers([PeerConfig(public=key, endpoint="203.0.113.5:40000")])
+    assert await m.observed_endpoint("b") is None, "nothing arrived since we wrote it"
+    assert await m.observed_endpoint("b") is None, "still nothing"
+    state["rx"] = 92  # a keepalive of the session authenticated: the endpoint is where it came from
+    assert await m.observed_endpoint("b") == "203.0.113.5:40000"
+    await m._set_peers([PeerConfig(public=key, endpoint="203.0.113.5:40000")])
+    state["handshake"] = time.time() + 1  # a handshake after the write proves it at once
+    assert await m.observed_endpoint("b") == "203.0.113.5:40000"
+    assert await m.observed_endpoint("nobody") is None
