@@ -63,6 +63,21 @@ Rules:
   the cap must gain ``min_gain_ms`` more than the weakest in use, which goes back to direct)
   and at most ``max_relayed`` followed ones (those followed keep their place; new ones in
   peer order); beyond that, direct. All state is per peer in the view and pruned with it.
+- No direct path (issue 25, direct.py). A pair whose direct WireGuard path completes no
+  handshake within ``direct.GRACE_S`` of being set up (``PathView.unshaken``), or whose ends'
+  NATs rule one out, *lacks* a direct path: the chooser moves it to the best usable relay at
+  once (no stable rounds: the pair has no connectivity meanwhile), ranked by my leg (measured,
+  else estimated) + the relay's leg to the peer (reported, else estimated), ties by id, and
+  asks for the missing legs. Such a pair never goes back to direct for latency, only for a
+  try (direct.py: rarely, with back-off, or when a record's NAT or reflexive endpoint
+  changes); it may move to a faster relay by the switch rule. It takes a place under
+  ``max_relayed`` before any pair relayed for speed (the weakest of those goes direct). The
+  path's reason (``reason``): ``symmetric NAT``, ``no direct path`` or ``faster``; a
+  follower records, as it follows, whether its own direct path was unproven then.
+- Reachable relays. For a pair with an end behind a NAT or firewall (its record's wg.nat:
+  ``eim``, ``edm``, ``firewall``) only members in ``PathView.public`` (record wg.nat
+  ``public``, or unmeasured with addresses: the driver's rule) can relay: the NATed end must
+  reach the relay unasked. A chooser's announcement naming another is refused by the follower.
 - Units: milliseconds. A non-finite, negative or over ``MAX_RTT_MS`` value in the view is
   ignored and counted in ``ignored_values``.
 """
@@ -72,6 +87,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from . import direct as dp
 
 SWITCH_RATIO = 0.9  # a relay must be >= 10 % faster ... (Ledlie et al. count pairs 20 % faster;
 SWITCH_MIN_GAIN_MS = 2.0  # ... and >= 2 ms: 10 % of a 5 ms path is within one probe's jitter)
@@ -112,6 +129,12 @@ class PathView:
     refused: frozenset[tuple[str, str]] = frozenset()  # (peer, relay): the relay refused that pair, or the
     # pair's other end never asked it, or the relayed path did not carry our packets (driver's checks)
     busy: frozenset[str] = frozenset()  # peers our WireGuard traffic with is heavy now (a bulk transfer)
+    # Reach (issue 25; the defaults: nobody behind a NAT, every direct path working)
+    reach: Callable[[str], tuple[str | None, str | None]] = lambda peer: (None, None)  # peer (me too) -> its
+    # record's (wg.nat, wg.reflexive): one of direct.NATED or "public" or None; a change retries direct
+    public: frozenset[str] = frozenset()  # members anyone can reach unasked: the only relays for a NATed pair
+    unshaken: frozenset[str] = frozenset()  # peers whose direct WireGuard path has completed no handshake
+    # since it was set up (the driver, from Mesh.peer_rows; only peers on their direct path)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +208,8 @@ class Paths:
                  max_relayed: int = MAX_RELAYED, hold_down_s: float = HOLD_DOWN_S,
                  measure_interval_s: float = MEASURE_INTERVAL_S, ask_legs: int = ASK_LEGS,
                  ask_per_round: int = ASK_PER_ROUND, ask_interval_s: float = ASK_INTERVAL_S,
-                 legs_ttl_s: float = LEGS_TTL_S) -> None:
+                 legs_ttl_s: float = LEGS_TTL_S, grace_s: float = dp.GRACE_S, retry_direct_s: float = dp.RETRY_S,
+                 retry_direct_max_s: float = dp.RETRY_MAX_S) -> None:
         if not 0 < ratio <= back_ratio <= 1:
             raise ValueError(f"need 0 < ratio <= back_ratio <= 1, got {ratio} and {back_ratio}")
         if min_gain_ms < back_min_gain_ms or back_min_gain_ms < 0:
@@ -218,6 +242,8 @@ class Paths:
         # answered)
         self._legs: dict[str, tuple[float, dict[str, float]]] = {}  # peer -> when answered, its legs
         self._ask_after = ""  # the rotation: the next peers asked come after this id
+        self.direct = dp.DirectWatch(grace_s=grace_s, retry_s=retry_direct_s, retry_max_s=retry_direct_max_s)
+        self._reasons: dict[str, str] = {}  # followed pairs -> why (direct.why when the follow began)
 
     # --- queries ------------------------------------------------------------------------
 
@@ -239,6 +265,14 @@ class Paths:
     def announced(self) -> dict[str, str]:
         """peer -> relay for this node's record (`via`): the pairs it chooses for, on a relay."""
         return {p: s.relay for p, s in sorted(self._chosen.items()) if s.relay is not None}
+
+    def reason(self, peer: str) -> str | None:
+        """Why ``peer``'s path is a relay (direct.REASONS), None when it is direct."""
+        if self.path(peer) is None:
+            return None
+        if peer in self._chosen:
+            return self.direct.lacking(peer) or dp.FASTER
+        return self._reasons.get(peer, dp.FASTER)
 
     def held(self, now: float) -> dict[str, float]:
         """Relays held down after a failure -> seconds left."""
@@ -270,11 +304,19 @@ class Paths:
             del self._followed[peer]
             actions.append(UsePath(peer=peer, relay=None))
         self._refused = {p: why for p, why in self._refused.items() if p in view.peers}
+        self._reasons = {p: why for p, why in self._reasons.items() if p in self._followed}
+        self.direct.forget(view.peers)
+        here = view.reach(self.me)
+        for peer in sorted(view.peers - {self.me}):
+            there = view.reach(peer)
+            self.direct.observe(now, peer, on_direct=self.path(peer) is None, unshaken=peer in view.unshaken,
+                                fingerprint=(here, there), nats=(here[0], there[0]))
 
         own = self._clean(view.own)
         wanted: list[tuple[float, str]] = []
         askable: list[str] = []  # chooser pairs with direct known: those worth asking for legs
         ready: list[tuple[float, str, str]] = []  # (-gain, peer, relay): direct -> relay moves due
+        forced: list[str] = []  # chooser pairs without a direct path, on no relay: moved first, after the loop
         gains: dict[str, float] = {}  # chooser pairs on a relay -> its gain now
         for peer in sorted(view.peers):
             if peer == self.me:
@@ -285,13 +327,24 @@ class Paths:
             state = self._chosen.setdefault(peer, _Chosen())
             if state.relay is not None and self._unusable(now, state.relay, peer, view):
                 actions.append(self._switch(peer, None))
+            lacking = self.direct.lacking(peer) is not None
+            if self.direct.trying(peer) and state.relay is not None:
+                actions.append(self._switch(peer, None))  # a try of the direct path (direct.py)
             data = self._measure(peer, view, own, wanted)
             if data.direct is not None:
                 askable.append(peer)
+            if lacking and state.relay is None:
+                forced.append(peer)
+                continue
             move = self._wanted(state, data)
             if state.relay is not None:  # counted against the cap; unknown gain: the first to go
                 known = data.direct is not None and state.relay in data.legs
                 gains[peer] = data.direct - sum(data.legs[state.relay]) if known else 0.0
+                if lacking:
+                    gains[peer] = math.inf  # never the weakest: without it the pair has no path
+            if move is not None and ((lacking and move[0] == "direct") or (move[0] == "relay" and state.relay is None
+                                                                            and self.direct.trying(peer))):
+                move = None  # lacking: direct only for a try; trying: the try decides first
             if move is None or peer in view.busy:  # busy: moved by a failure only (module header)
                 state.want, state.target, state.rounds = None, None, 0
                 continue
@@ -309,6 +362,18 @@ class Paths:
                 gains[peer] = gain
             else:
                 ready.append((-gain, peer, relay))
+        for peer in forced:
+            relay = self._pick(now, peer, view, own, wanted)
+            if relay is None:
+                continue  # no usable relay: direct, the only path there is (explain says so)
+            if len(gains) >= self.max_relayed:
+                weakest = min((p for p in gains if gains[p] != math.inf), key=lambda p: (gains[p], p), default=None)
+                if weakest is None:
+                    continue
+                actions.append(self._switch(weakest, None))
+                del gains[weakest]
+            actions.append(self._switch(peer, relay))
+            gains[peer] = math.inf
         for neg_gain, peer, relay in sorted(ready):
             if len(gains) >= self.max_relayed:
                 weakest = min((p for p in gains if p not in view.busy), key=lambda p: (gains[p], p), default=None)
@@ -357,7 +422,8 @@ class Paths:
         scored = []
         for relay in view.relays:
             if relay in (self.me, peer) or relay in recorded or relay not in view.peers or relay in view.failing \
-                    or relay in self._held or (peer, relay) in self._held_pairs or relay in first:
+                    or relay in self._held or (peer, relay) in self._held_pairs or relay in first \
+                    or not self._reachable(relay, peer, view):
                 continue
             mine = own[relay] if relay in own else view.estimate(self.me, relay)
             theirs = view.estimate(relay, peer)
@@ -423,6 +489,8 @@ class Paths:
         if want is None:
             del self._followed[peer]
         else:
+            if peer not in self._followed:
+                self._reasons[peer] = self.direct.why(peer)
             self._followed[peer] = want
         self.switches += 1
         return [UsePath(peer=peer, relay=want)]
@@ -441,11 +509,36 @@ class Paths:
             return "does not offer relaying"
         if relay in view.failing:
             return "failing from here"
+        if not self._reachable(relay, peer, view):
+            return "not publicly reachable, and an end of the pair is behind a NAT or firewall"
         if self._held.get(relay, 0.0) > now:
             return "held down after a failure"
         if (peer, relay) in view.refused or self._held_pairs.get((peer, relay), 0.0) > now:
             return "refused or did not carry this pair lately"
         return None
+
+    def _reachable(self, relay: str, peer: str, view: PathView) -> bool:
+        """``relay`` can carry the pair (me, peer): either end behind a NAT or firewall needs a
+        relay anyone can reach (``PathView.public``)."""
+        return relay in view.public or not (dp.nated(view.reach(self.me)[0]) or dp.nated(view.reach(peer)[0]))
+
+    def _pick(self, now: float, peer: str, view: PathView, own: Mapping[str, float],
+              wanted: list[tuple[float, str]]) -> str | None:
+        """The relay for a pair without a direct path: the usable one with the least my leg
+        (measured, else estimated) + its leg to the peer (reported, else estimated), ties and
+        unknowns by id; the unmeasured ones among the best ``shortlist`` are asked for."""
+        scored = []
+        for relay in view.relays & view.peers:
+            if relay in (self.me, peer) or self._refusal(now, relay, peer, view) is not None:
+                continue
+            mine = own[relay] if relay in own else view.estimate(self.me, relay)
+            theirs = self.leg(relay, peer, view)
+            theirs = view.estimate(relay, peer) if theirs is None else theirs
+            total = mine + theirs if mine is not None and theirs is not None else math.inf
+            scored.append((total if math.isfinite(total) else math.inf, relay))
+        scored.sort()
+        wanted += [(-0.5, relay) for _, relay in scored[:self.shortlist] if relay not in own]
+        return scored[0][1] if scored else None
 
     def _unusable(self, now: float, relay: str, peer: str, view: PathView) -> bool:
         return self._refusal(now, relay, peer, view) is not None
@@ -489,7 +582,8 @@ class Paths:
         shortlist: list[tuple[float, str]] = []
         for relay in reported:
             if relay in (self.me, peer) or relay not in view.relays or relay not in view.peers \
-                    or relay in view.failing or relay in self._held or (peer, relay) in self._held_pairs:
+                    or relay in view.failing or relay in self._held or (peer, relay) in self._held_pairs \
+                    or not self._reachable(relay, peer, view):
                 continue
             leg2 = self.leg(relay, peer, view, reported)
             if leg2 is None:
@@ -580,7 +674,9 @@ class Paths:
                      "thresholds": {"switch_ratio": self.ratio, "switch_min_gain_ms": self.min_gain_ms,
                                     "back_ratio": self.back_ratio, "back_min_gain_ms": self.back_min_gain_ms,
                                     "stable_rounds": self.stable_rounds},
-                     "held_down": self.held(now), "busy": peer in view.busy and self.role(peer) == "chooser"}
+                     "held_down": self.held(now), "busy": peer in view.busy and self.role(peer) == "chooser",
+                     "reason": self.reason(peer), "direct_path": self.direct.row(now, peer),
+                     "nated_pair": dp.nated(view.reach(self.me)[0]) or dp.nated(view.reach(peer)[0])}
         if self.role(peer) == "chooser":
             state = self._chosen.get(peer, _Chosen())
             out["hysteresis"] = {"wants": state.want, "candidate": state.target, "rounds": state.rounds,

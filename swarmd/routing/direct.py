@@ -1,0 +1,156 @@
+"""Whether a pair's direct WireGuard path works, learnt from its handshakes (sans-IO).
+
+Theory of operation. Behind NATs (issue 25) a direct path is a punch: both ends send
+WireGuard to each other's reflexive endpoints. Theory says which pairings connect (an
+endpoint-dependent mapping, ``edm``, against a port-restricted filter, another ``edm`` or a
+``firewall`` does not: n0-computer/patchbay's matrix, DESIGN "NAT traversal"), but an
+``eim`` NAT's filtering cannot be told from outside, so the verdict is empirical: a path
+that completes no WireGuard handshake within ``grace_s`` of being set up has none. Paths
+(paths.py) then relays the pair through a publicly reachable member for as long as that
+lasts, with the reason ``symmetric NAT`` when either end's record says ``edm``, ``no direct
+path`` otherwise (``faster`` is path choice's own reason).
+
+Rules:
+- Observations come from the driver once per evaluation: whether the pair is on its direct
+  path now, and whether that path is *unshaken* (no handshake on it since it was set up:
+  service.py reads Mesh.peer_rows). The grace starts at the first unshaken observation on
+  the direct path, so a pair that just went direct is given the whole of it.
+- A pair theory rules out (``impossible``) lacks a direct path at the first unshaken
+  observation, and is tried again only when a record's NAT or reflexive endpoint changes.
+- No flapping: a pair that lacks a direct path tries it again (``trying``: paths.py moves it
+  direct) after ``retry_s``, doubling after each failed try up to ``retry_max_s``, and at
+  once when either end's (nat, reflexive) changes (a new mapping, a new verdict). A try that
+  shows a handshake ends it; one unshaken for ``grace_s`` on the direct path is a failure.
+- What a member can do: its record's ``nat`` only picks a reason and whether a pairing is
+  tried at once; a handshake is WireGuard's (authenticated), so no member can make a working
+  pair look broken, or a broken one work. A member changing its record often makes its own
+  pairs retry direct more often (each try costs that pair up to ``grace_s`` of outage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+NATED = frozenset({"eim", "edm", "firewall"})  # record wg.nat values of members nobody can dial unasked
+FASTER = "faster"  # relayed because the relay's legs beat the direct path (paths.py's switch rule)
+NO_DIRECT = "no direct path"  # relayed because the direct path completed no handshake
+SYMMETRIC = "symmetric NAT"  # the same, and an end's record says its NAT maps per destination (edm)
+REASONS = (FASTER, NO_DIRECT, SYMMETRIC)
+
+# A punch completes in about one RTT once both ends send; WireGuard retries a handshake every 5 s
+# (REKEY_TIMEOUT, whitepaper section 6.4), so two tries and a WAN RTT fit, and a member the mesh
+# just gave an endpoint is not relayed before the other end had its chance to send.
+GRACE_S = 10.0
+RETRY_S = 300.0  # a pair relayed for lack of a direct path tries it again after this (5 min) ...
+RETRY_MAX_S = 1800.0  # ... doubling after each failed try, up to 30 min: each try costs up to GRACE_S
+SESSION_S = 180.0  # WireGuard's REJECT_AFTER_TIME: a handshake older than this holds no session
+
+
+def nated(kind: object) -> bool:
+    return kind in NATED
+
+
+def impossible(a: object, b: object) -> bool:
+    """Theory rules a direct path out: a symmetric NAT against another or a firewall (against an
+    eim NAT it depends on that NAT's filtering, which only a try tells)."""
+    return (a == "edm" and b in ("edm", "firewall")) or (b == "edm" and a in ("edm", "firewall"))
+
+
+def reason(a: object, b: object) -> str:
+    """Why a pair whose direct path failed is relayed, by its ends' record wg.nat."""
+    return SYMMETRIC if "edm" in (a, b) else NO_DIRECT
+
+
+@dataclass(slots=True)
+class _Lacking:
+    since: float  # when it was declared (or the last try failed)
+    fingerprint: Hashable  # both ends' (nat, reflexive) as last tried: a change tries again at once
+    reason: str
+    failures: int = 0  # tries that failed in a row
+    retry_at: float | None = None  # None: only when a record changes (impossible by theory)
+    trying_since: float | None = None  # a try of the direct path is under way
+
+
+class DirectWatch:
+    """Per peer: since when its direct path is unshaken, and whether it lacks one."""
+
+    def __init__(self, *, grace_s: float = GRACE_S, retry_s: float = RETRY_S,
+                 retry_max_s: float = RETRY_MAX_S) -> None:
+        if not (grace_s > 0 and 0 < retry_s <= retry_max_s):
+            raise ValueError("need grace_s > 0 and 0 < retry_s <= retry_max_s")
+        self.grace_s, self.retry_s, self.retry_max_s = grace_s, retry_s, retry_max_s
+        self._since: dict[str, float] = {}  # peer -> first unshaken observation on its direct path
+        self._lack: dict[str, _Lacking] = {}
+        self._nats: dict[str, tuple[object, object]] = {}  # peer -> (mine, its) wg.nat, last seen
+        self.declared = 0  # counter: pairs found without a direct path
+        self.tries = 0  # counter: tries of the direct path again
+
+    def observe(self, now: float, peer: str, *, on_direct: bool, unshaken: bool, fingerprint: Hashable,
+                nats: tuple[object, object]) -> None:
+        """One evaluation's observation of the pair (me, ``peer``)."""
+        self._nats[peer] = nats
+        lack = self._lack.get(peer)
+        if lack is not None and lack.trying_since is None and (
+                lack.fingerprint != fingerprint or (lack.retry_at is not None and now >= lack.retry_at)):
+            if lack.fingerprint != fingerprint:  # a new mapping or verdict: try at once, back-off anew
+                lack.fingerprint, lack.failures = fingerprint, 0
+            lack.trying_since = now
+            self.tries += 1
+        if on_direct and unshaken:
+            since = self._since.setdefault(peer, now)
+        else:
+            self._since.pop(peer, None)
+            since = None
+        if lack is None:
+            if since is not None and (now - since >= self.grace_s or impossible(*nats)):
+                self._lack[peer] = _Lacking(since=now, fingerprint=fingerprint, reason=reason(*nats),
+                                            retry_at=None if impossible(*nats) else now + self.retry_s)
+                self.declared += 1
+        elif lack.trying_since is not None and on_direct:
+            if not unshaken:
+                del self._lack[peer]  # a handshake on the direct path: it works now
+            elif since is not None and now - since >= self.grace_s:
+                lack.failures += 1
+                lack.since, lack.trying_since, lack.reason = now, None, reason(*nats)
+                lack.retry_at = None if impossible(*nats) \
+                    else now + min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        keep = set(keep)
+        for table in (self._since, self._lack, self._nats):
+            for peer in [p for p in table if p not in keep]:
+                del table[peer]
+
+    def lacking(self, peer: str) -> str | None:
+        """The reason the pair must be relayed now (it has no direct path, no try under way), or None."""
+        lack = self._lack.get(peer)
+        return None if lack is None or lack.trying_since is not None else lack.reason
+
+    def trying(self, peer: str) -> bool:
+        """A try of the direct path is under way: the pair goes (and stays) direct until it ends."""
+        lack = self._lack.get(peer)
+        return lack is not None and lack.trying_since is not None
+
+    def why(self, peer: str) -> str:
+        """Why the pair would be on a relay now: for lack of a direct path when it is declared so or
+        its direct path is unproven, else ``faster`` (what a follower records as it follows)."""
+        if (lack := self._lack.get(peer)) is not None:
+            return lack.reason
+        if peer in self._since:
+            return reason(*self._nats.get(peer, (None, None)))
+        return FASTER
+
+    def row(self, now: float, peer: str) -> dict:
+        """Plain data for `swarmctl route`."""
+        lack, since = self._lack.get(peer), self._since.get(peer)
+        nats = self._nats.get(peer, (None, None))
+        if lack is None:
+            state = "unproven" if since is not None else "ok"
+        else:
+            state = "trying again" if lack.trying_since is not None else "none"
+        return {"state": state, "unproven_for_s": None if since is None else round(now - since, 1),
+                "grace_s": self.grace_s, "reason": None if lack is None else lack.reason,
+                "impossible": impossible(*nats), "failures": 0 if lack is None else lack.failures,
+                "retry_in_s": None if lack is None or lack.retry_at is None or lack.trying_since is not None
+                else round(max(0.0, lack.retry_at - now), 1), "nat_here": nats[0], "nat_peer": nats[1]}

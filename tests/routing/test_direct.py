@@ -1,0 +1,129 @@
+"""Whether a pair's direct path works (swarmd/routing/direct.py): the grace, theory's verdicts,
+the retries and their back-off, a record's change, on a fake clock."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from swarmd.routing import direct as dp
+
+FP = (("eim", "1.2.3.4:5"), ("eim", "5.6.7.8:9"))
+
+
+def watch() -> dp.DirectWatch:
+    return dp.DirectWatch(grace_s=10, retry_s=300, retry_max_s=1200)
+
+
+def test_a_pair_without_a_handshake_for_the_grace_lacks_a_direct_path():
+    w = watch()
+    for t in range(0, 10):
+        w.observe(float(t), "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+        assert w.lacking("b") is None, t
+    assert w.why("b") == dp.NO_DIRECT, "unproven: a follower following now records the lack"
+    w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    assert w.lacking("b") == dp.NO_DIRECT and w.declared == 1
+    assert w.row(10.0, "b")["state"] == "none" and w.row(10.0, "b")["retry_in_s"] == 300
+
+
+def test_a_handshake_within_the_grace_is_a_direct_path():
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", None))
+    w.observe(5.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=("eim", None))
+    w.observe(60.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=("eim", None))
+    assert w.lacking("b") is None and w.why("b") == dp.FASTER and w.row(60.0, "b")["state"] == "ok"
+
+
+def test_the_grace_starts_on_the_direct_path():
+    w = watch()
+    w.observe(0.0, "b", on_direct=False, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    w.observe(20.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    assert w.lacking("b") is None, "a pair that just went direct is given the whole grace"
+
+
+@pytest.mark.parametrize(("a", "b", "ruled_out"), [
+    ("edm", "edm", True), ("edm", "firewall", True), ("firewall", "edm", True), ("edm", "eim", False),
+    ("eim", "eim", False), ("edm", "public", False), ("edm", None, False), ("firewall", "firewall", False)])
+def test_theory(a, b, ruled_out):
+    assert dp.impossible(a, b) is ruled_out
+    assert dp.reason(a, b) == (dp.SYMMETRIC if "edm" in (a, b) else dp.NO_DIRECT)
+
+
+def test_a_pairing_theory_rules_out_is_relayed_at_once_and_not_retried_on_a_timer():
+    w = watch()
+    fp = (("edm", "1.1.1.1:1"), ("edm", "2.2.2.2:2"))
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=fp, nats=("edm", "edm"))
+    assert w.lacking("b") == dp.SYMMETRIC
+    for t in (600.0, 5000.0, 100000.0):
+        w.observe(t, "b", on_direct=False, unshaken=False, fingerprint=fp, nats=("edm", "edm"))
+        assert w.lacking("b") == dp.SYMMETRIC and not w.trying("b")
+
+
+def test_retries_are_rare_and_back_off():
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
+    w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
+    assert w.lacking("b") == dp.SYMMETRIC
+    tries = []
+    t = 10.0
+    on_direct = False
+    while t < 4000:
+        t += 1.0
+        w.observe(t, "b", on_direct=on_direct, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
+        if w.trying("b") and not on_direct:
+            tries.append(t)
+        on_direct = w.trying("b")  # paths.py moves the pair direct for a try, to a relay otherwise
+    gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
+    assert tries[0] == 310.0, "the first try after retry_s"
+    assert gaps[:3] == [611, 1211, 1211], "doubling (plus the try's grace), capped at retry_max_s"
+    assert w.lacking("b") in (None, dp.SYMMETRIC) and w.tries == len(tries)
+
+
+def test_a_try_that_shakes_hands_ends_the_lack():
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    w.observe(310.0, "b", on_direct=False, unshaken=False, fingerprint=FP, nats=("eim", "eim"))
+    assert w.trying("b") and w.lacking("b") is None
+    w.observe(311.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    w.observe(313.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=("eim", "eim"))
+    assert not w.trying("b") and w.lacking("b") is None and w.row(313.0, "b")["state"] == "ok"
+
+
+def test_a_changed_mapping_or_verdict_retries_at_once():
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
+    assert w.lacking("b") == dp.NO_DIRECT
+    moved = (FP[0], ("eim", "5.6.7.8:10"))  # the peer's NAT rebound
+    w.observe(11.0, "b", on_direct=False, unshaken=False, fingerprint=moved, nats=("eim", "eim"))
+    assert w.lacking("b") is None and w.trying("b"), "direct again, a new grace"
+    w.observe(12.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
+    w.observe(21.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
+    assert w.lacking("b") is None
+    w.observe(22.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
+    assert w.lacking("b") == dp.NO_DIRECT and w.row(22.0, "b")["retry_in_s"] == 600
+    edm = ((("edm", "1.1.1.1:1"), ("edm", "2.2.2.2:3")))
+    w.observe(23.0, "b", on_direct=False, unshaken=False, fingerprint=edm, nats=("edm", "edm"))
+    assert w.trying("b"), "a change is tried even where theory rules it out: the records may be wrong"
+    w.observe(24.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
+    w.observe(34.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
+    assert w.lacking("b") == dp.SYMMETRIC and w.row(34.0, "b")["retry_in_s"] is None
+
+
+def test_forget_and_bad_config():
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=(None, "edm"))
+    w.forget(["c"])
+    assert w.row(0.0, "b")["state"] == "ok" and w.why("b") == dp.FASTER
+    with pytest.raises(ValueError):
+        dp.DirectWatch(grace_s=0)
+    with pytest.raises(ValueError):
+        dp.DirectWatch(retry_s=10, retry_max_s=5)
+
+
+def test_direct_is_a_pure_core():
+    tree = ast.parse(Path(dp.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not names & {"trio", "socket", "time", "asyncio", "random"}, names
