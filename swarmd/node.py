@@ -88,6 +88,7 @@ class Node:
             reject=self.rejects.of("reach").reject, network=config.mesh_network, rng=self.rng)
         if self.mesh is not None and self.reach is not None:
             self.mesh.reach = self.reach.current
+            self.mesh.reject = self.reach.reject
             self.mesh.tcp_port = multiaddrs.tcp_port(list(config.listen), 4001)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics,
                                refusals=self.rejects.of("routing"), transport=self.transport)

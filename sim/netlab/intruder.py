@@ -26,6 +26,8 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
   presync-oversize  a 16 MiB sync frame before any certificate
   streams   (member) --count concurrent sync streams from one peer, held --seconds
             (these four: intruder_gossip.py)
+  false-reflexive, reach-flood: (member) a reflexive endpoint that is a victim's, with made-up
+            attestations; reach requests asking for dial-backs in a flood (intruder_reach.py)
   relay     relay requests from an outsider and from a member the relay's view lacks, forged,
             misaddressed, stale, junk (--about: the pair's other end; intruder_relay.py);
             prints the replies as one JSON line
@@ -61,14 +63,14 @@ from swarmd.p2p.streams import encode_frame, request
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
-from . import intruder_admission
+from . import intruder_admission, intruder_reach
 
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
 GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
 OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider", "relay")  # no member's hello first
 ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage",
-           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS, "relay")
+           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS, "relay", *intruder_reach.ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long job-no-read holds its stream")
     parser.add_argument("--state", type=Path, help="keep the intruder's identity here (default: a new one)")
     intruder_admission.add_arguments(parser)
+    intruder_reach.add_arguments(parser)
     parser.add_argument("--about", help="the member false-dead accuses (a peer id)")
     parser.add_argument("--inc", type=int, help="the incarnation false-dead's rumors name")
     parser.add_argument("--count", type=int, default=50, help="rumors for false-dead, streams for streams")
@@ -204,6 +207,9 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                 case name if name in intruder_admission.ATTACKS:
                     return await intruder_admission.attack(name, args=args, ident=ident, owner=owner, host=host,
                                                            target=target, gossip=gossip)
+                case name if name in intruder_reach.ATTACKS:
+                    return await intruder_reach.attack(name, args=args, ident=ident, owner=owner, host=host,
+                                                       target=target, gossip=gossip)
                 case name if name in GOSSIP_ATTACKS:
                     from .intruder_gossip import attack as gossip_attack
 

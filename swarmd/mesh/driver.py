@@ -105,6 +105,7 @@ class Mesh:
         self._warned_network = False
         # how this node is reached (wg/reach.Verdict), from the reach driver; None: not measured
         self.reach: Callable[[], Any] | None = None
+        self.reject: Callable[[str, str, str], None] | None = None  # reach's refusals (node.py wires it)
         self.tcp_port: int | None = None  # libp2p's TCP port, dialled at our overlay address when we are NATed
         self._written_at: dict[bytes, float] = {}  # peer key -> wall time we last wrote its config
         self._rx_base: dict[bytes, tuple[float, int]] = {}  # peer key -> (when, rx bytes) read after a write
@@ -285,9 +286,9 @@ class Mesh:
         if len(self._attested) > 4 * max(64, len(members)):
             self._attested.clear()
         self._attested[key] = (ok, now + 30.0)
-        if not ok:
-            log.warning("a member's reflexive endpoint is not attested by two members: not used",
-                        peer=peer, reflexive=wg.reflexive)
+        if not ok and self.reject is not None:  # counted and logged there
+            self.reject("unattested", peer, f"reflexive endpoint {wg.reflexive} not attested by two members: "
+                                            "not sent to")
         return wg.reflexive if ok else None
 
     async def observed_endpoint(self, peer: str) -> str | None:
