@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables util-linux systemd-container
+APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables conntrack util-linux systemd-container
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt venv demo demo-elastic test test-fast bench clean

@@ -28,6 +28,14 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--bandwidth", type=float, default=None, metavar="MBIT")
     up.add_argument("--no-daemons", action="store_true", help="the network only")
     up.add_argument("--no-mesh", action="store_true", help="daemons without the WireGuard mesh")
+    up.add_argument("--nat", metavar="h2=eim-apdf,h3=edm,...",
+                    help="hosts behind a router: eim (full cone), eim-adf (address-restricted), eim-apdf "
+                         "(port-restricted, a home router), edm (symmetric), firewall (no translation, "
+                         "inbound dropped); the rest stay public, at least one must")
+    up.add_argument("--nat-udp-timeout", type=int, default=30, metavar="SECONDS",
+                    help="the routers' conntrack timeout for a UDP flow seen one way (default 30, Linux's)")
+    up.add_argument("--nat-udp-stream-timeout", type=int, default=120, metavar="SECONDS",
+                    help="... for an assured UDP flow, replies for more than 2 s (default 120, Linux's)")
 
     ex = sub.add_parser("exec", parents=[name], help="run a command inside a host's namespace")
     ex.add_argument("host")
@@ -53,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
     crash.add_argument("host")
     revive = sub.add_parser("revive", parents=[name], help="power a crashed host on: links restored, daemon started")
     revive.add_argument("host")
+    nat = sub.add_parser("nat", parents=[name], help="act on a host's NAT router")
+    nat.add_argument("host")
+    nat.add_argument("action", choices=["rebind"],
+                     help="rebind: the router forgets its mappings and gives the host new external ports")
     st = sub.add_parser("status", parents=[name], help="hosts and links")
     st.add_argument("--json", action="store_true")
     sub.add_parser("down", parents=[name], help="remove everything the lab made")
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.area == "run":
         return _run(args)
     from .netlab import lab as labmod
+    from .netlab import nat as natmod
     from .netlab import topology
     from .netlab.state import LabState
 
@@ -136,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                 rtt = topology.uniform(20.0 if args.rtt_ms is None else args.rtt_ms)
             hosts, links = topology.plan(args.hosts, rtt, loss_pct=args.loss, bandwidth_mbit=args.bandwidth,
                                          countries=countries)
-            lab = labmod.Lab.up(args.name, hosts, links, daemons=not args.no_daemons, mesh=not args.no_mesh)
+            nat = natmod.parse_spec(args.nat, [h.name for h in hosts]) if args.nat else None
+            timeouts = natmod.Timeouts(udp=args.nat_udp_timeout, udp_stream=args.nat_udp_stream_timeout)
+            lab = labmod.Lab.up(args.name, hosts, links, daemons=not args.no_daemons, mesh=not args.no_mesh,
+                                nat=nat, nat_timeouts=timeouts)
             if not args.no_daemons:
                 took = lab.wait_formed()
                 print(f"swarm formed {took:.1f} s after the daemons answered"
@@ -176,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "revive":
             lab.revive(args.host)
             print(f"{args.host} revived" + (": its daemon answers" if lab.state.daemons else ""))
+            return 0
+        if args.command == "nat":
+            lab.rebind(args.host)
+            h = lab.state.host(args.host)
+            print(f"{args.host} rebound ({h.nat}, rebind {h.nat_generation}): external ports now "
+                  f"{natmod.describe_ports(h.nat, h.nat_generation)}")
             return 0
         if args.command == "status":
             status = lab.status()
@@ -313,11 +335,15 @@ def _render_hosts(status: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"lab {status['name']}")
-    for col in ("host", "namespace", "underlay address", "country", "daemon", "pid", "socket", "peer id"):
+    nat = any(h.get("router") for h in status["hosts"])
+    cols = ("host", "namespace", "underlay address", *(("nat", "private address", "router") if nat else ()),
+            "country", "daemon", "pid", "socket", "peer id")
+    for col in cols:
         t.add_column(col, no_wrap=col != "socket", overflow="fold")
     for h in status["hosts"]:
-        t.add_row(h["host"], h["netns"], h["address"], h["country"] or "-", h["daemon"], str(h["pid"] or "-"),
-                  h["socket"], h["peer_id"][-12:])
+        nat_cols = (h["nat"], h["private_address"] or "-", h["router"] or "-") if nat else ()
+        t.add_row(h["host"], h["netns"], h["address"], *nat_cols, h["country"] or "-", h["daemon"],
+                  str(h["pid"] or "-"), h["socket"], h["peer_id"][-12:])
     _console().print(t)
 
 

@@ -3,7 +3,9 @@
 Each host is a network namespace ``sl-NAME-hI`` with its own swarmd, state directory and
 control socket. Each host pair is a vde2 segment: a vde_switch per end, a wirefilter
 between them (delay = RTT/2 each way, loss, bandwidth; changed at run time through its
-management socket), and a vde_plug2tap in each namespace. Helpers are started detached and
+management socket), and a vde_plug2tap in each namespace. A host behind NAT (`nat.py`)
+has a router namespace ``sl-NAME-rI`` in front of it that holds its taps, its underlay
+address and its routes; the host reaches it over a veth. Helpers are started detached and
 recorded by pidfile, so they outlive `lab up`; `lab down` kills by pidfile and by the lab
 directory in a process's command line, so a crashed `up` is cleaned too.
 """
@@ -18,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from ipaddress import IPv4Network
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from swarmd.identity import load_or_create
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 from swarmd.wg import address
 
+from . import nat as natmod
 from .state import ROOT, HostState, LabState
 from .topology import Host, Link
 
@@ -40,6 +43,7 @@ JOB_USER = "nobody"  # who runs job ranks in the lab, as the daemon default (and
 JOB_UIDS = (61184, 65519)
 JOB_UIDS_PER_HOST = 200
 TOOLS = {"vde_switch": "vde2", "wirefilter": "vde2", "vde_plug2tap": "vde2", "ip": "iproute2", "nsenter": "util-linux"}
+NAT_TOOLS = {"nft": "nftables", "conntrack": "conntrack"}  # only a lab with NAT routers needs them
 
 
 class LabError(Exception):
@@ -50,12 +54,12 @@ class LabError(Exception):
         self.status = status
 
 
-def preflight() -> None:
+def preflight(*, nat: bool = False) -> None:
     if os.geteuid() != 0:
         raise LabError("swarm-sim lab needs root (it creates network namespaces): run it as root", 2)
     if not Path("/proc/self/ns/net").exists():
         raise LabError("this kernel has no network namespaces (CONFIG_NET_NS): swarm-sim lab cannot run", 2)
-    for tool, package in TOOLS.items():
+    for tool, package in (TOOLS | NAT_TOOLS if nat else TOOLS).items():
         if shutil.which(tool) is None:
             raise LabError(f"{tool} not found: install the Debian package {package}", 2)
 
@@ -108,22 +112,33 @@ class Lab:
 
     @classmethod
     def up(cls, name: str, hosts: list[Host], links: list[Link], *, daemons: bool = True, mesh: bool = True,
-           daemon_args: Sequence[str] = ()) -> Lab:
-        """`daemon_args`: extra swarmd flags for every host, kept in the lab's state (a restart keeps them)."""
-        preflight()
+           daemon_args: Sequence[str] = (), nat: Mapping[str, str] | None = None,
+           nat_timeouts: natmod.Timeouts = natmod.Timeouts()) -> Lab:
+        """`daemon_args`: extra swarmd flags for every host, kept in the lab's state (a restart keeps them).
+        `nat`: {host: class} (nat.CLASSES) for the hosts behind a router; the rest are public.
+        `nat_timeouts`: the routers' conntrack UDP timeouts."""
+        try:
+            classes = natmod.check(nat or {}, [h.name for h in hosts])
+        except ValueError as exc:
+            raise LabError(str(exc), 2) from None
+        preflight(nat=any(c != natmod.PUBLIC for c in classes.values()))
         if LabState.load(name) is not None or any(_netns_of(name)):
             raise LabError(f"lab {name!r} exists: `swarm-sim lab down --name {name}` first", 2)
         directory = ROOT / name
         directory.mkdir(parents=True, exist_ok=True)
         state = LabState(name=name, dir=str(directory), daemons=daemons, links=links, mesh=mesh,
-                         daemon_args=list(daemon_args))
+                         daemon_args=list(daemon_args), nat_udp_timeout=nat_timeouts.udp,
+                         nat_udp_stream_timeout=nat_timeouts.udp_stream)
         for h in hosts:
             hdir = directory / h.name
             ident, _ = load_or_create(hdir / "state")  # the peer id is known before the daemon starts
+            kind = classes[h.name]
             state.hosts.append(HostState(
                 name=h.name, index=h.index, address=h.address, netns=f"sl-{name}-{h.name}",
                 state_dir=str(hdir / "state"), socket=str(hdir / "swarmd.sock"), log=str(hdir / "swarmd.log"),
-                peer_id=str(ident.peer_id), country=h.country))
+                peer_id=str(ident.peer_id), country=h.country, nat=kind,
+                router=None if kind == natmod.PUBLIC else router_netns(name, h.index),
+                private_address=natmod.HOST_PRIVATE if kind in natmod.TRANSLATING else None))
         _make_swarm([Path(h.state_dir) for h in state.hosts], [h.peer_id for h in state.hosts])
         state.save()
         lab = cls(state)
@@ -142,23 +157,80 @@ class Lab:
     def _build_network(self) -> None:
         for h in self.state.hosts:
             run("ip", "netns", "add", h.netns)
-            run("ip", "-n", h.netns, "-batch", "-", input=f"link set lo up\naddr add {h.address}/32 dev lo\n")
+            lo = ["link set lo up"]
+            if h.nat not in natmod.TRANSLATING:  # a translated host's underlay address is its router's
+                lo.append(f"addr add {h.address}/32 dev lo")
+            run("ip", "-n", h.netns, "-batch", "-", input="\n".join(lo) + "\n")
+            if h.router:
+                self._build_router(h)
         (self.dir / "links").mkdir(exist_ok=True)
         for link in self.state.links:
             self._build_link(link)
         for h in self.state.hosts:  # addresses and host routes, one batch per namespace
             lines = []
+            # a firewall's router forwards the host's own address and has none of its own to send from
+            src = "" if h.nat == "firewall" else f" src {h.address}"
             for link in self.state.links:
                 if h.name not in (link.a, link.b):
                     continue
                 mine, theirs = (link.a_addr, link.b_addr) if h.name == link.a else (link.b_addr, link.a_addr)
                 peer = self.state.host(link.b if h.name == link.a else link.a)
                 tap = f"to-{peer.name}"
-                wait_for(lambda: _link_exists(h.netns, tap), 10, f"tap {tap} in {h.netns}")
+                wait_for(lambda: _link_exists(h.edge, tap), 10, f"tap {tap} in {h.edge}")
                 lines += [f"addr add {mine}/30 dev {tap}", f"link set {tap} up",
-                          f"route add {peer.address}/32 via {theirs} src {h.address}"]
+                          f"route add {peer.address}/32 via {theirs}{src}"]
             if lines:
-                run("ip", "-n", h.netns, "-batch", "-", input="\n".join(lines) + "\n")
+                run("ip", "-n", h.edge, "-batch", "-", input="\n".join(lines) + "\n")
+        for h in self.state.hosts:
+            if h.router:
+                self._apply_nat(h)
+
+    def _build_router(self, h: HostState) -> None:
+        """The router namespace in front of `h` and the veth between them; the taps come later."""
+        assert h.router
+        run("ip", "netns", "add", h.router)
+        router = ["link set lo up", f"addr add {natmod.ROUTER_PRIVATE}/24 dev {natmod.LAN_IF}",
+                  f"link set {natmod.LAN_IF} up"]
+        host = [f"link set {natmod.HOST_IF} up"]
+        if h.nat in natmod.TRANSLATING:
+            router.insert(1, f"addr add {h.address}/32 dev lo")
+            host += [f"addr add {natmod.HOST_PRIVATE}/24 dev {natmod.HOST_IF}",
+                     f"route add default via {natmod.ROUTER_PRIVATE}"]
+        else:  # firewall: the host keeps its public address; the veth's private pair only carries it
+            router.append(f"route add {h.address}/32 via {natmod.HOST_PRIVATE} dev {natmod.LAN_IF}")
+            host += [f"addr add {natmod.HOST_PRIVATE}/24 dev {natmod.HOST_IF}",
+                     f"route add default via {natmod.ROUTER_PRIVATE} src {h.address}"]
+        run("ip", "link", "add", natmod.LAN_IF, "netns", h.router, "type", "veth",
+            "peer", "name", natmod.HOST_IF, "netns", h.netns)
+        run("ip", "-n", h.router, "-batch", "-", input="\n".join(router) + "\n")
+        run("ip", "-n", h.netns, "-batch", "-", input="\n".join(host) + "\n")
+
+    def _timeouts(self) -> natmod.Timeouts:
+        return natmod.Timeouts(udp=self.state.nat_udp_timeout, udp_stream=self.state.nat_udp_stream_timeout)
+
+    def _apply_nat(self, h: HostState) -> None:
+        """The router's ruleset (replacing what it had, maps included) and its conntrack timeouts."""
+        assert h.router
+        timeouts = self._timeouts()
+        run("ip", "netns", "exec", h.router, "nft", "-f", "-",
+            input=natmod.ruleset(h.nat, external=h.address, generation=h.nat_generation, timeouts=timeouts))
+        # after nft: the ruleset's ct expressions load conntrack, whose sysctls appear with it
+        sysctls = {"net.ipv4.ip_forward": "1", **timeouts.sysctls()}
+        run("ip", "netns", "exec", h.router, "sysctl", "-q", "-w", *(f"{k}={v}" for k, v in sysctls.items()))
+
+    def rebind(self, host: str) -> tuple[int, int] | None:
+        """`host`'s router forgets its mappings (its conntrack entries and maps) and draws
+        external ports from a new range from now on, as a NAT that reboots or a carrier that
+        reassigns ports does; every flow gets a new external port. The new range."""
+        h = self.state.host(host)
+        if h.nat not in natmod.TRANSLATING:
+            raise LabError(f"{host} is {h.nat}: only a host behind a translating NAT "
+                           f"({', '.join(natmod.TRANSLATING)}) can be rebound", 2)
+        h.nat_generation += 1
+        self._apply_nat(h)  # new rules first, then the old entries go: none is made under the old rules meanwhile
+        run("ip", "netns", "exec", h.router, "conntrack", "-F")
+        self.state.save()
+        return natmod.port_range(h.nat_generation)
 
     def _build_link(self, link: Link) -> None:
         base = self.dir / "links" / f"p{link.pair}"
@@ -170,33 +242,39 @@ class Lab:
             args += ["-b", str(int(link.bandwidth_mbit * 125_000))]
         run(*args)
         for end, host, peer in (("a", link.a, link.b), ("b", link.b, link.a)):
-            run("ip", "netns", "exec", self.state.host(host).netns, "vde_plug2tap", "-s", f"{base}{end}.sw",
+            run("ip", "netns", "exec", self.state.host(host).edge, "vde_plug2tap", "-s", f"{base}{end}.sw",
                 "-d", "-P", f"{base}{end}.tap.pid", f"to-{peer}")
 
     # --- daemons -----------------------------------------------------------------------
 
     def _spawn(self, h: HostState) -> None:
-        hdir = Path(h.state_dir).parent
-        (hdir / "swarmd.toml").touch()
-        bootstrap = []
-        for other in self.state.hosts:
-            if other.name != h.name:
-                bootstrap += ["--bootstrap", f"/ip4/{other.address}/tcp/{SWARMD_PORT}/p2p/{other.peer_id}"]
-        # nsenter, not `ip netns exec`: that one also gives its command a mount namespace with a
-        # fresh /sys, where the host's cgroup filesystems are not mounted (no job cgroups then)
-        cmd = ["nsenter", f"--net=/run/netns/{h.netns}", "--", sys.executable, "-m", "swarmd.main",
-               "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
-               "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
-               "--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}", "--mdns", "off",
-               "--log-level", os.environ.get("SWARMD_LAB_LOG_LEVEL", "info"),
-               "--mesh", "userspace" if self.state.mesh else "off",
-               "--mesh-interface", mesh_interface(self.state.name, h.name), "--job-user", job_user(),
-               "--job-slots", "2", "--job-uids", job_uids(h.index, len(self.state.hosts)), *bootstrap,
-               *self.state.daemon_args]
+        (Path(h.state_dir).parent / "swarmd.toml").touch()
         with open(h.log, "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            proc = subprocess.Popen(self.daemon_argv(h), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, env={**os.environ, "PYTHONPATH": _source_root()})
         h.pid = proc.pid  # nsenter execs: this is swarmd's pid
+
+    def daemon_argv(self, h: HostState) -> list[str]:
+        """How `h`'s swarmd is started: in its namespace, bootstrapping through the public hosts."""
+        hdir = Path(h.state_dir).parent
+        bootstrap = []
+        for other in self.state.hosts:  # only public hosts can be dialled
+            if other.name != h.name and other.nat == natmod.PUBLIC:
+                bootstrap += ["--bootstrap", f"/ip4/{other.address}/tcp/{SWARMD_PORT}/p2p/{other.peer_id}"]
+        # behind a router the daemon sees only its private (or, behind a firewall, undialable)
+        # address: it must find out itself what others can reach, so it is told nothing
+        announce = ["--announce", f"/ip4/{h.address}/tcp/{SWARMD_PORT}"] if h.nat == natmod.PUBLIC else []
+        # nsenter, not `ip netns exec`: that one also gives its command a mount namespace with a
+        # fresh /sys, where the host's cgroup filesystems are not mounted (no job cgroups then)
+        return ["nsenter", f"--net=/run/netns/{h.netns}", "--", sys.executable, "-m", "swarmd.main",
+                "--config", str(hdir / "swarmd.toml"), "--state-dir", h.state_dir, "--socket", h.socket,
+                "--listen", f"/ip4/0.0.0.0/tcp/{SWARMD_PORT}", "--metrics-addr", "off", "--log-format", "json",
+                *announce, "--mdns", "off",
+                "--log-level", os.environ.get("SWARMD_LAB_LOG_LEVEL", "info"),
+                "--mesh", "userspace" if self.state.mesh else "off",
+                "--mesh-interface", mesh_interface(self.state.name, h.name), "--job-user", job_user(),
+                "--job-slots", "2", "--job-uids", job_uids(h.index, len(self.state.hosts)), *bootstrap,
+                *self.state.daemon_args]
 
     def formed(self) -> bool:
         """Every daemon sees every other alive and, with the mesh, has a handshake with each."""
@@ -354,11 +432,16 @@ class Lab:
     def status(self) -> dict:
         hosts = []
         for h in self.state.hosts:
+            ports = natmod.describe_ports(h.nat, h.nat_generation)
             hosts.append({"host": h.name, "netns": h.netns, "address": h.address, "country": h.country,
                           "pid": h.pid, "crashed": h.crashed,
                           "daemon": "crashed" if h.crashed else process_state(h.pid) if self.state.daemons else "none",
-                          "socket": h.socket, "peer_id": h.peer_id})
+                          "socket": h.socket, "peer_id": h.peer_id, "nat": h.nat, "router": h.router,
+                          "private_address": h.private_address, "nat_rebinds": h.nat_generation,
+                          "external_ports": ports})
         return {"name": self.state.name, "dir": self.state.dir, "hosts": hosts,
+                "nat_udp_timeout": self.state.nat_udp_timeout,
+                "nat_udp_stream_timeout": self.state.nat_udp_stream_timeout,
                 "links": [link.to_dict() | {"cut": self._cut(link)} for link in self.state.links]}
 
     def down_quietly(self) -> None:
@@ -451,6 +534,11 @@ def job_uids(index: int, hosts: int) -> str:
     size = min(JOB_UIDS_PER_HOST, (JOB_UIDS[1] - JOB_UIDS[0] + 1) // max(hosts, index))
     low = JOB_UIDS[0] + (index - 1) * size
     return f"{low}-{low + size - 1}"
+
+
+def router_netns(lab: str, index: int) -> str:
+    """Under the lab's `sl-NAME-` prefix, so `down` removes it with the hosts."""
+    return f"sl-{lab}-r{index}"
 
 
 def mesh_prefix(lab: str) -> str:
