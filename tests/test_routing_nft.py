@@ -24,6 +24,21 @@ delete table ip swarmd_relay_wg0
 table ip swarmd_relay_wg0 {
   comment "swarmd: ip_forward was off"
   limit cap { rate over 12500000 bytes/second }
+  map learned_a {
+    type inet_service : ipv4_addr . inet_service
+    flags dynamic,timeout
+    timeout 180s
+    size 100
+  }
+  map learned_b {
+    type inet_service : ipv4_addr . inet_service
+    flags dynamic,timeout
+    timeout 180s
+    size 100
+  }
+  chain learn {
+    type filter hook prerouting priority dstnat - 10; policy accept;
+  }
   chain pre {
     type nat hook prerouting priority dstnat; policy accept;
     ip saddr 10.9.1.1 udp sport 5001 ip daddr 10.9.1.2 udp dport 40000 ct mark set 0x53579c40 dnat to 10.9.2.1:5000
@@ -59,6 +74,8 @@ table ip swarmd_relay_wg0 {
 }
 """
 PAIRS = [Pair(40000, A, B), Pair(40001, B, C)]
+E1 = End(peer="E1", ip="198.51.100.7", wg_port=40123, via_ip="10.9.1.2", edm=True)  # symmetric NATs: the
+E2 = End(peer="E2", ip="198.51.100.8", wg_port=40456, via_ip="10.9.2.2", edm=True)  # proven port is not theirs
 PORTS = (40000, 40099)
 
 
@@ -104,12 +121,15 @@ def test_a_relay_behind_1_to_1_nat_matches_any_local_address_and_masquerades():
 
 def test_an_update_refills_no_bucket_it_only_refills_the_rule_chains():
     script = render_("t", PAIRS, cap_bytes_per_s=1000, drop_other_forwarding=True, update=True)
-    head = script.splitlines()[1:5]
-    assert head == [f"flush chain ip t {c}" for c in ("pre", "post", "forward", "relayed")]
+    head = script.splitlines()[1:8]
+    assert head == [f"flush chain ip t {c}" for c in ("learn", "pre", "post", "forward", "relayed")] \
+        + ["flush map ip t learned_a", "flush map ip t learned_b"]  # a learnt port may be another pair's now
     assert "delete table" not in script and "limit" not in script and "chain cap" not in script
     fresh = render_("t", PAIRS, cap_bytes_per_s=1000, drop_other_forwarding=True)
-    assert script.split("table ip t {\n")[1] == fresh.split('  limit cap { rate over 1000 bytes/second }\n')[1] \
-        .replace('  chain cap {\n    limit name "cap" drop\n    accept\n  }\n', "")
+    body = fresh.split('  limit cap { rate over 1000 bytes/second }\n')[1]
+    body = body[body.index("  chain learn {"):]
+    cap = '  chain cap {\n    limit name "cap" drop\n    accept\n  }\n'
+    assert script.split("table ip t {\n")[1] == body.replace(cap, "")
 
 
 def test_table_names_and_marks():
@@ -172,7 +192,8 @@ def test_nft_accepts_the_script():
     ns = f"swrc{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        natted = [Pair(40002, End(peer="D", ip="10.9.3.1", wg_port=1, via_ip="203.0.113.2"), C)]
+        natted = [Pair(40002, End(peer="D", ip="10.9.3.1", wg_port=1, via_ip="203.0.113.2"), C),
+                  Pair(40003, E1, E2), Pair(40004, A, E1)]
         for drop in (True, False):
             for check, update in (("-c", False), ("", False), ("-c", True)):  # an update needs the table in
                 script = render_("swarmd_relay_wg0", PAIRS + natted, cap_bytes_per_s=12_500_000,
@@ -182,3 +203,37 @@ def test_nft_accepts_the_script():
                 assert done.returncode == 0, done.stderr.decode()
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_no_flow_goes_towards_an_edm_end_at_its_proven_port():
+    """A symmetric NAT maps the relay port to another external port than the relay's WireGuard
+    port: only the edm end makes the flow, against a pinned or an eim (not pinned) end."""
+    for other in (A, C):
+        script = render_("t", [Pair(40000, other, E1)], cap_bytes_per_s=1000, drop_other_forwarding=False)
+        pre = script[script.index("chain pre"):script.index("chain post")]
+        assert "dnat to 198.51.100.7" not in pre and "40123" not in script
+        assert pre.count("dnat to") == 1 and f"ip saddr 198.51.100.7 ip daddr {E1.via_ip} udp dport 40000" in pre
+        assert "update @" not in script
+
+
+def test_two_edm_ends_are_paired_by_the_ports_their_own_datagrams_come_from():
+    script = render_("t", [Pair(40003, E1, E2)], cap_bytes_per_s=1000, drop_other_forwarding=False)
+    learn = script[script.index("chain learn"):script.index("chain pre")]
+    pre = script[script.index("chain pre"):script.index("chain post")]
+    assert ("ip saddr 198.51.100.7 ip daddr 10.9.1.2 udp dport 40003 update @learned_a "
+            "{ udp dport : ip saddr . udp sport }") in learn
+    assert ("ip saddr 198.51.100.8 ip daddr 10.9.2.2 udp dport 40003 update @learned_b "
+            "{ udp dport : ip saddr . udp sport }") in learn
+    assert ("ip saddr 198.51.100.7 ip daddr 10.9.1.2 udp dport 40003 ct mark set 0x53579c43 "
+            "dnat ip to udp dport map @learned_b") in pre
+    assert ("ip saddr 198.51.100.8 ip daddr 10.9.2.2 udp dport 40003 ct mark set 0x53579c43 "
+            "dnat ip to udp dport map @learned_a") in pre
+    assert "40123" not in script and "40456" not in script, "the proven ports are not theirs towards the relay port"
+    assert "ct mark 0x53579c43 ip saddr . ip daddr { 198.51.100.7 . 198.51.100.8, 198.51.100.8 . 198.51.100.7 }" \
+        in script, "the forward check still holds the pair to its two addresses"
+
+
+def test_an_end_both_pinned_and_edm_is_refused():
+    bad = End(peer="X", ip="10.9.5.1", wg_port=1, via_ip="10.9.1.2", pinned=True, edm=True)
+    with pytest.raises(ValueError, match="at most one"):
+        render_("t", [Pair(40000, bad, B)], cap_bytes_per_s=1000, drop_other_forwarding=False)

@@ -24,6 +24,19 @@ pair's WireGuard session is end to end, the relay sees only ciphertext. One tabl
   are both not pinned: the first sender's flow (to the other's proven port), as before.
   Either way a flow goes to an end's proven WireGuard port or back to where the end itself
   sent from, never to a port an end's record names (relay.py).
+- An end behind a symmetric NAT (relay.End.edm, its record's wg.nat): its NAT maps each
+  destination to a new external port, so the port its WireGuard packets to the relay's own
+  WireGuard came from (the proven one) is not the one its packets to R:P come from. Nobody
+  makes a flow towards it at the proven port: against a pinned or an eim end, the edm end
+  makes the pair's flow (its datagrams to R:P), the other end's are its replies. Two edm
+  ends: each end's source port towards R:P is learnt from its own datagrams (chain `learn`,
+  a filter hook before the DNAT: the dynamic maps `learned_a` / `learned_b`, relay port ->
+  address . port, for the pair's end a / b, refreshed by every datagram, forgotten after
+  LEARNED_S without one), and the other end's datagrams are DNATed to it; the first end's
+  datagrams before the second has sent match nothing and are dropped (no conntrack entry),
+  and WireGuard sends again. What this trusts: a learnt port is where a datagram from the
+  end's address came from, so a host sharing the end's public address (behind the same
+  NAT) could take its place, as it can make a not-pinned end's flow above.
 - The relay behind a 1:1 NAT (a cloud VM announcing its public address, which no local
   interface holds): the datagrams arrive addressed to the private address. An end's
   `via_ip` that is a local address is matched as the destination; one that is not is
@@ -67,6 +80,10 @@ from .relay import PORTS, Pair, check_host, parse_ipv4, port_number
 
 MARK = 0x53570000  # "SW" in the high 16 bits, the port in the low 16: the flow of the pair on that port
 MARK_MASK = 0xFFFF0000
+# Seconds a learnt source port of an edm end is kept without a datagram from it: Linux forgets an
+# assured UDP mapping after 120 s (DESIGN, NAT traversal), and WireGuard's keepalives come every 25 s
+LEARNED_S = 180
+LEARNED = ("learned_a", "learned_b")  # the pairs' end a's and end b's learnt source (relay port -> ip . port)
 MAX_CAP = 2**40  # bytes/s, far above any link; nft takes a 64-bit rate
 _TABLE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 FORWARDING_WAS_OFF = "swarmd: ip_forward was off"  # the table's comment when it drops other forwarding
@@ -82,7 +99,7 @@ def table_name(ifname: str) -> str:
     return ("swarmd_relay_" + re.sub(r"[^A-Za-z0-9_]", "_", ifname))[:32]
 
 
-RULE_CHAINS = ("pre", "post", "forward", "relayed")  # what an update flushes and fills again
+RULE_CHAINS = ("learn", "pre", "post", "forward", "relayed")  # what an update flushes and fills again
 
 
 def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS, cap_bytes_per_s: int,
@@ -99,7 +116,7 @@ def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS,
     if not isinstance(cap_bytes_per_s, int) or isinstance(cap_bytes_per_s, bool) \
             or not 1 <= cap_bytes_per_s <= MAX_CAP:
         raise ValueError(f"cap_bytes_per_s: {cap_bytes_per_s!r:.20} is not a rate of 1-{MAX_CAP} bytes/s")
-    pre, post, relayed = [], [], []
+    pre, post, relayed, learn = [], [], [], []
     seen = set()
     for pair in pairs:
         if not isinstance(pair, Pair):
@@ -108,18 +125,25 @@ def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS,
         if pair.port in seen or not low <= pair.port <= high:
             raise ValueError(f"port {pair.port} twice or outside {low}-{high}")
         seen.add(pair.port)
-        a, a_port, a_via, a_pinned = _end(pair.a, "a")
-        b, b_port, b_via, b_pinned = _end(pair.b, "b")
+        a, a_port, a_via, a_pinned, a_edm = _end(pair.a, "a")
+        b, b_port, b_via, b_pinned, b_edm = _end(pair.b, "b")
         if a == b:
             raise ValueError(f"pair on port {pair.port}: both ends at {a}")
         p = pair.port
-        for src, s_port, s_via, s_pinned, dst, d_port, d_pinned in (
-                (a, a_port, a_via, a_pinned, b, b_port, b_pinned), (b, b_port, b_via, b_pinned, a, a_port, a_pinned)):
-            if s_pinned and not d_pinned:
-                continue  # no flow towards a NATed end: it makes the pair's flow, from its real port
+        both_edm = a_edm and b_edm
+        for src, s_port, s_via, s_pinned, s_edm, s_map, dst, d_port, d_pinned, d_edm, d_map in (
+                (a, a_port, a_via, a_pinned, a_edm, LEARNED[0], b, b_port, b_pinned, b_edm, LEARNED[1]),
+                (b, b_port, b_via, b_pinned, b_edm, LEARNED[1], a, a_port, a_pinned, a_edm, LEARNED[0])):
             sport = f" udp sport {s_port}" if s_pinned else ""
             daddr = f"ip daddr {s_via}" if s_via in local_ips else "fib daddr type local"
-            pre.append(f"    ip saddr {src}{sport} {daddr} udp dport {p} ct mark set {m} dnat to {dst}:{d_port}")
+            match = f"ip saddr {src}{sport} {daddr} udp dport {p}"
+            if both_edm:  # each end's source towards this port, learnt: the other's datagrams go there
+                learn.append(f"    {match} update @{s_map} {{ udp dport : ip saddr . udp sport }}")
+                pre.append(f"    {match} ct mark set {m} dnat ip to udp dport map @{d_map}")
+                continue
+            if (s_pinned and not d_pinned) or d_edm:
+                continue  # no flow towards a NATed end (nor an edm one): it makes the pair's flow, from its real port
+            pre.append(f"    {match} ct mark set {m} dnat to {dst}:{d_port}")
         for dst, d_via in ((b, b_via), (a, a_via)):
             snat = f"snat to {d_via}:{p}" if d_via in local_ips else f"masquerade to :{p}"
             post.append(f"    ct mark {m} ip daddr {dst} meta l4proto udp {snat}")
@@ -127,13 +151,21 @@ def render(table: str, pairs: Iterable[Pair], *, ports: tuple[int, int] = PORTS,
     lines = [f"# swarmd relay: {len(seen)} pairs, cap {cap_bytes_per_s} bytes/s"]
     if update:
         lines += [f"flush chain ip {table} {chain}" for chain in RULE_CHAINS]
+        lines += [f"flush map ip {table} {name}" for name in LEARNED]  # a port may be another pair's now
         lines.append(f"table ip {table} {{")
     else:
         lines += [f"add table ip {table}", f"delete table ip {table}", f"table ip {table} {{"]
         if drop_other_forwarding:
             lines.append(f'  comment "{FORWARDING_WAS_OFF}"')
         lines.append(f"  limit cap {{ rate over {cap_bytes_per_s} bytes/second }}")
+        for name in LEARNED:
+            lines += [f"  map {name} {{", "    type inet_service : ipv4_addr . inet_service",
+                      "    flags dynamic,timeout", f"    timeout {LEARNED_S}s", f"    size {high - low + 1}", "  }"]
     lines += [
+        "  chain learn {",
+        "    type filter hook prerouting priority dstnat - 10; policy accept;",
+        *learn,
+        "  }",
         "  chain pre {",
         "    type nat hook prerouting priority dstnat; policy accept;",
         *pre,
@@ -174,12 +206,12 @@ def _check_table(table: object) -> None:
         raise ValueError(f"bad nftables table name {table!r:.40}")
 
 
-def _end(end: object, name: str) -> tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address, bool]:
+def _end(end: object, name: str) -> tuple[ipaddress.IPv4Address, int, ipaddress.IPv4Address, bool, bool]:
     ip = parse_ipv4(getattr(end, "ip", None), f"{name}.ip")
     via = parse_ipv4(getattr(end, "via_ip", None), f"{name}.via_ip")
     check_host(ip, f"{name}.ip")
     check_host(via, f"{name}.via_ip")
-    pinned = getattr(end, "pinned", None)
-    if not isinstance(pinned, bool):
-        raise ValueError(f"{name}.pinned: {pinned!r:.20} is not a bool")
-    return ip, port_number(getattr(end, "wg_port", None), f"{name}.wg_port"), via, pinned
+    pinned, edm = getattr(end, "pinned", None), getattr(end, "edm", None)
+    if not isinstance(pinned, bool) or not isinstance(edm, bool) or (pinned and edm):
+        raise ValueError(f"{name}.pinned, .edm: {pinned!r:.20}, {edm!r:.20} are not two bools, at most one true")
+    return ip, port_number(getattr(end, "wg_port", None), f"{name}.wg_port"), via, pinned, edm

@@ -33,6 +33,8 @@ Rules (every value in an `End` came from a member, and a member may be hostile):
   renewed or not, unless the other end asks. A few members naming arbitrary others cannot
   fill the relay (only active pairs count towards `max_pairs`), and a pair that falls back
   to one end (the other released or expired) is pending again, with the same limit.
+- `End.edm`: the end's record says its NAT maps per destination (symmetric): the rules aim no
+  flow at its proven port (nft.py); two such ends are paired by learning each one's port.
 - `End.pinned`: the end is not behind a NAT (the driver sets it when the request's address is
   one of the end's record's endpoints), so its WireGuard packets come from `ip:wg_port`,
   and the rules accept nothing else from it (nft.py: no flow squatting from another port of
@@ -103,6 +105,8 @@ class End:
     wg_port: int  # the port its WireGuard packets come from at `ip`, as the relay's WireGuard proved it
     via_ip: str  # this relay's IPv4 address it sends to (one it announces; maybe not local: 1:1 NAT)
     pinned: bool = False  # not NATed: its packets come from ip:wg_port, and only those are relayed
+    edm: bool = False  # behind a symmetric NAT (its record's wg.nat): a new port per destination, so its
+    # packets to the relay port come from another port than wg_port (nft.py: no flow is aimed at wg_port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +307,7 @@ class Relay:
             slot = self._slots[key] = _Slot(self._free.popleft())
         elif end.peer not in slot.ends and len(self.active()) >= self.max_pairs:
             return Refused("full", f"this relay forwards for {len(self.active())} pairs, its limit")
-        new = End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via), pinned=end.pinned)
+        new = End(peer=end.peer, ip=str(ip), wg_port=end.wg_port, via_ip=str(via), pinned=end.pinned, edm=end.edm)
         held = slot.ends.get(end.peer)
         if other in slot.ends and (held is None or held[0] != new) and not self._changes.allow(end.peer, now):
             return self._rate_limited(end.peer)  # (a slot made just now has no `other`: none is left behind)
@@ -365,8 +369,10 @@ class Relay:
             raise _Refuse("self_pair", "a pair of a member with itself or with the relay")
         try:
             port_number(end.wg_port, "wg_port")
-            if not isinstance(end.pinned, bool):
-                raise ValueError(f"pinned: {end.pinned!r:.20} is not a bool")
+            if not isinstance(end.pinned, bool) or not isinstance(end.edm, bool):
+                raise ValueError(f"pinned, edm: {end.pinned!r:.20}, {end.edm!r:.20} are not bools")
+            if end.pinned and end.edm:
+                raise ValueError("pinned and edm: an end asking from an address of its record is not NATed")
             address = unmap(end.ip)
             if is_ipv6(address):
                 raise _Refuse("ipv6", f"the requester's address {address} is IPv6: relays forward IPv4 only")

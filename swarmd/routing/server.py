@@ -8,7 +8,12 @@ WireGuard port the one its authenticated WireGuard packets last came from at tha
 own WireGuard device saw them (``Routing.proven``; refused ``unproven`` without one: issue 23
 finding 11, a record's port is the member's claim, and with it the relay would aim the other
 end's datagrams at any port of whatever host the request came from), the pair's other end an
-alive member of our view with a mesh side. A member changing the rules too often (each change is one ``nft -f``
+alive member of our view with a mesh side. A request over the overlay (a NATed member's
+connections come in over the mesh once its WireGuard link is up: its connection's address is
+its overlay address, no host the rules can aim at) is pinned by the proven endpoint alone:
+its IP is the one the requester's WireGuard packets authenticated from (issue 25). An end
+whose record says its NAT is symmetric (wg.nat ``edm``) is marked so (relay.End.edm: no flow
+is aimed at its proven port). A member changing the rules too often (each change is one ``nft -f``
 here) is refused ``rate_limited``, a release too (relay.py). The answer is ``{port, active,
 expires_in}``, ``{released: true}`` or ``{error, reason}``; every refusal is counted in
 ``swarmd_rejected_total{subsystem="routing", reason}`` (p2p/rejects.py: logged once per
@@ -66,6 +71,8 @@ class RelayHub(Protocol):
     def own_ips(self) -> list[str]: ...
 
     def proven(self, peer: str) -> tuple[str, int] | None: ...
+
+    def in_overlay(self, ip: str) -> bool: ...  # an address inside the mesh's network
 
 
 class RelayServer:
@@ -129,12 +136,16 @@ class RelayServer:
         # its connection comes from: the pair's packets go to that socket only, never to a port
         # its record names (a member's claim: any service of the host it asks from).
         proven = self.r.proven(peer)
+        if proven is not None and self.r.in_overlay(ip):
+            ip = proven[0]  # asked over the mesh: the underlay address its WireGuard packets come from
         if proven is None or proven[0] != ip:
             return self.refuse("unproven", peer, f"no WireGuard packets of the requester's arrived here from {ip} "
                                                  "lately: the relay forwards only to an endpoint they came from")
         # pinned: it asks from an address its record lists, so no NAT rewrites its WireGuard port
         # (the rules then take only ip:port from it: no other socket of that host takes the pair).
-        end = End(peer=peer, ip=ip, wg_port=proven[1], via_ip=r.via_ip, pinned=ip in mine.record.wg.endpoints)
+        pinned = ip in mine.record.wg.endpoints
+        edm = not pinned and getattr(mine.record.wg, "nat", None) == "edm"
+        end = End(peer=peer, ip=ip, wg_port=proven[1], via_ip=r.via_ip, pinned=pinned, edm=edm)
         result = self.relay.request(now, end, r.other)
         if not isinstance(result, Grant):
             return self.refuse(result.reason, peer, result.detail)
