@@ -122,6 +122,9 @@ class FakeRouting:
     def direct_ip(self, peer: str) -> str | None:
         return IP.get(peer)
 
+    def in_overlay(self, ip: str) -> bool:
+        return ip.startswith("10.211.")
+
     def relay_ip(self, relay: str) -> str | None:
         return IP.get(relay)
 

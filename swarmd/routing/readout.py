@@ -2,7 +2,8 @@
 
 ``Readout`` is the read side of ``service.Routing`` (its mixin): placement's ``rtt_function``
 (called for every pair of a placement from a worker thread: bound to one snapshot), the
-control API's ``peer_rtt``, ``path_row``, ``explain`` and ``status``. Everything here reads
+control API's ``peer_rtt``, ``path_row`` (its ``path``: ``direct`` or ``via <relay> (<reason>)``),
+``explain`` and ``status``. Everything here reads
 ``_Snap``, replaced whole at each evaluation and never changed, or the cores' own queries.
 """
 
@@ -96,7 +97,9 @@ class Readout:
         est = estimator(snap.view, snap.me, snap.coord)(snap.me, peer)
         direct = snap.own.get(peer)
         in_use = relay if peer in snap.path_ms else None
-        return {"path": "direct" if in_use is None else f"via {short(in_use)}", "relay": relay,
+        reason = self.paths.reason(peer)  # direct.REASONS: "faster", "no direct path", "symmetric NAT"
+        return {"path": "direct" if in_use is None else f"via {short(in_use)} ({reason})", "relay": relay,
+                "reason": reason,
                 "relay_state": None if session is None else session["state"],
                 "path_rtt_ms": _r(snap.path_ms.get(peer, direct)), "direct_rtt_ms": _r(direct),
                 "estimate_ms": _r(est)}

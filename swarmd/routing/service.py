@@ -4,7 +4,9 @@ It owns three sans-IO cores and feeds them from the daemon:
 - coordinates.Client: each RTT our probes measure (gossip's ``Above.rtt_observed``, wired by node.py), with the
   peer's coordinate from its record; our own coordinate goes into our record.
 - paths.Paths: once a second (and when a relay session changes) a ``PathView`` built from
-  the membership snapshot, our own recent RTTs and the records' reports; its ``UsePath``
+  the membership snapshot, our own recent RTTs and the records' reports, and (issue 25) the
+  records' wg.nat / wg.reflexive, who is publicly reachable, and which direct paths have shown
+  no WireGuard handshake since they were set up (``_shaken``, from Mesh.peer_rows); its ``UsePath``
   actions start or end relay sessions (sessions.py), its ``Measure`` actions are pings, its
   ``AskLegs`` requests on the coordinate exchange (a peer's RTTs to relays). The
   pairs we choose a relay for go into our record (``via``), which the other ends follow.
@@ -19,6 +21,7 @@ each evaluation): ``rtt_function`` (placement, from a worker thread), ``peer_rtt
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import time
@@ -37,8 +40,10 @@ from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
 from . import exchange
 from . import request as rq
+from .direct import SESSION_S
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
+from .relay import unmap
 from .sessions import Sessions
 
 log = structlog.get_logger("swarmd.routing")
@@ -87,6 +92,8 @@ class Routing(Readout):
         # from, when that was read): _read_traffic
         self._busy: frozenset[str] = frozenset()  # peers with heavy traffic now (paths.PathView.busy)
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
+        self._direct_since: dict[str, float] = {}  # peer -> wall time it went back to direct, until proven there
+        self._unshaken: frozenset[str] = frozenset()  # peers whose direct path shows no handshake (PathView)
         self._wake = trio.Event()
         self.errors = 0
         self._last_error: str | None = None
@@ -146,6 +153,14 @@ class Routing(Readout):
     def own_ips(self) -> list[str]:
         info = self.mesh.info() if self.mesh is not None else None
         return [ip for ip in (info.endpoints if info else ()) if "." in ip]
+
+    def in_overlay(self, ip: str) -> bool:
+        """``ip`` is inside the mesh's network (a connection over the overlay; relay.unmap'd)."""
+        network = getattr(self.mesh, "network", None)
+        try:
+            return network is not None and ipaddress.ip_address(unmap(ip)) in ipaddress.ip_network(network)
+        except (TypeError, ValueError):
+            return False
 
     def overlay_address(self, peer: str) -> str | None:
         m = self.g.view().get(peer)
@@ -268,6 +283,21 @@ class Routing(Readout):
         # decide whether it is gone, and membership removes a dead one from the mesh)
         peers = frozenset(m.peer for m in view if m.state in (State.ALIVE, State.SUSPECT) and m.peer in targets)
         relays = frozenset(p for p in peers if view.get(p).record.relay)
+        info = self.mesh.info() if self.mesh is not None else None
+        mine = (getattr(info, "nat", None), getattr(info, "reflexive", None))
+
+        def reach(peer: str) -> tuple[str | None, str | None]:
+            if peer == self.g.me:
+                return mine
+            m = view.get(peer)
+            wg = m.record.wg if m is not None else None
+            return (None, None) if wg is None else (getattr(wg, "nat", None), getattr(wg, "reflexive", None))
+
+        def public(peer: str) -> bool:
+            """Anyone can reach it unasked: measured public, or not measured (an older node, or
+            too few observers yet) and announcing addresses."""
+            nat = reach(peer)[0]
+            return nat == "public" or (nat is None and bool(getattr(view.get(peer).record, "addrs", ())))
 
         def reports(peer: str) -> Mapping[str, float]:
             m = view.get(peer)
@@ -279,7 +309,9 @@ class Routing(Readout):
 
         return PathView(me=self.g.me, peers=peers, relays=relays, own=own, reports=reports,
                         estimate=estimator(view, self.g.me, self.client.coordinate), announced=announced,
-                        failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy)
+                        failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy,
+                        reach=reach, public=frozenset(p for p in relays if public(p)),
+                        unshaken=self._unshaken & peers)
 
     async def _read_traffic(self) -> None:
         """From the mesh's WireGuard counters, over at least ``TRAFFIC_WINDOW`` seconds (an
@@ -304,13 +336,15 @@ class Routing(Readout):
         if writes is None or getattr(self.mesh, "writes", None) != writes:
             writes = None  # a write overlapped the reading: it proves nothing
         self._proven = {p: found for p, found in self._proven.items() if now - found[1] <= PROVEN_FOR}
-        seen, busy, carried = {}, set(), {}
+        seen, busy, carried, unshaken, wall = {}, set(), {}, set(), time.time()
         for row in rows:
             peer, rx, endpoint = row.get("peer"), row.get("rx_bytes", 0), row.get("endpoint")
             if peer is None:
                 continue
             total = rx + row.get("tx_bytes", 0)
             last = self._traffic.get(peer)
+            if not self._shaken(peer, row, last, wall):
+                unshaken.add(peer)
             if last is not None and now - last[0] < TRAFFIC_WINDOW:  # too short a window to judge a rate
                 seen[peer] = last
                 if peer in self._busy:
@@ -328,6 +362,27 @@ class Routing(Readout):
                 if writes is not None and last[4] == writes:
                     self._proven[peer] = (endpoint, now)
         self._traffic, self._busy, self._carried = seen, frozenset(busy), carried
+        self._unshaken = frozenset(unshaken)
+        self._direct_since = {p: t for p, t in self._direct_since.items() if p in seen}
+
+    def _shaken(self, peer: str, row: Mapping[str, Any], last: tuple | None, wall: float) -> bool:
+        """``peer``'s direct WireGuard path has shown that it works since it was set up (a relayed
+        one is not judged: True). It works when a handshake holds a session (younger than
+        direct.SESSION_S) and, after a move back from a relay (``_direct_since``), came after the
+        move or the peer's packets kept arriving at its direct or reflexive endpoint (WireGuard
+        counts, and roams to, authenticated packets only; a session made through the relay is
+        kept across the move, so its handshake proves nothing of the direct path)."""
+        if peer in self._relayed:
+            return True
+        age, since = row.get("handshake_age_s"), self._direct_since.get(peer)
+        if age is None or age >= SESSION_S:
+            return False
+        arrived = last is not None and row.get("rx_bytes", 0) > last[2] and row.get("endpoint") == last[3] \
+            and bool(row.get("direct") or row.get("reflexive"))
+        if since is None or wall - age >= since or arrived:
+            self._direct_since.pop(peer, None)
+            return True
+        return False
 
     def proven(self, peer: str) -> tuple[str, int] | None:
         """(IP, port) ``peer``'s WireGuard packets were last proven to come from (``_proven``):
@@ -383,6 +438,8 @@ class Routing(Readout):
             await self.mesh.set_relayed(relayed)  # raises while the backend is down: tried again next round
             for peer in set(relayed) ^ set(self._relayed) | {p for p in relayed if self._relayed.get(p) != relayed[p]}:
                 self._switched[peer] = now
+            for peer in set(self._relayed) - set(relayed):
+                self._direct_since[peer] = time.time()  # direct again: judged on handshakes after this
             self._relayed = relayed
         self._switched = {p: t for p, t in self._switched.items() if now - t < REASSERT_FOR}
         if self._switched and self.mesh is not None:
