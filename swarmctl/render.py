@@ -294,9 +294,13 @@ def mesh(result: Mapping[str, Any]) -> None:
 
 
 def path(p: Mapping[str, Any]) -> str:
-    """`direct` or `via <relay>`; a relay chosen whose session is not active (yet, or any more)
-    is named with its state: `direct (via 9r3ANaba requesting)`."""
+    """`direct`, `direct (punched)` (WireGuard sends to the peer's reflexive endpoint, its NAT's
+    mapping: the mesh row's `reflexive`) or `via <relay> (<reason>)` (routing's path_row: faster,
+    no direct path, symmetric NAT); a relay chosen whose session is not active (yet, or any
+    more) is named with its state: `direct (via 9r3ANaba requesting)`."""
     text, relay, state = p.get("path") or "-", p.get("relay"), p.get("relay_state")
+    if text == "direct" and p.get("reflexive"):
+        text = "direct (punched)"
     if not relay or state == "active":
         return text
     return f"{text} ({state or 'not asked yet'})" if text.startswith("via") \
@@ -327,6 +331,8 @@ def route(r: Mapping[str, Any]) -> None:
     source = r.get("direct_source")
     rows: list[tuple[str, Any]] = [
         ("path", route_path(r)),
+        *([("why", REASONS.get(r["reason"], r["reason"]))] if r.get("reason") else []),
+        *direct_rows(r.get("direct_path"), r.get("nated_pair")),
         ("path RTT", rtt(r.get("path_ms"))),
         ("direct RTT", rtt(direct) + (f" ({source})" if direct is not None and source != "measured" else "")),
         ("estimate", rtt(r.get("estimate_ms"), "estimated")),
@@ -365,11 +371,43 @@ def route(r: Mapping[str, Any]) -> None:
     Console().print(table)
 
 
+REASONS = {
+    "faster": "faster: the relay's two legs beat the direct path by the switch rule",
+    "no direct path": "no direct path: WireGuard completed no handshake on it (a NAT or firewall in between)",
+    "symmetric NAT": "symmetric NAT: an end's NAT maps each destination to a new port, so no punch holds",
+}
+NATS = {"public": "public", "eim": "behind NAT (endpoint-independent)", "edm": "behind NAT (symmetric)",
+        "firewall": "behind a firewall", None: "not measured"}
+
+
+def direct_rows(d: Mapping[str, Any] | None, nated: Any) -> list[tuple[str, Any]]:
+    """Whether the direct path works (routing/direct.py's row), and each end's NAT."""
+    state = (d or {}).get("state")
+    if not d or (state == "ok" and not nated):
+        return []  # a direct path that works between two public members: nothing to explain
+    if state == "ok":
+        text = "works (a WireGuard handshake on it)"
+    elif state == "unproven":
+        text = f"no handshake yet, for {d.get('unproven_for_s')} s (relayed after {d.get('grace_s')} s)"
+    elif state == "trying again":
+        text = "none before; trying it again now"
+    else:
+        text = "none" + (" (the two NATs rule it out; tried again when a record changes)" if d.get("impossible")
+                         else f" ({d.get('failures', 0)} tries failed; next in {d.get('retry_in_s')} s)")
+    rows: list[tuple[str, Any]] = [("direct path", text)]
+    if d.get("nat_here") is not None or d.get("nat_peer") is not None:
+        rows.append(("NAT", f"here {NATS.get(d.get('nat_here'), d.get('nat_here'))}, "
+                            f"peer {NATS.get(d.get('nat_peer'), d.get('nat_peer'))}"
+                            + (": only publicly reachable members relay" if nated else "")))
+    return rows
+
+
 def route_path(r: Mapping[str, Any]) -> str:
     """The path traffic takes now, and the relay session behind a chosen relay."""
     relay, session = r.get("current"), r.get("session") or {}
     if relay is None:
         return "direct"
+
     state = session.get("state") or "not asked yet"
     detail = f"relay session {state}" + (f", port {session['port']}" if session.get("port") else "")
     detail += f": {session['error']}" if session.get("error") else ""
