@@ -46,7 +46,7 @@ from typing import Any
 
 from ..vivaldi import Coordinate
 from ..wg.address import DEFAULT_NETWORK, ula, ula_prefix
-from ..wg import reach
+from ..wg.reach import KINDS as REACH_KINDS, MAX_SEEN, MAX_SEEN_BYTES
 from ..wg.endpoint import format_endpoint, split_endpoint
 from ..wg.proof import verify_proof
 from ..p2p import multiaddrs
@@ -134,8 +134,8 @@ class MeshInfo:
         except (ValueError, TypeError) as exc:
             raise Invalid("malformed", f"record.wg: {exc}") from None
         nat = data.get("nat")
-        if nat is not None and nat not in reach.KINDS:
-            raise Invalid("malformed", f"record.wg.nat: expected one of {', '.join(reach.KINDS)}, got {nat!r:.40}")
+        if nat is not None and nat not in REACH_KINDS:
+            raise Invalid("malformed", f"record.wg.nat: expected one of {', '.join(REACH_KINDS)}, got {nat!r:.40}")
         reflexive = data.get("reflexive")
         if reflexive is not None:
             try:
@@ -145,10 +145,10 @@ class MeshInfo:
             except ValueError as exc:
                 raise Invalid("malformed", f"record.wg.reflexive: {exc}") from None
         seen = data.get("seen", [])
-        if not isinstance(seen, list) or len(seen) > reach.MAX_SEEN \
-                or not all(isinstance(b, bytes) and len(b) <= reach.MAX_SEEN_BYTES for b in seen):
-            raise Invalid("malformed", f"record.wg.seen: expected at most {reach.MAX_SEEN} attestations of at most "
-                          f"{reach.MAX_SEEN_BYTES} bytes")
+        if not isinstance(seen, list) or len(seen) > MAX_SEEN \
+                or not all(isinstance(b, bytes) and len(b) <= MAX_SEEN_BYTES for b in seen):
+            raise Invalid("malformed", f"record.wg.seen: expected at most {MAX_SEEN} attestations of at most "
+                          f"{MAX_SEEN_BYTES} bytes")
         tcp = data.get("tcp")
         if tcp is not None and (isinstance(tcp, bool) or not isinstance(tcp, int) or not 1 <= tcp <= 65535):
             raise Invalid("malformed", f"record.wg.tcp: expected 1-65535, got {tcp!r:.20}")

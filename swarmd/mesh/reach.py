@@ -102,11 +102,15 @@ class Reachability:
         self._decide()
 
     def _observers(self) -> list[str]:
-        """Members to ask: alive, with a mesh side, public ones first (their dial-back means
-        something), then the others; the order within each kind shuffled."""
+        """Members to ask: alive, with a mesh side; first those found public (their dial-back
+        means something), then those we hold a libp2p connection to (a NATed node's, to the
+        members it dialled), then those announcing addresses (dialable, unless found otherwise);
+        shuffled within each kind. A member behind a NAT is reached only over the overlay,
+        which may not be up yet."""
         members = [m for m in self.g.view() if m.state == State.ALIVE and m.record.wg is not None]
         self.rng.shuffle(members)
-        members.sort(key=lambda m: m.record.wg.nat != "public")
+        members.sort(key=lambda m: (m.record.wg.nat != "public", not self.transport.remote_ips(m.peer),
+                                    not m.record.addrs))
         return [m.peer for m in members[:OBSERVERS]]
 
     async def _ask(self, peer: str) -> None:
