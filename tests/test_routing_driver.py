@@ -1438,6 +1438,30 @@ async def test_a_peers_wireguard_endpoint_is_proven_by_its_packets_never_by_an_e
     assert routing.proven(B) is None, "an old proof expires"
 
 
+async def test_a_write_of_another_peer_proves_nothing_against_this_one_and_a_roam_proves_at_once(autojump_clock):
+    """Per peer: the mesh's rows say as which write each peer was last written (``written``) and
+    whether WireGuard moved its endpoint from the one we wrote (``roamed``, which it does only on
+    an authenticated packet). Writes of other peers (a swarm's churn) must not keep a NATed
+    member's endpoint unproven, or no relay would ever forward for it."""
+    mesh = FakeMesh()
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)), mesh)
+
+    async def reading(rx: int, endpoint: str, written: int, roamed: bool = False) -> tuple[str, int] | None:
+        await trio.sleep(1.0)
+        mesh.rows = [{"peer": B, "rx_bytes": rx, "tx_bytes": 0, "endpoint": endpoint, "written": written,
+                      "roamed": roamed}]
+        await routing._read_traffic()
+        return routing.proven(B)
+
+    mesh.writes = 10
+    assert await reading(100, "203.0.113.5:40000", written=3) is None
+    mesh.writes = 14  # two writes of other peers
+    assert await reading(200, "203.0.113.5:40000", written=3) == ("203.0.113.5", 40000)
+    mesh.writes = 16
+    assert await reading(300, "203.0.113.5:22", written=15) == ("203.0.113.5", 40000), "its own write: not proven"
+    assert await reading(300, "203.0.113.7:9", written=15, roamed=True) == ("203.0.113.7", 9)
+
+
 def make_routing(gossip: FakeGossip, mesh=None):
     from swarmd.routing.service import Routing
 

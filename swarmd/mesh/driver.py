@@ -109,6 +109,9 @@ class Mesh:
         self.tcp_port: int | None = None  # libp2p's TCP port, dialled at our overlay address when we are NATed
         self._written_at: dict[bytes, float] = {}  # peer key -> wall time we last wrote its config
         self._rx_base: dict[bytes, tuple[float, int]] = {}  # peer key -> (when, rx bytes) read after a write
+        # peer key -> (``writes`` as its last write started, the endpoint written): routing proves
+        # an endpoint per peer (a write to another peer proves nothing about this one)
+        self._written: dict[bytes, tuple[int, str | None]] = {}
         self._attested: dict[tuple[str, str, tuple[bytes, ...]], tuple[bool, float]] = {}  # confirmed() cache
 
     # --- what the record says -----------------------------------------------------------
@@ -280,7 +283,7 @@ class Mesh:
         cached = self._attested.get(key)
         if cached is not None and now < cached[1]:
             return wg.reflexive if cached[0] else None
-        members = {m.peer for m in self.gossip.view() if m.state in (State.ALIVE, State.SUSPECT)}
+        members = {m.peer for m in self.gossip.view() if m.state in (State.ALIVE, State.SUSPECT)} | {self.gossip.me}
         ok = reach.confirmed(wg.seen, wg.reflexive, swarm=self.gossip.swarm.swarm, about=peer, wgpub=wg.public,
                              now=now, is_member=members.__contains__)
         if len(self._attested) > 4 * max(64, len(members)):
@@ -304,7 +307,7 @@ class Mesh:
         if p is None or p.endpoint is None:
             return None
         written = self._written_at.get(m.public, 0.0)
-        if p.last_handshake and p.last_handshake > written:
+        if self._roamed(m.public, p.endpoint) or (p.last_handshake and p.last_handshake > written):
             return p.endpoint
         # No handshake since: packets of the session that authenticate after our write move
         # the endpoint too (WireGuard roams on each), so bytes received since a reading taken
@@ -314,6 +317,12 @@ class Mesh:
             self._rx_base[m.public] = (time.time(), p.rx_bytes)
             return None
         return p.endpoint if p.rx_bytes > base[1] else None
+
+    def _roamed(self, public: bytes, endpoint: str | None) -> bool:
+        """The device holds an endpoint for this peer other than the one we last wrote: WireGuard
+        moved it there, which it does only on a packet that authenticated as the peer's."""
+        written = self._written.get(public)
+        return written is not None and endpoint is not None and written[1] != endpoint
 
     async def _perform(self, actions: Iterable[Any], nursery: trio.Nursery) -> None:
         configs = []
@@ -331,6 +340,7 @@ class Mesh:
                     self._configured.discard(public)
                     self._written_at.pop(public, None)
                     self._rx_base.pop(public, None)
+                    self._written.pop(public, None)
                     configs.append(PeerConfig(public=public, remove=True))
                 case ProbeEndpoints(peer, endpoints):
                     nursery.start_soon(self._probe_endpoints, peer, endpoints, nursery)
@@ -346,6 +356,7 @@ class Mesh:
         now = time.time()
         for config in configs:
             self._written_at[config.public] = now
+            self._written[config.public] = (self.writes, config.endpoint)
         try:
             await self.backend.set_peers(configs)
         finally:
@@ -466,6 +477,10 @@ class Mesh:
                 "overlay": m.addr4 if m else None, "overlay6": m.addr6 if m else None,
                 "endpoint": p.endpoint, "direct": bool(m and (host in m.endpoints or p.endpoint == m.reflexive)),
                 "reflexive": bool(m and m.reflexive is not None and p.endpoint == m.reflexive),
+                # proof of the endpoint, for routing: the write counter as this peer was last
+                # written (no write since a reading: what it reads came from the peer), and
+                # whether WireGuard moved the endpoint from what we wrote (an authenticated packet)
+                "written": self._written.get(pub, (0, None))[0], "roamed": self._roamed(pub, p.endpoint),
                 "handshake_age_s": None if not p.last_handshake else round(now - p.last_handshake, 1),
                 "rx_bytes": p.rx_bytes, "tx_bytes": p.tx_bytes,
             })

@@ -321,10 +321,12 @@ class Routing(Readout):
         - ``_carried``: peer -> the endpoint its packets kept arriving from (rx grew, the endpoint
           the same at both readings: WireGuard counts, and takes as the peer's endpoint, only
           packets that authenticate, so only the peer's own packets, held back or not, move them).
-        - ``_proven``: the same, when moreover no write of ours to the device (``Mesh.writes``)
-          started or ended from the first reading to the second: the endpoint read is then where
-          the peer's last authenticated packet came from, not one we wrote from its record (its
-          claim). Kept ``PROVEN_FOR`` seconds, until proven again or elsewhere.
+        - ``_proven``: the same, when moreover no write of ours of this peer (``Mesh.writes`` as it
+          was last written, the row's ``written``) started from the first reading to the second
+          (and no write at all overlapped a reading): the endpoint read is then where the peer's
+          last authenticated packet came from, not one we wrote from its record (its claim); or at
+          once when WireGuard moved the endpoint away from the one we wrote (``roamed``). Kept
+          ``PROVEN_FOR`` seconds, until proven again or elsewhere.
         Counters that went backwards (the backend restarted) start a new baseline."""
         now = trio.current_time()
         writes = getattr(self.mesh, "writes", None)
@@ -353,14 +355,16 @@ class Routing(Readout):
                     carried[peer] = self._carried[peer]
                 continue
             seen[peer] = (now, total, rx, endpoint, writes)
+            if row.get("roamed") and endpoint is not None:
+                self._proven[peer] = (endpoint, now)  # WireGuard moved it: an authenticated packet came from there
             if last is None or total < last[1] or rx < last[2]:
                 continue
             if (total - last[1]) / (now - last[0]) > BUSY_BYTES_PER_S:
                 busy.add(peer)
             if rx > last[2] and endpoint is not None and endpoint == last[3]:
                 carried[peer] = (endpoint, now)
-                if writes is not None and last[4] == writes:
-                    self._proven[peer] = (endpoint, now)
+                if writes is not None and last[4] is not None and row.get("written", writes) <= last[4]:
+                    self._proven[peer] = (endpoint, now)  # no write of this peer's since the first reading
         self._traffic, self._busy, self._carried = seen, frozenset(busy), carried
         self._unshaken = frozenset(unshaken)
         self._direct_since = {p: t for p, t in self._direct_since.items() if p in seen}
