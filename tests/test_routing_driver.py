@@ -119,6 +119,9 @@ class FakeRouting:
     def proven(self, peer: str) -> tuple[str, int] | None:
         return self.wg_from.get(peer)
 
+    async def proven_now(self, peer: str) -> tuple[str, int] | None:
+        return self.proven(peer)
+
     def direct_ip(self, peer: str) -> str | None:
         return IP.get(peer)
 

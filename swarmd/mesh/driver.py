@@ -472,11 +472,13 @@ class Mesh:
         for pub, p in state.peers.items():
             m = by_key.get(pub)
             host = None if p.endpoint is None else p.endpoint.rsplit(":", 1)[0].strip("[]")
+            punched = bool(m and m.reflexive is not None and host == m.reflexive.rsplit(":", 1)[0].strip("[]"))
             rows.append({
                 "peer": m.peer if m else None, "public_key": keys.b64(pub),
                 "overlay": m.addr4 if m else None, "overlay6": m.addr6 if m else None,
-                "endpoint": p.endpoint, "direct": bool(m and (host in m.endpoints or p.endpoint == m.reflexive)),
-                "reflexive": bool(m and m.reflexive is not None and p.endpoint == m.reflexive),
+                "endpoint": p.endpoint, "direct": bool(m and (host in m.endpoints or punched)),
+                # at its NAT's address: punched (a symmetric NAT's port differs from the hint)
+                "reflexive": punched,
                 # proof of the endpoint, for routing: the write counter as this peer was last
                 # written (no write since a reading: what it reads came from the peer), and
                 # whether WireGuard moved the endpoint from what we wrote (an authenticated packet)

@@ -72,6 +72,8 @@ class RelayHub(Protocol):
 
     def proven(self, peer: str) -> tuple[str, int] | None: ...
 
+    async def proven_now(self, peer: str) -> tuple[str, int] | None: ...  # proven, else asked of the device now
+
     def in_overlay(self, ip: str) -> bool: ...  # an address inside the mesh's network
 
 
@@ -135,7 +137,7 @@ class RelayServer:
         # Its WireGuard endpoint as our own WireGuard proved it (Routing.proven), at the address
         # its connection comes from: the pair's packets go to that socket only, never to a port
         # its record names (a member's claim: any service of the host it asks from).
-        proven = self.r.proven(peer)
+        proven = await self.r.proven_now(peer)
         if proven is not None and self.r.in_overlay(ip):
             ip = proven[0]  # asked over the mesh: the underlay address its WireGuard packets come from
         if proven is None or proven[0] != ip:

@@ -400,6 +400,21 @@ class Routing(Readout):
         except ValueError:
             return None
 
+    async def proven_now(self, peer: str) -> tuple[str, int] | None:
+        """``proven``, else what our device shows of ``peer`` now when that is proven there
+        (``Mesh.observed_endpoint``: roamed from what we wrote, a handshake since our last write
+        of it, or bytes since a reading after it): a NATed member's endpoint, equal to the one
+        written from its record and its keepalive 25 s apart, would otherwise wait up to a minute
+        for two traffic readings before a relay forwards for it."""
+        found = self.proven(peer)
+        if found is not None or self.mesh is None:
+            return found
+        try:
+            endpoint = await self.mesh.observed_endpoint(peer)
+            return None if endpoint is None else split_endpoint(endpoint)
+        except Exception:  # the backend restarting, or a malformed endpoint: not proven
+            return None
+
     def carried(self, peer: str) -> str | None:
         """The endpoint ``peer``'s WireGuard packets kept arriving from in the last reading, if
         that reading is fresh (within ``CARRIED_FRESH``) and the pair is busy (sessions.py
