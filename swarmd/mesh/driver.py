@@ -30,7 +30,7 @@ from ..gossip.membership import State
 from ..gossip.wire import MeshInfo, wg_proof_message
 from ..wg import address, choose, keys, reach
 from ..wg.backend import Backend, BackendUnavailable
-from ..wg.reconciler import Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
+from ..wg.reconciler import DEFAULT_KEEPALIVE, Member, ProbeEndpoints, Reconciler, RemovePeer, SetPeer
 from ..wg.uapi import PeerConfig
 
 log = structlog.get_logger("swarmd.wg")
@@ -46,6 +46,8 @@ PROBE_TIMEOUT = 2.0
 # new peer only the side with the lower public key starts at once; the other turns its
 # keepalive (which is what sends the first initiation) on this much later.
 KEEPALIVE_DEFER = 1.0
+NAT_KEEPALIVE = 5  # seconds, when members found us behind a NAT or a firewall (else the reconciler's 25)
+BEHIND = ("eim", "edm", "firewall")
 
 
 def from_config(config: Any, gossip: Any) -> tuple[Mesh | None, str | None]:
@@ -270,6 +272,13 @@ class Mesh:
                           endpoints=wg.endpoints, reflexive=self._attested_reflexive(peer, wg))
                    for peer, wg, _ in self._bound_view() if wg.public != self.keys.public]
         self._members = {m.peer: m for m in members}
+        verdict = self.reach() if self.reach is not None else None
+        # behind a NAT or a firewall our keepalives hold the mappings open and are how a peer
+        # that cannot send to us first learns where we are: well under the 30 s an unreplied
+        # UDP mapping lasts (Linux, most home routers), and well under routing's 10 s grace for a direct
+        # path (a symmetric NAT's peer cannot send first: it waits for our packets to roam to us)
+        self.reconciler.keepalive = NAT_KEEPALIVE if verdict is not None and verdict.kind in BEHIND \
+            else DEFAULT_KEEPALIVE
         await self._perform(self.reconciler.update_view(time.monotonic(), members), nursery)
 
     def _attested_reflexive(self, peer: str, wg: MeshInfo) -> str | None:
