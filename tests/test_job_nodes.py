@@ -54,4 +54,14 @@ def test_every_members_daemon_port_is_closed_to_jobs_whatever_their_nodes_mesh_o
     own = member(ME, "10.211.0.1", ("/ip4/203.0.113.5/tcp/4001",))
     for mesh_up in (True, False):
         got = job_nodes(gossip([far], own), ("10.211.0.1",), mesh_up=mesh_up, connected=connections({}))
-        assert got.daemon_ports == (("198.51.7.9", 4001), ("2001:db8::1", 4002), ("203.0.113.5", 4001)), mesh_up
+        # and at their overlay addresses, where daemons answer members behind NATs (issue 25)
+        assert got.daemon_ports == (("10.211.0.1", 4001), ("10.211.0.2", 4001), ("10.211.0.2", 4002),
+                                    ("198.51.7.9", 4001), ("2001:db8::1", 4002), ("203.0.113.5", 4001)), mesh_up
+
+
+def test_a_nated_members_daemon_port_at_its_overlay_address_is_closed_to_jobs():
+    natted = member(OTHER, "10.211.0.2", ())  # announces no address: dialled at its overlay address
+    natted.wg.tcp = 4001
+    got = job_nodes(gossip([natted], member(ME, "10.211.0.1", ("/ip4/203.0.113.5/tcp/4001",))), ("10.211.0.2",),
+                    mesh_up=True, connected=connections({}))
+    assert got.addresses == ("10.211.0.2",) and ("10.211.0.2", 4001) in got.daemon_ports

@@ -83,6 +83,12 @@ def test_base_sets_allow_resolvers_mesh_and_table_name():
     assert "set resolvers4 { type ipv4_addr; flags interval; elements = { 10.0.0.53 }; }" in script
     assert "set resolvers6 { type ipv6_addr; flags interval; elements = { fd00::53 }; }" in script
     assert 'oifname "wg-swarm" ct direction reply meta skuid != @job_uids drop' in script
+    assert "tcp sport" not in script
+    script = firewall.base(policy(mesh_ifname="wg-swarm", daemon=(0, 4001)))
+    assert 'oifname "wg-swarm" ct direction reply meta skuid 0 tcp sport 4001 accept' in script
+    for bad in ((0, 0), (0, 70000), (-1, 4001), (True, 4001), "0:4001"):
+        with pytest.raises(ValueError, match="daemon"):
+            policy(mesh_ifname="wg-swarm", daemon=bad)
 
 
 def job_rules(script: str, chain: str) -> list[str]:
@@ -360,6 +366,15 @@ def test_nothing_but_a_job_answers_over_the_mesh_interface(lab):
         assert lab.connect(0, "127.0.0.1", 7303) == f"ok {C}"
         lab.setup(policy(), {A: [NODE]})  # without mesh_ifname: served over it again
         assert lab.connect(0, "10.77.0.1", 7301, source=NODE, ns=lab.peer) == "ok 0"
+
+
+def test_the_daemon_answers_over_the_mesh_on_its_libp2p_port_only(lab):
+    # members behind a NAT are dialled at their overlay address (issue 25): the daemon's own
+    # socket on its libp2p port answers there; its other ports, and root's, still do not
+    lab.setup(policy(mesh_ifname=MESH, daemon=(0, 7301)), {A: [NODE]})
+    with listening(lab, (0, "0.0.0.0", 7301), (0, "0.0.0.0", 7304)):
+        assert lab.connect(0, "10.77.0.1", 7301, source=NODE, ns=lab.peer) == "ok 0"
+        assert lab.connect(0, "10.77.0.1", 7304, source=NODE, ns=lab.peer, timeout=NO) == "timeout"
 
 
 @real

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Callable
+from typing import Any
 
 from ..config import Config
 from ..p2p import multiaddrs
@@ -57,7 +58,8 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
-                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
+                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None,
+                       daemon_port=multiaddrs.tcp_port(list(config.listen), 4001))
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
                 transport=transport)
@@ -78,7 +80,7 @@ def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool,
     if gossip.own_record is not None:
         records.append(gossip.own_record)
     wanted = {str(ipaddress.ip_address(ip)) for ip in ips}
-    ports = {pair for r in records for pair in _daemon_ports(r.addrs)}
+    ports = {pair for r in records for pair in _daemon_ports(r.addrs) | _overlay_daemon_ports(r)}
     if mesh_up:
         overlay = {r.wg.addr4 for r in records if r.wg is not None}
         return JobNodes(addresses=tuple(sorted(wanted & overlay)), daemon_ports=tuple(sorted(ports)))
@@ -87,6 +89,17 @@ def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool,
         known |= {ip for ip, _ in _daemon_ports(gossip.own_record.addrs)}
     allowed = wanted & known
     return JobNodes(addresses=tuple(sorted(allowed)), daemon_ports=tuple(sorted(ports)))
+
+
+def _overlay_daemon_ports(record: Any) -> set[tuple[str, int]]:
+    """(overlay address, TCP port) where a member's daemon answers over the mesh: its libp2p
+    ports (a member behind a NAT names its own in ``wg.tcp``, announcing no address)."""
+    wg = record.wg
+    if wg is None:
+        return set()
+    tcp = getattr(wg, "tcp", None)
+    ports = {port for _, port in _daemon_ports(record.addrs)} | ({tcp} if tcp is not None else set())
+    return {(wg.addr4, port) for port in ports}
 
 
 def _daemon_ports(addrs: tuple[str, ...]) -> set[tuple[str, int]]:

@@ -94,6 +94,7 @@ class Settings:
     socket: Path
     name: str  # this daemon's cgroup under its own: unique per daemon (several share a lab machine)
     mesh_ifname: str | None = None
+    daemon_port: int | None = None  # the daemon's libp2p TCP port, answered over the mesh
 
 
 @dataclass(slots=True)
@@ -213,7 +214,9 @@ class Sandbox:
         else:
             policy = firewall.Policy(uids=settings.uids, egress=settings.egress,
                                      allow=tuple(ipaddress.ip_network(n) for n in settings.egress_allow),
-                                     resolvers=_resolvers(), mesh_ifname=settings.mesh_ifname)
+                                     resolvers=_resolvers(), mesh_ifname=settings.mesh_ifname,
+                                     daemon=None if settings.daemon_port is None else (os.geteuid(),
+                                                                                         settings.daemon_port))
             try:
                 await firewall.apply(firewall.base(policy))
                 parts["firewall"] = f"nftables: egress {settings.egress}" + (

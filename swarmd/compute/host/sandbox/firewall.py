@@ -43,9 +43,11 @@ apart, and the conntrack mark records which job uid opened it.
   this host (over `lo`; connections from another job were already checked by their mark)
   or one of U's nodes: a job's listener answers its own ranks, not the world.
 - With `policy.mesh_ifname`, no socket but a job's (a uid in the `job_uids` set: one with
-  a chain here) answers a connection that came in over the mesh interface: the daemon's
-  libp2p port is not served over the overlay (daemons never talk libp2p over it), so a job
-  on another member cannot reach it.
+  a chain here) answers a connection that came in over the mesh interface, except the
+  daemon's own on its libp2p port (`policy.daemon`): a member behind a NAT or a firewall is
+  dialled at its overlay address (issue 25), so daemons talk libp2p over the overlay. A
+  job on another member does not reach that port: every member's daemon port at its
+  overlay address is in every job's `blocked` (compute/service.py job_nodes).
 - What is left open between hosts: another host sees a job's packets come from this host's
   address, not from the job, so on a host two jobs both run on, a job's TCP reaches the
   other's listeners when that job's nodes include this host (its chain there lets it answer
@@ -147,7 +149,10 @@ class Policy:
     egress: str  # "mesh": the job's nodes, resolvers and `allow`; "internet": also public addresses
     allow: tuple[Network, ...] = ()  # job_egress_allow: reachable whatever NEVER_* says
     resolvers: tuple[Address, ...] = ()  # DNS servers (port 53) every job may ask
-    mesh_ifname: str | None = None  # the overlay interface: only job sockets answer over it
+    mesh_ifname: str | None = None  # the overlay interface: only job sockets answer over it ...
+    # ... and the daemon itself on its libp2p port (uid, TCP port): members behind a NAT are
+    # dialled at their overlay address (mesh/reach.py); every job's chain closes that port to it
+    daemon: tuple[int, int] | None = None
     table: str = "swarmd_jobs"
 
     def __post_init__(self) -> None:
@@ -160,6 +165,11 @@ class Policy:
             raise ValueError(f"bad nftables table name {self.table!r}")
         if self.mesh_ifname is not None and not _IFNAME.fullmatch(self.mesh_ifname):
             raise ValueError(f"bad interface name {self.mesh_ifname!r}")
+        if self.daemon is not None and not (
+                isinstance(self.daemon, tuple) and len(self.daemon) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in self.daemon)
+                and 0 <= self.daemon[0] < 2**32 - 1 and 1 <= self.daemon[1] <= 65535):
+            raise ValueError(f"bad daemon (uid, port) {self.daemon!r}")
         for n in self.allow:
             if not isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
                 raise ValueError(f"allow holds networks, not {n!r}")
@@ -198,7 +208,11 @@ def base(policy: Policy) -> str:
         "    type filter hook output priority filter; policy accept;",
     ]
     if policy.mesh_ifname is not None:
-        lines += ["    # nothing but a job answers a connection that came in over the mesh",
+        if policy.daemon is not None:
+            uid, port = policy.daemon
+            lines += ["    # the daemon answers members on its libp2p port over the mesh (NATed ones are dialled there)",
+                      f'    oifname "{policy.mesh_ifname}" ct direction reply meta skuid {uid} tcp sport {port} accept']
+        lines += ["    # nothing else but a job answers a connection that came in over the mesh",
                   f'    oifname "{policy.mesh_ifname}" ct direction reply meta skuid != @job_uids drop']
     lines += [
         "    # a reply to a connection a job opened: only from that job's own sockets",
