@@ -19,7 +19,7 @@ from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
 PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray", "sim",
-         "routing")
+         "routing", "reach")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -174,6 +174,15 @@ def main() -> None:
             results |= routing.lab_figures()
         else:
             print("routing lab figures skipped: they need root (network namespaces)", file=sys.stderr)
+    if "reach" in ONLY:
+        if os.geteuid() == 0:
+            from . import reach
+
+            print("reach: a 7-host lab behind NAT routers: the pair matrix, relayed vs direct TCP, a rebinding, "
+                  "restarts behind rebound routers, the census-weighted direct share...", file=sys.stderr)
+            results |= reach.lab_figures()
+        else:
+            print("reach figures skipped: they need root (network namespaces)", file=sys.stderr)
 
     targets = {"status_rtt_p50_ms": 2.0, "swarmctl_help_p50_ms": 300.0, "idle_rss_mb": 120.0, "idle_cpu_pct": 1.0,
                "rtt_error_max_pct": 20.0, "change_excess_p99_ms": 100.0, "kill_detected_by_all_p99_s": 5.0,
@@ -192,9 +201,13 @@ def main() -> None:
                "sim_vs_lab_change_t100_p50_ms": 1.25, "sim_vs_lab_change_t100_p99_ms": 1.25,
                # issue 16: coordinates as the daemon runs them (records + the coordinate exchange)
                "sim_coords_exchange_median_pct_120s": 10.0, "routing_lab_failover_p50_s": 5.0,
-               "routing_lab_failover_max_s": 5.0}
+               "routing_lab_failover_max_s": 5.0,
+               # issue 25: punching within 5 / 10 s of both records known; a rebound NAT back within 30 s
+               "reach_records_to_direct_punched_p50_s": 5.0, "reach_records_to_direct_punched_p95_s": 10.0,
+               "reach_rebind_ping_back_max_s": 30.0, "reach_pairs_failed": 1.0, "reach_pairs_not_as_theory": 1.0}
     floors = {"routing_lab_allreduce_relayed_over_direct": 0.9,
-              "routing_lab_allreduce_link_bound_relayed_over_direct": 0.9}  # targets a figure must reach, not stay under
+              "routing_lab_allreduce_link_bound_relayed_over_direct": 0.9,
+              "reach_tcp_relayed_over_direct": 0.9, "reach_weighted_direct_pct": 95.0}  # targets a figure must reach, not stay under
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets, "floors": floors}
