@@ -7,6 +7,7 @@ libp2p, remove the socket.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import random
@@ -89,7 +90,6 @@ class Node:
         if self.mesh is not None and self.reach is not None:
             self.mesh.reach = self.reach.current
             self.mesh.reject = self.reach.reject
-            self.mesh.tcp_port = multiaddrs.tcp_port(list(config.listen), 4001)
         self.routing = Routing(gossip=self.gossip, mesh=self.mesh, config=config, metrics=self.metrics,
                                refusals=self.rejects.of("routing"), transport=self.transport)
         # placement ranks by the paths jobs will use
@@ -136,6 +136,13 @@ class Node:
             if (hostport := config.metrics_hostport) is not None:
                 self.metrics_bound = self.metrics.serve(*hostport)
             async with self.host.run([Multiaddr(a) for a in config.listen]), trio.open_nursery() as nursery:
+                # the libp2p port as bound (a listen port of 0 is any free one): members dial a NATed
+                # node there at its overlay address, and the job firewall lets the daemon answer on it
+                port = multiaddrs.tcp_port([str(a) for a in self.host.get_addrs()], 0) or None
+                if self.mesh is not None:
+                    self.mesh.tcp_port = port
+                if self.jobs.sandbox is not None:
+                    self.jobs.sandbox = dataclasses.replace(self.jobs.sandbox, daemon_port=port)
                 await nursery.start(server.serve, listener)
                 await nursery.start(self.gossip.run)
                 await nursery.start(self.jobs.run)
@@ -143,8 +150,7 @@ class Node:
                 if self.mesh is not None:
                     nursery.start_soon(self._run_mesh)
                 if self.reach is not None:
-                    nursery.start_soon(self.reach.run, lambda: local_ipv4(config.mesh_network),
-                                       multiaddrs.tcp_port(list(config.listen), 4001))
+                    nursery.start_soon(self.reach.run, lambda: local_ipv4(config.mesh_network), port)
                 if config.join and self.gossip.swarm is None:
                     nursery.start_soon(self._join, config.join)
                 if config.mdns:

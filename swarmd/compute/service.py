@@ -58,8 +58,7 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
-                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None,
-                       daemon_port=multiaddrs.tcp_port(list(config.listen), 4001))
+                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
                 transport=transport)
