@@ -1,7 +1,7 @@
 """Reach figures (`make bench`, part `reach`; issue 25): members behind NATs and firewalls, in one
-7-host lab of real daemons behind nftables NAT routers (sim/netlab/nat.py), every link 20 ms and
-40 Mbit/s: h1, h2 public, h3 eim-adf, h4 eim-apdf, h5, h6 edm (symmetric), h7 firewall (as
-tests/netlab/test_reach.py; an eighth host behind a full cone did not form within 300 s on this
+6-host lab of real daemons behind nftables NAT routers (sim/netlab/nat.py), every link 20 ms and
+40 Mbit/s: h1, h2 public, h3 eim-adf, h4 eim-apdf, h5 edm (symmetric), h6 firewall (as
+tests/netlab/test_reach.py; seven, or an eighth behind a full cone, did not form within 300 s on this
 2-core machine). In one run (needs root):
 
 1. the pair matrix: each pair direct (both ends' `mesh` rows say `direct`, with a handshake),
@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 LAB = "benchreach"
-NAT = {"h3": "eim-adf", "h4": "eim-apdf", "h5": "edm", "h6": "edm", "h7": "firewall"}
-HOSTS = 7
+NAT = {"h3": "eim-adf", "h4": "eim-apdf", "h5": "edm", "h6": "firewall"}
+HOSTS = 6  # seven starve two cores (tests/netlab/test_reach.py)
 LINK_MS = 20.0
 LINK_MBIT = 40.0
 CONVERGE_S = 240.0  # tests/netlab/test_reach.py: ~100-180 s on 2 cores
@@ -53,7 +53,7 @@ TCP_SECONDS = 10.0
 TCP_REPEATS = 2
 TCP_PORT = 5201
 DIRECT_PAIR = ("h3", "h4")  # eim-adf -> eim-apdf: punched, its link set to the relayed legs' sum
-RELAYED_PAIR = ("h5", "h6")  # edm -> edm: through a public member, two LINK_MS legs
+RELAYED_PAIR = ("h5", "h6")  # edm -> firewall: through a public member, two LINK_MS legs
 ANCHORS = {"dcutr_pct": 70.0, "tailscale_pct": 90.0}  # Trautwein et al. 2025 (arXiv 2510.27500); Tailscale
 TARGET_PCT = 95.0
 
@@ -323,8 +323,12 @@ def lab_figures() -> dict[str, float | None]:
             key = frozenset((kind[a], kind[b]))
             measured[key] = measured.get(key, True) and v == "direct"
 
-        # 3. relayed vs direct TCP at equal RTT
-        results |= throughput(lab, matrix, tcp_mb_s, ping_ms, kind, hosts, step)
+        # 3. relayed vs direct TCP at equal RTT (a failure is reported, and the other figures measured)
+        try:
+            results |= throughput(lab, matrix, tcp_mb_s, ping_ms, kind, hosts, step)
+        except (subprocess.SubprocessError, RuntimeError, OSError, ValueError) as exc:
+            detail = getattr(exc, "stderr", None) or ""
+            step(f"throughput not measured: {exc.__class__.__name__}: {str(exc)[:200]} {str(detail)[-600:]}")
 
         # 4. a rebinding of h3's router, its daemon running
         results |= rebinding(lab, call, try_call, pings, hosts, step)
