@@ -64,7 +64,7 @@ class Reachability:
         self.sign = sign
         self.reject = reject  # (reason, peer, detail): the reach subsystem's refusals
         self.network = ipaddress.ip_network(network)
-        self.core = reach.Reach(wg_port=mesh.port)
+        self.judge = reach.Reach(wg_port=mesh.port)
         self.verdict = reach.UNKNOWN
         self.port: int | None = None  # our libp2p TCP port, for dial-backs
         self.asked = self.answered = self.dialled = 0
@@ -94,7 +94,7 @@ class Reachability:
     async def round(self, local_ips: list[str]) -> None:
         if self.g.swarm is None or not getattr(self.mesh, "started", False):
             return
-        self.core.set_local_ips(local_ips)
+        self.judge.set_local_ips(local_ips)
         observers = self._observers()
         async with trio.open_nursery() as nursery:
             for peer in observers:
@@ -138,10 +138,10 @@ class Reachability:
             self.reject("mismatch", peer, "reach answer signed by another member")
             return
         self.answered += 1
-        self.core.observed(seen)
+        self.judge.observed(seen)
 
     def _decide(self) -> None:
-        verdict = self.core.verdict(time.time())
+        verdict = self.judge.verdict(time.time())
         before = self.verdict
         self.verdict = verdict
         if (verdict.kind, verdict.reflexive) != (before.kind, before.reflexive):
@@ -197,8 +197,9 @@ class Reachability:
         v = self.verdict
         return {"reach": v.label, "nat": v.kind, "reflexive": v.reflexive, "confirmed_by": list(v.confirmed_by),
                 "port_mapping": None, "observations": [
-                    {"observer": s.observer, "wg": s.wg, "ip": s.ip, "dial": s.dial, "age_s": round(time.time() - s.at, 1)}
-                    for s in self.core.observations(time.time())],
+                    {"observer": s.observer, "wg": s.wg, "ip": s.ip, "dial": s.dial,
+                     "age_s": round(time.time() - s.at, 1)}
+                    for s in self.judge.observations(time.time())],
                 "asked": self.asked, "answered": self.answered, "dialled_back": self.dialled}
 
 
