@@ -508,6 +508,11 @@ def down(name: str) -> bool:
     for ns in _netns_of(name):
         found = True
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if keep := os.environ.get("SWARMD_LAB_KEEP_LOGS"):  # a test's lab, for the post-mortem
+        for log in directory.glob("*/swarmd.log"):
+            dest = Path(keep) / name / f"{log.parent.name}.log"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, dest)
     shutil.rmtree(directory, ignore_errors=True)
     for sock in Path("/var/run/wireguard").glob(f"{mesh_prefix(name)}*.sock"):
         sock.unlink(missing_ok=True)

@@ -269,7 +269,7 @@ class Mesh:
             await self.backend.set_addresses(self._cidrs())
             self.gossip.readvertise()
         members = [Member(peer=peer, public=wg.public, addr4=wg.addr4, addr6=wg.addr6, port=wg.port,
-                          endpoints=wg.endpoints, reflexive=self._attested_reflexive(peer, wg))
+                          endpoints=wg.endpoints, reflexive=self._reflexive(peer, wg))
                    for peer, wg, _ in self._bound_view() if wg.public != self.keys.public]
         self._members = {m.peer: m for m in members}
         verdict = self.reach() if self.reach is not None else None
@@ -281,10 +281,22 @@ class Mesh:
             else DEFAULT_KEEPALIVE
         await self._perform(self.reconciler.update_view(time.monotonic(), members), nursery)
 
+    def _reflexive(self, peer: str, wg: MeshInfo) -> str | None:
+        """The endpoint we send a NATed member's direct packets to: its attested reflexive one. A
+        symmetric NAT's port is the one its last observers saw (a new one every reach round) and
+        only a first hint for us: its packets roam our device to its port for us. While the IP
+        stays, the endpoint stays, so the device is not rewritten away from the port that works."""
+        reflexive = self._attested_reflexive(peer, wg)
+        before = self._members.get(peer)
+        if reflexive is not None and wg.nat == "edm" and before is not None and before.reflexive is not None \
+                and before.reflexive.rsplit(":", 1)[0] == reflexive.rsplit(":", 1)[0]:
+            return before.reflexive
+        return reflexive
+
     def _attested_reflexive(self, peer: str, wg: MeshInfo) -> str | None:
         """A member's reflexive endpoint, if two other members attest it (reach.confirmed): only
         then do we send its WireGuard handshakes there. Checked once per (member, endpoint,
-        attestations) until the oldest attestation could have expired."""
+        attestations) for 30 s, a refusal for 5 s."""
         if wg.reflexive is None:
             return None
         now = time.time()
@@ -297,8 +309,9 @@ class Mesh:
                              now=now, is_member=members.__contains__)
         if len(self._attested) > 4 * max(64, len(members)):
             self._attested.clear()
-        self._attested[key] = (ok, now + 30.0)
-        if not ok and self.reject is not None:  # counted and logged there
+        # a refusal is checked again soon: at start-up the attesting members may not be in our view yet
+        self._attested[key] = (ok, now + (30.0 if ok else 5.0))
+        if not ok and cached is None and self.reject is not None:  # counted and logged there, once
             self.reject("unattested", peer, f"reflexive endpoint {wg.reflexive} not attested by two members: "
                                             "not sent to")
         return wg.reflexive if ok else None
@@ -389,13 +402,22 @@ class Mesh:
         if not self.started:
             return
         wanted = {m.public for p in peers if (m := self._members.get(p)) is not None}
-        configs = [_config(spec) for public, spec in self.reconciler.current.items() if public in wanted]
+        if not wanted:
+            return
+        device = (await self.backend.state()).peers
+        relayed = {m.public for p, m in self._members.items() if p in self._relayed}
+        configs = [_config(spec) for public, spec in self.reconciler.current.items()
+                   if public in wanted and not _arrived_there(spec.endpoint, device.get(public), public in relayed)]
         if configs:
             await self._set_peers(configs)
 
     def peers(self) -> set[str]:
         """The members this node's WireGuard device has as peers."""
         return set(self._members)
+
+    def direct_endpoint(self, peer: str) -> str | None:
+        """The endpoint ("IP:port") ``peer``'s packets go to when not relayed (Reconciler.direct_endpoint)."""
+        return self.reconciler.direct_endpoint(peer)
 
     def direct_ip(self, peer: str, version: int | None = None) -> str | None:
         """The underlay IP we reach ``peer``'s WireGuard at directly (never a relay's), of ``version``
@@ -504,6 +526,18 @@ class Mesh:
                 "network": str(self.network), "public_key": self.keys.public_b64, "port": self.port,
                 "mtu": self.mtu, "up": self.started, "peers": len(self.reconciler.current),
                 "readdressed": self.readdressed, "error": self.error}
+
+
+def _arrived_there(want: str | None, have: Any, relayed: bool) -> bool:
+    """The device's endpoint for a peer is already where its packets should go: the one wanted,
+    or, on the direct path, one at the same IP (a symmetric NAT maps the peer's packets to us from
+    a port of its own, not the one its record names; WireGuard roamed there on an authenticated
+    packet: writing the record's port back would cut the path that just proved itself)."""
+    if want is None or have is None or have.endpoint is None:
+        return False
+    if have.endpoint == want:
+        return True
+    return not relayed and have.endpoint.rsplit(":", 1)[0] == want.rsplit(":", 1)[0]
 
 
 def _config(spec: Any, *, keepalive: int | None = None) -> PeerConfig:

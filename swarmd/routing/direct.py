@@ -18,8 +18,10 @@ Rules:
 - A pair theory rules out (``impossible``) lacks a direct path at the first unshaken
   observation, and is tried again only when a record's NAT or reflexive endpoint changes.
 - No flapping: a pair that lacks a direct path tries it again (``trying``: paths.py moves it
-  direct) after ``retry_s``, doubling after each failed try up to ``retry_max_s``, and at
-  once when either end's (nat, reflexive) changes (a new mapping, a new verdict). A try that
+  direct) once after ``quick_s`` (an end may have lagged: both must send to punch), then after
+  ``retry_s``, doubling after each failed try up to ``retry_max_s``, and at
+  once (then once more after ``quick_s``) when either end's (nat, reflexive) changes (a new mapping, a new verdict) or the endpoint
+  we send its direct packets to does (its reflexive endpoint attested at last): ``fingerprint``. A try that
   shows a handshake ends it; one unshaken for ``grace_s`` on the direct path is a failure.
 - What a member can do: its record's ``nat`` only picks a reason and whether a pairing is
   tried at once; a handshake is WireGuard's (authenticated), so no member can make a working
@@ -42,6 +44,8 @@ REASONS = (FASTER, NO_DIRECT, SYMMETRIC)
 # (REKEY_TIMEOUT, whitepaper section 6.4), so two tries and a WAN RTT fit, and a member the mesh
 # just gave an endpoint is not relayed before the other end had its chance to send.
 GRACE_S = 10.0
+QUICK_S = 30.0  # the first try after a pair is found lacking, or after a change's try failed: the other
+# end may have lagged (its view of our record, the attestations of our endpoint, a few seconds behind)
 RETRY_S = 300.0  # a pair relayed for lack of a direct path tries it again after this (5 min) ...
 RETRY_MAX_S = 1800.0  # ... doubling after each failed try, up to 30 min: each try costs up to GRACE_S
 SESSION_S = 180.0  # WireGuard's REJECT_AFTER_TIME: a handshake older than this holds no session
@@ -57,6 +61,18 @@ def impossible(a: object, b: object) -> bool:
     return (a == "edm" and b in ("edm", "firewall")) or (b == "edm" and a in ("edm", "firewall"))
 
 
+def fingerprint(here: tuple[object, object], there: tuple[object, object], target: object = None) -> Hashable:
+    """What a retry of the direct path waits on changing: both ends' record (wg.nat, wg.reflexive)
+    and ``target``, the endpoint our device sends the peer's direct packets to (a reflexive endpoint
+    becomes a target only once two members attest it, mesh/driver.py). A symmetric NAT's reflexive
+    port is per observer, so it changes with every reach round and tells nothing: only its IP counts."""
+    def key(nat: object, reflexive: object) -> tuple[object, object]:
+        if nat == "edm" and isinstance(reflexive, str):
+            return nat, reflexive.rpartition(":")[0]
+        return nat, reflexive
+    return key(*here), key(*there), target
+
+
 def reason(a: object, b: object) -> str:
     """Why a pair whose direct path failed is relayed, by its ends' record wg.nat."""
     return SYMMETRIC if "edm" in (a, b) else NO_DIRECT
@@ -70,16 +86,17 @@ class _Lacking:
     failures: int = 0  # tries that failed in a row
     retry_at: float | None = None  # None: only when a record changes (impossible by theory)
     trying_since: float | None = None  # a try of the direct path is under way
+    quick: bool = False  # a failure of the try under way is retried after quick_s (it followed a change)
 
 
 class DirectWatch:
     """Per peer: since when its direct path is unshaken, and whether it lacks one."""
 
-    def __init__(self, *, grace_s: float = GRACE_S, retry_s: float = RETRY_S,
+    def __init__(self, *, grace_s: float = GRACE_S, quick_s: float = QUICK_S, retry_s: float = RETRY_S,
                  retry_max_s: float = RETRY_MAX_S) -> None:
-        if not (grace_s > 0 and 0 < retry_s <= retry_max_s):
-            raise ValueError("need grace_s > 0 and 0 < retry_s <= retry_max_s")
-        self.grace_s, self.retry_s, self.retry_max_s = grace_s, retry_s, retry_max_s
+        if not (grace_s > 0 and 0 < quick_s <= retry_s <= retry_max_s):
+            raise ValueError("need grace_s > 0 and 0 < quick_s <= retry_s <= retry_max_s")
+        self.grace_s, self.quick_s, self.retry_s, self.retry_max_s = grace_s, quick_s, retry_s, retry_max_s
         self._since: dict[str, float] = {}  # peer -> first unshaken observation on its direct path
         self._lack: dict[str, _Lacking] = {}
         self._nats: dict[str, tuple[object, object]] = {}  # peer -> (mine, its) wg.nat, last seen
@@ -94,7 +111,7 @@ class DirectWatch:
         if lack is not None and lack.trying_since is None and (
                 lack.fingerprint != fingerprint or (lack.retry_at is not None and now >= lack.retry_at)):
             if lack.fingerprint != fingerprint:  # a new mapping or verdict: try at once, back-off anew
-                lack.fingerprint, lack.failures = fingerprint, 0
+                lack.fingerprint, lack.failures, lack.quick = fingerprint, 0, True
             lack.trying_since = now
             self.tries += 1
         if on_direct and unshaken:
@@ -105,16 +122,19 @@ class DirectWatch:
         if lack is None:
             if since is not None and (now - since >= self.grace_s or impossible(*nats)):
                 self._lack[peer] = _Lacking(since=now, fingerprint=fingerprint, reason=reason(*nats),
-                                            retry_at=None if impossible(*nats) else now + self.retry_s)
+                                            retry_at=None if impossible(*nats) else now + self.quick_s)
                 self.declared += 1
         elif lack.trying_since is not None and on_direct:
             if not unshaken:
                 del self._lack[peer]  # a handshake on the direct path: it works now
             elif since is not None and now - since >= self.grace_s:
-                lack.failures += 1
-                lack.since, lack.trying_since, lack.reason = now, None, reason(*nats)
-                lack.retry_at = None if impossible(*nats) \
-                    else now + min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
+                if lack.quick:
+                    delay = self.quick_s
+                else:
+                    lack.failures += 1
+                    delay = min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
+                lack.since, lack.trying_since, lack.reason, lack.quick = now, None, reason(*nats), False
+                lack.retry_at = None if impossible(*nats) else now + delay
 
     def forget(self, keep: Iterable[str]) -> None:
         keep = set(keep)

@@ -135,6 +135,8 @@ class PathView:
     public: frozenset[str] = frozenset()  # members anyone can reach unasked: the only relays for a NATed pair
     unshaken: frozenset[str] = frozenset()  # peers whose direct WireGuard path has completed no handshake
     # since it was set up (the driver, from Mesh.peer_rows; only peers on their direct path)
+    target: Callable[[str], str | None] = lambda peer: None  # peer -> the endpoint its direct packets go
+    # to (Mesh.direct_endpoint): one that changes retries direct
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,7 +312,7 @@ class Paths:
         for peer in sorted(view.peers - {self.me}):
             there = view.reach(peer)
             self.direct.observe(now, peer, on_direct=self.path(peer) is None, unshaken=peer in view.unshaken,
-                                fingerprint=(here, there), nats=(here[0], there[0]))
+                                fingerprint=dp.fingerprint(here, there, view.target(peer)), nats=(here[0], there[0]))
 
         own = self._clean(view.own)
         wanted: list[tuple[float, str]] = []

@@ -311,7 +311,8 @@ class Routing(Readout):
                         estimate=estimator(view, self.g.me, self.client.coordinate), announced=announced,
                         failing=self.sessions.failing(), refused=self.sessions.refused(), busy=self._busy,
                         reach=reach, public=frozenset(p for p in relays if public(p)),
-                        unshaken=self._unshaken & peers)
+                        unshaken=self._unshaken & peers,
+                        target=getattr(self.mesh, "direct_endpoint", lambda peer: None))
 
     async def _read_traffic(self) -> None:
         """From the mesh's WireGuard counters, over at least ``TRAFFIC_WINDOW`` seconds (an

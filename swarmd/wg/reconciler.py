@@ -227,6 +227,14 @@ class Reconciler:
         self._relayed = {peer: format_endpoint(*split_endpoint(e)) for peer, e in relayed.items()}
         return self._apply({m.public: self._spec(m) for m in self._members.values()})
 
+    def direct_endpoint(self, peer: str) -> str | None:
+        """The endpoint ``peer``'s packets go to when not relayed ("IP:port"), None if unknown."""
+        m = self._members.get(peer)
+        if m is None:
+            return None
+        ip = self._chosen.get(peer)
+        return m.reflexive or (None if ip is None else format_endpoint(ip, m.port))
+
     def direct_ip(self, peer: str, version: int | None = None) -> str | None:
         """The underlay IP of ``peer`` in use or first to try (never a relay's). With ``version``
         (routing's relays are IPv4 only), one of that IP version: the one in use if it is, else
@@ -284,8 +292,7 @@ class Reconciler:
         return next((ip for ip in m.endpoints if ip not in rtts), None)
 
     def _spec(self, m: Member) -> PeerSpec:
-        ip = self._chosen.get(m.peer)
-        endpoint = self._relayed.get(m.peer) or m.reflexive or (None if ip is None else format_endpoint(ip, m.port))
+        endpoint = self._relayed.get(m.peer) or self.direct_endpoint(m.peer)
         return PeerSpec(public=m.public, endpoint=endpoint,
                         allowed_ips=tuple(r for r in _host_routes(m) if self._owner.get(r) == m.public),
                         keepalive=self.keepalive)

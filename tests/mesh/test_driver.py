@@ -74,3 +74,42 @@ async def test_an_observed_endpoint_is_one_the_peer_proved_after_our_last_write(
     state["handshake"] = time.time() + 1  # a handshake after the write proves it at once
     assert await m.observed_endpoint("b") == "203.0.113.5:40000"
     assert await m.observed_endpoint("nobody") is None
+
+
+async def test_reasserting_a_path_keeps_a_symmetric_nats_port_that_packets_proved(tmp_path):
+    # after a path change routing writes the endpoint again for a while (the other end may still
+    # send through the relay, roaming us there); a symmetric NAT's packets arrive from a port of
+    # their own at its IP: that is the path working, and writing the record's port back would cut it
+    from swarmd.wg.reconciler import Member
+    from swarmd.wg.uapi import DeviceState, PeerState
+
+    key = b"\x03" * 32
+    device = {"endpoint": None}
+    writes: list[list[PeerConfig]] = []
+
+    class Device(Backend):
+        async def state(self):
+            return DeviceState(private_key=None, listen_port=51820, peers={key: PeerState(
+                public=key, endpoint=device["endpoint"], allowed_ips=(), last_handshake=None, rx_bytes=0, tx_bytes=0,
+                keepalive=25)})
+
+        async def set_peers(self, configs) -> None:
+            writes.append(list(configs))
+
+    m = mesh(tmp_path, Device())
+    m.started = True
+    member = Member(peer="b", public=key, addr4="10.211.0.2", addr6=None, port=51820, endpoints=(),
+                    reflexive="203.0.113.7:31813")
+    m._members = {"b": member}
+    m.reconciler.update_view(0.0, [member])
+    device["endpoint"] = "203.0.113.7:49113"  # roamed: its NAT's port for us
+    await m.reassert(["b"])
+    assert writes == [], "the peer's own port at its NAT's address is kept"
+    device["endpoint"] = "198.51.100.1:51830"  # still arriving through the relay: the path is written again
+    await m.reassert(["b"])
+    assert [c.endpoint for c in writes[-1]] == ["203.0.113.7:31813"]
+    await m.set_relayed({"b": "198.51.100.1:51830"})
+    writes.clear()
+    device["endpoint"] = "198.51.100.1:51831"  # relayed: only the relay's own port will do
+    await m.reassert(["b"])
+    assert [c.endpoint for c in writes[-1]] == ["198.51.100.1:51830"]
