@@ -62,6 +62,24 @@ def test_different_ports_at_one_address_are_a_symmetric_nat():
     assert v.reflexive == "203.0.113.5:51111"  # the newest: a hint for address-restricted peers
 
 
+def test_a_rebound_nats_new_port_outvotes_the_old_ones_still_in_the_window():
+    old = [seen(o, sign, wg="203.0.113.5:40000", at=NOW - 60) for o, sign in ((A, SIGN_A), (B, SIGN_B), (C, SIGN_C))]
+    d, sign_d = member(5)
+    e, sign_e = member(6)
+    fresh = [seen(d, sign_d, wg="203.0.113.5:2222", at=NOW - 2), seen(e, sign_e, wg="203.0.113.5:2222")]
+    v = verdict(*old, *fresh)
+    assert v.kind == "eim" and v.reflexive == "203.0.113.5:2222" and set(v.confirmed_by) == {d, e}
+    v = verdict(*old, fresh[1])  # one fresh observation: the old mapping stands until a second agrees
+    assert v.kind == "eim" and v.reflexive == "203.0.113.5:40000"
+
+
+def test_one_liar_naming_another_port_of_the_nat_is_outvoted():
+    v = verdict(seen(A, SIGN_A, wg="203.0.113.5:40000", at=NOW - 2), seen(B, SIGN_B, wg="203.0.113.5:40000",
+                                                                           at=NOW - 1),
+                seen(C, SIGN_C, wg="203.0.113.5:9999"))
+    assert v.kind == "eim" and v.reflexive == "203.0.113.5:40000" and C not in v.confirmed_by
+
+
 def test_own_address_seen_and_no_dial_back_is_a_firewall():
     local = ("198.51.100.9",)
     v = verdict(seen(A, SIGN_A, wg="198.51.100.9:51820", dial=False), seen(B, SIGN_B, wg="198.51.100.9:51820",

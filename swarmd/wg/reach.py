@@ -19,8 +19,10 @@ The verdict (``Reach.verdict``), from the latest observation of each observer wi
 - ``firewall``: no observer could dial back, and the WireGuard endpoints they see are this
   node's own addresses and port (nothing translates, something drops what comes in): that
   endpoint is its reflexive one, punched like a NAT's;
-- ``eim``: behind a NAT whose mapping is endpoint-independent: every observer sees the
-  same reflexive endpoint (a home router, most cloud NAT gateways). Members punch it;
+- ``eim``: behind a NAT whose mapping is endpoint-independent: the observers see the same
+  reflexive endpoint (a home router, most cloud NAT gateways). Members punch it. The two
+  newest observations agreeing decide (a rebound NAT's new port outvotes the old ones still in
+  the window), else ``quorum`` observations of one port (one liar naming another is outvoted);
 - ``edm``: endpoint-dependent mapping (a symmetric NAT): the observers see one address
   but different ports. The last one seen is announced as a hint (an address-restricted NAT
   on the other side opens for the address), but a port-restricted or symmetric peer needs
@@ -207,10 +209,13 @@ class Reach:
         if len(agreeing) < self.quorum:
             return UNKNOWN
         ports: dict[int, list[Seen]] = {}
-        for s in agreeing:
+        for s in agreeing:  # newest first
             ports.setdefault(split_endpoint(s.wg)[1], []).append(s)
+        newest = [split_endpoint(s.wg)[1] for s in agreeing[:self.quorum]]
+        if len(set(newest)) == 1:
+            return _verdict("eim", format_endpoint(ip, newest[0]), agreeing[:self.quorum])
         port, same = max(ports.items(), key=lambda item: (len(item[1]), max(s.at for s in item[1])))
-        if len(same) >= self.quorum and len(ports) == 1:
+        if len(same) >= self.quorum:
             return _verdict("eim", format_endpoint(ip, port), same[:self.quorum])
         newest = agreeing[0]  # observations() is newest first
         return _verdict("edm", newest.wg, agreeing[:self.quorum])
