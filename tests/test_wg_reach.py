@@ -7,7 +7,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from swarmd.gossip.wire import MeshInfo
-from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal
+from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal, unseal
 from swarmd.wg import reach
 
 SWARM = "s1"
@@ -144,9 +144,22 @@ def test_an_attestation_for_another_member_or_key_or_forged_is_refused():
         reach.open_seen(forged, swarm=SWARM, about=SUBJECT, now=NOW)
 
 
-@pytest.mark.parametrize("field, value", [("wg", "not an endpoint"), ("wg", 7), ("ip", "999.1.1.1"),
-                                          ("dial", "yes"), ("at", float("nan")), ("at", NOW + 3600)])
-def test_a_malformed_attestation_is_refused(field, value):
+@pytest.mark.parametrize("field, value, reason", [
+    ("wg", "not an endpoint", "malformed"), ("wg", 7, "malformed"), ("ip", "999.1.1.1", "malformed"),
+    ("dial", "yes", "malformed"), ("at", float("nan"), "stale"), ("at", NOW + 3600, "stale"),
+    # what else a hostile observer can put in a body it signs itself
+    ("at", NOW - reach.SEEN_TTL - 1, "stale"), ("at", 2**64 - 1, "stale"), ("at", -2**63, "stale"),
+    ("at", "now", "malformed"), ("at", True, "malformed"), ("at", None, "malformed"),
+    ("peer", 7, "malformed"), ("peer", b"\0" * 38, "malformed"), ("peer", A, "malformed"),
+    ("about", SUBJECT, "malformed"), ("about", {"about": {}}, "malformed"), ("wgpub", None, "malformed"),
+    ("wg", "203.0.113.5:0", "malformed"), ("wg", "203.0.113.5:65536", "malformed"),
+    ("wg", "203.0.113.5:-1", "malformed"),
+    ("wg", "[::1]:" + "9" * 20, "malformed"), ("wg", "::1:51820", "malformed"), ("wg", "9" * 70, "malformed"),
+    ("wg", ["203.0.113.5:1"], "malformed"), ("wg", {"wg": {"wg": {}}}, "malformed"), ("ip", 2**64 - 1, "malformed"),
+    ("ip", ["192.0.2.1"], "malformed"), ("dial", 1, "malformed"), ("k", "cert", "malformed"),
+    ("swarm", "0123456789abcdef", "malformed"), ("swarm", 5, "malformed"),
+], ids=lambda v: repr(v)[:24])
+def test_a_malformed_attestation_is_refused(field, value, reason):
     from nacl.signing import SigningKey as Key
 
     key = Key(bytes([2]) * 32)
@@ -154,10 +167,42 @@ def test_a_malformed_attestation_is_refused(field, value):
             "about": peer_from_key(bytes(SigningKey(bytes([1]) * 32).verify_key)), "wgpub": WGPUB,
             "wg": "203.0.113.5:1", "ip": None, "dial": None, "at": NOW, field: value}
     blob = seal(body, lambda data: key.sign(data).signature)
-    with pytest.raises(Invalid):
+    with pytest.raises(Invalid) as refused:
         reach.open_seen(blob, swarm=SWARM, about=SUBJECT, now=NOW)
+    assert refused.value.reason == reason
     with pytest.raises(Invalid, match="at most"):
         reach.open_seen(b"x" * (reach.MAX_SEEN_BYTES + 1), swarm=SWARM, about=SUBJECT, now=NOW)
+
+
+def test_a_replayed_attestation_expires_and_a_touched_one_does_not_verify():
+    (blob,) = blobs((A, SIGN_A, "203.0.113.5:40000"))
+    assert reach.open_seen(blob, swarm=SWARM, about=SUBJECT, wgpub=WGPUB, now=NOW + reach.SEEN_TTL).observer == A
+    with pytest.raises(Invalid) as stale:
+        reach.open_seen(blob, swarm=SWARM, about=SUBJECT, wgpub=WGPUB, now=NOW + reach.SEEN_TTL + 1)
+    assert stale.value.reason == "stale"
+    body, raw, sig = unseal(blob)
+    for touched in (msgpack.packb([raw, bytes([sig[0] ^ 1]) + sig[1:]]),  # the signature
+                    msgpack.packb([raw.replace(b"203.0.113.5", b"203.0.113.6"), sig])):  # the endpoint
+        with pytest.raises(Invalid) as forged:
+            reach.open_seen(touched, swarm=SWARM, about=SUBJECT, wgpub=WGPUB, now=NOW)
+        assert forged.value.reason == "signature"
+
+
+@pytest.mark.parametrize("blob", [None, 5, 2**64 - 1, "seen", [b"", b""], {"seen": b""}, bytearray(b"x"), b"",
+                                  b"\xc1", msgpack.packb([b"x", b"y", b"z"]), msgpack.packb([b"\xc1", b"sig"]),
+                                  msgpack.packb([msgpack.packb([1, 2]), b"sig"])], ids=repr)
+def test_anything_but_a_signed_attestation_is_refused_not_raised(blob):
+    with pytest.raises(Invalid) as refused:
+        reach.open_seen(blob, swarm=SWARM, about=SUBJECT, wgpub=WGPUB, now=NOW)
+    assert refused.value.reason == "malformed"
+    good = blobs((A, SIGN_A, "203.0.113.5:40000"), (B, SIGN_B, "203.0.113.5:40000"))
+    assert not confirmed([blob] * 3) and not confirmed([blob, good[0]]) and confirmed([blob, *good])
+
+
+@pytest.mark.parametrize("reflexive", ["", "203.0.113.5", "203.0.113.5:0", "203.0.113.5:65536", "::1:40000",
+                                       "x" * 10_000 + ":40000"])
+def test_a_reflexive_endpoint_that_is_none_is_never_confirmed(reflexive):
+    assert not confirmed(blobs((A, SIGN_A, "203.0.113.5:40000"), (B, SIGN_B, "203.0.113.5:40000")), reflexive=reflexive)
 
 
 def test_a_record_carries_how_it_is_reached_and_refuses_nonsense():

@@ -126,6 +126,9 @@ class Reachability:
                 reply = await request(self.transport.host, ID.from_base58(peer), PROTOCOL, req, MAX_FRAME)
             except PeerError:
                 return
+            except FrameTooLarge as exc:  # not a PeerError: out of here, it cut the round's other asks short
+                self.reject("too_large", peer, f"reach answer: {exc}")
+                return
         if not isinstance(reply, dict) or "seen" not in reply:
             return
         try:
