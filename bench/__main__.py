@@ -178,7 +178,7 @@ def main() -> None:
         if os.geteuid() == 0:
             from . import reach
 
-            print("reach: a 7-host lab behind NAT routers: the pair matrix, relayed vs direct TCP, a rebinding, "
+            print("reach: a 6-host lab behind NAT routers: the pair matrix, relayed vs direct TCP, a rebinding, "
                   "restarts behind rebound routers, the census-weighted direct share...", file=sys.stderr)
             results |= reach.lab_figures()
         else:

@@ -124,6 +124,8 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
             "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
             "addrs": list(r.addrs), "seq": r.seq, "record_age_s": round(now - r.issued, 3),
             "rtts_ms": r.rtts, "jobs": None if r.jobs is None else r.jobs.to_wire(),
+            # how members reach it (issue 25), as its record says: wg.nat, wg.reflexive
+            "nat": None if r.wg is None else r.wg.nat, "reflexive": None if r.wg is None else r.wg.reflexive,
         })
     return rows
 

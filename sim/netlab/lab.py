@@ -318,14 +318,19 @@ class Lab:
                 raise LabError(f"swarmd not ready after {timeout:g} s on {', '.join(h.name for h in pending)}")
             time.sleep(0.05)
 
-    def kill(self, host: str, sig: signal.Signals = signal.SIGTERM) -> None:
+    def kill(self, host: str, sig: signal.Signals = signal.SIGTERM, timeout: float = 10.0) -> float:
+        """Signal ``host``'s daemon; for SIGTERM and SIGKILL, wait ``timeout`` seconds for it to
+        exit. The seconds it took (0 for other signals)."""
         h = self.state.host(host)
         if not _alive(h.pid):
             raise LabError(f"swarmd on {host} is not running")
+        started = time.monotonic()
         os.kill(h.pid, sig)
-        if sig in (signal.SIGTERM, signal.SIGKILL):
-            wait_for(lambda: not _alive(h.pid), 10, f"swarmd on {host} to exit")
-            _reap(h.pid)
+        if sig not in (signal.SIGTERM, signal.SIGKILL):
+            return 0.0
+        wait_for(lambda: not _alive(h.pid), timeout, f"swarmd on {host} to exit")
+        _reap(h.pid)
+        return time.monotonic() - started
 
     def start(self, host: str) -> None:
         h = self.state.host(host)

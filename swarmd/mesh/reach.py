@@ -10,6 +10,8 @@ Protocol ``/swarmd/reach/1.0.0``, one request and one answer per stream, members
   multistream header answers). Only the asker's own address is dialled, never one it names,
   at most once per ``DIAL_EVERY`` seconds per asker and ``DIALS_PER_S`` in all, so nobody can
   aim the observer at a victim; a refused dial-back is answered without ``dial`` (counted).
+  An asker gets ``ASKS_PER_S`` answers a second (a burst of ``ASK_BURST``), beyond which it is
+  refused (counted ``ask_rate``): each answer costs a device read and a signature.
 
 The asker (``run``) asks ``OBSERVERS`` members, those whose records say they are public
 first, every ``ASK_EVERY`` seconds (``ASK_EVERY_UNKNOWN`` while the verdict is unknown);
@@ -50,6 +52,9 @@ TIMEOUT = 5.0  # for one answer, dial-back included
 DIAL_TIMEOUT = 2.0
 DIAL_EVERY = 10.0  # seconds between dial-backs for one asker
 DIALS_PER_S = 5.0  # dial-backs in all, whoever asks
+# answers per asker: each costs a read of the WireGuard device and a signature; an honest asker
+# asks one observer at most every ASK_EVERY_UNKNOWN seconds
+ASKS_PER_S, ASK_BURST = 1.0, 5.0
 MULTISTREAM = b"\x13/multistream/1.0.0\n"
 MAX_FRAME = 4096
 
@@ -70,6 +75,7 @@ class Reachability:
         self.asked = self.answered = self.dialled = 0
         self._dial_per_asker = TokenBuckets(1 / DIAL_EVERY, 1.0, size=4096)
         self._dials = TokenBuckets(DIALS_PER_S, DIALS_PER_S, size=1)
+        self._asks = TokenBuckets(ASKS_PER_S, ASK_BURST, size=4096)
         self._dial_asked: dict[str, float] = {}  # observer -> when we last asked it to dial back
 
     def current(self) -> reach.Verdict:
@@ -162,6 +168,10 @@ class Reachability:
             with trio.fail_after(TIMEOUT + 5):
                 req = await read_frame(stream, MAX_FRAME)
                 if not await self.g.check_member(req, peer, stream):
+                    return
+                if not self._asks.allow(str(peer), trio.current_time()):
+                    self.reject("ask_rate", str(peer), "reach request: asked too often")
+                    await write_frame(stream, {"error": "asked too often"})
                     return
                 await write_frame(stream, await self._answer(str(peer), stream, req))
         except FrameTooLarge as exc:

@@ -349,6 +349,17 @@ async def test_at_most_five_dial_backs_a_second_whoever_asks(rig, autojump_clock
     assert rig.counts() == (Counter({"dial_rate": 2}), Counter())
 
 
+async def test_a_member_asking_faster_than_an_honest_one_is_refused_and_counted(rig, autojump_clock):
+    # each answer costs a device read and a signature: a burst of five, then one a second
+    for _ in range(int(driver.ASK_BURST)):
+        attested(await ask(rig, [{"cert": CERT[A]}]))
+    refused = await ask(rig, [{"cert": CERT[A]}])
+    assert refused.replies() == [{"error": "asked too often"}] and rig.counts()[0] == Counter({"ask_rate": 1})
+    attested(await ask(rig, [{"cert": CERT[B]}], peer=B), B)  # another member is served meanwhile
+    await trio.sleep(1 / driver.ASKS_PER_S)
+    attested(await ask(rig, [{"cert": CERT[A]}]))
+
+
 async def test_a_member_gets_at_most_four_streams_at_once(rig):
     rig.reach.mesh.started = False  # our own rounds of asking are not this test's
     async with trio.open_nursery() as nursery:
