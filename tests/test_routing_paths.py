@@ -7,47 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmd.routing.paths import (HOLD_DOWN_S, MAX_RELAYED, STABLE_ROUNDS, AskLegs, Measure, Paths, PathView,
-                                  UsePath, best_relay)
-
-
-class World:
-    """A swarm as one node sees it: its own measurements, the others' reported RTTs (what their
-    records carry), who offers relaying, announcements, failing relays."""
-
-    def __init__(self, me: str = "a") -> None:
-        self.me = me
-        self.peers: set[str] = set()
-        self.relays: set[str] = set()
-        self.own: dict[str, float] = {}
-        self.reported: dict[str, dict[str, float]] = {}
-        self.via: dict[str, str] = {}  # peer -> the relay its record names for me
-        self.failing: set[str] = set()
-        self.refused: set[tuple[str, str]] = set()  # (peer, relay): the driver's per-pair refusals
-        self.coords: dict[tuple[str, str], float] = {}
-        self.busy: set[str] = set()  # peers with heavy WireGuard traffic now (the driver's counters)
-
-    def add(self, *peers: str, relay: bool = True) -> None:
-        self.peers |= set(peers)
-        if relay:
-            self.relays |= set(peers)
-
-    def link(self, a: str, b: str, ms: float) -> None:
-        """Both ends measured the link (and the one that is me keeps it as its own)."""
-        self.report(a, b, ms)
-        self.report(b, a, ms)
-
-    def report(self, by: str, to: str, ms: float) -> None:
-        if by == self.me:
-            self.own[to] = ms
-        else:
-            self.reported.setdefault(by, {})[to] = ms
-
-    def view(self) -> PathView:
-        return PathView(me=self.me, peers=frozenset(self.peers), relays=frozenset(self.relays),
-                        own=dict(self.own), reports=lambda p: self.reported.get(p, {}),
-                        estimate=lambda a, b: self.coords.get((a, b)), announced=self.via.get,
-                        failing=frozenset(self.failing), refused=frozenset(self.refused), busy=frozenset(self.busy))
+from swarmd.routing.paths import HOLD_DOWN_S, MAX_RELAYED, STABLE_ROUNDS, AskLegs, Measure, Paths, UsePath, best_relay
+from tests.routing.world import World
 
 
 def detour_world() -> World:

@@ -287,25 +287,20 @@ def test_mesh_shows_each_peers_path_its_rtt_the_direct_rtt_and_the_estimate(monk
     header = next(line for line in out.splitlines() if "peer" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]] == \
         ["peer", "overlay", "endpoint", "path", "rtt", "direct", "estimate", "handshake", "rx", "tx"]
-    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
-                                          for line in out.splitlines() if line.startswith("│"))}
+    rows = table_rows(out)
     assert code == 0
     assert rows[H2[-8:]][3:7] == [f"via {H3[-8:]}", "50.4 ms", "120.2 ms", "~118 ms"]
     assert rows[H4[-8:]][3] == f"direct (via {H3[-8:]} requesting)", "a relay chosen, its session not active yet"
     assert rows[H3[-8:]][3:7] == ["direct", "20.0 ms", "20.0 ms", "~22 ms"]
 
 
-def explained(rounds: int) -> dict:
-    """What the daemon answers for `route`: routing/paths.py's own explain after ``rounds``
-    evaluations one second apart, where the direct path to B (120 ms) loses to one through C
-    (20 + 30 ms), with the relay session the driver adds once the switch is made."""
-    from swarmd.routing.paths import Paths, PathView
+def route_answer(view, rounds: int) -> dict:
+    """What the daemon answers for `route` about B, the middle of the three sorted peer ids (the
+    lowest is ``view.me``): routing/paths.py's own explain after ``rounds`` evaluations one second
+    apart, with the relay session through C (the highest) the driver adds once the switch is made."""
+    from swarmd.routing.paths import Paths
 
     me, b, c = sorted([H2, H3, H4])
-    reports = {b: {c: 30.0, me: 120.0}, c: {b: 30.0, me: 20.0}}
-    view = PathView(me=me, peers=frozenset({b, c}), relays=frozenset({c}), own={b: 120.0, c: 20.0},
-                    reports=lambda p: reports.get(p, {}), estimate=lambda x, y: 52.0 if c in (x, y) else 110.0,
-                    announced=lambda p: None)
     paths = Paths(me)
     for t in range(rounds):
         paths.evaluate(float(t), view)
@@ -315,6 +310,18 @@ def explained(rounds: int) -> dict:
                       "error": None, "for_s": 4.0} if relayed else None
     out["in_use"] = f"via {c}" if relayed else "direct"
     return json.loads(json.dumps(out))  # as it comes over the socket
+
+
+def explained(rounds: int) -> dict:
+    """`route`'s answer where the direct path to B (120 ms) loses to one through C (20 + 30 ms)."""
+    from swarmd.routing.paths import PathView
+
+    me, b, c = sorted([H2, H3, H4])
+    reports = {b: {c: 30.0, me: 120.0}, c: {b: 30.0, me: 20.0}}
+    view = PathView(me=me, peers=frozenset({b, c}), relays=frozenset({c}), own={b: 120.0, c: 20.0},
+                    reports=lambda p: reports.get(p, {}), estimate=lambda x, y: 52.0 if c in (x, y) else 110.0,
+                    announced=lambda p: None)
+    return route_answer(view, rounds)
 
 
 def table_rows(out: str) -> dict[str, list[str]]:

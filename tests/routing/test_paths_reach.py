@@ -5,44 +5,8 @@ flapping; a follower's checks; the cap. A fake clock, one evaluation a second.""
 import json
 
 from swarmd.routing import direct as dp
-from swarmd.routing.paths import Measure, Paths, PathView, UsePath
-
-
-class World:
-    def __init__(self, me: str = "a") -> None:
-        self.me = me
-        self.peers: set[str] = set()
-        self.relays: set[str] = set()
-        self.own: dict[str, float] = {}
-        self.reported: dict[str, dict[str, float]] = {}
-        self.via: dict[str, str] = {}
-        self.nat: dict[str, tuple[str | None, str | None]] = {}
-        self.public: set[str] = set()
-        self.unshaken: set[str] = set()
-        self.coords: dict[tuple[str, str], float] = {}
-        self.target: dict[str, str] = {}
-
-    def add(self, *peers: str, relay: bool = True, nat: str | None = "public") -> None:
-        self.peers |= set(peers)
-        for p in peers:
-            if relay:
-                self.relays.add(p)
-            self.nat[p] = (nat, None if nat in (None, "public") else f"203.0.113.{len(self.nat) + 1}:51820")
-            if nat == "public":
-                self.public.add(p)
-
-    def link(self, a: str, b: str, ms: float) -> None:
-        for x, y in ((a, b), (b, a)):
-            if x == self.me:
-                self.own[y] = ms
-            else:
-                self.reported.setdefault(x, {})[y] = ms
-
-    def view(self) -> PathView:
-        return PathView(me=self.me, peers=frozenset(self.peers), relays=frozenset(self.relays), own=dict(self.own),
-                        reports=lambda p: self.reported.get(p, {}), estimate=lambda a, b: self.coords.get((a, b)),
-                        announced=self.via.get, reach=lambda p: self.nat.get(p, (None, None)),
-                        public=frozenset(self.public), unshaken=frozenset(self.unshaken), target=self.target.get)
+from swarmd.routing.paths import Measure, Paths, UsePath
+from tests.routing.world import World
 
 
 def nat_world(me_nat: str = "eim", peer_nat: str = "edm") -> World:
@@ -51,7 +15,7 @@ def nat_world(me_nat: str = "eim", peer_nat: str = "edm") -> World:
     w = World("a")
     w.nat["a"] = (me_nat, "198.51.100.1:51820")
     w.add("b", relay=False, nat=peer_nat)
-    w.add("r", "s")
+    w.add("r", "s", nat="public")
     w.add("q", nat="eim")
     w.link("a", "b", 30)
     w.link("a", "r", 10)
@@ -161,7 +125,7 @@ def test_unmeasured_relays_are_ranked_by_estimate_and_measured():
     w = World("a")
     w.nat["a"] = ("eim", "198.51.100.1:51820")
     w.add("b", relay=False, nat="firewall")
-    w.add("r", "s")
+    w.add("r", "s", nat="public")
     w.coords = {("a", "r"): 50.0, ("r", "b"): 50.0, ("a", "s"): 10.0, ("s", "b"): 10.0}
     w.unshaken = {"b"}
     p = Paths("a", measure_interval_s=5.0)
@@ -193,8 +157,8 @@ def test_a_public_pair_without_a_direct_path_may_use_any_relay():
 def test_speed_stays_the_reason_for_a_detour():
     w = World("a")
     w.nat["a"] = ("public", None)
-    w.add("b", relay=False)
-    w.add("r")
+    w.add("b", relay=False, nat="public")
+    w.add("r", nat="public")
     w.link("a", "b", 120)
     w.link("a", "r", 20)
     w.link("r", "b", 30)
@@ -227,11 +191,11 @@ def test_the_follower_refuses_a_relay_nobody_behind_a_nat_can_reach_and_records_
 def test_pairs_without_a_direct_path_take_the_cap_before_detours():
     w = World("a")
     w.nat["a"] = ("public", None)
-    w.add("r")
+    w.add("r", nat="public")
     w.link("a", "r", 5)
     for i in range(3):
         fast = f"f{i}"
-        w.add(fast, relay=False)
+        w.add(fast, relay=False, nat="public")
         w.link("a", fast, 120)
         w.link("r", fast, 10)
     p = Paths("a", max_relayed=3)

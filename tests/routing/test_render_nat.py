@@ -1,11 +1,9 @@
 """`swarmctl mesh` and `swarmctl route` for members behind NATs (swarmctl/render.py): direct,
 direct (punched), via X (reason); the route's why and direct-path rows; a peer's text stays text."""
 
-import json
-
 from swarmd.routing import direct as dp
-from swarmd.routing.paths import Paths, PathView
-from test_swarmctl import H2, H3, H4, mesh_row, swarmctl_in_process, table_rows
+from swarmd.routing.paths import PathView
+from test_swarmctl import H2, H3, H4, mesh_row, route_answer, swarmctl_in_process, table_rows
 
 
 def test_mesh_says_direct_punched_or_via_a_relay_with_its_reason(monkeypatch, capsys):
@@ -36,15 +34,7 @@ def explained_nat(me_nat: str, peer_nat: str, rounds: int) -> dict:
     view = PathView(me=me, peers=frozenset({b, c}), relays=frozenset({c}), own={b: 20.0, c: 20.0},
                     reports=lambda p: reports.get(p, {}), estimate=lambda x, y: None, announced=lambda p: None,
                     reach=lambda p: reach.get(p, (None, None)), public=frozenset({c}), unshaken=frozenset({b}))
-    paths = Paths(me)
-    for t in range(rounds):
-        paths.evaluate(float(t), view)
-    out = {"peer": b, **paths.explain(b, view, now=float(rounds))}
-    relayed = paths.path(b) is not None
-    out["session"] = {"relay": c, "state": "active", "port": 51821, "via_ip": "10.0.0.3", "misses": 0,
-                      "error": None, "for_s": 4.0} if relayed else None
-    out["in_use"] = f"via {c}" if relayed else "direct"
-    return json.loads(json.dumps(out))
+    return route_answer(view, rounds)
 
 
 def test_route_explains_a_pair_relayed_for_a_symmetric_nat(monkeypatch, capsys):
