@@ -320,13 +320,15 @@ class Mesh:
         """Where ``peer``'s WireGuard packets come from, as our device authenticated them: its
         endpoint read back, when a handshake with it completed after we last wrote its config
         or bytes from it arrived since a reading taken after that write (before either, the
-        endpoint may be the one we wrote from its record: its claim)."""
+        endpoint may be the one we wrote from its record: its claim). None while the pair is
+        relayed, or the endpoint is at another member's address (a relay's): what the reach
+        protocol attests must be the peer's own mapping."""
         m = self._members.get(peer)
-        if m is None or not self.started:
-            return None
+        if m is None or not self.started or peer in self._relayed:
+            return None  # relayed: its packets come from the relay's address, not the peer's
         state = await self.backend.state()
         p = state.peers.get(m.public)
-        if p is None or p.endpoint is None:
+        if p is None or p.endpoint is None or self._at_another_member(peer, p.endpoint):
             return None
         written = self._written_at.get(m.public, 0.0)
         if self._roamed(m.public, p.endpoint) or (p.last_handshake and p.last_handshake > written):
@@ -339,6 +341,13 @@ class Mesh:
             self._rx_base[m.public] = (time.time(), p.rx_bytes)
             return None
         return p.endpoint if p.rx_bytes > base[1] else None
+
+    def _at_another_member(self, peer: str, endpoint: str) -> bool:
+        """``endpoint`` is at an address another member announces: a relay's (the peer's end just
+        moved onto it, roaming us there before our own move), never the peer's own. (Members behind
+        one NAT share its address, but announce none: only public members announce endpoints.)"""
+        ip = endpoint.rsplit(":", 1)[0].strip("[]")
+        return any(other != peer and ip in m.endpoints for other, m in self._members.items())
 
     def _roamed(self, public: bytes, endpoint: str | None) -> bool:
         """The device holds an endpoint for this peer other than the one we last wrote: WireGuard

@@ -113,3 +113,36 @@ async def test_reasserting_a_path_keeps_a_symmetric_nats_port_that_packets_prove
     device["endpoint"] = "198.51.100.1:51831"  # relayed: only the relay's own port will do
     await m.reassert(["b"])
     assert [c.endpoint for c in writes[-1]] == ["198.51.100.1:51830"]
+
+
+async def test_a_relayed_peer_is_never_attested_at_the_relays_address(tmp_path):
+    # through a relay, a peer's packets come from the relay's address and port: attesting that as
+    # the peer's reflexive endpoint made a symmetric NAT's verdict name a relay's port (lab run)
+    import time
+
+    from swarmd.wg.reconciler import Member
+    from swarmd.wg.uapi import DeviceState, PeerState
+
+    key, relay_key = b"\x04" * 32, b"\x05" * 32
+    device = {"endpoint": "198.51.100.1:51826"}
+
+    class Device(Backend):
+        async def state(self):
+            return DeviceState(private_key=None, listen_port=51820, peers={key: PeerState(
+                public=key, endpoint=device["endpoint"], allowed_ips=(), last_handshake=time.time() + 5,
+                rx_bytes=100, tx_bytes=0, keepalive=25)})
+
+        async def set_peers(self, configs) -> None:
+            pass
+
+    m = mesh(tmp_path, Device())
+    m.started = True
+    m._members = {"b": Member(peer="b", public=key, addr4="10.211.0.2", addr6=None, port=51820, endpoints=()),
+                  "r": Member(peer="r", public=relay_key, addr4="10.211.0.3", addr6=None, port=51820,
+                              endpoints=("198.51.100.1",))}
+    await m.set_relayed({"b": "198.51.100.1:51826"})
+    assert await m.observed_endpoint("b") is None, "relayed: the relay's address"
+    await m.set_relayed({})
+    assert await m.observed_endpoint("b") is None, "back to direct, but its packets still came through the relay"
+    device["endpoint"] = "203.0.113.9:40000"
+    assert await m.observed_endpoint("b") == "203.0.113.9:40000"
