@@ -84,6 +84,29 @@ class Daemon:
             self.proc.wait()
 
 
+def short_lived_invite(owner: Daemon, cert_ttl: float) -> str:
+    """An invite token for one node whose certificate lasts ``cert_ttl`` seconds, shorter than
+    `swarm invite` grants (a minute at least), so that a test sees a certificate renewed or
+    lapse in seconds. Made as `swarm invite` makes one: signed with the owner's key, naming its
+    listen addresses, and recorded in its invites (read from disk at each join)."""
+    from swarmd.gossip import swarmstate
+    from swarmd.gossip.cert import make_token, read_ticket
+    from swarmd.p2p.signed import peer_bytes
+
+    status = owner.call("status")
+    me = status["peer_id"]
+    m = swarmstate.load(owner.state_dir, peer_bytes(me))
+    assert m is not None and m.is_owner, "short_lived_invite: the node is not a swarm's owner"
+    addrs = [a if "/p2p/" in a else f"{a}/p2p/{me}" for a in status["listen_addrs"]]
+    token = make_token(swarmstate.owner_signer(m), m.owner_public, addrs, now=time.time(), expires_in=600.0,
+                       cert_ttl=cert_ttl)
+    ticket = read_ticket(token.ticket, owner_public=m.owner_public, now=time.time())
+    invites = swarmstate.load_invites(owner.state_dir)
+    invites.add(ticket.nonce, uses=ticket.uses, expires=ticket.expires, now=time.time())
+    swarmstate.save_invites(owner.state_dir, invites)
+    return token.encode()
+
+
 @pytest.fixture
 def make_daemon(tmp_path: Path) -> Iterator:
     made: list[Daemon] = []

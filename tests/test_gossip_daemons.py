@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from conftest import wait_until
+from conftest import short_lived_invite, wait_until
 from swarmd.rpc.client import RemoteError
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,8 @@ def test_members_see_each_other_with_their_capacity(swarm):
         wait_until(lambda: states(d) == {p: "alive" for p in ids if p != me}, 15, f"{me} sees the others alive")
     def measured():
         peers = swarm[0].call("peers")["peers"]
-        return peers if all(p["rtt_ms"] is not None for p in peers) else None
+        # rtt_ms (routing's) can come before the membership probes gave rtt_min_ms
+        return peers if all(p["rtt_ms"] is not None and p["rtt_min_ms"] is not None for p in peers) else None
     peers = wait_until(measured, 5, "RTTs from probes")
     for p in peers:
         assert p["resources"]["cpu_count"] >= 1
@@ -96,11 +97,13 @@ def test_a_node_whose_certificate_expired_stays_up_and_says_it_publishes_nothing
 
     owner = make_daemon("owner")
     owner.call("swarm.init")
-    token = owner.call("swarm.invite", cert_ttl=60)["token"]  # the shortest lifetime an invite gives
-    b = make_daemon("b", args=["--join", token])
+    # 12 s, not the minute `swarm invite` gives at least: due for renewal after 8 s
+    b = make_daemon("b", args=["--join", short_lived_invite(owner, cert_ttl=12)])
     expires = wait_until(lambda: (b.call("status")["swarm"] or {}).get("cert_expires"), 20, "b joined")
     pid = b.call("status")["pid"]
     owner.stop()  # the owner unreachable for the whole renewal window: the certificate lapses
+    assert b.call("status")["swarm"]["cert_expires"] == expires, "b renewed before the owner stopped"
+    assert b.call("status")["swarm"]["record_error"] is None, "b publishes while its certificate is valid"
     wait_until(lambda: b.call("status")["swarm"].get("record_error"), expires - time.time() + 60,
                "b stops publishing once its certificate expired")
     status = b.call("status")
