@@ -14,7 +14,9 @@ Rules:
 - Observations come from the driver once per evaluation: whether the pair is on its direct
   path now, and whether that path is *unshaken* (no handshake on it since it was set up:
   service.py reads Mesh.peer_rows). The grace starts at the first unshaken observation on
-  the direct path, so a pair that just went direct is given the whole of it.
+  the direct path, so a pair that just went direct is given the whole of it, and again when
+  the fingerprint changes meanwhile (a verdict or endpoint that arrives during the grace: a
+  restarted node behind a new mapping is given the grace from when peers can know it).
 - A pair theory rules out (``impossible``) lacks a direct path at the first unshaken
   observation, and is tried again only when a record's NAT or reflexive endpoint changes.
 - No flapping: a pair that lacks a direct path tries it again (``trying``: paths.py moves it
@@ -26,7 +28,8 @@ Rules:
 - What a member can do: its record's ``nat`` only picks a reason and whether a pairing is
   tried at once; a handshake is WireGuard's (authenticated), so no member can make a working
   pair look broken, or a broken one work. A member changing its record often makes its own
-  pairs retry direct more often (each try costs that pair up to ``grace_s`` of outage).
+  pairs retry direct more often (each try costs that pair up to ``grace_s`` of outage), or keeps
+  them on an unproven direct path: it cuts only itself off.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class DirectWatch:
             raise ValueError("need grace_s > 0 and 0 < quick_s <= retry_s <= retry_max_s")
         self.grace_s, self.quick_s, self.retry_s, self.retry_max_s = grace_s, quick_s, retry_s, retry_max_s
         self._since: dict[str, float] = {}  # peer -> first unshaken observation on its direct path
+        self._since_fp: dict[str, Hashable] = {}  # peer -> the fingerprint since then (a change restarts it)
         self._lack: dict[str, _Lacking] = {}
         self._nats: dict[str, tuple[object, object]] = {}  # peer -> (mine, its) wg.nat, last seen
         self.declared = 0  # counter: pairs found without a direct path
@@ -115,9 +119,13 @@ class DirectWatch:
             lack.trying_since = now
             self.tries += 1
         if on_direct and unshaken:
+            if self._since_fp.get(peer, fingerprint) != fingerprint:
+                self._since.pop(peer, None)  # a new endpoint or verdict: the other end gets the whole grace for it
             since = self._since.setdefault(peer, now)
+            self._since_fp[peer] = fingerprint
         else:
             self._since.pop(peer, None)
+            self._since_fp.pop(peer, None)
             since = None
         if lack is None:
             if since is not None and (now - since >= self.grace_s or impossible(*nats)):
@@ -138,7 +146,7 @@ class DirectWatch:
 
     def forget(self, keep: Iterable[str]) -> None:
         keep = set(keep)
-        for table in (self._since, self._lack, self._nats):
+        for table in (self._since, self._since_fp, self._lack, self._nats):
             for peer in [p for p in table if p not in keep]:
                 del table[peer]
 

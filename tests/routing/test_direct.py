@@ -139,3 +139,17 @@ def test_the_fingerprint_keeps_a_symmetric_nats_ip_only():
     assert dp.fingerprint(("eim", "1.2.3.4:5"), edm1) != dp.fingerprint(("eim", "1.2.3.4:6"), edm1)
     assert dp.fingerprint(("eim", None), ("eim", "1.2.3.4:5"), "1.2.3.4:5") \
         != dp.fingerprint(("eim", None), ("eim", "1.2.3.4:5"), None)
+
+
+def test_a_new_endpoint_during_the_grace_restarts_it():
+    # a node restarted behind a rebound NAT: its new reflexive endpoint is known 9 s in, and its
+    # peer needs a moment to send there; lacking at 10 s would relay a pair that is about to punch
+    w = watch()
+    for t in range(0, 9):
+        w.observe(float(t), "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "firewall"))
+    moved = (("eim", "1.2.3.4:7"), FP[1])
+    for t in range(9, 19):
+        w.observe(float(t), "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "firewall"))
+        assert w.lacking("b") is None, t
+    w.observe(19.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "firewall"))
+    assert w.lacking("b") == dp.NO_DIRECT, "10 s from the change"
