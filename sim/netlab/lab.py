@@ -227,8 +227,12 @@ class Lab:
             raise LabError(f"{host} is {h.nat}: only a host behind a translating NAT "
                            f"({', '.join(natmod.TRANSLATING)}) can be rebound", 2)
         h.nat_generation += 1
-        self._apply_nat(h)  # new rules first, then the old entries go: none is made under the old rules meanwhile
+        # As a NAT that reboots: it forwards nothing while its state goes (a packet let through
+        # between the new rules and the conntrack flush rode its old entry, and its translation
+        # refilled the new @eim map with the old port: the host kept its mapping), then maps anew.
+        run("ip", "netns", "exec", h.router, "nft", "-f", "-", input=natmod.HOLD)
         run("ip", "netns", "exec", h.router, "conntrack", "-F")
+        self._apply_nat(h)
         self.state.save()
         return natmod.port_range(h.nat_generation)
 

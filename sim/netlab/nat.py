@@ -148,6 +148,10 @@ def describe_ports(cls: str, generation: int) -> str | None:
     return where or "the inner port"
 
 
+# A router rebinding forwards nothing until its new ruleset is in (it replaces this one)
+HOLD = "flush ruleset\ntable inet hold {\n  chain forward { type filter hook forward priority -500; policy drop; }\n}\n"
+
+
 def ruleset(cls: str, *, external: str, generation: int = 0, timeouts: Timeouts = Timeouts()) -> str:
     """The router's whole nftables ruleset for a host of class `cls` whose public address is
     `external` (10.200.0.I): applied as one transaction that first flushes the old one."""

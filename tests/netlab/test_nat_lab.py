@@ -56,8 +56,9 @@ class Agent:
                 self.got.append(json.loads(line))
 
     def send(self, address: str, port: int, text: str, *, new_flow: bool = False) -> None:
-        self.proc.stdin.write(f"{'sendnew' if new_flow else 'send'} {address} {port} {text}\n")
-        self.proc.stdin.flush()
+        with self._lock:
+            self.proc.stdin.write(f"{'sendnew' if new_flow else 'send'} {address} {port} {text}\n")
+            self.proc.stdin.flush()
 
     def received(self, tag: str) -> list[dict]:
         """The datagrams whose text ends with `tag`."""
@@ -162,7 +163,22 @@ def test_rebind_gives_a_full_cone_host_a_new_external_port(nat_lab):
     assert before == (lab.state.host("h2").address, PORT)  # the inner port kept until a rebind
     seen = [before[1]]
     for rebinds in (1, 2):
-        proc = sim(lab.state.name, "nat", "h2", "rebind")
+        # the second while h2 sends all the time, as a daemon's WireGuard does: a datagram riding
+        # the old conntrack entry must not carry the old port into the new mapping table
+        stop = threading.Event()
+
+        def send_steadily() -> None:
+            while not stop.wait(0.002):
+                agents["h2"].send(lab.state.host("h8").address, PORT, "tick")
+        steady = threading.Thread(target=send_steadily)
+        if rebinds == 2:
+            steady.start()
+        try:
+            proc = sim(lab.state.name, "nat", "h2", "rebind")
+        finally:
+            stop.set()
+            if steady.is_alive():
+                steady.join()
         assert proc.returncode == 0, proc.stderr
         after = reflexive(lab, agents, "h2")
         low, high = natmod.port_range(rebinds)
