@@ -77,7 +77,7 @@ async def attack(name: str, *, args: argparse.Namespace, ident: Any, owner: swar
                 await trio.sleep(2.0)
             return json.dumps({"records": sent, "reflexive": victim})
         case "reach-flood":
-            answers = {"dialled": 0, "not_dialled": 0, "error": 0}
+            answers: dict[str, Any] = {"dialled": 0, "not_dialled": 0, "error": 0, "errors": {}}
             await gossip([record(0)])  # in the target's view with a mesh side: it answers members only
             await trio.sleep(2.0)
 
@@ -88,14 +88,25 @@ async def attack(name: str, *, args: argparse.Namespace, ident: Any, owner: swar
                                               {"cert": cert.blob, "port": args.port}, reach_driver.MAX_FRAME)
                     seen = reach.open_seen(reply["seen"], swarm=owner.swarm, about=me, now=time.time())
                     answers["dialled" if seen.dial is not None else "not_dialled"] += 1
-                except Exception:
+                except Exception as exc:  # refused, reset, or no answer: counted by kind, for the test's message
                     answers["error"] += 1
+                    kind = f"{type(exc).__name__}: {str(exc)[:80]}"
+                    answers["errors"][kind] = answers["errors"].get(kind, 0) + 1
+
+            async def reconnect() -> None:  # a burst's resets may take the connection down with them
+                if target.peer_id not in host.get_connected_peers():
+                    with trio.move_on_after(5):
+                        try:
+                            await host.connect(target)
+                        except Exception:  # the next ask counts the failure
+                            pass
 
             async with trio.open_nursery() as nursery:
                 for _ in range(args.count):
                     nursery.start_soon(ask)
             deadline = trio.current_time() + args.seconds
             while trio.current_time() < deadline:
+                await reconnect()
                 await ask()
                 await trio.sleep(0.2)
             return json.dumps(answers)
