@@ -488,3 +488,22 @@ async def test_a_hostile_observer_is_counted_and_the_others_still_decide(rig, ho
     assert (r.verdict.kind, r.verdict.reflexive, set(r.verdict.confirmed_by)) == ("eim", REFLEXIVE, {A, B})
     assert r.g.readvertised == 1
     assert rig.counts() == (Counter({reason: 1} if reason else {}), Counter())
+
+
+async def test_fresh_attestations_of_the_same_verdict_do_not_reissue_our_record_every_round(rig, monkeypatch):
+    # a round every 10 s brings new attestations of the same mapping; the record carries them at its
+    # own refreshes, and is reissued for them alone only when the last ones are half their life old
+    r = rig.reach
+    r.transport.host = Observers(lambda: {"seen": seen_by("c")})
+    r.g._view = View(("a", "b", "c"))
+    clock = [time.time()]
+    monkeypatch.setattr(driver.time, "time", lambda: clock[0])
+    await r.round(["192.168.1.2"])
+    assert r.verdict.kind == "eim" and r.g.readvertised == 1, "a new verdict: at once"
+    for _ in range(3):
+        clock[0] += driver.ASK_EVERY + 1
+        await r.round(["192.168.1.2"])
+    assert r.g.readvertised == 1
+    clock[0] += reach.SEEN_TTL / 2
+    await r.round(["192.168.1.2"])
+    assert r.g.readvertised == 2
