@@ -49,7 +49,7 @@ class FakeRouting:
 def record(peer: str) -> SimpleNamespace:
     resources = SimpleNamespace(to_wire=lambda: {"cpu_count": 2}, summary=lambda: "2 CPUs")
     return SimpleNamespace(peer=peer, resources=resources, labels={}, addrs=(), seq=1, issued=time.time(),
-                           rtts={}, jobs=None)
+                           rtts={}, jobs=None, wg=None)
 
 
 def view(members: dict[str, float | None]) -> View:
@@ -85,6 +85,14 @@ def test_without_routing_peers_show_this_nodes_own_probes():
     rows = {r["peer"]: r for r in call(node(view({H2: 0.0421, H3: None}), None), "peers")["peers"]}
     assert (rows[H2]["rtt_ms"], rows[H2]["rtt_source"]) == (42.1, "measured")
     assert (rows[H3]["rtt_ms"], rows[H3]["rtt_source"]) == (None, None)
+
+
+def test_peers_say_how_each_member_is_reached_as_its_record_says():
+    v = view({H2: None, H3: None})
+    v.members[H2].record.wg = SimpleNamespace(nat="eim", reflexive="203.0.113.5:40000")
+    rows = {r["peer"]: r for r in call(node(v, None), "peers")["peers"]}
+    assert (rows[H2]["nat"], rows[H2]["reflexive"]) == ("eim", "203.0.113.5:40000")
+    assert (rows[H3]["nat"], rows[H3]["reflexive"]) == (None, None), "no mesh side"
 
 
 def test_mesh_rows_carry_the_path_its_rtt_the_direct_rtt_and_the_estimate():
