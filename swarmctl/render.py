@@ -364,7 +364,8 @@ def route(r: Mapping[str, Any]) -> None:
     for c in candidates:
         total = c.get("total_ms")
         gain = "-" if total is None or not direct else f"{(total / direct - 1) * 100:+.0f} %"
-        note = " (in use)" if c["relay"] == r.get("current") else "" if c.get("usable", True) else " (not usable)"
+        note = " (in use)" if c["relay"] == r.get("current") else "" if c.get("usable", True) \
+            else f" (not usable: {c['why_not']})" if c.get("why_not") else " (not usable)"
         leg2 = rtt(c.get("leg2_ms")) + (" (asked)" if c.get("leg2_source") == "asked" else "")
         table.add_row(cell(c["relay"][-8:] + note), rtt(c.get("leg1_ms")), leg2, rtt(total),
                       rtt(c.get("estimate_ms"), "estimated"), gain)

@@ -43,7 +43,7 @@ ID = {name: peer_str(peer_from_key(bytes(k.verify_key))) for name, k in KEYS.ite
 A, B, C, R, R2, X = (ID[n] for n in ("a", "b", "c", "r", "r2", "x"))
 NAME = {v: k for k, v in ID.items()}
 IP = {A: "198.51.100.1", B: "198.51.100.2", C: "198.51.100.3", R: "192.0.2.100", R2: "192.0.2.200"}
-OVERLAY = {A: "10.211.0.1", B: "10.211.0.2", C: "10.211.0.3"}
+OVERLAY = {A: "10.211.0.1", B: "10.211.0.2", C: "10.211.0.3", R: "10.211.0.100", R2: "10.211.0.200"}
 CERT = b"member certificate"
 
 
@@ -886,6 +886,33 @@ async def test_a_pending_session_gives_up_after_15_s(script, autojump_clock):
         assert s.row(B)["state"] == "refused" and s.refused() == {(B, R)} and s.failing() == frozenset()
         assert s.endpoints() == {}
         assert "other end" in s.row(B)["error"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_that_has_not_heard_our_wireguard_yet_is_introduced_and_asked_again(script, autojump_clock):
+    # a young mesh: no handshake with the relay yet, so it cannot tell where to forward to
+    unproven = {"error": "no WireGuard packets of the requester's arrived here lately", "reason": "unproven"}
+    script.answer = lambda relay, op, n: unproven if n <= 2 else {"port": 51821, "active": True, "expires_in": 60.0}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 1.5)
+        assert s.row(B)["state"] == "requesting" and s.refused() == frozenset() and s.endpoints() == {}
+        assert [t for t, address in script.echoes if address == OVERLAY[R]] == [t0, t0 + 1]  # an echo to the relay
+        await at(t0, 2.5)
+        assert s.row(B)["state"] == "active" and s.endpoints() != {} and s.unproven == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_that_never_hears_our_wireguard_is_given_up_like_a_pending_one(script, autojump_clock):
+    script.answer = lambda relay, op, n: {"error": "no WireGuard packets lately", "reason": "unproven"}
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(B, R)
+        await at(t0, 16.5)
+        assert s.row(B)["state"] == "refused" and s.refused() == {(B, R)} and s.endpoints() == {}
         nursery.cancel_scope.cancel()
 
 

@@ -271,7 +271,8 @@ def test_explain_is_plain_json():
     assert json.loads(json.dumps(info)) == info
     assert info["role"] == "chooser" and info["path"] == "direct" and info["direct_ms"] == 120
     assert info["candidates"][0] == {"relay": "r", "leg1_ms": 20.0, "leg2_ms": 30.0, "leg2_source": "record",
-                                     "total_ms": 50.0, "estimate_ms": None, "usable": True}
+                                     "total_ms": 50.0, "estimate_ms": None, "usable": True,
+                                     "why_not": None}
     assert info["hysteresis"] == {"wants": "relay", "candidate": "r", "rounds": 2, "needed": STABLE_ROUNDS}
     run(core, w, 1, 2)
     info = core.explain("b", w.view(), now=3.0)

@@ -661,11 +661,12 @@ class Paths:
                 continue
             leg1, leg2 = own.get(relay), self.leg(relay, peer, view, reported)
             guess = view.estimate(self.me, relay)
+            why = self._refusal(now, relay, peer, view)
             candidates.append({"relay": relay, "leg1_ms": _r(leg1), "leg2_ms": _r(leg2),
                                "leg2_source": "record" if relay in published else "asked",
                                "total_ms": _r(leg1 + leg2) if leg1 is not None and leg2 is not None else None,
                                "estimate_ms": _r(guess + leg2) if guess is not None and leg2 is not None else None,
-                               "usable": self._refusal(now, relay, peer, view) is None})
+                               "usable": why is None, "why_not": why})
         candidates.sort(key=lambda c: (c["total_ms"] is None, c["total_ms"] or 0.0,
                                        c["estimate_ms"] is None, c["estimate_ms"] or 0.0, c["relay"]))
         relay = self.path(peer)

@@ -128,7 +128,8 @@ class Readout:
                          "served": self.exchange.legs_served, "refused": self.exchange.legs_refused},
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
                 "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
-                "relay_answers_rejected": dict(self.sessions.rejected), "relay": relay}
+                "relay_answers_rejected": dict(self.sessions.rejected),
+                "relay_unproven_asks": self.sessions.unproven, "relay": relay}
 
 
 def _r(ms: float | None) -> float | None:

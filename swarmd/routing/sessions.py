@@ -117,6 +117,7 @@ class Sessions:
         self.nursery: trio.Nursery | None = None
         self.unchecked: str | None = None  # why relayed paths cannot be echoed here (no raw socket)
         self.rejected: dict[str, int] = {}  # relays' answers that granted nothing: refused, malformed, bad_port
+        self.unproven = 0  # relays that did not know our endpoint yet when asked: introduced, asked again
 
     def use(self, peer: str, relay: str | None) -> None:
         """Path choice changed ``peer``'s path: end its session, start one through ``relay``."""
@@ -216,6 +217,15 @@ class Sessions:
         port, active = reply.get("port"), reply.get("active")
         if reply.get("reason") == "pending_limit" and s.state == "requesting":
             return None  # our other pairs there are still pending: ask again (PENDING_LIMIT bounds it)
+        if reply.get("reason") == "unproven" and s.state == "requesting":
+            # our WireGuard has not spoken to the relay lately (a young mesh: handshakes come with
+            # traffic), so it cannot tell where to forward to. One echo over the overlay makes the
+            # handshake; the next ask finds us proven (PENDING_LIMIT bounds the wait)
+            s.error = str(reply.get("error"))[:200]
+            self.unproven += 1
+            if self.nursery is not None:
+                self.nursery.start_soon(self._introduce, s.relay)
+            return None
         bad = self._bad_answer(s, reply, port)
         if bad is not None:
             kind, error = bad
@@ -243,6 +253,16 @@ class Sessions:
         if m is not None and m.record.wg is not None and port == m.record.wg.port:
             return "bad_port", f"the relay granted port {port}, its WireGuard listen port, not a relay port"
         return None
+
+    async def _introduce(self, relay: str) -> None:
+        """One overlay echo to ``relay``: our WireGuard's handshake with it proves our endpoint there."""
+        address = self.r.overlay_address(relay)
+        if address is None:
+            return
+        try:
+            await icmp.echo(address, ECHO_TIMEOUT)
+        except icmp.Unavailable:
+            pass  # then only the mesh's own traffic and keepalives prove it, within PENDING_LIMIT or not
 
     async def _ping(self, s: Session) -> None:
         rtt = await self.r.g.ping(s.relay, PING_TIMEOUT)

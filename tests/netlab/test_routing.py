@@ -171,7 +171,8 @@ def test_a_country_lab_detours_where_the_data_has_a_faster_path(lab):
     name = {c: f"h{i + 1}" for i, c in enumerate(countries)}
     until(lambda: via(l, name["HK"], name["PT"]) == name["JP"] and via(l, name["PT"], name["HK"]) == name["JP"],
           120, "HK and PT reach each other via JP", interval=0.5,
-          detail=lambda: call(l, name["HK"], "route", peer=l.state.host(name["PT"]).peer_id))
+          detail=lambda: {c: call(l, name[c], "route", peer=l.state.host(name[o]).peer_id)
+                          for c, o in (("HK", "PT"), ("PT", "HK"))})
     table = swarmctl(l, name["HK"], "mesh")
     assert table.returncode == 0 and table.stdout.count("via ") == 1, table.stdout
     others = [(a, b) for a in countries for b in countries if a != b and {a, b} != {"HK", "PT"}]
