@@ -20,15 +20,17 @@ START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-cor
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until it returns a truthy value; fail naming ``what``."""
+    """Poll ``predicate`` until it returns a truthy value; fail naming ``what``. Between looks
+    it waits ``interval``, or as long as the look took if longer (a look may run a process)."""
     deadline = time.monotonic() + timeout
     while True:
+        began = time.monotonic()
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(max(interval, time.monotonic() - began))
 
 
 @dataclass

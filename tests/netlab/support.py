@@ -25,13 +25,17 @@ def call(lab, host: str, method: str, **params):
 
 
 def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=None) -> float:
-    """Seconds until ``predicate()`` holds; fails naming ``what`` (and ``detail()``, if given)."""
+    """Seconds until ``predicate()`` holds; fails naming ``what`` (and ``detail()``, if given).
+    Between looks it waits ``interval``, or as long as the look itself took if that is longer:
+    a predicate that runs `swarmctl` (a Python process) must not take a core from the lab."""
     start = time.monotonic()
-    while not predicate():
+    while True:
+        began = time.monotonic()
+        if predicate():
+            return time.monotonic() - start
         if time.monotonic() - start > timeout:
             raise AssertionError(f"not within {timeout} s: {what}" + (f"; {detail()}" if detail else ""))
-        time.sleep(interval)
-    return time.monotonic() - start
+        time.sleep(max(interval, time.monotonic() - began))
 
 
 def in_netns(lab, host: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ COUNTRIES = ["DE", "US", "JP", "BR", "IN"]
 # 90 s in `make test` (about 45 probe rounds per member at 5 % loss, 180 probes in all); `make
 # bench`'s gossip part soaks for 5 minutes (SWARMD_BENCH_SOAK_SECONDS), the simulator's
 # swarm-2k-5pct scenario for 10 at 2,000 nodes, and SWARMD_SOAK_SECONDS=600 makes this one 10
-SOAK_SECONDS = float(os.environ.get("SWARMD_SOAK_SECONDS", "90"))
+SOAK_SECONDS = float(os.environ.get("SWARMD_SOAK_SECONDS", "45"))  # make bench soaks 300 s
 
 
 def view(lab, host: str) -> dict[str, dict]:

@@ -204,7 +204,8 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
                  "--log-every", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.strip().split()[-1]
-    until(lambda: "epoch   1" in swarmctl(nl, "h3", "jobs", "logs", job).stdout, 120, "the job training")
+    until(lambda: "epoch   1" in swarmctl(nl, "h3", "jobs", "logs", job).stdout, 120, "the job training",
+          interval=1.0, detail=lambda: job_detail(nl, "h3", job))
     before = call(nl, "h4", "status")["reach"]["reflexive"]
     nl.rebind("h4")  # mid-job, h4's home router forgets every mapping and maps from new ports
     took = until(lambda: ping(nl, "h3", "h4") and ping(nl, "h1", "h4"), 30, "h4 reachable again over the overlay",
@@ -225,6 +226,14 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
     j = call(nl, "h3", "jobs.show", id=job)
     assert j["state"] == "succeeded", (j["state"], j.get("reason"), swarmctl(nl, "h3", "jobs", "logs", job).stdout[-3000:])
     print(f"the job succeeded in {len(j['attempts'])} attempt(s)")
+
+
+def job_detail(lab, host: str, job: str) -> dict:
+    """What a failed wait on a job prints: its state, phase, hosts' states, and its log's tail."""
+    j = call(lab, host, "jobs.show", id=job)
+    return {"state": j["state"], "phase": j["phase"], "reason": j["reason"], "node_state": j["node_state"],
+            "attempts": j["attempts"], "log": swarmctl(lab, host, "jobs", "logs", job).stdout[-1500:],
+            "paths": as_expected(lab)[1]}
 
 
 def intruder(lab, attack: str, *extra: str, target: str = "h1", inside: str = "h2") -> str:
