@@ -225,7 +225,7 @@ def test_a_previous_lifes_shared_memory_goes_and_a_lookalike_stays(shm):
     os.chown(lookalike, ATTACKER, ATTACKER)
     other = shm / "swarmd-t1111.abc12345"  # another daemon's on this machine
     other.mkdir()
-    boxmod._remove_left_shm(name)
+    boxmod.remove_left_shm(name)
     assert not left.exists() and lookalike.exists() and other.exists()
     made = boxmod._shm_parent(name)
     assert made is not None and made.parent == shm and made.name.startswith(f"{name}.")

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import IPv4Network
 from pathlib import Path
 
+from swarmd.compute.host.sandbox import box
 from swarmd.gossip import swarmstate
 from swarmd.gossip.cert import DEFAULT_CERT_TTL
 from swarmd.p2p.signed import peer_bytes
@@ -514,6 +515,9 @@ def down(name: str) -> bool:
             pass
     for pid in daemons:
         _reap(pid)
+    for host in state.hosts if state else []:  # a daemon that had to be killed left its jobs' trees
+        if host.peer_id:
+            box.remove_left_shm(box.name_for(host.peer_id))
     for ns in _netns_of(name):
         found = True
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

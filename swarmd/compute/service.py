@@ -15,7 +15,7 @@ from ..p2p.transport import Transport
 from .coordinator.coordinator import Jobs
 from .coordinator.placement import Rtt
 from .coordinator.store import JobStore
-from .host.sandbox.box import Settings
+from .host.sandbox.box import Settings, name_for
 from .host.service import JOB_PROTOCOL, JobHandler
 from .host.worker import JobNodes, Worker
 from .ledger import Ledger
@@ -58,7 +58,7 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
-                       name=f"swarmd-{gossip.me[-8:]}", mesh_ifname=config.mesh_interface if mesh else None)
+                       name=name_for(gossip.me), mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
                 transport=transport)

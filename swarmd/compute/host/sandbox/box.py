@@ -195,7 +195,7 @@ class Sandbox:
                 parts["cgroup"] = found.describe()
             except cgroups.CgroupError as exc:
                 parts["cgroup"] = f"off: {exc}"
-        await trio.to_thread.run_sync(_remove_left_shm, settings.name)
+        await trio.to_thread.run_sync(remove_left_shm, settings.name)
         bwrap = None
         if pool is None:
             parts["namespaces"] = "off: needs the per-job uid"
@@ -348,11 +348,16 @@ async def _step(job: str, what: str, run: Callable[..., Awaitable[object]], *arg
                     error=f"{type(exc).__name__}: {exc}")
 
 
+def name_for(peer: str) -> str:
+    """The sandbox's name on the host of daemon ``peer``: its cgroups' and /dev/shm directories'."""
+    return f"swarmd-{peer[-8:]}"
+
+
 def _shm_parent(name: str) -> Path | None:
     """This daemon life's directory in the host's /dev/shm (None without one): a fresh name
     from mkdtemp (O_EXCL, random: no local user can take it first or guess it), root's,
     0711 (a job's uid passes through to its own directory only), named `NAME.XXXXXXXX`
-    so that the next start finds it (`_remove_left_shm`)."""
+    so that the next start finds it (`remove_left_shm`)."""
     if not SHM.is_dir():
         return None
     path = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=SHM))
@@ -360,8 +365,9 @@ def _shm_parent(name: str) -> Path | None:
     return path
 
 
-def _remove_left_shm(name: str) -> None:
-    """What a killed life of this daemon left in /dev/shm: its `_shm_parent` directories
+def remove_left_shm(name: str) -> None:
+    """What a killed life of this daemon left in /dev/shm (at its next start, or a lab's
+    `down` once its daemons are gone): its `_shm_parent` directories
     (only root's: a local user's lookalike is neither used nor removed), and the jobs'
     directories of the layout before (/dev/shm/swarmd/NAME-*, where that parent is root's)."""
     for entry in _entries(SHM):
