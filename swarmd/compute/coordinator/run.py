@@ -86,6 +86,16 @@ class Attempt:
         d["nodes"] = list(self.nodes)
         return d
 
+    @classmethod
+    def from_dict(cls, d: Any) -> Attempt:
+        """`to_dict`'s inverse for a record a replica passed on: each field checked (ValueError)."""
+        if not isinstance(d, dict) or set(d) != _ATTEMPT_FIELDS:
+            raise ValueError(f"an attempt must be a map of {sorted(_ATTEMPT_FIELDS)}")
+        times = {k: _time(f"attempt.{k}", d[k]) for k in _ATTEMPT_TIMES}
+        return cls(n=_count("attempt.n", d["n"], 1, MAX_RESTARTS + 1), nodes=_peers("attempt.nodes", d["nodes"]),
+                   why=_text("attempt.why", d["why"]), resumed_from=_text("attempt.resumed_from", d["resumed_from"]),
+                   **times)
+
 
 @dataclass(slots=True)
 class Run:
@@ -109,6 +119,65 @@ class Run:
     lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
     kept: tuple[str, ...] = ()  # the ended attempt's surviving hosts, which the next one keeps
     lost_workers: list[str] = field(default_factory=list)  # a driven job's worker hosts lost, and why
+
+    def to_wire(self) -> dict[str, Any]:
+        """The coordinator's state of the job, as its replicas keep it (succession.py): a
+        successor goes on from `from_wire` of it exactly where this one was. The attempts
+        kept are the last MAX_ATTEMPTS_KEPT (the front end's store has them all)."""
+        return {"job": self.job, "procs_per_node": self.procs_per_node, "min_nodes": self.min_nodes,
+                "max_restarts": self.max_restarts, "driver": self.driver, "state": self.state, "phase": self.phase,
+                "restart_count": self.restart_count, "nodes": list(self.nodes),
+                "attempts": [a.to_dict() for a in self.attempts[-MAX_ATTEMPTS_KEPT:]],
+                "node_state": dict(self.node_state), "exit_codes": sorted([r, c] for r, c in self.exit_codes.items()),
+                "failure": list(self.failure) if self.failure is not None else None, "reason": self.reason,
+                "cancelled": self.cancelled, "stopping": self.stopping, "verdict": self.verdict,
+                "lost": sorted(self.lost), "kept": list(self.kept), "lost_workers": list(self.lost_workers)}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> Run:
+        """`to_wire`'s inverse. The record comes from a replica (a member): every field is
+        checked for its type, range and the states it may hold, ValueError naming the first
+        that is not."""
+        if not isinstance(d, dict) or set(d) != _RUN_FIELDS:
+            raise ValueError(f"a job's record must be a map of {sorted(_RUN_FIELDS)}")
+        state, phase, verdict = d["state"], d["phase"], d["verdict"]
+        if state not in STATES:
+            raise ValueError(f"record.state {str(state)[:40]!r} is not a job state")
+        if phase is not None and (phase not in PHASES or state != "restarting"):
+            raise ValueError("record.phase must be a restart's phase, only while restarting")
+        if verdict not in (None, "restart", "fail"):
+            raise ValueError("record.verdict must be restart, fail or none")
+        nodes = _peers("record.nodes", d["nodes"])
+        node_state = d["node_state"]
+        if not isinstance(node_state, dict) or set(node_state) != set(nodes) or \
+                not all(v in _NODE_STATES for v in node_state.values()):
+            raise ValueError(f"record.node_state must map each node to one of {', '.join(_NODE_STATES)}")
+        codes = d["exit_codes"]
+        if not isinstance(codes, list) or len(codes) > MAX_RANKS or not all(
+                isinstance(p, list) and len(p) == 2 for p in codes):
+            raise ValueError("record.exit_codes must be [rank, code] pairs")
+        exit_codes = {_count("record.exit_codes rank", r, 0, MAX_RANKS): _code(c) for r, c in codes}
+        failure = d["failure"]
+        if failure is not None:
+            if not isinstance(failure, list) or len(failure) != 2:
+                raise ValueError("record.failure must be [rank, code] or none")
+            failure = (_count("record.failure rank", failure[0], 0, MAX_RANKS), _code(failure[1]))
+        attempts = d["attempts"]
+        if not isinstance(attempts, list) or len(attempts) > MAX_ATTEMPTS_KEPT:
+            raise ValueError(f"record.attempts must be a list of at most {MAX_ATTEMPTS_KEPT}")
+        max_restarts = _count("record.max_restarts", d["max_restarts"], 0, MAX_RESTARTS)
+        lost_workers = d["lost_workers"]
+        if not isinstance(lost_workers, list) or len(lost_workers) > MAX_NODES:
+            raise ValueError("record.lost_workers must be a list")
+        return cls(job=_text("record.job", d["job"]) or "", procs_per_node=_count("record.procs_per_node",
+                   d["procs_per_node"], 1, MAX_RANKS), min_nodes=_count("record.min_nodes", d["min_nodes"], 1, MAX_NODES),
+                   max_restarts=max_restarts, driver=_flag("record.driver", d["driver"]), state=state, phase=phase,
+                   restart_count=_count("record.restart_count", d["restart_count"], 0, max_restarts), nodes=nodes,
+                   attempts=[Attempt.from_dict(a) for a in attempts], node_state=dict(node_state),
+                   exit_codes=exit_codes, failure=failure, reason=_text("record.reason", d["reason"]),
+                   cancelled=_flag("record.cancelled", d["cancelled"]), stopping=_flag("record.stopping", d["stopping"]),
+                   verdict=verdict, lost=set(_peers("record.lost", d["lost"])), kept=_peers("record.kept", d["kept"]),
+                   lost_workers=[_text("record.lost_workers", w) or "" for w in lost_workers])
 
     def to(self, state: str) -> None:
         if state not in STATES and state not in PHASES:
@@ -256,7 +325,10 @@ class Run:
 
     def _attempt_over(self, why: str, now: float | None) -> None:
         """The current attempt failed (`why`): its other nodes are stopped; the job restarts if
-        restarts are left and it was not cancelled, else it fails."""
+        restarts are left and it was not cancelled, else it fails. A finished job absorbs it
+        (a host lost after the end does not rewrite how its last attempt ended)."""
+        if self.over:
+            return
         self.stopping = True
         attempt = self.attempts[-1]
         attempt.why, attempt.detected = why, now
@@ -287,6 +359,59 @@ class Run:
             self.reason = None  # an earlier attempt's end is in its own record, not the job's outcome
             self.to("succeeded")
         # "restart": the coordinator places the next attempt (begin_attempt)
+
+
+MAX_ATTEMPTS_KEPT = 32  # in a replicated record (succession.MAX_RECORD bounds it all)
+MAX_NODES = 1024  # spec.MAX_NODES
+MAX_RESTARTS = 1000  # spec.MAX_RESTARTS
+MAX_RANKS = 1 << 20
+MAX_REASON = 4096  # characters of a reason or a checkpoint's name in a record
+MAX_PEER = 64  # characters of a peer id (an Ed25519 one is 52)
+_NODE_STATES = ("starting", "running", "exited", "lost")
+_ATTEMPT_TIMES = ("started", "ended", "placed", "detected", "reserved", "checkpoints_ready")
+_ATTEMPT_FIELDS = {"n", "nodes", "why", "resumed_from", *_ATTEMPT_TIMES}
+_RUN_FIELDS = {"job", "procs_per_node", "min_nodes", "max_restarts", "driver", "state", "phase", "restart_count",
+               "nodes", "attempts", "node_state", "exit_codes", "failure", "reason", "cancelled", "stopping",
+               "verdict", "lost", "kept", "lost_workers"}
+
+
+def _count(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}")
+    return value
+
+
+def _code(value: Any) -> int:
+    return _count("an exit code", value, -2**31, 2**31)  # what events.py lets a host report
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false")
+    return value
+
+
+def _time(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
+        raise ValueError(f"{name} must be a Unix time or none")
+    return float(value)
+
+
+def _text(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_REASON:
+        raise ValueError(f"{name} must be a string of at most {MAX_REASON} characters")
+    return value
+
+
+def _peers(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_NODES or not all(
+            isinstance(p, str) and 0 < len(p) <= MAX_PEER and p.isalnum() and p.isascii() for p in value):
+        raise ValueError(f"{name} must be a list of at most {MAX_NODES} peer ids")
+    return tuple(value)
 
 
 def size(n: int) -> str:
