@@ -899,20 +899,41 @@ async def test_a_relay_that_has_not_heard_our_wireguard_yet_is_introduced_and_as
         s.use(B, R)
         await at(t0, 1.5)
         assert s.row(B)["state"] == "requesting" and s.refused() == frozenset() and s.endpoints() == {}
-        assert [t for t, address in script.echoes if address == OVERLAY[R]] == [t0, t0 + 1]  # an echo to the relay
+        assert [t for t, address in script.echoes if address == OVERLAY[R]] == [t0]  # one echo to the relay
         await at(t0, 2.5)
         assert s.row(B)["state"] == "active" and s.endpoints() != {} and s.unproven == 2
         nursery.cancel_scope.cancel()
 
 
-async def test_a_relay_that_never_hears_our_wireguard_is_given_up_like_a_pending_one(script, autojump_clock):
+async def test_a_relay_that_never_hears_our_wireguard_is_given_up_after_a_few_seconds(script, autojump_clock):
     script.answer = lambda relay, op, n: {"error": "no WireGuard packets lately", "reason": "unproven"}
     async with trio.open_nursery() as nursery:
         s, routing = await start_sessions(nursery)
         t0 = trio.current_time()
         s.use(B, R)
-        await at(t0, 16.5)
+        await at(t0, 3.5)
+        assert s.row(B)["state"] == "requesting"
+        await at(t0, 4.5)  # introduced once at t0, still unheard at t0 + 4 (INTRODUCE_FOR)
         assert s.row(B)["state"] == "refused" and s.refused() == {(B, R)} and s.endpoints() == {}
+        assert [t for t, address in script.echoes if address == OVERLAY[R]] == [t0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_we_reach_through_another_relay_is_not_introduced(script, autojump_clock):
+    # our path to R goes via R2: an echo to R would arrive from R2, never proving our endpoint at R
+    def answer(relay, op, n):
+        if relay == R:
+            return {"error": "no WireGuard packets lately", "reason": "unproven"}
+        return {"port": 51821, "active": True, "expires_in": 60.0}
+    script.answer = answer
+    async with trio.open_nursery() as nursery:
+        s, routing = await start_sessions(nursery)
+        t0 = trio.current_time()
+        s.use(R, R2)
+        s.use(B, R)
+        await at(t0, 0.5)
+        assert s.row(B)["state"] == "refused" and s.row(R)["state"] == "active"
+        assert [t for t, address in script.echoes if address == OVERLAY[R]] == []
         nursery.cancel_scope.cancel()
 
 

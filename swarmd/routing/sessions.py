@@ -59,6 +59,7 @@ ASK_INTERVAL = 1.0  # while the relay has not activated the pair
 RENEW = 20.0  # seconds between renewals of an active lease (the relay's lease is 60 s)
 REQUEST_TIMEOUT = 5.0
 PENDING_LIMIT = 15.0  # seconds a relay may wait for the pair's other end before we give up on it
+INTRODUCE_FOR = 4.0  # seconds a relay may take to hear our WireGuard after an echo (a handshake: one RTT)
 GRACE = 3.0  # seconds after activation before overlay echoes count (the other end switches too)
 BROKEN_AFTER = 3  # overlay echoes unanswered in a row: the relayed path does not carry our packets
 ECHO_TIMEOUT = 1.0
@@ -85,6 +86,7 @@ class Session:
     forgiven: int = 0  # pings or echoes lost while the peer's packets kept arriving through the relay
     pinged_at: float | None = None  # when the relay last answered a ping
     echoed_at: float | None = None  # when the peer last answered an echo through the relay
+    introduced_at: float | None = None  # when the relay first said it had not heard our WireGuard
 
     @property
     def endpoint(self) -> str | None:
@@ -217,14 +219,18 @@ class Sessions:
         port, active = reply.get("port"), reply.get("active")
         if reply.get("reason") == "pending_limit" and s.state == "requesting":
             return None  # our other pairs there are still pending: ask again (PENDING_LIMIT bounds it)
-        if reply.get("reason") == "unproven" and s.state == "requesting":
+        if reply.get("reason") == "unproven" and s.state == "requesting" and s.relay not in self.by_peer and (
+                s.introduced_at is None or trio.current_time() - s.introduced_at < INTRODUCE_FOR):
             # our WireGuard has not spoken to the relay lately (a young mesh: handshakes come with
             # traffic), so it cannot tell where to forward to. One echo over the overlay makes the
-            # handshake; the next ask finds us proven (PENDING_LIMIT bounds the wait)
+            # handshake, and an ask within INTRODUCE_FOR finds us proven. Not when we reach the
+            # relay itself through another relay: our packets never arrive from our endpoint there
             s.error = str(reply.get("error"))[:200]
             self.unproven += 1
-            if self.nursery is not None:
-                self.nursery.start_soon(self._introduce, s.relay)
+            if s.introduced_at is None:
+                s.introduced_at = trio.current_time()
+                if self.nursery is not None:
+                    self.nursery.start_soon(self._introduce, s.relay)
             return None
         bad = self._bad_answer(s, reply, port)
         if bad is not None:
