@@ -84,10 +84,21 @@ def job(j: Mapping[str, Any]) -> None:
         ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
         ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
                          for c in j.get("checkpoints") or []]),
+        ("coordinator", _peer(j["coordinator"]) if j.get("coordinator") else None),
+        ("record", _replicas_line(j.get("replicas"))),
         ("ranks", ranks), ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
         ("Ray nodes", [_ray_line(p, h["ray"], p == (j["nodes"] or [None])[0])
                        for p, h in (j.get("hosts") or {}).items() if h.get("ray")]),
     ])
+
+
+def _replicas_line(r: Mapping[str, Any] | None) -> str | None:
+    """Where the job's record is kept: on how many of its replicas, at which epoch and write."""
+    if not r:
+        return None
+    missing = "; ".join(f"{_peer(p)}: {why}" for p, why in (r.get("missing") or {}).items())
+    return (f"on {len(r.get('holding') or [])} of {len(r.get('replicas') or [])} replicas "
+            f"(epoch {r.get('epoch')}, write {r.get('seq')})" + (f"; not on {missing}" if missing else ""))
 
 
 def _ray_line(peer: str, node: Mapping[str, Any], head: bool) -> str:

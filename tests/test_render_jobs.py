@@ -33,3 +33,15 @@ def test_ls_and_show_print_a_hosts_words_as_they_are(capsys, monkeypatch):
     assert "#1 on peer1: ran +1.0 s to +2.5 s; ended: [/]" in out
     assert "#2 on peer2: ran +10.0 s to -; resumed from epoch-0004.pt" in out
     assert "epoch-0004.pt (78.8 KiB) on peerA, peerB" in out
+
+
+def test_show_says_who_coordinates_and_where_the_record_is_kept(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    replicas = {"epoch": 0, "seq": 7, "replicas": ["12D3KooWorigin01", "12D3KooWhost0002", "12D3KooWhost0003"],
+                "holding": ["12D3KooWorigin01", "12D3KooWhost0002"], "missing": {"12D3KooWhost0003": "[red]timeout"}}
+    render_jobs.job(job(coordinator="12D3KooWorigin01", replicas=replicas))
+    out = capsys.readouterr().out
+    assert "coordinator  origin01" in out
+    assert "on 2 of 3 replicas (epoch 0, write 7); not on host0003: [red]timeout" in out
+    render_jobs.job(job())  # a job whose record is not replicated (an older daemon): no such lines
+    assert "replicas" not in capsys.readouterr().out

@@ -13,6 +13,7 @@ from ..gossip.capacity import Resources
 from ..gossip.membership import View
 from ..gossip.swarmstate import SwarmMembership
 from ..gossip.wire import Record
+from ..p2p.signed import Signer
 
 
 class Swarm(Protocol):
@@ -23,6 +24,9 @@ class Swarm(Protocol):
 
     @property
     def own_record(self) -> Record | None: ...
+
+    @property
+    def sign(self) -> Signer: ...  # this node's identity key (a job's charter and records)
 
     @property
     def resources(self) -> Resources: ...

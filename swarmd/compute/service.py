@@ -14,6 +14,9 @@ from ..p2p import multiaddrs
 from ..p2p.transport import Transport
 from .coordinator.coordinator import Jobs
 from .coordinator.placement import Rtt
+from .coordinator.replication import PROTOCOL as REPLICA_PROTOCOL
+from .coordinator.replication import Handler as ReplicaHandler
+from .coordinator.replication import Store, Writer
 from .coordinator.store import JobStore
 from .host.sandbox.box import Settings, name_for
 from .host.service import JOB_PROTOCOL, JobHandler
@@ -55,13 +58,18 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=reject)
     transport.serve(JOB_PROTOCOL, handler.handle, reject=reject)
+    store = Store(gossip.me, state / "replicas")
+    transport.serve(REPLICA_PROTOCOL, ReplicaHandler(store, check_member=gossip.check_member, reject=reject).handle,
+                    reject=reject)
+    writer = Writer(store, me=gossip.me, sign=gossip.sign, request=transport.request,
+                    cert=lambda: gossip.swarm.cert.blob if gossip.swarm is not None else None)
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
                        name=name_for(gossip.me), mesh_ifname=config.mesh_interface if mesh else None)
     return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
-                transport=transport)
+                transport=transport, replication=writer)
 
 
 def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool,

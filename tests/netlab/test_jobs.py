@@ -100,6 +100,15 @@ def test_cancel_stops_every_rank(jl, tmp_path):
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
     until(lambda: len(rank_lines(swarmctl(jl, "h1", "jobs", "logs", job).stdout)) == 3, 60, "all 3 ranks ready")
+
+    def replicated() -> bool:  # the job's record is on its origin and every host (issue 26)
+        shown = call(jl, "h1", "jobs.show", id=job)
+        rows = shown["replicas"]
+        return rows is not None and rows["replicas"][0] == jl.state.host("h1").peer_id and \
+            set(shown["nodes"]) <= set(rows["replicas"]) and set(rows["holding"]) == set(rows["replicas"])
+
+    until(replicated, 10, "the job's record on its origin and its 3 hosts", interval=0.2,
+          detail=lambda: call(jl, "h1", "jobs.show", id=job)["replicas"])
     assert swarmctl(jl, "h1", "jobs", "cancel", job).returncode == 0
     until(lambda: call(jl, "h1", "jobs.show", id=job)["state"] == "cancelled", 20, "job cancelled")
     gone = subprocess.run(["pgrep", "-f", "job.py"], capture_output=True, text=True)

@@ -42,7 +42,7 @@ import trio
 from ...gossip.membership import View
 from ...gossip.wire import JobSlots, Record
 from ...p2p import multiaddrs
-from ...p2p.signed import short
+from ...p2p.signed import Invalid, short
 from ...p2p.transport import Transport
 from ..events import checked_event
 from ..host.sandbox.box import Sandbox, Settings
@@ -56,8 +56,10 @@ from . import gc
 from .hosts import Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
 from .placement import Candidate, NoFit, Rtt, place
+from .replication import Writer
 from .run import TERMINAL, Run
 from .store import JobRow, JobStore, RankRow
+from .succession import Charter, spec_digest
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -80,6 +82,14 @@ class _Live:
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
     addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
+    # its replicas (succession.py): the charter once the first attempt is placed, the epoch this
+    # node coordinates at, the sequence of its last write, and what each replica said of it
+    charter: Charter | None = None
+    epoch: int = 0
+    seq: int = 0
+    replicated: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    dirty: bool = False  # a transition not yet written to the replicas
+    writing: bool = False
 
     def touch(self) -> None:
         self.changed.set()
@@ -91,7 +101,7 @@ class Jobs:
                  retention: float = 7 * 86400.0, sandbox: Settings | None = None,
                  path_rtt: Callable[[], Rtt] | None = None,
                  reject: Callable[[str, str, str], None] | None = None,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, replication: Writer | None = None) -> None:
         self.store = store
         self.transport = transport  # the job protocol's streams to other hosts (None: a test's own hosts)
         self.worker = worker
@@ -105,6 +115,7 @@ class Jobs:
         # measured by the paths jobs will use and pairs nobody probed by coordinates
         self.path_rtt = path_rtt
         self.reject = reject or gossip.reject  # a member's bad input, counted (node.py: under "jobs")
+        self.replication = replication  # jobs' records to their replicas (replication.py); None: not kept
 
     def job_slots(self) -> JobSlots:
         """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
@@ -120,6 +131,9 @@ class Jobs:
             log.warning("ranks left by the previous run killed", pids=orphans)
         if stale := await trio.to_thread.run_sync(lambda: gc.parts(self.archives)):
             log.info("unfinished uploads of the previous run removed", files=stale)
+        if self.replication is not None:
+            held = await trio.to_thread.run_sync(self.replication.store.load)
+            log.info("jobs' records held as a replica", records=held, removed=self.replication.store.removed)
         try:
             await self._serve(task_status)
         finally:
@@ -268,9 +282,18 @@ class Jobs:
             "ended": row.ended, "exit_code": row.exit_code, "reason": row.reason,
             "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
             "shipped": [live.shipped, live.ship_total] if live else None,
+            "replicas": self._replicas_row(live),
             "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
             "hosts": self.store.hosts(row.id),
         }
+
+    @staticmethod
+    def _replicas_row(live: _Live | None) -> dict[str, Any] | None:
+        if live is None or live.charter is None:
+            return None
+        return {"epoch": live.epoch, "seq": live.seq, "replicas": list(live.charter.replicas),
+                "holding": sorted(p for p, why in live.replicated.items() if why is None),
+                "missing": {p: why for p, why in live.replicated.items() if why is not None}}
 
     # --- the coordinator ----------------------------------------------------------------
 
@@ -313,6 +336,8 @@ class Jobs:
                 return
             peers, gpus, port = chosen
             run.attempts[-1].reserved = time.time()
+            if live.charter is None and self.replication is not None:  # its hosts are known: they carry it
+                live.charter = self._charter(job, live, peers)
             if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
                 return
             run.to("shipping")
@@ -592,7 +617,51 @@ class Jobs:
         self.store.update(job, **fields)
         if run.attempts:
             self.store.set_attempt(job, run.attempts[-1].to_dict())
+        self._replicate(job, live)
         live.touch()
+
+    # --- the job's replicas (succession.py, replication.py) -----------------------------
+
+    def _charter(self, job: str, live: _Live, peers: tuple[str, ...]) -> Charter | None:
+        row = self.store.get(job)
+        try:
+            return Charter.make(origin=self.gossip.me, job=job, owner_uid=row.submitted_by if row else 0,
+                                spec=spec_digest(live.spec.to_wire()), hosts=peers, sign=self.gossip.sign)
+        except Invalid as exc:  # a bug: the charter is built from checked values only
+            log.warning("the job's charter could not be made: it is not replicated", job=job, error=str(exc))
+            return None
+
+    def _replicate(self, job: str, live: _Live) -> None:
+        """The transition just saved goes to the job's replicas (after the ones before it: one
+        write at a time per job, each of the newest state)."""
+        if self.replication is None or live.charter is None or self._nursery is None:
+            return
+        live.seq += 1
+        live.dirty = True
+        if not live.writing:
+            live.writing = True
+            self._nursery.start_soon(self._write_records, job, live)
+
+    async def _write_records(self, job: str, live: _Live) -> None:
+        assert self.replication is not None and live.charter is not None
+        try:
+            while live.dirty:
+                live.dirty = False
+                record = self.replication.record(live.charter, live.epoch, live.seq, self._replica_state(job, live))
+                live.replicated = await self.replication.write(record)
+                live.touch()
+        except Invalid as exc:  # too large a record (a job of hundreds of hosts): not handed over
+            log.warning("the job's record is not replicated", job=job, error=str(exc))
+            live.charter = None
+        finally:
+            live.writing = False
+
+    def _replica_state(self, job: str, live: _Live) -> dict[str, Any]:
+        """What a successor needs to go on: the run, the spec, the workdir, the Ray token."""
+        row = self.store.get(job)
+        return {"run": live.run.to_wire(), "spec": live.spec.to_wire(), "workdir": live.workdir, "ray": live.ray,
+                "name": row.name if row else None, "created": row.created if row else None,
+                "started": row.started if row else None}
 
     # --- the view -----------------------------------------------------------------------
 

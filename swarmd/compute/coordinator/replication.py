@@ -1,0 +1,258 @@
+"""A job's record on its replicas (trio): the coordinator's writes, each replica's store on
+disk, and the protocol between them. The rules are succession.py's; this is their I/O.
+
+`/swarmd/jobrec/1.0.0`: one stream per request, one frame each way, the first at most
+`MAX_FRAME`, the requester's certificate checked against the peer id Noise authenticated
+before anything else (the gossip gate), everything within `TIMEOUT`:
+- ``put {record}`` → ``{}`` | ``{error, reason}``: a record (succession.Record, signed by
+  its epoch's coordinator, so any replica may pass one on) of a job this node is a replica
+  of. It is on disk before the answer. ``stale`` tells a superseded coordinator that a
+  higher epoch is here.
+- ``get {origin, job}`` → ``{record}`` (``None`` when none is held) | ``{error, reason}``:
+  only to a replica of that job (a successor gathering the newest, an origin catching up):
+  a job's spec is its owner's business, not every member's.
+Every refusal is counted by reason (``Handler.refused``) and answered with it.
+
+The store: ``<state>/replicas/<sha256(origin)[:32]>-<job id>.rec``, one file per job, the
+record's signed bytes, written atomically. At start every file goes through `Record.open`
+and the core's checks again: anything else left there (a half-written temporary, a file
+whose name is not its job's, a record that fails, a directory) is removed and counted, and
+a record not rewritten for `RETENTION` is let go, so a start-up survives whatever it finds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import structlog
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from ...atomic import write_atomically
+from ...p2p.signed import Invalid, Signer, peer_bytes
+from ...p2p.streams import PeerError, close_quietly, read_frame, write_frame
+from ...rpc.framing import FrameTooLarge
+from .. import trees
+from ..ids import is_job_id
+from .succession import MAX_RECORD, Charter, Record, Replicas, newest
+
+log = structlog.get_logger("swarmd.jobs")
+
+PROTOCOL = "/swarmd/jobrec/1.0.0"
+MAX_FRAME = MAX_RECORD + 16 * 1024  # a record, its charter, the certificate
+TIMEOUT = 5.0  # seconds for one request, either side
+RETENTION = 7 * 86400.0  # a record not rewritten this long is let go at start (jobs' own retention)
+HASH = 32  # hex digits of sha256(origin) in a record's file name, as ids.host_dir
+
+Request = Callable[[ID, str, Any, int], Awaitable[Any]]  # Transport.request
+
+
+def file_name(key: tuple[str, str]) -> str:
+    origin, job = key
+    return f"{hashlib.sha256(origin.encode()).hexdigest()[:HASH]}-{job}.rec"
+
+
+class Store:
+    """The records this node holds as a replica (succession.Replicas), on disk."""
+
+    def __init__(self, me: str, directory: Path) -> None:
+        self.core = Replicas(me)
+        self.dir = directory
+        self.removed = 0  # files found at start that were not a record to keep
+
+    def load(self, *, now: float | None = None) -> int:
+        """Read what a previous life left; returns the records kept. Blocking: call in a thread."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        now = time.time() if now is None else now
+        with os.scandir(self.dir) as it:
+            entries = list(it)
+        for entry in entries:
+            why = self._load_one(entry, now)
+            if why is not None:
+                log.info("a replica file was removed at start", file=entry.name[:80], why=why)
+                self.removed += 1
+                path = Path(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    trees.remove(path)
+                else:
+                    path.unlink(missing_ok=True)
+        return len(self.core)
+
+    def _load_one(self, entry: os.DirEntry, now: float) -> str | None:
+        if not entry.is_file(follow_symlinks=False):
+            return "not a regular file"
+        stat = entry.stat(follow_symlinks=False)
+        if stat.st_size > MAX_FRAME:
+            return "too large"
+        if now - stat.st_mtime > RETENTION:
+            return "not rewritten within the retention"
+        try:
+            record = Record.open(Path(entry.path).read_bytes())
+        except (Invalid, OSError) as exc:
+            return f"not a record ({exc})"
+        if entry.name != file_name(record.charter.key):
+            return "named for another job"
+        return self.core.offer(record)
+
+    def put(self, record: Record) -> str | None:
+        """Keep ``record`` if the core allows (on disk before this returns); else why not."""
+        why = self.core.check(record)
+        if why is not None:
+            self.core.offer(record)  # counts it
+            return why
+        write_atomically(self.dir / file_name(record.charter.key), record.blob)
+        self.core.offer(record)
+        return None
+
+    def get(self, key: tuple[str, str]) -> Record | None:
+        return self.core.get(key)
+
+
+class Handler:
+    """The replica's side of the protocol."""
+
+    def __init__(self, store: Store, *, check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
+                 reject: Callable[[str, str, str], None]) -> None:
+        self.store = store
+        self.check_member = check_member
+        self.reject = reject
+        self.refused: dict[str, int] = {}
+        self.served = 0
+        self._writing = trio.Lock()  # one put at a time: its check and its file write are one step
+
+    def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        self.reject(reason, peer, detail)
+        return {"error": detail, "reason": reason}
+
+    async def handle(self, stream: INetStream) -> None:
+        peer = str(stream.muxed_conn.peer_id)
+        try:
+            with trio.fail_after(TIMEOUT):
+                req = await read_frame(stream, MAX_FRAME)
+                if not await self.check_member(req, stream.muxed_conn.peer_id, stream):
+                    return
+                await write_frame(stream, await self.answer(req, peer))
+        except FrameTooLarge as exc:
+            self.refuse("too_large", peer, str(exc))
+        except (PeerError, trio.TooSlowError):
+            pass
+        finally:
+            await close_quietly(stream)
+
+    async def answer(self, req: Any, peer: str) -> dict[str, Any]:
+        if not isinstance(req, dict):
+            return self.refuse("malformed", peer, "a request is a map")
+        op = req.get("op")
+        if op == "put":
+            try:
+                record = Record.open(req.get("record"))
+            except Invalid as exc:
+                return self.refuse(exc.reason, peer, f"put: {exc.detail}")
+            async with self._writing:
+                why = await trio.to_thread.run_sync(self.store.put, record)
+            if why is not None:
+                return self.refuse(why, peer, f"put: job {record.charter.job}: {why}")
+            self.served += 1
+            return {}
+        if op == "get":
+            origin, job = req.get("origin"), req.get("job")
+            try:
+                if not isinstance(origin, str):
+                    raise Invalid("malformed", "get: origin must be a peer id")
+                peer_bytes(origin)
+            except Invalid as exc:
+                return self.refuse("malformed", peer, exc.detail)
+            if not is_job_id(job):
+                return self.refuse("malformed", peer, "get: job must be a job id")
+            record = self.store.get((origin, job))
+            if record is None:
+                return {"record": None}
+            if peer not in record.charter.replicas:
+                return self.refuse("not_replica", peer, f"get: {peer[-8:]} is not a replica of job {job}")
+            self.served += 1
+            return {"record": record.blob}
+        return self.refuse("malformed", peer, f"unknown op {str(op)[:40]!r}")
+
+
+class Writer:
+    """The coordinator's side: a record to every replica, a gathering of the newest."""
+
+    def __init__(self, store: Store, *, me: str, sign: Signer, request: Request, cert: Callable[[], bytes | None]
+                 ) -> None:
+        self.store = store
+        self.me = me
+        self.sign = sign
+        self.request = request
+        self.cert = cert  # this node's certificate, once it is in a swarm
+        self.failed: dict[str, int] = {}  # replicas that did not take a write, by reason
+
+    def record(self, charter: Charter, epoch: int, seq: int, state: dict[str, Any]) -> Record:
+        return Record.make(charter, epoch, seq, msgpack.packb(state, use_bin_type=True), self.sign)
+
+    async def write(self, record: Record) -> dict[str, str | None]:
+        """``record`` on every replica, this node first: peer -> None (taken) or why not."""
+        out: dict[str, str | None] = {}
+        out[self.me] = await trio.to_thread.run_sync(self.store.put, record) \
+            if self.me in record.charter.replicas else "not_replica"
+
+        async def one(peer: str) -> None:
+            out[peer] = await self._ask(peer, {"op": "put", "record": record.blob}, lambda reply: reply.get("reason"))
+
+        async with trio.open_nursery() as nursery:
+            for peer in record.charter.replicas:
+                if peer != self.me:
+                    nursery.start_soon(one, peer)
+        for why in out.values():
+            if why is not None:
+                self.failed[why] = self.failed.get(why, 0) + 1
+        return out
+
+    async def gather(self, key: tuple[str, str], replicas: tuple[str, ...]) -> Record | None:
+        """The newest record of the job among ours and those of every replica that answers."""
+        found: list[Record | None] = [self.store.get(key)]
+        charter = found[0].charter if found[0] is not None else None
+
+        def opened(reply: dict[str, Any]) -> Record | None:
+            blob = reply.get("record")
+            if blob is None:
+                return None
+            record = Record.open(blob, charter)
+            if record.charter.key != key:
+                raise Invalid("malformed", "a record of another job")
+            return record
+
+        async def one(peer: str) -> None:
+            got = await self._ask(peer, {"op": "get", "origin": key[0], "job": key[1]}, opened)
+            if isinstance(got, Record):
+                found.append(got)
+
+        async with trio.open_nursery() as nursery:
+            for peer in replicas:
+                if peer != self.me:
+                    nursery.start_soon(one, peer)
+        return newest(found)
+
+    async def _ask(self, peer: str, body: dict[str, Any], read: Callable[[dict[str, Any]], Any]) -> Any:
+        cert = self.cert()
+        if cert is None:
+            return "not_in_a_swarm"
+        try:
+            with trio.fail_after(TIMEOUT):
+                reply = await self.request(ID.from_base58(peer), PROTOCOL, {"cert": cert, **body}, MAX_FRAME)
+            if not isinstance(reply, dict):
+                return "malformed_reply"
+            return read(reply)
+        except trio.TooSlowError:
+            return "timeout"
+        except PeerError:
+            return "unreachable"
+        except Invalid as exc:
+            return f"bad_reply: {exc.reason}"
