@@ -19,7 +19,7 @@ from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
 PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray", "sim",
-         "routing", "reach")
+         "routing", "reach", "handover")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -123,6 +123,10 @@ def main() -> None:
         from . import placement
 
         results |= placement.measure()
+    if "handover" in ONLY:
+        from . import handover
+
+        results |= handover.figures()
     if os.geteuid() == 0:
         from . import gossip, jobs, mesh, netlab
 
