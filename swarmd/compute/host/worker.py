@@ -35,7 +35,8 @@ path as one placed elsewhere. Rules:
   codes may be the stop it caused). Every line goes to the job's log on this host first;
   the stream gets what a bounded queue holds (output.py), so a coordinator that does not
   read costs lines on its stream, never this host's memory. A coordinator that takes no
-  event for `EMIT_TIMEOUT`, or whose stream breaks, is gone: the ranks are stopped.
+  event for `EMIT_TIMEOUT`, or whose stream breaks, is gone: the ranks are stopped (sink.py;
+  a job a successor can take over will wait for it there, once hosts are told of one).
 - A workdir shipped for a hold (`pin`) stays in the cache while the hold lasts, one tree per
   hold, so other uploads cannot evict it between ship and start.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
@@ -77,13 +78,13 @@ from .executor import Executor, RankProc
 from .rayhost import (RAY_STOP_GRACE, TEMP_IN_BOX, NoPorts, PortBlocks, RayNode, describe, install_launcher, make_temp_dir, rank_argv,
                       ray_cpus, ray_env, remove_temp_dirs, write_token)
 from .sandbox.box import Box, Sandbox, SandboxError
+from .sink import EMIT_TIMEOUT, CoordinatorGone, Sink
 
 log = structlog.get_logger("swarmd.jobs")
 
 HEARTBEAT = 0.25  # seconds of silent ranks after which the coordinator is still told the host is there
 OUTPUT_BATCH = 0.05  # seconds output is gathered before it is sent on (and flushed to the log)
 OUTPUT_BATCH_BYTES = 256 * 1024
-EMIT_TIMEOUT = 60.0  # seconds a coordinator may take to accept one event before it counts as gone
 # seconds a committed hold waits for its start: the longest a workdir upload may take
 # (service.WORKDIR_TIMEOUT, 600 s) and a minute to start; a commit never started lapses
 START_WITHIN = 660.0
@@ -113,10 +114,6 @@ class Refused(WorkerError):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.reason)
         self.code = refusal.code or "refused"
-
-
-class CoordinatorGone(Exception):
-    """The coordinator's stream broke or stopped taking events: its ranks were stopped."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -349,14 +346,10 @@ class Worker:
                 out.add(rank, line)
                 wake.set()
 
-            sending = trio.Lock()  # the checkpoint watcher sends too: one frame at a time
-
-            async def send(event: dict[str, Any]) -> None:
-                async with sending:
-                    with trio.move_on_after(EMIT_TIMEOUT) as slow:
-                        await emit(event)
-                if slow.cancelled_caught:
-                    raise CoordinatorGone(f"the coordinator took no event for {EMIT_TIMEOUT:g} s")
+            # the coordinator's stream (one frame at a time: the checkpoint watcher sends too);
+            # a job nobody can take over (no successor: patience None) stops when it is gone
+            sink = Sink(emit, emit_timeout=EMIT_TIMEOUT)
+            send = sink.send
 
             async with self._box(req, top, started.gpus) as box:
                 if box.uid is not None:
@@ -392,7 +385,7 @@ class Worker:
                     nursery.start_soon(_flusher, out)
                     watching, watched = trio.Event(), trio.Event()
                     nursery.start_soon(_watch, watcher, send, watching, watched)
-                    nursery.start_soon(self._watch_coordinator, req.coordinator)
+                    nursery.start_soon(self._watch_coordinator, req.coordinator, sink)
                     await send({"started": [r.rank for r in ranks], "sandbox": box.describe(), **ray})
                     while not codes or out.pending:
                         with trio.move_on_after(HEARTBEAT) as idle:
@@ -563,12 +556,15 @@ class Worker:
             return pwd.getpwnam(self.user).pw_uid
         return None
 
-    async def _watch_coordinator(self, coordinator: str) -> None:
+    async def _watch_coordinator(self, coordinator: str, sink: Sink) -> None:
         """Ranks never run on for a coordinator membership declared dead or gone (a crash, or a
-        partition that cut this host off from it): its job has been placed elsewhere by then."""
+        partition that cut this host off from it): its job has been placed elsewhere by then,
+        unless a successor takes it over (the sink waits for one, sink.py)."""
         while (why := self.coordinator_gone(coordinator)) is None:
             await trio.sleep(COORDINATOR_WATCH)
-        raise CoordinatorGone(f"membership declared the coordinator {why}")
+        if sink.patience is None:
+            raise CoordinatorGone(f"membership declared the coordinator {why}")
+        sink.orphan(f"membership declared the coordinator {why}")
 
     def cancel(self, job: str, coordinator: str) -> bool | Refusal:
         """Stop a running job's ranks; only its own coordinator may."""
