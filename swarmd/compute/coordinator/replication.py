@@ -63,7 +63,7 @@ class Store:
     """The records this node holds as a replica (succession.Replicas), on disk."""
 
     def __init__(self, me: str, directory: Path) -> None:
-        self.core = Replicas(me)
+        self.held = Replicas(me)  # the rules (succession.py); this class adds the files
         self.dir = directory
         self.removed = 0  # files found at start that were not a record to keep
 
@@ -83,7 +83,7 @@ class Store:
                     trees.remove(path)
                 else:
                     path.unlink(missing_ok=True)
-        return len(self.core)
+        return len(self.held)
 
     def _load_one(self, entry: os.DirEntry, now: float) -> str | None:
         if not entry.is_file(follow_symlinks=False):
@@ -99,20 +99,20 @@ class Store:
             return f"not a record ({exc})"
         if entry.name != file_name(record.charter.key):
             return "named for another job"
-        return self.core.offer(record)
+        return self.held.offer(record)
 
     def put(self, record: Record) -> str | None:
         """Keep ``record`` if the core allows (on disk before this returns); else why not."""
-        why = self.core.check(record)
+        why = self.held.check(record)
         if why is not None:
-            self.core.offer(record)  # counts it
+            self.held.offer(record)  # counts it
             return why
         write_atomically(self.dir / file_name(record.charter.key), record.blob)
-        self.core.offer(record)
+        self.held.offer(record)
         return None
 
     def get(self, key: tuple[str, str]) -> Record | None:
-        return self.core.get(key)
+        return self.held.get(key)
 
 
 class Handler:
