@@ -243,3 +243,25 @@ async def test_an_oversize_frame_or_a_silent_peer_costs_a_count_and_nothing_else
     with trio.move_on_after(rp.TIMEOUT + 1) as waited:
         await h.handle(silent)
     assert not waited.cancelled_caught and silent.replies() == []
+
+
+def test_a_full_store_makes_room_with_the_oldest_ended_job_of_that_origin(tmp_path):
+    import msgpack as mp
+    from swarmd.compute.coordinator.succession import Charter
+
+    s = rp.Store(PEER["h2"], tmp_path / "replicas")
+    s.held.max_per_origin = 2
+    s.load()
+
+    def job(j: str, state: str, origin: str = "o") -> Record:
+        c = Charter.make(origin=PEER[origin], job=j, owner_uid=1, spec="ab" * 32, hosts=[PEER["h2"]],
+                         sign=sign(origin))
+        return record(c, 0, 1, body=mp.packb({"run": {"state": state}}))
+
+    running, done = job("0123456789ab", "running"), job("0123456789ac", "succeeded")
+    assert s.put(running) is None and s.put(done) is None
+    later = job("0123456789ad", "running")
+    assert s.put(later) is None  # the ended job went
+    assert s.get(done.charter.key) is None and not (s.dir / rp.file_name(done.charter.key)).exists()
+    assert s.get(running.charter.key) == running and s.get(later.charter.key) == later
+    assert s.put(job("0123456789ae", "running")) == "full"  # only running jobs left: nothing is evicted

@@ -41,6 +41,7 @@ from ...p2p.streams import PeerError, close_quietly, read_frame, write_frame
 from ...rpc.framing import FrameTooLarge
 from .. import trees
 from ..ids import is_job_id
+from .run import TERMINAL
 from .succession import MAX_RECORD, Charter, Record, Replicas, newest
 
 log = structlog.get_logger("swarmd.jobs")
@@ -102,8 +103,12 @@ class Store:
         return self.held.offer(record)
 
     def put(self, record: Record) -> str | None:
-        """Keep ``record`` if the core allows (on disk before this returns); else why not."""
+        """Keep ``record`` if the core allows (on disk before this returns); else why not. When
+        the store is full, the record of a job that ended, written longest ago, makes room
+        (this origin's first, when it is its share that is full)."""
         why = self.held.check(record)
+        if why == "full" and self._evict_ended(record.charter.origin):
+            why = self.held.check(record)
         if why is not None:
             self.held.offer(record)  # counts it
             return why
@@ -113,6 +118,33 @@ class Store:
 
     def get(self, key: tuple[str, str]) -> Record | None:
         return self.held.get(key)
+
+    def _evict_ended(self, origin: str) -> bool:
+        ended = []
+        for key in self.held.keys():
+            record = self.held.get(key)
+            if record is None or not _ended(record):
+                continue
+            try:
+                written = (self.dir / file_name(key)).stat().st_mtime
+            except OSError:
+                written = 0.0
+            ended.append((key[0] != origin, written, key))
+        if not ended:
+            return False
+        _, _, key = min(ended)
+        (self.dir / file_name(key)).unlink(missing_ok=True)
+        self.held.drop(key)
+        return True
+
+
+def _ended(record: Record) -> bool:
+    """Whether the job of ``record`` is over (its run's state), as its coordinator wrote it."""
+    try:
+        state = msgpack.unpackb(record.body, raw=False)["run"]["state"]
+    except Exception:  # a body this daemon cannot read: kept (its writer's business)
+        return False
+    return state in TERMINAL
 
 
 class Handler:

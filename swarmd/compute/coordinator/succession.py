@@ -303,6 +303,9 @@ class Replicas:
     def get(self, key: tuple[str, str]) -> Record | None:
         return self._records.get(key)
 
+    def keys(self) -> list[tuple[str, str]]:
+        return list(self._records)
+
     def drop(self, key: tuple[str, str]) -> None:
         """The job ended and its record is kept by its front end: no longer replicated here."""
         self._records.pop(key, None)
