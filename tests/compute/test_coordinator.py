@@ -161,3 +161,68 @@ async def test_hosts_refusing_every_setup_fail_the_job_after_max_attempts_saying
     run = await finished(jobs, JobSpec(cmd=("train",), nodes=1), digest)
     assert run.state == "failed" and world.starts == []
     assert run.reason == "shipping the workdir failed: CCCCcccc: no room for the workdir, 3 times with other hosts"
+
+
+# --- the job's record on its replicas (issue 26) -------------------------------------------
+
+def replicated_jobs(tmp_path: Path, world: World):
+    """Jobs whose coordinator and hosts have real peer ids, each host a replica store on an
+    in-memory network (test_replication's)."""
+    from swarmd.compute.coordinator import replication as rp
+
+    from .test_replication import CERT, Net, handler
+    from .test_succession import PEER, sign
+
+    me, peers = PEER["o"], (PEER["h2"], PEER["h3"], PEER["h4"])
+    jobs = jobs_over(tmp_path, world, peers)
+    jobs.gossip.me, jobs.gossip.sign = me, sign("o")
+    jobs.gossip.view().me = me
+    stores = {p: rp.Store(p, tmp_path / p[-6:] / "replicas") for p in (me, *peers)}
+    for s in stores.values():
+        s.load()
+    net = Net({n: handler(stores[PEER[n]]) for n in ("o", "h2", "h3", "h4")})
+    jobs.replication = rp.Writer(stores[me], me=me, sign=sign("o"), request=net.request_from("o"), cert=lambda: CERT)
+    return jobs, stores
+
+
+async def test_every_transition_reaches_the_jobs_replicas_and_the_last_says_how_it_ended(tmp_path):
+    import msgpack
+
+    jobs, stores = replicated_jobs(tmp_path, World(set()))
+
+    def ended(peer: str) -> bool:
+        got = stores[peer].get((jobs.gossip.me, job))
+        return got is not None and msgpack.unpackb(got.body)["run"]["state"] == "succeeded"
+
+    # the first attempt's two hosts are the replicas; one is lost, the job restarts on the third
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        job = jobs.submit(JobSpec(cmd=("python", "x.py"), nodes=2, max_restarts=1), None, 0)
+        run = jobs.live[job].run
+        with trio.fail_after(20):  # the job, then its last write (after the coordinator let go of it)
+            while not ended(jobs.gossip.me) or not all(ended(p) for p, s in stores.items()
+                                                       if s.get((jobs.gossip.me, job)) is not None):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert run.state == "succeeded" and len(run.attempts) == 2
+    key = (jobs.gossip.me, run.job)
+    record = stores[jobs.gossip.me].get(key)
+    replicas = record.charter.replicas
+    assert replicas[0] == jobs.gossip.me and set(replicas[1:]) == set(run.attempts[0].nodes)
+    for peer in replicas:  # the end reached every replica (the lost host's store still answers here)
+        got = stores[peer].get(key)
+        assert got is not None and msgpack.unpackb(got.body)["run"]["state"] == "succeeded", peer
+        assert got.epoch == 0 and got.seq >= 4 and msgpack.unpackb(got.body)["spec"]["cmd"] == ["python", "x.py"]
+    outside = next(p for p in stores if p not in replicas)
+    assert stores[outside].get(key) is None
+
+
+async def test_a_replica_store_that_cannot_write_does_not_stop_the_job(tmp_path):
+    jobs, stores = replicated_jobs(tmp_path, World(set()))
+
+    def broken(record):
+        raise OSError(28, "No space left on device")
+
+    jobs.replication.store.put = broken
+    run = await finished(jobs, JobSpec(cmd=("python", "x.py"), nodes=2, max_restarts=1))
+    assert run.state == "succeeded"

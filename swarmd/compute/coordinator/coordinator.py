@@ -653,6 +653,9 @@ class Jobs:
         except Invalid as exc:  # too large a record (a job of hundreds of hosts): not handed over
             log.warning("the job's record is not replicated", job=job, error=str(exc))
             live.charter = None
+        except Exception as exc:  # this node's own disk (full, read-only): the job goes on, unreplicated
+            log.warning("the job's record could not be written", job=job, error=f"{type(exc).__name__}: {exc}")
+            live.replicated = {self.gossip.me: f"{type(exc).__name__}: {exc}"[:200]}
         finally:
             live.writing = False
 
