@@ -233,7 +233,20 @@ def job_detail(lab, host: str, job: str) -> dict:
     j = call(lab, host, "jobs.show", id=job)
     return {"state": j["state"], "phase": j["phase"], "reason": j["reason"], "node_state": j["node_state"],
             "attempts": j["attempts"], "log": swarmctl(lab, host, "jobs", "logs", job).stdout[-1500:],
-            "paths": as_expected(lab)[1]}
+            "paths": as_expected(lab)[1], "daemons": daemon_words(lab, job)}
+
+
+def daemon_words(lab, job: str, last: int = 6) -> dict[str, list[str]]:
+    """What each daemon logged of ``job`` and its connections lately (a failed wait's evidence)."""
+    out = {}
+    for h in lab.state.hosts:
+        try:
+            with open(h.log, errors="replace") as f:
+                lines = [line.strip()[:300] for line in f if job in line or '"warning"' in line]
+        except OSError as exc:
+            lines = [str(exc)]
+        out[h.name] = lines[-last:]
+    return out
 
 
 def intruder(lab, attack: str, *extra: str, target: str = "h1", inside: str = "h2") -> str:
