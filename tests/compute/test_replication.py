@@ -265,3 +265,24 @@ def test_a_full_store_makes_room_with_the_oldest_ended_job_of_that_origin(tmp_pa
     assert s.get(done.charter.key) is None and not (s.dir / rp.file_name(done.charter.key)).exists()
     assert s.get(running.charter.key) == running and s.get(later.charter.key) == later
     assert s.put(job("0123456789ae", "running")) == "full"  # only running jobs left: nothing is evicted
+
+
+def test_puts_from_many_threads_at_once_keep_one_consistent_store(tmp_path):
+    # the replica's answers and the coordinator's own writes both put from worker threads
+    import threading
+
+    s = rp.Store(PEER["h2"], tmp_path / "replicas")
+    s.held.max_per_origin = 4
+    s.load()
+    from swarmd.compute.coordinator.succession import Charter
+
+    made = [Charter.make(origin=PEER["o"], job=f"0123456789{a}{b}", owner_uid=1, spec="ab" * 32, hosts=[PEER["h2"]],
+                         sign=sign("o")) for a in "ab" for b in "cdef"]
+    results: list = []
+    threads = [threading.Thread(target=lambda c=c: results.append(s.put(record(c, 0, 1)))) for c in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results, key=str) == [None] * 4 + ["full"] * 4
+    assert len(s.held) == 4 and len(os.listdir(s.dir)) == 4

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -67,6 +68,9 @@ class Store:
         self.held = Replicas(me)  # the rules (succession.py); this class adds the files
         self.dir = directory
         self.removed = 0  # files found at start that were not a record to keep
+        # puts run in worker threads (a replica's answers, the coordinator's own writes): one at a
+        # time, so a check, its file and its eviction are one step
+        self._lock = threading.Lock()
 
     def load(self, *, now: float | None = None) -> int:
         """Read what a previous life left; returns the records kept. Blocking: call in a thread."""
@@ -106,6 +110,10 @@ class Store:
         """Keep ``record`` if the core allows (on disk before this returns); else why not. When
         the store is full, the record of a job that ended, written longest ago, makes room
         (this origin's first, when it is its share that is full)."""
+        with self._lock:
+            return self._put(record)
+
+    def _put(self, record: Record) -> str | None:
         why = self.held.check(record)
         if why == "full" and self._evict_ended(record.charter.origin):
             why = self.held.check(record)
@@ -157,7 +165,6 @@ class Handler:
         self.reject = reject
         self.refused: dict[str, int] = {}
         self.served = 0
-        self._writing = trio.Lock()  # one put at a time: its check and its file write are one step
 
     def refuse(self, reason: str, peer: str, detail: str) -> dict[str, str]:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -188,8 +195,7 @@ class Handler:
                 record = Record.open(req.get("record"))
             except Invalid as exc:
                 return self.refuse(exc.reason, peer, f"put: {exc.detail}")
-            async with self._writing:
-                why = await trio.to_thread.run_sync(self.store.put, record)
+            why = await trio.to_thread.run_sync(self.store.put, record)
             if why is not None:
                 return self.refuse(why, peer, f"put: job {record.charter.job}: {why}")
             self.served += 1
