@@ -16,7 +16,7 @@ from nacl.signing import SigningKey
 
 from swarmd.compute.coordinator.replication import Store
 from swarmd.compute.coordinator.run import Run
-from swarmd.compute.coordinator.succession import Charter, Record, spec_digest
+from swarmd.compute.succession import Charter, Record, spec_digest
 from swarmd.p2p.signed import peer_from_key, peer_str
 
 ROUNDS = 200

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench import handover
-from swarmd.compute.coordinator.succession import MAX_RECORD
+from swarmd.compute.succession import MAX_RECORD
 
 
 def test_the_handover_figures_measure_a_real_record(monkeypatch):

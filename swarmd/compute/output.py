@@ -112,6 +112,20 @@ class RankOutput:
     def pending(self) -> bool:
         return bool(self._queue or self._dropped)
 
+    def replay(self, batch_bytes: int) -> Replay:
+        """A successor attached (sink.py): every line so far goes to it from the log, once, so
+        what the queue holds (and the event a gone coordinator may never have read) is
+        dropped; lines from now on queue as ever."""
+        self.flush()
+        self._queue.clear()
+        self._queued = 0
+        self._dropped.clear()
+        try:
+            end = os.stat(self.log).st_size
+        except OSError:
+            end = 0
+        return Replay(self.log, end, batch_bytes)
+
     def take(self, max_bytes: int) -> tuple[list[list[Any]], list[list[int]]]:
         """Queued lines up to about `max_bytes` and at most `MAX_BATCH_LINES`, and [rank,
         lines dropped] since last asked."""
@@ -125,3 +139,39 @@ class RankOutput:
         dropped = [[r, n] for r, n in sorted(self._dropped.items())]
         self._dropped.clear()
         return batch, dropped
+
+
+class Replay:
+    """A host's log of its ranks' output from its start to byte `end`, as ``out`` events of at
+    most `batch_bytes` and MAX_BATCH_LINES lines each, read a batch at a time."""
+
+    def __init__(self, log: Path, end: int, batch_bytes: int) -> None:
+        self.log, self.end, self.batch_bytes = log, end, batch_bytes
+        self.pos = 0
+
+    def next(self) -> dict[str, Any] | None:
+        """The next batch, or None when the log up to `end` has been told (or is unreadable)."""
+        if self.pos >= self.end:
+            return None
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.pos)
+                data = f.read(min(self.batch_bytes, self.end - self.pos))
+        except OSError:
+            self.pos = self.end
+            return None
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # one record longer than a batch: cannot be (records are at most MAX_RECORD)
+            self.pos = self.end
+            return None
+        lines: list[list[Any]] = []
+        used = 0
+        for record in data[:cut].split(b"\n")[:-1]:
+            if len(lines) >= MAX_BATCH_LINES:
+                break
+            used += len(record) + 1
+            head, tab, text = record.partition(b"\t")
+            if tab and head.isdigit():
+                lines.append([int(head), text.decode("utf-8", "replace")])
+        self.pos += used
+        return {"out": lines} if lines else self.next()

@@ -59,17 +59,19 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
                          rejected=reject)
     transport.serve(JOB_PROTOCOL, handler.handle, reject=reject)
     store = Store(gossip.me, state / "replicas")
-    transport.serve(REPLICA_PROTOCOL, ReplicaHandler(store, check_member=gossip.check_member, reject=reject).handle,
-                    reject=reject)
+    replicas = ReplicaHandler(store, check_member=gossip.check_member, reject=reject)
+    transport.serve(REPLICA_PROTOCOL, replicas.handle, reject=reject)
     writer = Writer(store, me=gossip.me, sign=gossip.sign, request=transport.request,
                     cert=lambda: gossip.swarm.cert.blob if gossip.swarm is not None else None)
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
                        name=name_for(gossip.me), mesh_ifname=config.mesh_interface if mesh else None)
-    return Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
+    jobs = Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
-                transport=transport, replication=writer)
+                transport=transport, replication=writer, handed=JobStore(state / "handed"))
+    replicas.jobs = jobs  # an origin's log and cancel of a job this node took over
+    return jobs
 
 
 def job_nodes(gossip: Swarm, ips: tuple[str, ...], *, mesh_up: bool,

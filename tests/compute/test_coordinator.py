@@ -107,7 +107,7 @@ def jobs_over(tmp_path: Path, world: World, peers: tuple[str, ...]) -> Jobs:
     hosts = {p: FakeHost(p, world) for p in peers}
     jobs._candidates = lambda view: [candidate(p) for p in peers]  # type: ignore[method-assign]
     jobs._rtt = lambda view: (lambda a, b: None)  # type: ignore[method-assign]
-    jobs._host = hosts.__getitem__  # type: ignore[method-assign]
+    jobs._host = lambda peer, auth=None: hosts[peer]  # type: ignore[method-assign]
     jobs._address = lambda peer: "10.211.0." + str(peers.index(peer) + 1)  # type: ignore[method-assign]
     return jobs
 

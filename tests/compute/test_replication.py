@@ -13,7 +13,7 @@ import trio
 from libp2p.peer.id import ID
 
 from swarmd.compute.coordinator import replication as rp
-from swarmd.compute.coordinator.succession import MAX_RECORD, Record
+from swarmd.compute.succession import MAX_RECORD, Record
 from swarmd.p2p.signed import seal
 from swarmd.p2p.streams import PeerError
 
@@ -247,7 +247,7 @@ async def test_an_oversize_frame_or_a_silent_peer_costs_a_count_and_nothing_else
 
 def test_a_full_store_makes_room_with_the_oldest_ended_job_of_that_origin(tmp_path):
     import msgpack as mp
-    from swarmd.compute.coordinator.succession import Charter
+    from swarmd.compute.succession import Charter
 
     s = rp.Store(PEER["h2"], tmp_path / "replicas")
     s.held.max_per_origin = 2
@@ -274,7 +274,7 @@ def test_puts_from_many_threads_at_once_keep_one_consistent_store(tmp_path):
     s = rp.Store(PEER["h2"], tmp_path / "replicas")
     s.held.max_per_origin = 4
     s.load()
-    from swarmd.compute.coordinator.succession import Charter
+    from swarmd.compute.succession import Charter
 
     made = [Charter.make(origin=PEER["o"], job=f"0123456789{a}{b}", owner_uid=1, spec="ab" * 32, hosts=[PEER["h2"]],
                          sign=sign("o")) for a in "ab" for b in "cdef"]

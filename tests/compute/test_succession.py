@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from swarmd.compute.coordinator import succession as sx
-from swarmd.compute.coordinator.succession import Charter, Fence, Record, Replicas, newest, takeover
+from swarmd.compute import succession as sx
+from swarmd.compute.succession import Charter, Fence, Record, Replicas, newest, takeover
 from swarmd.p2p.signed import Invalid, peer_from_key, peer_str, seal, unseal
 
 JOB = "0123456789ab"

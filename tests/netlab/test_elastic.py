@@ -41,6 +41,14 @@ time.sleep(600)
 """
 
 
+STEPS = """
+import os, sys, time
+for i in range(int(sys.argv[1])):
+    print("step", i, "of rank", os.environ["RANK"], "attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+    time.sleep(0.5)
+"""
+
+
 @pytest.fixture(scope="module")
 def el():
     if os.geteuid() != 0:
@@ -198,3 +206,45 @@ def test_cancel_during_a_restart_stops_everything(healthy, tmp_path):
     left = subprocess.run(["pgrep", "-f", "job.py"], capture_output=True, text=True).stdout.strip()
     assert left == "", "no rank of any attempt is left"
     assert len(j["attempts"]) == 1, "nothing was started after the cancel"
+
+
+def coordinator_of(lab, job: str, among: tuple[str, ...]) -> str | None:
+    """The host among `among` whose daemon coordinates `job` now (its status lists it)."""
+    for h in among:
+        try:
+            if job in call(lab, h, "status")["jobs"]["coordinating"]:
+                return h
+        except Exception:  # a crashed or restarting daemon
+            continue
+    return None
+
+
+def test_a_detached_job_outlives_its_submitter_and_its_owner_sees_all_of_it_later(healthy, tmp_path):
+    lab = healthy
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.py").write_text(STEPS)
+    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *hosts, "--workdir", str(work), "--",
+                 "python", "job.py", "60")
+    until(lambda: len(rank_lines(logs(lab, job))) == 3, 60, "every rank's first steps", interval=0.3)
+    first = show(lab, job)
+    assert set(first["replicas"]["replicas"]) == {h.peer_id for h in lab.state.hosts}, first["replicas"]
+    lab.crash("h1")
+    took = until(lambda: coordinator_of(lab, job, ("h2", "h3", "h4")) is not None, 30,
+                 "a replica coordinates the job", interval=0.2)
+    assert took < 15, f"the successor took {took:.1f} s (target 5 s)"
+    successor = coordinator_of(lab, job, ("h2", "h3", "h4"))
+    until(lambda: coordinator_of(lab, job, (successor,)) is None, 90, "the job ends on its successor", interval=0.5)
+    lab.revive("h1")
+    until(lambda: show(lab, job)["state"] in ("succeeded", "failed", "cancelled"), 60, "the owner sees the end",
+          interval=0.5, detail=lambda: show(lab, job))
+    j = show(lab, job)
+    out = logs(lab, job)
+    assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
+    assert len(j["attempts"]) == 1, "the ranks went on: no restart"
+    assert j["handover"]["coordinator"] == lab.state.host(successor).peer_id and j["handover"]["epoch"] >= 1, j
+    by_rank = rank_lines(out)
+    for rank in (0, 1, 2):
+        assert by_rank[rank] == [f"step {i} of rank {rank} attempt 0" for i in range(60)], \
+            f"rank {rank}'s output, every line once and in order: {by_rank.get(rank)}"

@@ -30,15 +30,18 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import structlog
 import trio
 
+from ...atomic import write_atomically
 from ...gossip.membership import View
 from ...gossip.wire import JobSlots, Record
 from ...p2p import multiaddrs
@@ -48,18 +51,21 @@ from ..events import checked_event
 from ..host.sandbox.box import Sandbox, Settings
 from ..host.worker import StartRequest, Worker, stop_orphans
 from ..ids import host_dir
+from ..messages import TOKEN
 from ..ports import Swarm
-from ..spec import JobSpec, describe
+from ..spec import MAX_TEXT, JobSpec, SpecError, describe
+from ..succession import Charter, spec_digest, takeover
+from ..succession import Record as JobRecord
 from ..torchenv import NodeRole
+from ..workdir import WorkdirError, is_digest, pack
 from . import gang as gangmod
 from . import gc
-from .hosts import Host, HostError, LocalHost, RemoteHost
+from .hosts import Authority, Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
 from .placement import Candidate, NoFit, Rtt, place
-from .replication import Writer
+from .replication import Writer, ended
 from .run import TERMINAL, Run
 from .store import JobRow, JobStore, RankRow
-from .succession import Charter, spec_digest
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -67,6 +73,9 @@ KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goe
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
 WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
+SUCCESSION_EVERY = 0.25  # seconds between looks for jobs this node is a replica of whose coordinator is gone
+FOLLOW_EVERY = 1.0  # seconds between an origin's looks at its job that another replica coordinates
+CONFIRM_RETRY = 2.0  # seconds between writes of a record that no majority of its replicas took
 
 
 @dataclasses.dataclass(slots=True)
@@ -74,6 +83,8 @@ class _Live:
     run: Run
     spec: JobSpec
     hub: Hub  # the job's checkpoints
+    store: JobStore  # where its row, ranks and output are kept: this node's own, or its successor's store
+    auth: Authority  # its origin, and the epoch and charter this node commands its hosts by
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
     workdir: str | None = None
     shipped: int = 0
@@ -82,11 +93,10 @@ class _Live:
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
     addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
-    # its replicas (succession.py): the charter once the first attempt is placed, the epoch this
-    # node coordinates at, the sequence of its last write, and what each replica said of it
-    charter: Charter | None = None
-    epoch: int = 0
+    # its replicas (succession.py): the sequence of its last write, what each replica said of
+    # it, and since when this node coordinates the job (its submission, or its takeover)
     seq: int = 0
+    since: float = dataclasses.field(default_factory=time.time)
     replicated: dict[str, str | None] = dataclasses.field(default_factory=dict)
     dirty: bool = False  # a transition not yet written to the replicas
     writing: bool = False
@@ -95,14 +105,30 @@ class _Live:
         self.changed.set()
         self.changed = trio.Event()
 
+    @property
+    def charter(self) -> Charter | None:
+        return self.auth.charter
+
+    @property
+    def epoch(self) -> int:
+        return self.auth.epoch
+
+
+class Superseded(Exception):
+    """A replica holds the job at a higher epoch: another node coordinates it now."""
+
 
 class Jobs:
     def __init__(self, *, store: JobStore, worker: Worker, gossip: Swarm, archives: Path,
                  retention: float = 7 * 86400.0, sandbox: Settings | None = None,
                  path_rtt: Callable[[], Rtt] | None = None,
                  reject: Callable[[str, str, str], None] | None = None,
-                 transport: Transport | None = None, replication: Writer | None = None) -> None:
+                 transport: Transport | None = None, replication: Writer | None = None,
+                 handed: JobStore | None = None) -> None:
         self.store = store
+        # jobs this node took over from another origin: their rows and output, never listed to
+        # this node's users (the owner is a member elsewhere), served to the origin alone
+        self.handed = handed or store
         self.transport = transport  # the job protocol's streams to other hosts (None: a test's own hosts)
         self.worker = worker
         self.sandbox = sandbox  # what the worker's sandbox is set up from, at run
@@ -116,6 +142,7 @@ class Jobs:
         self.path_rtt = path_rtt
         self.reject = reject or gossip.reject  # a member's bad input, counted (node.py: under "jobs")
         self.replication = replication  # jobs' records to their replicas (replication.py); None: not kept
+        self.following: dict[str, dict[str, Any]] = {}  # this node's jobs another replica coordinates
 
     def job_slots(self) -> JobSlots:
         """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
@@ -124,31 +151,41 @@ class Jobs:
                         ranks=self.worker.ranks)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        lost = self.store.recover(LOST_REASON)
+        handed_over: list[str] = []  # this node's jobs its replicas carry on: followed, not failed
+        if self.replication is not None:
+            store = self.replication.store
+            held = await trio.to_thread.run_sync(store.load)
+            log.info("jobs' records held as a replica", records=held, removed=store.removed)
+            handed_over = [job for origin, job in store.held.keys()
+                           if origin == self.gossip.me and (r := store.get((origin, job))) is not None and not ended(r)]
+        lost = self.store.recover(LOST_REASON, keep=handed_over)
         if lost:
             log.warning("jobs lost in a restart marked failed", jobs=lost)
         if orphans := await trio.to_thread.run_sync(stop_orphans, self.worker.jobs_dir):
             log.warning("ranks left by the previous run killed", pids=orphans)
         if stale := await trio.to_thread.run_sync(lambda: gc.parts(self.archives)):
             log.info("unfinished uploads of the previous run removed", files=stale)
-        if self.replication is not None:
-            held = await trio.to_thread.run_sync(self.replication.store.load)
-            log.info("jobs' records held as a replica", records=held, removed=self.replication.store.removed)
         try:
-            await self._serve(task_status)
+            await self._serve(task_status, handed_over)
         finally:
             if self.worker.sandbox is not None:
                 await self.worker.sandbox.close()
 
-    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
+    async def _serve(self, task_status: trio.TaskStatus[None], handed_over: list[str]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.replication is not None:
+                nursery.start_soon(self._succession)
+                for job in handed_over:
+                    log.info("a job of this node's is carried on by its replicas: followed", job=job)
+                    nursery.start_soon(self._follow, job)
             nursery.start_soon(self.worker.sweep)
             nursery.start_soon(functools.partial(
                 gc.collect, jobs_dir=self.worker.jobs_dir, archive_dir=self.archives, retention=self.retention,
-                held=lambda: [*self.worker.busy_dirs(), *(host_dir(j, self.gossip.me) for j in self.live)],
+                held=lambda: [*self.worker.busy_dirs(), *(host_dir(j, v.auth.origin) for j, v in self.live.items())],
                 needed=lambda: [live.workdir for live in self.live.values() if live.workdir],
-                prune=self.store.prune))
+                prune=lambda before: [*self.store.prune(before),
+                                      *(self.handed.prune(before) if self.handed is not self.store else [])]))
             if self.sandbox is not None:  # after the orphans: what they left in cgroups goes too
                 self.worker.sandbox = await Sandbox.start(self.sandbox)
             self.worker.ready.set()  # starts that came in meanwhile waited for it
@@ -182,10 +219,11 @@ class Jobs:
         self.store.add(JobRow(id=job, name=spec.name, spec={**spec.to_wire(), "workdir_digest": workdir},
                               state="placing", coordinator=me, submitted_by=uid, created=time.time(),
                               started=None, ended=None, exit_code=None, reason=None, nodes=[]))
+        auth = Authority(me)
         live = _Live(run=Run(job=job, procs_per_node=spec.procs_per_node, min_nodes=spec.least_nodes,
                              max_restarts=spec.max_restarts, driver=spec.ray), spec=spec, workdir=workdir,
-                     ray=secrets.token_hex(32) if spec.ray else None,
-                     hub=Hub(job, worker=self.worker, me=me, host=self._host))
+                     ray=secrets.token_hex(32) if spec.ray else None, store=self.store, auth=auth,
+                     hub=Hub(job, worker=self.worker, me=me, host=functools.partial(self._host, auth=auth)))
         if workdir is not None:  # archives are evicted least recently used first (gc.py)
             with contextlib.suppress(OSError):
                 os.utime(self.archives / f"{workdir}.tar.gz")
@@ -201,6 +239,10 @@ class Jobs:
             row = self.store.get(job)
             if row is None:
                 raise KeyError(job)
+            if (followed := self.following.get(job)) is not None and row.state not in TERMINAL and \
+                    self._nursery is not None and self.replication is not None:
+                self._nursery.start_soon(self._cancel_remote, job, followed["coordinator"])
+                return "cancelling"
             return row.state
         live.run.cancel()
         if live.setup is not None:
@@ -210,6 +252,13 @@ class Jobs:
             for host in live.hosts.values():
                 self._nursery.start_soon(_quietly, host.cancel, job)
         return live.run.state
+
+    async def _cancel_remote(self, job: str, coordinator: str) -> None:
+        assert self.replication is not None
+        why = await self.replication.cancel(coordinator, (self.gossip.me, job))
+        if why is not None:
+            log.warning("the job's coordinator did not take the cancel", job=job, coordinator=short(coordinator),
+                        why=why)
 
     def head(self, job: str) -> tuple[str, str, Host]:
         """The running job's first host (node rank 0: a Ray job's head), where `jobs forward`
@@ -283,9 +332,17 @@ class Jobs:
             "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
             "shipped": [live.shipped, live.ship_total] if live else None,
             "replicas": self._replicas_row(live),
+            "handover": self._handover_row(row.id, live),
             "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
             "hosts": self.store.hosts(row.id),
         }
+
+    def _handover_row(self, job: str, live: _Live | None) -> dict[str, Any] | None:
+        """Who coordinates the job now, at which epoch, since when: this node, or the replica
+        that took it over (followed)."""
+        if live is not None and live.charter is not None:
+            return {"coordinator": self.gossip.me, "epoch": live.epoch, "since": live.since}
+        return self.following.get(job)
 
     @staticmethod
     def _replicas_row(live: _Live | None) -> dict[str, Any] | None:
@@ -297,14 +354,22 @@ class Jobs:
 
     # --- the coordinator ----------------------------------------------------------------
 
-    async def _coordinate(self, job: str, live: _Live, workdir: str | None) -> None:
+    async def _coordinate(self, job: str, live: _Live, workdir: str | None, *, resume: bool = False) -> None:
+        """The job's coordination on this node until it ends: from its submission, or (`resume`)
+        from the record this node took it over with; until another replica supersedes it."""
         run = live.run
+        superseded: Superseded | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(live.hub.replicator, run, lambda: live.hosts,
                                    lambda: self._rtt(self.gossip.view()))
-                await self._attempts(job, live, workdir)
+                if resume:
+                    await self._resume(job, live)
+                if not run.over:
+                    await self._attempts(job, live, workdir)
                 nursery.cancel_scope.cancel()
+        except Superseded as exc:
+            superseded = exc
         except HostError as exc:
             run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
@@ -312,18 +377,32 @@ class Jobs:
             run.fail(f"coordinator error: {exc.__class__.__name__}: {exc}")
         finally:
             with trio.CancelScope(shield=True):
-                for peer, host in live.hosts.items():
-                    if peer not in run.lost:
-                        await _quietly(host.release, job)
-                if not run.over:
-                    run.fail("the coordinating daemon stopped")
-                self._save(job, live)
-                self.live.pop(job, None)
-                self.worker.hubs.discard((self.gossip.me, job))
-                await trio.to_thread.run_sync(self.worker.drop_checkpoints, job, self.gossip.me)
-                live.touch()
-                log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason,
-                         attempts=len(run.attempts))
+                await self._coordinated(job, live, superseded)
+
+    async def _coordinated(self, job: str, live: _Live, superseded: Superseded | None) -> None:
+        """This node's coordination of the job is over: the job ended (its hosts released, its
+        end written), or a replica at a higher epoch coordinates it now (this node commands
+        nothing more, and the origin follows the successor as the owner's front end)."""
+        run, origin = live.run, live.auth.origin
+        self.live.pop(job, None)
+        self.worker.hubs.discard((origin, job))
+        if superseded is not None:
+            log.warning("a replica took the job over: this node stands down", job=job, epoch=live.epoch,
+                        why=str(superseded))
+            live.touch()
+            if origin == self.gossip.me and self._nursery is not None:
+                self._nursery.start_soon(self._follow, job)
+            return
+        for peer, host in live.hosts.items():
+            if peer not in run.lost:
+                await _quietly(host.release, job)
+        if not run.over:
+            run.fail("the coordinating daemon stopped")
+        self._save(job, live)
+        await trio.to_thread.run_sync(self.worker.drop_checkpoints, job, origin)
+        live.touch()
+        log.info("job ended", job=job, state=run.state, exit_code=run.exit_code, reason=run.reason,
+                 attempts=len(run.attempts))
 
     async def _attempts(self, job: str, live: _Live, workdir: str | None) -> None:
         """Place, hold, ship, put checkpoints and run, once per attempt, until the job is over."""
@@ -337,7 +416,7 @@ class Jobs:
             peers, gpus, port = chosen
             run.attempts[-1].reserved = time.time()
             if live.charter is None and self.replication is not None:  # its hosts are known: they carry it
-                live.charter = self._charter(job, live, peers)
+                live.auth.charter = self._charter(job, live, peers)
             if run.cancelled:  # while the hosts were reserved: they are released below, nothing starts
                 return
             run.to("shipping")
@@ -367,13 +446,14 @@ class Jobs:
                 return
             run.to("starting")
             if run.restart_count == 0:
-                self.store.update(job, started=time.time())
+                live.store.update(job, started=time.time())
             self._save(job, live)
             await self._start_all(job, live, peers, port, workdir, installed)
             if run.state != "restarting":
                 return
             run.begin_attempt()  # every host of the ended attempt reported or was lost
             self._save(job, live)
+            await self._confirm(job, live)  # no other replica took the job over meanwhile
 
     async def _place_and_hold(self, job: str, live: _Live, left_out: dict[str, str]
                               ) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
@@ -405,7 +485,7 @@ class Jobs:
             run.to("reserving")
             run.placed(placement.peers, now=time.time())
             self._save(job, live)
-            hosts = {p: self._host(p) for p in placement.peers}
+            hosts = {p: self._host(p, live.auth) for p in placement.peers}
             live.hosts = hosts
             outcome = await self._reserve(job, spec, hosts)
             if isinstance(outcome, gangmod.Commit):
@@ -456,6 +536,8 @@ class Jobs:
 
     async def _ship(self, job: str, live: _Live, digest: str) -> None:
         archive = self.archives / f"{digest}.tar.gz"
+        if not archive.exists():  # a successor: packed again from its own copy of the tree
+            await trio.to_thread.run_sync(self._repack, digest, archive)
         live.ship_total = archive.stat().st_size * len(live.hosts)
         done: dict[str, int] = {}
 
@@ -481,15 +563,19 @@ class Jobs:
         live.touch()
 
     async def _start_all(self, job: str, live: _Live, peers: tuple[str, ...], port: int, workdir: str | None,
-                         checkpoints: tuple[tuple[str, str, int], ...] = ()) -> None:
-        """Run the attempt on `peers` until every host reported its ranks' exit or was lost."""
+                         checkpoints: tuple[tuple[str, str, int], ...] = (), *, attach: bool = False) -> None:
+        """Run the attempt on `peers` until every host reported its ranks' exit or was lost;
+        `attach`: the attempt runs already (this node took the job over), its hosts' events
+        are taken over where they run and the others are lost."""
         run, spec = live.run, live.spec
-        addrs = [self._address(p) for p in peers]
+        addrs = [self._address(p) if not attach else self._address_or(p) for p in peers]
         live.addresses = dict(zip(peers, addrs))
         for peer in peers:
+            state = run.node_state.get(peer, "starting") if attach else "starting"
             for i in range(spec.procs_per_node):
-                self.store.set_rank(RankRow(job_id=job, rank=peers.index(peer) * spec.procs_per_node + i,
-                                            node=peer, state="starting", exit_code=None))
+                live.store.set_rank(RankRow(job_id=job, rank=peers.index(peer) * spec.procs_per_node + i,
+                                            node=peer, state=state if state != "exited" else "exited",
+                                            exit_code=None))
         scopes: dict[str, trio.CancelScope] = {}
 
         def stop_others(peer: str) -> None:
@@ -502,7 +588,7 @@ class Jobs:
                             master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
                             node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count,
                             max_restarts=run.max_restarts)
-            req = StartRequest(job=job, coordinator=self.gossip.me, role=role, cmd=spec.cmd, env=spec.env,
+            req = StartRequest(job=job, coordinator=live.auth.origin, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
                                checkpoints=checkpoints, ray=live.ray)
 
@@ -518,7 +604,10 @@ class Jobs:
 
             try:
                 with scopes.setdefault(peer, trio.CancelScope()):
-                    await live.hosts[peer].start(req, emit)
+                    if attach:
+                        await live.hosts[peer].attach(job, emit)
+                    else:
+                        await live.hosts[peer].start(req, emit)
                 if run.node_state.get(peer) not in ("exited", "lost"):
                     run.node_lost(peer, "its ranks ended without an exit report", now=time.time())
             except HostError as exc:
@@ -550,27 +639,30 @@ class Jobs:
             outer.start_soon(watch)
             async with trio.open_nursery() as nursery:
                 for i, peer in enumerate(peers):
-                    nursery.start_soon(node, i, peer)
+                    if not attach or run.node_state.get(peer) in ("starting", "running"):
+                        nursery.start_soon(node, i, peer)
+                if attach and run.stop_others:  # the predecessor was stopping them
+                    stop_others("")
             outer.cancel_scope.cancel()
 
     def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
         run = live.run
         if "sandbox" in event:
-            self.store.set_host(job, peer, sandbox=event["sandbox"])
+            live.store.set_host(job, peer, sandbox=event["sandbox"])
         if "usage" in event:
-            self.store.set_host(job, peer, **event["usage"])
+            live.store.set_host(job, peer, **event["usage"])
         if "ray" in event:
-            self.store.set_host(job, peer, ray={"address": live.addresses.get(peer), **event["ray"]})
+            live.store.set_host(job, peer, ray={"address": live.addresses.get(peer), **event["ray"]})
         if "started" in event:
             run.node_started(peer, now=time.time())
             for rank in event["started"]:
-                self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="running", exit_code=None))
+                live.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="running", exit_code=None))
             if run.stop_others and self._nursery is not None:  # the stop crossed the start on the wire
                 self._nursery.start_soon(_quietly, live.hosts[peer].cancel, job)
         if "out" in event:
-            self.store.append_logs(job, [(rank, line.encode("utf-8", "replace")) for rank, line in event["out"]])
+            live.store.append_logs(job, [(rank, line.encode("utf-8", "replace")) for rank, line in event["out"]])
         if "dropped" in event:  # the host kept them in its own log; this one says what is missing
-            self.store.append_logs(job, [(rank, f"[swarmd] {n} line(s) of this rank were not streamed here (this "
+            live.store.append_logs(job, [(rank, f"[swarmd] {n} line(s) of this rank were not streamed here (this "
                                                 f"daemon fell behind); {short(peer)} keeps them in its copy of the "
                                                 "job's log".encode()) for rank, n in event["dropped"]])
         if "ckpt" in event:
@@ -578,7 +670,7 @@ class Jobs:
         if "exit" in event:
             codes = event["exit"]
             for rank, code in codes.items():
-                self.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
+                live.store.set_rank(RankRow(job_id=job, rank=rank, node=peer, state="exited", exit_code=code))
             oom = event.get("oom") or {}
             run.node_exited(peer, codes, first=event["first"], oom=tuple(oom.get("ranks", ())),
                             memory_limit=oom.get("limit"), now=time.time())
@@ -605,7 +697,7 @@ class Jobs:
         line = (f"[swarmd] restart {run.restart_count}/{run.max_restarts} after {run.reason}: attempt "
                 f"{len(run.attempts)} on {len(peers)} host(s) ({', '.join(short(p) for p in peers)}), "
                 + (f"resuming from checkpoint {resumed_from}" if resumed_from else "from the start (no checkpoint)"))
-        self.store.append_logs(job, [(0, line.encode())])
+        live.store.append_logs(job, [(0, line.encode())])
 
     def _save(self, job: str, live: _Live) -> None:
         run = live.run
@@ -614,16 +706,16 @@ class Jobs:
             fields["nodes"] = list(run.nodes)
         if run.over:
             fields |= {"ended": time.time(), "exit_code": run.exit_code}
-        self.store.update(job, **fields)
+        live.store.update(job, **fields)
         if run.attempts:
-            self.store.set_attempt(job, run.attempts[-1].to_dict())
+            live.store.set_attempt(job, run.attempts[-1].to_dict())
         self._replicate(job, live)
         live.touch()
 
     # --- the job's replicas (succession.py, replication.py) -----------------------------
 
     def _charter(self, job: str, live: _Live, peers: tuple[str, ...]) -> Charter | None:
-        row = self.store.get(job)
+        row = live.store.get(job)
         try:
             return Charter.make(origin=self.gossip.me, job=job, owner_uid=row.submitted_by if row else 0,
                                 spec=spec_digest(live.spec.to_wire()), hosts=peers, sign=self.gossip.sign)
@@ -638,7 +730,10 @@ class Jobs:
             return
         live.seq += 1
         live.dirty = True
-        if not live.writing:
+        self._kick(job, live)
+
+    def _kick(self, job: str, live: _Live) -> None:
+        if not live.writing and self._nursery is not None:
             live.writing = True
             self._nursery.start_soon(self._write_records, job, live)
 
@@ -648,11 +743,11 @@ class Jobs:
             while live.dirty:
                 live.dirty = False
                 record = self.replication.record(live.charter, live.epoch, live.seq, self._replica_state(job, live))
-                live.replicated = await self.replication.write(record)
+                live.replicated = await self.replication.write(record, self._gone_of(live.charter))
                 live.touch()
         except Invalid as exc:  # too large a record (a job of hundreds of hosts): not handed over
             log.warning("the job's record is not replicated", job=job, error=str(exc))
-            live.charter = None
+            live.auth.charter = None
         except Exception as exc:  # this node's own disk (full, read-only): the job goes on, unreplicated
             log.warning("the job's record could not be written", job=job, error=f"{type(exc).__name__}: {exc}")
             live.replicated = {self.gossip.me: f"{type(exc).__name__}: {exc}"[:200]}
@@ -661,19 +756,284 @@ class Jobs:
 
     def _replica_state(self, job: str, live: _Live) -> dict[str, Any]:
         """What a successor needs to go on: the run, the spec, the workdir, the Ray token."""
-        row = self.store.get(job)
+        row = live.store.get(job)
         return {"run": live.run.to_wire(), "spec": live.spec.to_wire(), "workdir": live.workdir, "ray": live.ray,
                 "name": row.name if row else None, "created": row.created if row else None,
-                "started": row.started if row else None}
+                "started": row.started if row else None, "checkpoints": live.hub.describe(), "since": live.since}
+
+    # --- hand-over (succession.py): a job taken over, or followed from its origin -------
+
+    def _gone(self, peer: str) -> bool:
+        """Whether membership declares `peer` dead or left (this node never is)."""
+        return peer != self.gossip.me and self.worker.coordinator_gone(peer) is not None
+
+    async def _newest(self, key: tuple[str, str]) -> JobRecord | None:
+        """The newest record of the job among this node's and its live replicas' (kept here
+        too), or None when this node holds none."""
+        assert self.replication is not None
+        writer = self.replication
+        held = writer.store.get(key)
+        if held is None:
+            return None
+        record = await writer.gather(key, held.charter.replicas, self._gone_of(held.charter)) or held
+        if record.version > held.version:
+            await trio.to_thread.run_sync(writer.store.put, record)
+        return record
+
+    def _gone_of(self, charter: Charter) -> set[str]:
+        """The job's replicas membership declares gone: not asked (they would only time out)."""
+        return {p for p in charter.replicas if self._gone(p)}
+
+    async def _succession(self) -> None:
+        """Every SUCCESSION_EVERY: each live job this node is a replica of whose coordinator
+        is gone (or was this node, in a past life) is taken over when this node is next in
+        line (`takeover`); one takeover per job at a time."""
+        assert self.replication is not None and self._nursery is not None
+        store, me = self.replication.store, self.gossip.me
+        taking: set[tuple[str, str]] = set()
+        while True:
+            await trio.sleep(SUCCESSION_EVERY)
+            for key in store.held.keys():
+                record = store.get(key)
+                if record is None or key in taking or key[1] in self.live:
+                    continue
+                if takeover(me, record.charter, record.epoch, self._gone, acting=False) is None or ended(record):
+                    continue
+                taking.add(key)
+                self._nursery.start_soon(self._take_over, key, taking)
+
+    async def _take_over(self, key: tuple[str, str], taking: set[tuple[str, str]]) -> None:
+        try:
+            await self._take_over_now(key)
+        except Exception:  # a bug, or this node's disk: the next look tries again
+            log.exception("taking a job over failed", job=key[1], origin=short(key[0]))
+        finally:
+            taking.discard(key)
+
+    async def _take_over_now(self, key: tuple[str, str]) -> None:
+        """Gather the newest record among the replicas; if this node is still the one to take
+        the job over from it, write its new epoch to a majority of them (write-ahead: a
+        coordinator at an older epoch is refused from then on) and go on with the job."""
+        assert self.replication is not None and self._nursery is not None
+        me, job = self.gossip.me, key[1]
+        record = await self._newest(key)
+        if record is None:
+            return
+        epoch = takeover(me, record.charter, record.epoch, self._gone, acting=job in self.live)
+        if epoch is None or ended(record) or job in self.live:
+            return
+        try:
+            live = self._rebuild(record, epoch)
+        except (ValueError, SpecError, Invalid) as exc:
+            log.warning("a job's record cannot be taken over", job=job, origin=short(key[0]), error=str(exc)[:300])
+            return
+        try:
+            if not await self._confirm(job, live, once=True):
+                log.info("a takeover found no majority of the job's replicas: tried again", job=job, epoch=epoch)
+                return
+        except Superseded:
+            return
+        if job in self.live:  # a submission of that id meanwhile (a member's forged one): not ours to mix
+            return
+        self.live[job] = live
+        self.worker.hubs.add(key)
+        log.warning("took a job over: its coordinator is gone", job=job, origin=short(key[0]), epoch=epoch,
+                    predecessor=short(record.charter.coordinator(record.epoch)), state=live.run.state)
+        self._nursery.start_soon(functools.partial(self._coordinate, job, live, live.workdir, resume=True))
+
+    def _rebuild(self, record: JobRecord, epoch: int) -> _Live:
+        """The job as its newest record has it (a member's bytes: every field checked), for
+        this node to coordinate at `epoch`. ValueError (SpecError, Invalid) naming what is wrong."""
+        charter = record.charter
+        origin, job = charter.key
+        state = msgpack.unpackb(record.body, raw=False)
+        if not isinstance(state, dict):
+            raise ValueError("a job's record must be a map")
+        run = Run.from_wire(state.get("run"))
+        if run.job != job:
+            raise ValueError("record.run is another job's")
+        spec = JobSpec.from_wire(state.get("spec"))
+        if spec_digest(spec.to_wire()) != charter.spec:
+            raise ValueError("record.spec is not the spec its origin signed")
+        workdir, ray, name = state.get("workdir"), state.get("ray"), state.get("name")
+        if workdir is not None and not is_digest(workdir):
+            raise ValueError("record.workdir must be a workdir digest")
+        if ray is not None and not (isinstance(ray, str) and TOKEN.fullmatch(ray)):
+            raise ValueError("record.ray must be a Ray token")
+        if name is not None and not (isinstance(name, str) and len(name) <= MAX_TEXT):
+            raise ValueError("record.name must be a short string")
+        times = {k: state.get(k) for k in ("created", "started", "since")}
+        if not all(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 2**40)
+                   for t in times.values()):
+            raise ValueError("record times must be seconds since the epoch")
+        auth = Authority(origin, epoch, charter)
+        store = self.store if origin == self.gossip.me else self.handed
+        row = store.get(job)
+        if row is None:
+            store.add(JobRow(id=job, name=name, spec={**spec.to_wire(), "workdir_digest": workdir}, state=run.state,
+                             coordinator=origin, submitted_by=charter.owner_uid, created=times["created"] or time.time(),
+                             started=times["started"], ended=None, exit_code=None, reason=run.reason,
+                             nodes=list(run.nodes)))
+        elif row.coordinator != origin or row.state in TERMINAL:
+            raise ValueError(f"job {job} is here already, {'of another origin' if row.coordinator != origin else 'ended'}")
+        for attempt in run.attempts:
+            store.set_attempt(job, attempt.to_dict())
+        hub = Hub(job, worker=self.worker, me=self.gossip.me, host=functools.partial(self._host, auth=auth),
+                  origin=origin)
+        hub.restore(state.get("checkpoints", []), self.worker.checkpoint_max)
+        return _Live(run=run, spec=spec, hub=hub, store=store, auth=auth, workdir=workdir, ray=ray)
+
+    async def _resume(self, job: str, live: _Live) -> None:
+        """Go on where the predecessor was: the running attempt's hosts attached (their ranks
+        are not restarted: each host's events, held for a successor, come here); an attempt
+        being set up is released and set up again; an ended one's restart goes on."""
+        run = live.run
+        if run.state in ("placing", "reserving", "shipping") or \
+                (run.state == "restarting" and run.phase in ("placing", "reserving", "shipping")):
+            for peer in run.nodes:
+                await _quietly(self._host(peer, live.auth).release, job)
+            run.redo_setup()
+            self._save(job, live)
+            return
+        if any(s in ("starting", "running") for s in run.node_state.values()):
+            # this node's copy of the output starts with the attempt taken over: each host replays
+            # its log of it on attach (the origin puts this in place of its own, partial, copy)
+            predecessor = live.charter.coordinator(live.epoch - 1) if live.charter else "?"
+            live.store.append_logs(job, [(0, takeover_marker(self.gossip.me, live.epoch, predecessor,
+                                                             len(run.attempts)).encode())])
+            live.hosts = {p: self._host(p, live.auth) for p in run.nodes}
+            await self._start_all(job, live, run.nodes, 0, live.workdir, attach=True)
+        if run.state == "restarting" and run.verdict == "restart" and run.settled:
+            run.begin_attempt()
+            self._save(job, live)
+
+    async def _confirm(self, job: str, live: _Live, *, once: bool = False) -> bool:
+        """Write-ahead: the job's record at this node's epoch on a majority of its replicas,
+        before this node commands its hosts anew (a takeover, a restart). Superseded when a
+        replica holds a newer epoch; retried every CONFIRM_RETRY while no majority answers
+        (a partition: this side stands still), or False at once with `once`."""
+        if self.replication is None or live.charter is None:
+            return True
+        quorum = len(live.charter.replicas) // 2 + 1
+        while True:
+            while live.writing:  # one write at a time per job: versions reach replicas in order
+                await trio.sleep(0.05)
+            live.writing = True
+            try:
+                live.seq += 1
+                live.dirty = False
+                record = self.replication.record(live.charter, live.epoch, live.seq, self._replica_state(job, live))
+                answers = await self.replication.write(record, self._gone_of(live.charter))
+            except Invalid:  # too large to replicate: it never was (_write_records says so)
+                return True
+            finally:
+                live.writing = False
+            live.replicated = answers
+            live.touch()
+            if live.dirty:
+                self._kick(job, live)
+            if "stale" in answers.values():
+                raise Superseded(f"a replica holds job {job} at a newer epoch than {live.epoch}")
+            if sum(why is None for why in answers.values()) >= quorum:
+                return True
+            if once:
+                return False
+            log.info("no majority of the job's replicas took its record: waiting", job=job, answers=answers)
+            await trio.sleep(CONFIRM_RETRY)
+
+    async def _follow(self, job: str) -> None:
+        """The origin's side of a job another replica coordinates: the owner's row, attempts and
+        output kept up from the newest record and from the coordinator's copy of the output,
+        until the job ends and all of it is here (`jobs show` and `jobs logs -f` read them
+        as ever), or this node coordinates it again."""
+        me = self.gossip.me
+        while job not in self.live:
+            record = await self._newest((me, job))
+            if record is None:
+                return
+            coordinator = record.charter.coordinator(record.epoch)
+            try:
+                state = msgpack.unpackb(record.body, raw=False)
+                run = Run.from_wire(state["run"])
+            except Exception as exc:  # signed by a replica of the job, yet not a record this daemon reads
+                log.warning("a job's record cannot be followed", job=job, error=str(exc)[:200])
+                return
+            self.following[job] = {"coordinator": coordinator, "epoch": record.epoch, "since": state.get("since")}
+            drained = coordinator == me or await self._pull_log(job, coordinator)
+            if job in self.live:
+                return
+            if drained or not run.over:  # the end once every line is here
+                self._mirror(job, run)
+            if run.over and drained:
+                return
+            await trio.sleep(FOLLOW_EVERY)
+
+    def _mirror(self, job: str, run: Run) -> None:
+        """The owner's row as the coordinator's record has it."""
+        fields: dict[str, Any] = {"state": run.state, "reason": run.reason}
+        if run.nodes:
+            fields["nodes"] = list(run.nodes)
+        if run.over:
+            fields |= {"ended": time.time(), "exit_code": run.exit_code}
+        row = self.store.get(job)
+        if row is None or row.state in TERMINAL:
+            return
+        if row.started is None and run.attempts and run.attempts[0].started:
+            fields["started"] = run.attempts[0].started
+        self.store.update(job, **fields)
+        for attempt in run.attempts:
+            self.store.set_attempt(job, attempt.to_dict())
+
+    async def _pull_log(self, job: str, coordinator: str) -> bool:
+        """The output the coordinator received since it took the job over, from where this node
+        left off (kept in the job's directory): True once nothing more is there."""
+        assert self.replication is not None
+        mark = self.store.dir / job / f"pulled-{coordinator[-16:]}"
+        try:
+            offset = int(mark.read_text())
+        except (OSError, ValueError):
+            offset = 0
+        for _ in range(64):  # at most 64 reads a look: a long backlog comes over several
+            got = await self.replication.log(coordinator, (self.gossip.me, job), offset)
+            if isinstance(got, str):
+                log.info("the job's output could not be fetched from its coordinator", job=job, why=got)
+                return False
+            lines, after = got
+            if offset == 0 and lines and lines[0][0] == 0 and (n := taken_over_at(lines[0][1])) is not None:
+                # the coordinator's copy holds the attempt it took over whole: in place of ours from there
+                await trio.to_thread.run_sync(self.store.cut_log_at_attempt, job, n)
+            if lines:
+                self.store.append_logs(job, [(rank, text.encode("utf-8", "replace")) for rank, text in lines])
+            if after == offset:
+                return True
+            offset = after
+            mark.parent.mkdir(mode=0o700, exist_ok=True)
+            write_atomically(mark, str(offset).encode())
+        return False
+
+    def handed_log(self, origin: str, job: str, offset: int, limit: int) -> tuple[list[tuple[int, str]], int] | None:
+        """A taken-over job's output here from `offset`, for its origin (replication's ``log``)."""
+        store = self.store if origin == self.gossip.me else self.handed
+        row = store.get(job)
+        if row is None or row.coordinator != origin:
+            return None
+        return store.read_log(job, offset=offset, limit=limit)
+
+    def cancel_handed(self, origin: str, job: str) -> str | None:
+        """The origin's cancel of a job this node took over (replication's ``cancel``)."""
+        live = self.live.get(job)
+        if live is None or live.auth.origin != origin:
+            return None
+        return self.cancel(job)
 
     # --- the view -----------------------------------------------------------------------
 
-    def _host(self, peer: str) -> Host:
+    def _host(self, peer: str, auth: Authority) -> Host:
         if peer == self.gossip.me:
-            return LocalHost(peer, self.worker)
+            return LocalHost(peer, self.worker, auth)
         assert self.gossip.swarm is not None
         assert self.transport is not None
-        return RemoteHost(peer, self.transport.host, self.gossip.swarm.cert.blob)
+        return RemoteHost(peer, self.transport.host, self.gossip.swarm.cert.blob, auth)
 
     def _records(self, view: View | None = None) -> dict[str, tuple[str, Record]]:
         """peer -> (state, record), this node included; a member whose record is past its ttl
@@ -708,6 +1068,29 @@ class Jobs:
             return self.path_rtt()
         return functools.partial(_rtt_ms, view)
 
+    def _repack(self, digest: str, archive: Path) -> None:
+        """The workdir archive `digest` made from this host's unpacked copy (workdir.pack is
+        deterministic), for a job taken over from its origin, which had the client's. HostError
+        when this host has no copy or packs another digest."""
+        if not self.worker.cache.has(digest):
+            raise HostError(f"the job's workdir {digest[:12]} is not on this node (it took the job over)")
+        try:
+            with self.worker.cache.hold(digest) as tree:
+                packed = pack(tree)
+        except WorkdirError as exc:
+            raise HostError(f"the job's workdir {digest[:12]}: {exc}") from None
+        if packed.digest != digest:
+            raise HostError(f"the job's workdir {digest[:12]} packs as {packed.digest[:12]} here")
+        write_atomically(archive, packed.data)
+
+    def _address_or(self, peer: str) -> str:
+        """`_address`, or "?" for a host gone from the view (a taken-over attempt's address is a
+        Ray job's only; its ranks have theirs)."""
+        try:
+            return self._address(peer)
+        except (HostError, KeyError):
+            return "?"
+
     def _address(self, peer: str) -> str:
         """Where the other ranks reach this host: its overlay address, else its first IPv4."""
         _, record = self._records()[peer]
@@ -717,6 +1100,21 @@ class Jobs:
             if (ip := multiaddrs.ip_of(addr)) is not None and ip.version == 4:
                 return str(ip)
         raise HostError(f"{short(peer)} advertises no IPv4 address")
+
+
+_TAKEN_OVER = re.compile(r"\[swarmd\] \S+ took the job over at epoch \d+ .*: attempt (\d+)'s output from its start")
+
+
+def takeover_marker(me: str, epoch: int, predecessor: str, attempt: int) -> str:
+    """The first line of a successor's copy of a job's output (`taken_over_at` reads it back)."""
+    return (f"[swarmd] {short(me)} took the job over at epoch {epoch} ({short(predecessor)} is gone): "
+            f"attempt {attempt}'s output from its start")
+
+
+def taken_over_at(line: str) -> int | None:
+    """The attempt a successor's copy of the output begins with, from its first line."""
+    m = _TAKEN_OVER.fullmatch(line)
+    return int(m.group(1)) if m else None
 
 
 def _rtt_ms(view: View, a: str, b: str) -> float | None:

@@ -10,6 +10,7 @@ exception type.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -33,6 +34,7 @@ from ..host.service import JOB_PROTOCOL, REQUEST_TIMEOUT, WORKDIR_TIMEOUT, open_
 from ..host.worker import HEARTBEAT, Refused, StartRequest, Worker, WorkerError
 from ..ledger import Grant, Refusal
 from ..messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
+from ..succession import Charter
 from ..workdir import WorkdirError
 
 # forwards a coordinator opens to one host at once, until the host answered: a burst of local
@@ -53,6 +55,25 @@ MAX_GPUS = 1024  # GPU indices a host's answer may name
 
 class HostError(Exception):
     """A host refused or could not be reached; the message says which and why."""
+
+
+@dataclasses.dataclass(slots=True)
+class Authority:
+    """On whose behalf this node commands a job's hosts: the job's origin (what hosts key its
+    holds by), the epoch this node coordinates it at, and its charter once there is one
+    (succession.py). Shared with the job's hosts, which read it at each request: the
+    charter comes after the first placement."""
+
+    origin: str
+    epoch: int = 0
+    charter: Charter | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """What a request's first frame says of it (host/service.py's `_authorize`)."""
+        out: dict[str, Any] = {"origin": self.origin, "epoch": self.epoch}
+        if self.charter is not None:
+            out["charter"] = self.charter.blob
+        return out
 
 class Host(Protocol):
     """A host of a job as its coordinator sees it: reserve, commit, ship, start (its events
@@ -83,43 +104,69 @@ class Host(Protocol):
 class LocalHost:
     """The coordinator's own worker, called directly."""
 
-    def __init__(self, peer: str, worker: Worker) -> None:
+    def __init__(self, peer: str, worker: Worker, authority: Authority | None = None) -> None:
         self.peer = peer
         self.worker = worker
+        self.authority = authority or Authority(peer)
+
+    def _key(self, job: str) -> str:
+        """The job's origin, once this node's worker let it command the job (the same fence
+        as a peer's request: a superseded coordinator is refused by its own host too)."""
+        a = self.authority
+        try:
+            self.worker.authorize(job, self.peer, a.origin, a.epoch, a.charter)
+        except Refused as exc:
+            raise HostError(f"{short(self.peer)}: {exc}") from None
+        return a.origin
 
     async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
-        return _granted(self.peer, self.worker.reserve(job, self.peer, gpus, ranks, lease))
+        return _granted(self.peer, self.worker.reserve(job, self._key(job), gpus, ranks, lease))
 
     async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
-        gpus = _granted(self.peer, self.worker.commit(job, self.peer))
+        gpus = _granted(self.peer, self.worker.commit(job, self._key(job)))
         return gpus, free_port() if port else None
 
     async def release(self, job: str) -> None:
-        if isinstance(refusal := self.worker.release(job, self.peer), Refusal):
+        if isinstance(refusal := self.worker.release(job, self._key(job)), Refusal):
             raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None:
         with _host_errors(self.peer, "shipping the workdir"):
+            origin = self._key(job)
             if not self.worker.cache.has(digest):
                 data = await trio.Path(archive).read_bytes()
                 await trio.to_thread.run_sync(self.worker.cache.put, digest, data)
-            self.worker.pin(job, self.peer, digest)
+            self.worker.pin(job, origin, digest)
 
     async def start(self, req: StartRequest, emit: Emit) -> None:
         try:
-            await self.worker.start(req, emit)
+            self._key(req.job)
+            await self.worker.start(dataclasses.replace(req, coordinator=self.authority.origin), emit)
         except (WorkerError, WorkdirError, ExecutorError, OSError) as exc:
             raise HostError(f"{short(self.peer)}: {_why(exc)}") from None
 
+    async def attach(self, job: str, emit: Emit) -> None:
+        """This node took the job over and runs some of its ranks itself: their events go to
+        `emit` from now until they are done. HostError when none run here."""
+        origin = self._key(job)
+
+        async def hello(frame: dict[str, Any]) -> None:
+            pass
+
+        try:
+            await self.worker.attach(job, origin, self.peer, emit, hello)
+        except WorkerError as exc:
+            raise HostError(f"{short(self.peer)}: {_why(exc)}") from None
+
     async def cancel(self, job: str) -> None:
-        if isinstance(refusal := self.worker.cancel(job, self.peer), Refusal):
+        if isinstance(refusal := self.worker.cancel(job, self._key(job)), Refusal):
             raise HostError(f"{short(self.peer)}: {refusal.reason}")
 
     @contextlib.asynccontextmanager
     async def forward(self, job: str, port: int) -> AsyncIterator[tuple[fwd.End, trio.Event | None]]:
         """The job's listener on `port` here, by the same checks as a peer's request."""
         try:
-            async with open_forward(self.worker, job, self.peer, port) as (end, stop):
+            async with open_forward(self.worker, job, self._key(job), port) as (end, stop):
                 yield end, stop
                 return
         except (Refused, fwd.ForwardRefused, fwd.NothingListens) as exc:
@@ -128,13 +175,14 @@ class LocalHost:
     async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
         """The checkpoint at `path` into this host's cache of the job (the hub's own)."""
         with _host_errors(self.peer, f"putting checkpoint {sha[:12]}"):
-            if self.worker.checkpoint_path(job, self.peer, sha) is None:
-                await self.worker.store_checkpoint(job, self.peer, sha, size, path)
+            origin = self._key(job)
+            if self.worker.checkpoint_path(job, origin, sha) is None:
+                await self.worker.store_checkpoint(job, origin, sha, size, path)
 
     async def get_checkpoint(self, job: str, sha: str, size: int, dest: Path) -> None:
         """The cached checkpoint `sha` copied to `dest`; on any failure `dest` is removed."""
         with _host_errors(self.peer, f"getting checkpoint {sha[:12]}"):
-            src = self.worker.checkpoint_path(job, self.peer, sha)
+            src = self.worker.checkpoint_path(job, self._key(job), sha)
             if src is None:
                 raise HostError(f"{short(self.peer)}: checkpoint {sha[:12]} of job {job} is not on this host")
 
@@ -153,10 +201,11 @@ class LocalHost:
 class RemoteHost:
     """A peer's worker, over the job protocol."""
 
-    def __init__(self, peer: str, host: IHost, cert: bytes) -> None:
+    def __init__(self, peer: str, host: IHost, cert: bytes, authority: Authority | None = None) -> None:
         self.peer = peer
         self.host = host
         self.cert = cert
+        self.authority = authority  # None: this node's own job, at epoch 0 (the first frame says nothing)
 
     async def _open(self, op: str, job: str, **fields: Any) -> INetStream:
         try:
@@ -164,7 +213,8 @@ class RemoteHost:
         except Exception as exc:
             raise HostError(f"{short(self.peer)}: cannot open a job stream ({exc.__class__.__name__})") from None
         try:
-            await write_frame(stream, {"op": op, "job": job, "cert": self.cert, **fields})
+            claim = self.authority.fields() if self.authority is not None else {}
+            await write_frame(stream, {"op": op, "job": job, "cert": self.cert, **claim, **fields})
         except PeerError as exc:
             await close_quietly(stream)
             raise HostError(f"{short(self.peer)}: {exc}") from None
@@ -328,7 +378,6 @@ class RemoteHost:
             stream = await self._open("start", req.job)
         if opening.cancelled_caught:
             raise HostError(f"{short(self.peer)}: no job stream within {REQUEST_TIMEOUT:g} s")
-        patience = FIRST_EVENT_TIMEOUT
         try:
             try:
                 await write_frame(stream, Start(role=req.role, cmd=req.cmd, env=req.env, python=req.python,
@@ -336,18 +385,42 @@ class RemoteHost:
                                                 mem_mb=req.mem_mb, ray=req.ray).to_wire())
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
-            while True:
-                with _host_errors(self.peer, "job stream"), trio.move_on_after(patience) as quiet:
-                    frame = await read_frame(stream, MAX_EVENT_FRAME)
-                if quiet.cancelled_caught:
-                    raise HostError(f"{short(self.peer)}: silent for {patience:g} s (gone, or not running the job)")
-                patience = EVENT_TIMEOUT
-                event = _reply(self.peer, frame)
-                if event.get("done"):
-                    return
-                await emit(event)
+            await self._events(stream, emit, FIRST_EVENT_TIMEOUT)
         finally:
             await close_quietly(stream)
+
+    async def attach(self, job: str, emit: Emit) -> None:
+        """This node took the job over (succession.py): the host's running ranks' events, from
+        the one that waited for a successor on, each passed to `emit`, until they are done.
+        HostError when the host refuses (its fence) or runs none of the job."""
+        with trio.move_on_after(REQUEST_TIMEOUT) as opening:
+            stream = await self._open("attach", job)
+        if opening.cancelled_caught:
+            raise HostError(f"{short(self.peer)}: no job stream within {REQUEST_TIMEOUT:g} s")
+        try:
+            with _host_errors(self.peer, "attach"), trio.move_on_after(REQUEST_TIMEOUT) as quiet:
+                hello = _reply(self.peer, await read_frame(stream, MAX_SMALL_FRAME))
+            if quiet.cancelled_caught:
+                raise HostError(f"{short(self.peer)}: no answer to attach within {REQUEST_TIMEOUT:g} s")
+            if not isinstance(hello.get("attached"), dict):
+                raise HostError(f"{short(self.peer)}: attach: a malformed answer")
+            await self._events(stream, emit, EVENT_TIMEOUT)
+        finally:
+            await close_quietly(stream)
+
+    async def _events(self, stream: INetStream, emit: Emit, patience: float) -> None:
+        """The job stream's events until ``{done}``; silence past `patience` (then EVENT_TIMEOUT)
+        is a HostError."""
+        while True:
+            with _host_errors(self.peer, "job stream"), trio.move_on_after(patience) as quiet:
+                frame = await read_frame(stream, MAX_EVENT_FRAME)
+            if quiet.cancelled_caught:
+                raise HostError(f"{short(self.peer)}: silent for {patience:g} s (gone, or not running the job)")
+            patience = EVENT_TIMEOUT
+            event = _reply(self.peer, frame)
+            if event.get("done"):
+                return
+            await emit(event)
 
 
 class _Received:

@@ -30,7 +30,7 @@ import structlog
 import trio
 
 from ...p2p.signed import short
-from ..checkpoints.rules import choose_replica
+from ..checkpoints.rules import check_name, choose_replica, is_sha256
 from ..host.worker import Worker, WorkerError
 from .hosts import Host, HostError
 from .placement import Rtt
@@ -38,6 +38,8 @@ from .run import Run
 
 log = structlog.get_logger("swarmd.jobs")
 
+MAX_INDEX = 64  # checkpoints in a replicated index (the hub keeps checkpoint_keep)
+MAX_INDEX_HOLDERS = 1024  # hosts said to hold one
 Listed = tuple[tuple[str, str, int], ...]  # (name, sha256, size) as a start request lists them
 
 
@@ -60,10 +62,12 @@ class HostsRefused(HostError):
 
 
 class Hub:
-    def __init__(self, job: str, *, worker: Worker, me: str, host: Callable[[str], Host]) -> None:
+    def __init__(self, job: str, *, worker: Worker, me: str, host: Callable[[str], Host],
+                 origin: str | None = None) -> None:
         self.job = job
         self.worker = worker
         self.me = me
+        self.origin = origin or me  # whose job: its cache here is keyed by it (a successor's hub too)
         self.host = host  # a proxy for a host the attempt's own map lacks
         self.checkpoints: list[Checkpoint] = []  # oldest first
         self._wanted = trio.Event()  # set: a new checkpoint to copy
@@ -71,6 +75,28 @@ class Hub:
     def describe(self) -> list[dict[str, Any]]:
         return [{"name": c.name, "sha256": c.sha, "size": c.size, "source": c.source, "holders": sorted(c.holders)}
                 for c in self.checkpoints]
+
+    def restore(self, listed: Any, max_size: int) -> None:
+        """The index a predecessor replicated (`describe`'s form, from a replica: a member's
+        bytes): each entry checked, at most checkpoint_keep kept. ValueError naming the first
+        that is not one."""
+        if not isinstance(listed, list) or len(listed) > MAX_INDEX:
+            raise ValueError(f"record.checkpoints must be a list of at most {MAX_INDEX}")
+        out = []
+        for c in listed:
+            if not isinstance(c, dict):
+                raise ValueError("record.checkpoints holds a non-map")
+            name = check_name(c.get("name"), "record.checkpoints name")
+            sha, size = c.get("sha256"), c.get("size")
+            if not is_sha256(sha) or isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= max_size:
+                raise ValueError("record.checkpoints: a sha256 and a size within checkpoint_max each")
+            source, holders = c.get("source"), c.get("holders")
+            if not isinstance(holders, list) or len(holders) > MAX_INDEX_HOLDERS or \
+                    not all(isinstance(p, str) and 0 < len(p) <= 64 for p in [source, *holders]):
+                raise ValueError("record.checkpoints: source and holders must be peer ids")
+            out.append(Checkpoint(name=name, sha=sha, size=size, source=source, holders=set(holders)))
+        self.checkpoints = out[-max(self.worker.checkpoint_keep, 1):]
+        self.worker.keep_checkpoints(self.job, self.origin, [c.sha for c in self.checkpoints])
 
     def announced(self, run: Run, peer: str, name: str, sha: str, size: int) -> None:
         """Host `peer` of the current attempt of `run` announced a complete checkpoint."""
@@ -87,7 +113,7 @@ class Hub:
             return
         self.checkpoints.append(Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
         del self.checkpoints[:-max(self.worker.checkpoint_keep, 1)]
-        self.worker.keep_checkpoints(self.job, self.me, [c.sha for c in self.checkpoints])
+        self.worker.keep_checkpoints(self.job, self.origin, [c.sha for c in self.checkpoints])
         log.info("checkpoint", job=self.job, name=name, sha=sha[:12], size=size, host=short(peer))
         self._wanted.set()
 
@@ -111,7 +137,7 @@ class Hub:
             return
         others = [p for p in run.nodes if p != self.me and p not in run.lost]
         replica = choose_replica(self.me, others, rtt_ms)
-        path = self.worker.checkpoint_path(self.job, self.me, ckpt.sha)
+        path = self.worker.checkpoint_path(self.job, self.origin, ckpt.sha)
         if replica is None or path is None or replica in ckpt.holders:
             return
         await hosts[replica].put_checkpoint(self.job, ckpt.name, ckpt.sha, ckpt.size, path)
@@ -119,16 +145,16 @@ class Hub:
 
     async def fetch(self, run: Run, hosts: Mapping[str, Host], ckpt: Checkpoint) -> None:
         """`ckpt` into the hub, from a live host that holds it; HostError when none gave it."""
-        if self.worker.checkpoint_path(self.job, self.me, ckpt.sha) is not None:
+        if self.worker.checkpoint_path(self.job, self.origin, ckpt.sha) is not None:
             ckpt.holders.add(self.me)
             return
         errors = []
         for holder in sorted(ckpt.holders - run.lost - {self.me}):
             host = hosts.get(holder) or self.host(holder)
             try:
-                dest = self.worker.incoming_checkpoint(self.job, self.me, ckpt.size)
+                dest = self.worker.incoming_checkpoint(self.job, self.origin, ckpt.size)
                 await host.get_checkpoint(self.job, ckpt.sha, ckpt.size, dest)
-                await self.worker.store_checkpoint(self.job, self.me, ckpt.sha, ckpt.size, dest)
+                await self.worker.store_checkpoint(self.job, self.origin, ckpt.sha, ckpt.size, dest)
             except (HostError, WorkerError) as exc:  # that host, or this host's disk: try another
                 errors.append(str(exc))
                 continue
@@ -147,7 +173,7 @@ class Hub:
             except HostError as exc:  # its host died before anyone copied it: never used
                 log.info("checkpoint lost with its host", job=self.job, name=ckpt.name, why=str(exc))
                 continue
-            if (path := self.worker.checkpoint_path(self.job, self.me, ckpt.sha)) is None:  # no host's doing
+            if (path := self.worker.checkpoint_path(self.job, self.origin, ckpt.sha)) is None:  # no host's doing
                 log.warning("checkpoint gone from the hub's cache", job=self.job, name=ckpt.name, sha=ckpt.sha[:12])
                 continue
             usable.append((ckpt, path))

@@ -11,6 +11,11 @@ before anything else (the gossip gate), everything within `TIMEOUT`:
 - ``get {origin, job}`` → ``{record}`` (``None`` when none is held) | ``{error, reason}``:
   only to a replica of that job (a successor gathering the newest, an origin catching up):
   a job's spec is its owner's business, not every member's.
+- ``log {origin, job, offset}`` → ``{lines: [[rank, text]…], next}``: the output of a job
+  this node took over, as it received it, from byte ``offset`` of its copy (at most
+  `LOG_READ` bytes a request), only to the job's origin (its owner's front end).
+- ``cancel {origin, job}`` → ``{state}``: only from the job's origin, for a job this node
+  coordinates for it.
 Every refusal is counted by reason (``Handler.refused``) and answered with it.
 
 The store: ``<state>/replicas/<sha256(origin)[:32]>-<job id>.rec``, one file per job, the
@@ -26,9 +31,9 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import structlog
@@ -43,7 +48,7 @@ from ...rpc.framing import FrameTooLarge
 from .. import trees
 from ..ids import is_job_id
 from .run import TERMINAL
-from .succession import MAX_RECORD, Charter, Record, Replicas, newest
+from ..succession import MAX_RECORD, Charter, Record, Replicas, newest
 
 log = structlog.get_logger("swarmd.jobs")
 
@@ -51,6 +56,7 @@ PROTOCOL = "/swarmd/jobrec/1.0.0"
 MAX_FRAME = MAX_RECORD + 16 * 1024  # a record, its charter, the certificate
 TIMEOUT = 5.0  # seconds for one request, either side
 RETENTION = 7 * 86400.0  # a record not rewritten this long is let go at start (jobs' own retention)
+LOG_READ = 40 * 1024  # bytes of a job's output per log request (the reply stays within MAX_FRAME)
 HASH = 32  # hex digits of sha256(origin) in a record's file name, as ids.host_dir
 
 Request = Callable[[ID, str, Any, int], Awaitable[Any]]  # Transport.request
@@ -128,25 +134,25 @@ class Store:
         return self.held.get(key)
 
     def _evict_ended(self, origin: str) -> bool:
-        ended = []
+        over = []
         for key in self.held.keys():
             record = self.held.get(key)
-            if record is None or not _ended(record):
+            if record is None or not ended(record):
                 continue
             try:
                 written = (self.dir / file_name(key)).stat().st_mtime
             except OSError:
                 written = 0.0
-            ended.append((key[0] != origin, written, key))
-        if not ended:
+            over.append((key[0] != origin, written, key))
+        if not over:
             return False
-        _, _, key = min(ended)
+        _, _, key = min(over)
         (self.dir / file_name(key)).unlink(missing_ok=True)
         self.held.drop(key)
         return True
 
 
-def _ended(record: Record) -> bool:
+def ended(record: Record) -> bool:
     """Whether the job of ``record`` is over (its run's state), as its coordinator wrote it."""
     try:
         state = msgpack.unpackb(record.body, raw=False)["run"]["state"]
@@ -155,14 +161,24 @@ def _ended(record: Record) -> bool:
     return state in TERMINAL
 
 
+class Coordinated(Protocol):
+    """What the replica's handler asks of the coordinator (coordinator.Jobs) for an origin."""
+
+    def handed_log(self, origin: str, job: str, offset: int, limit: int
+                   ) -> tuple[list[tuple[int, str]], int] | None: ...
+
+    def cancel_handed(self, origin: str, job: str) -> str | None: ...
+
+
 class Handler:
     """The replica's side of the protocol."""
 
     def __init__(self, store: Store, *, check_member: Callable[[Any, ID, INetStream], Awaitable[bool]],
-                 reject: Callable[[str, str, str], None]) -> None:
+                 reject: Callable[[str, str, str], None], jobs: Coordinated | None = None) -> None:
         self.store = store
         self.check_member = check_member
         self.reject = reject
+        self.jobs = jobs  # the coordinator, for an origin's log and cancel (None: a replica only)
         self.refused: dict[str, int] = {}
         self.served = 0
 
@@ -217,7 +233,33 @@ class Handler:
                 return self.refuse("not_replica", peer, f"get: {peer[-8:]} is not a replica of job {job}")
             self.served += 1
             return {"record": record.blob}
+        if op in ("log", "cancel"):
+            return self._origin_op(op, req, peer)
         return self.refuse("malformed", peer, f"unknown op {str(op)[:40]!r}")
+
+    def _origin_op(self, op: str, req: dict[str, Any], peer: str) -> dict[str, Any]:
+        """An origin's ``log`` or ``cancel`` of its job this node coordinates: the origin is the
+        requester itself, so no member reads or stops another's job."""
+        job, offset = req.get("job"), req.get("offset", 0)
+        if not is_job_id(job):
+            return self.refuse("malformed", peer, f"{op}: job must be a job id")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**62:
+            return self.refuse("malformed", peer, f"{op}: offset must be a byte offset")
+        if self.jobs is None:
+            return self.refuse("not_coordinator", peer, f"{op}: this node coordinates no jobs")
+        if op == "cancel":
+            state = self.jobs.cancel_handed(peer, job)
+            if state is None:
+                return self.refuse("not_coordinator", peer, f"cancel: this node does not coordinate job {job} "
+                                                            "for the requester")
+            self.served += 1
+            return {"state": state}
+        got = self.jobs.handed_log(peer, job, offset, LOG_READ)
+        if got is None:
+            return self.refuse("not_coordinator", peer, f"log: this node took no job {job} over from the requester")
+        lines, after = got
+        self.served += 1
+        return {"lines": [[rank, text] for rank, text in lines], "next": after}
 
 
 class Writer:
@@ -235,26 +277,35 @@ class Writer:
     def record(self, charter: Charter, epoch: int, seq: int, state: dict[str, Any]) -> Record:
         return Record.make(charter, epoch, seq, msgpack.packb(state, use_bin_type=True), self.sign)
 
-    async def write(self, record: Record) -> dict[str, str | None]:
-        """``record`` on every replica, this node first: peer -> None (taken) or why not."""
+    async def write(self, record: Record, skip: Collection[str] = ()) -> dict[str, str | None]:
+        """``record`` on every replica, this node first: peer -> None (taken) or why not. Those
+        in ``skip`` (membership declares them gone: a request would only wait out TIMEOUT) are
+        not asked and answer ``gone``."""
         out: dict[str, str | None] = {}
-        out[self.me] = await trio.to_thread.run_sync(self.store.put, record) \
-            if self.me in record.charter.replicas else "not_replica"
+        try:
+            out[self.me] = await trio.to_thread.run_sync(self.store.put, record) \
+                if self.me in record.charter.replicas else "not_replica"
+        except OSError as exc:  # this node's disk (full, read-only): the other replicas still count
+            out[self.me] = f"disk: {exc.strerror or exc}"[:80]
 
         async def one(peer: str) -> None:
             out[peer] = await self._ask(peer, {"op": "put", "record": record.blob}, lambda reply: reply.get("reason"))
 
         async with trio.open_nursery() as nursery:
             for peer in record.charter.replicas:
-                if peer != self.me:
+                if peer in skip and peer != self.me:
+                    out[peer] = "gone"
+                elif peer != self.me:
                     nursery.start_soon(one, peer)
         for why in out.values():
             if why is not None:
                 self.failed[why] = self.failed.get(why, 0) + 1
         return out
 
-    async def gather(self, key: tuple[str, str], replicas: tuple[str, ...]) -> Record | None:
-        """The newest record of the job among ours and those of every replica that answers."""
+    async def gather(self, key: tuple[str, str], replicas: tuple[str, ...], skip: Collection[str] = ()
+                     ) -> Record | None:
+        """The newest record of the job among ours and those of every replica that answers
+        (those in ``skip`` are not asked)."""
         found: list[Record | None] = [self.store.get(key)]
         charter = found[0].charter if found[0] is not None else None
 
@@ -274,9 +325,33 @@ class Writer:
 
         async with trio.open_nursery() as nursery:
             for peer in replicas:
-                if peer != self.me:
+                if peer != self.me and peer not in skip:
                     nursery.start_soon(one, peer)
         return newest(found)
+
+    async def log(self, peer: str, key: tuple[str, str], offset: int) -> tuple[list[tuple[int, str]], int] | str:
+        """The output ``peer`` received of this node's job since it took it over, from byte
+        ``offset`` of its copy: (rank, line) pairs and the offset to go on from; why not."""
+
+        def read(reply: dict[str, Any]) -> tuple[list[tuple[int, str]], int] | str:
+            if "error" in reply:
+                return str(reply.get("reason"))[:40]
+            lines, after = reply.get("lines"), reply.get("next")
+            if not isinstance(lines, list) or isinstance(after, bool) or not isinstance(after, int) or \
+                    not offset <= after < 2**62 or not all(
+                        isinstance(x, list) and len(x) == 2 and isinstance(x[0], int) and not isinstance(x[0], bool)
+                        and 0 <= x[0] < 1 << 20 and isinstance(x[1], str) for x in lines):
+                return "malformed_reply"
+            return [(rank, text) for rank, text in lines], after
+
+        return await self._ask(peer, {"op": "log", "origin": key[0], "job": key[1], "offset": offset}, read)
+
+    async def cancel(self, peer: str, key: tuple[str, str]) -> str | None:
+        """Ask ``peer``, which coordinates this node's job, to cancel it: None when it took it."""
+        def read(reply: dict[str, Any]) -> str | None:
+            return str(reply.get("reason"))[:40] if "error" in reply else None
+
+        return await self._ask(peer, {"op": "cancel", "origin": key[0], "job": key[1]}, read)
 
     async def _ask(self, peer: str, body: dict[str, Any], read: Callable[[dict[str, Any]], Any]) -> Any:
         cert = self.cert()

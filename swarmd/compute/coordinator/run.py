@@ -288,6 +288,16 @@ class Run:
         self.nodes, self.node_state, self.exit_codes = (), {}, {}
         self.failure, self.stopping, self.verdict = None, False, None
 
+    def redo_setup(self) -> None:
+        """A successor took over a job whose attempt was being set up (placed, reserved,
+        shipping): its hosts' holds were released, and the attempt is placed again, as the
+        same attempt (no restart is spent on the hand-over)."""
+        if self.state == "restarting":
+            self.phase = "placing"
+        elif self.state in ("reserving", "shipping"):
+            self.state = "placing"
+        self.nodes, self.node_state = (), {}
+
     @property
     def stop_others(self) -> bool:
         return self.stopping

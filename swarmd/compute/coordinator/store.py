@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sqlite3
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from .. import ids, output
@@ -223,9 +225,13 @@ class JobStore:
             self._trimmed.pop(job, None)
         return old
 
-    def recover(self, reason: str) -> list[str]:
-        going = f"state NOT IN ({', '.join('?' * len(TERMINAL))})"
-        terminal = tuple(TERMINAL)
+    def recover(self, reason: str, keep: Iterable[str] = ()) -> list[str]:
+        """Mark every job still going failed with `reason`, but those in `keep` (their replicas
+        carry them on: the origin follows them, issue 26); returns the ids failed."""
+        kept = tuple(keep)
+        going = f"state NOT IN ({', '.join('?' * len(TERMINAL))})" + \
+            (f" AND id NOT IN ({', '.join('?' * len(kept))})" if kept else "")
+        terminal = (*TERMINAL, *kept)
         self.db.execute("BEGIN IMMEDIATE")
         try:
             lost = [r[0] for r in self.db.execute(f"SELECT id FROM jobs WHERE {going} ORDER BY id", terminal)]
@@ -262,7 +268,27 @@ class JobStore:
         if trimmed := output.append(path, b"".join(output.records(r, d) for r, d in lines), self.log_cap):
             self._trimmed[job_id] = self._trimmed.get(job_id, 0) + trimmed
 
-    def read_log(self, job_id: str, rank: int | None = None, offset: int = 0) -> tuple[list[tuple[int, str]], int]:
+    def cut_log_at_attempt(self, job_id: str, attempt: int) -> None:
+        """Cut the job's log back to where attempt `attempt`'s ranks began: after the line that
+        opens it (a restart's, or a takeover's), or the start for the first attempt. A
+        successor's copy of that attempt, whole, follows (issue 26). Blocking: call in a thread."""
+        path = self._log(job_id)
+        cut, pos = 0, 0
+        try:
+            with open(path, "rb") as f:
+                for record in f:
+                    pos += len(record)
+                    head, _, text = record.rstrip(b"\n").partition(b"\t")
+                    if head == b"0" and text.startswith(b"[swarmd] ") and _opens(text.decode("utf-8", "replace"),
+                                                                                attempt):
+                        cut = pos
+            if cut or attempt == 1:
+                os.truncate(path, cut)
+        except FileNotFoundError:
+            return
+
+    def read_log(self, job_id: str, rank: int | None = None, offset: int = 0,
+                 limit: int = _READ) -> tuple[list[tuple[int, str]], int]:
         """Whole records from byte `offset` on, of one rank or all, as (rank, line) in arrival
         order, and the offset to go on from (the same when there is nothing new)."""
         base = self._trimmed.get(job_id, 0)
@@ -270,7 +296,7 @@ class JobStore:
         try:
             with open(self._log(job_id), "rb") as f:
                 f.seek(offset - base)
-                data = f.read(_READ)
+                data = f.read(limit)
         except FileNotFoundError:
             return [], offset
         end = data.rfind(b"\n") + 1
@@ -282,6 +308,16 @@ class JobStore:
             if rank is None or int(head) == rank:
                 out.append((int(head), text.decode("utf-8", "replace")))
         return out, offset + end
+
+
+_OPENS = re.compile(r"\[swarmd\] (?:restart \d+/\d+ after .*: attempt (\d+) on .*|"
+                    r"\S+ took the job over at epoch \d+ .*: attempt (\d+)'s output from its start)")
+
+
+def _opens(line: str, attempt: int) -> bool:
+    """Whether `line` (rank 0's, from swarmd) opens attempt `attempt`: a restart's marker or a takeover's."""
+    m = _OPENS.fullmatch(line)
+    return m is not None and int(m.group(1) or m.group(2)) == attempt
 
 
 def _check_state(state: Any) -> None:

@@ -63,6 +63,7 @@ from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 
 from ...p2p.limits import Streams
+from ...p2p.signed import Invalid, peer_bytes
 from ...p2p.streams import MAX_SMALL_FRAME, PeerError, close_quietly, read_frame, reset_quietly, write_frame
 from ...p2p.transfer import CHUNK_TIMEOUT, TransferError, receive_chunks, send_chunks
 from ...rpc.framing import FrameTooLarge
@@ -71,6 +72,7 @@ from ..checkpoints.cache import CheckpointError, Incoming
 from ..ids import check_job_id, is_job_id
 from ..ledger import Grant, Refusal
 from ..messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
+from ..succession import Charter, check_epoch
 from ..workdir import DEFAULT_LIMIT, WorkdirError
 from .executor import ExecutorError, free_port
 from .worker import CoordinatorGone, Refused, StartRequest, Worker, WorkerError
@@ -170,7 +172,8 @@ class JobHandler:
             try:
                 if not is_job_id(req.get("job")):
                     check_job_id(req.get("job"))  # raises, naming the format
-                reply = await self._op(op, req["job"], peer, req, stream)
+                origin = self._authorize(req, req["job"], peer)
+                reply = await self._op(op, req["job"], origin, req, stream, peer)
                 if reply is not None:  # None: the op has had the stream (a forward, a ckpt_get)
                     await write_frame(stream, reply)
             except _Rejected as exc:
@@ -198,8 +201,27 @@ class JobHandler:
         except PeerError as exc:
             self.rejected("malformed", peer, f"job request: {exc}")
 
+    def _authorize(self, req: dict[str, Any], job: str, peer: str) -> str:
+        """The origin of the job the request commands (its own, unless it names another's with
+        ``origin``), once the fence let `peer` command it at its ``epoch`` (worker.authorize:
+        Refused otherwise). ``charter``, the job's signed charter, makes a successor known here."""
+        origin, epoch, blob = req.get("origin", peer), req.get("epoch", 0), req.get("charter")
+        if not isinstance(origin, str) or len(origin) > 64:
+            raise ValueError("'origin' must be a peer id")
+        try:
+            if origin != peer:  # another's job: its id must be one (a charter or the fence names it)
+                peer_bytes(origin)
+            epoch = check_epoch(epoch)
+            charter = Charter.open(blob) if blob is not None else None
+        except Invalid as exc:
+            raise _Rejected(exc.reason if exc.reason != "malformed" else "charter", exc.detail) from None
+        self.worker.authorize(job, peer, origin, epoch, charter)
+        return origin
+
     async def _op(self, op: Any, job: str, coordinator: str, req: dict[str, Any],
-                  stream: INetStream) -> dict[str, Any] | None:
+                  stream: INetStream, peer: str) -> dict[str, Any] | None:
+        """`coordinator`: the job's origin, whose holds, directories and caches it is keyed by
+        here; `peer`, who asks (the origin, or the successor authorized for it)."""
         w = self.worker
         match op:
             case Reserve.OP:
@@ -253,6 +275,19 @@ class JobHandler:
                         raise CoordinatorGone(str(exc)) from None
 
                 await w.start(start, emit)
+                return {"done": True}
+            case "attach":
+                async def to_successor(event: dict[str, Any]) -> None:
+                    try:
+                        await write_frame(stream, event)
+                    except PeerError as exc:
+                        raise CoordinatorGone(str(exc)) from None
+
+                async def hello(frame: dict[str, Any]) -> None:
+                    with trio.move_on_after(REQUEST_TIMEOUT):
+                        await write_frame(stream, frame)
+
+                await w.attach(job, coordinator, peer, to_successor, hello)
                 return {"done": True}
             case _:
                 raise ValueError(f"unknown op {str(op)[:40]!r}")

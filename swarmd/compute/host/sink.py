@@ -32,28 +32,51 @@ class CoordinatorGone(Exception):
 
 
 class Sink:
-    def __init__(self, emit: Emit, *, patience: float | None = None, emit_timeout: float = EMIT_TIMEOUT) -> None:
+    def __init__(self, emit: Emit, *, patience: float | None = None, emit_timeout: float = EMIT_TIMEOUT,
+                 holder: str = "") -> None:
         self._emit = emit
+        self.holder = holder  # the peer whose stream takes the events (the origin, then each successor)
         self.patience = patience  # seconds to wait for a successor; None: the job has none
         self.emit_timeout = emit_timeout
         self.orphaned: str | None = None  # why, while no coordinator takes the events
         self.handovers = 0
         self._attached = trio.Event()
+        self._replay: Callable[[], dict[str, Any] | None] | None = None  # a successor's catch-up, sent first
+        self._stale: Callable[[dict[str, Any]], bool] = lambda event: False  # held events the catch-up covers
         self._sending: trio.CancelScope | None = None
         self._lock = trio.Lock()  # one event at a time, in order
 
     async def send(self, event: dict[str, Any]) -> None:
         """Deliver ``event`` to the coordinator of the moment; CoordinatorGone when there is none."""
+        made = self.handovers  # an event made before an attach may be one the replay covers
         async with self._lock:
             while True:
                 if self.orphaned is not None:
                     await self._wait_for_successor()
                 emit = self._emit
+                if self._replay is not None:  # a successor attached: what it has not seen first
+                    if (caught_up := await self._catch_up(emit)) is not None:
+                        if emit is self._emit:
+                            self.orphan(caught_up)
+                        continue
+                if made != self.handovers and self._stale(event):
+                    return
                 why = await self._try(emit, event)
                 if why is None:
                     return
                 if emit is self._emit:  # not replaced meanwhile (that attach's stream gets it next)
                     self.orphan(why)
+
+    async def _catch_up(self, emit: Emit) -> str | None:
+        """The replay's events to the attached stream; why it broke, or None once all are sent."""
+        while self._replay is not None:
+            event = self._replay()
+            if event is None:
+                self._replay = None
+                return None
+            if (why := await self._try(emit, event)) is not None:
+                return why
+        return None
 
     async def _try(self, emit: Emit, event: dict[str, Any]) -> str | None:
         with trio.CancelScope() as self._sending:
@@ -78,9 +101,14 @@ class Sink:
         if self._sending is not None:
             self._sending.cancel()
 
-    def attach(self, emit: Emit) -> None:
-        """A successor's stream (its epoch checked by the caller): every event from now goes there."""
+    def attach(self, emit: Emit, holder: str = "", *, replay: Callable[[], dict[str, Any] | None] | None = None,
+               stale: Callable[[dict[str, Any]], bool] = lambda event: False) -> None:
+        """A successor's stream (its epoch checked by the caller): every event from now goes
+        there. `replay`: events it gets before any other (the host's log so far, once); `stale`:
+        which held event that replay already covers (is not sent again)."""
         self._emit = emit
+        self.holder = holder
+        self._replay, self._stale = replay, stale
         self.handovers += 1
         if self._sending is not None:  # the old coordinator's send: cut, and resent to the successor
             self._sending.cancel()

@@ -72,6 +72,7 @@ from ..forward import Forwards
 from ..ids import check_job_id, host_dir
 from ..ledger import Cancel, Grant, Ledger, Refusal
 from ..output import RankOutput
+from ..succession import Charter, Fence
 from ..torchenv import NodeRole, rank_env, resolve_argv
 from ..workdir import Cache
 from .executor import Executor, RankProc
@@ -98,6 +99,20 @@ CHECKPOINT_MAX = 8 * 1024**3  # bytes of one checkpoint this host copies and sto
 # seconds the exit waits, once the ranks are gone, for the last checkpoint copy (checkpoint_max
 # at ~140 MB/s); past it that copy is given up, logged, and the exit told without it
 LAST_CHECKPOINT_WAIT = 60.0
+# seconds a job's ranks wait for a successor once their coordinator is gone (sink.py): longer
+# than membership takes to declare it dead (about 2 s in the lab, 10 s at 5,000 members) and a
+# successor to gather the job's record and attach (issue 26)
+HANDOVER_PATIENCE = 45.0
+# why a peer may not command a job here (succession.Fence's reasons), as it is told
+_FENCED = {
+    "not_replica": "is not one of the job's replicas (its charter)",
+    "not_its_epoch": "does not coordinate the job at that epoch",
+    "stale_epoch": "presents an epoch older than the one this host obeys for the job: a successor took it over",
+    "charter_changed": "presents a charter that is not the job's",
+    "charter_mismatch": "presents the charter of another job",
+    "not_coordinator": "is not the job's coordinator here",
+    "full": "cannot be fenced here: this host tracks too many jobs",
+}
 # jobs per coordinator whose kept checkpoints are remembered (the latest start's, or its hub's list):
 # more than any coordinator runs here at once, or coordinates live with checkpoints; past it the
 # coordinator's own job heard of longest ago is forgotten, never another coordinator's
@@ -188,6 +203,42 @@ class Worker:
         # running jobs whose ports `swarmctl jobs forward` may reach, as their ranks' uid (forward.py)
         self.forwards = Forwards()
         self.ray_ports = ray_ports or PortBlocks()  # the Ray jobs' port blocks on this host
+        # who may command each job here: its origin, then the highest epoch's coordinator (issue 26)
+        self.fence = Fence()
+        self.sinks: dict[tuple[str, str], Sink] = {}  # (origin, job) -> where its running ranks' events go
+        self.ended: dict[tuple[str, str], trio.Event] = {}  # set when those ranks are done here
+        self.outputs: dict[tuple[str, str], RankOutput] = {}  # their output (its log replays to a successor)
+
+    # --- who commands a job (succession.py) ----------------------------------------------
+
+    def authorize(self, job: str, peer: str, origin: str, epoch: int = 0, charter: Charter | None = None) -> None:
+        """Whether `peer` may command the job (origin, job) here now: its origin while no charter
+        is known, else the coordinator of the highest epoch seen (a higher one, presented
+        with the job's charter, becomes it). Refused, counted by its reason, when not."""
+        why = self.fence.command(job, peer, origin, epoch, charter,
+                                 keep=lambda key: self.ledger.holds(key[1], key[0]) or key in self.running)
+        if why is not None:
+            raise Refused(Refusal(f"{short(peer)} {_FENCED.get(why, why)}", why))
+
+    async def attach(self, job: str, origin: str, peer: str, emit: Callable[[dict[str, Any]], Awaitable[None]],
+                     hello: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """A successor (authorized at its epoch) takes the events of the job's running ranks here
+        from now on: `hello` tells it what runs, then `emit` gets every event the sink has
+        (the one that waited first), until the ranks are done here."""
+        key = (origin, job)
+        sink, ended = self.sinks.get(key), self.ended.get(key)
+        if sink is None or ended is None:
+            raise WorkerError(f"job {job} is not running on this host")
+        executor, out = self.running.get(key), self.outputs.get(key)
+        await hello({"attached": {"ranks": sorted(r.rank for r in executor.ranks) if executor else [],
+                                  "orphaned": sink.orphaned}})
+        # every line of the attempt here, from its log, then the live ones: none lost with the
+        # gone coordinator's stream (what it read before it went, it had), none sent twice
+        replay = out.replay(OUTPUT_BATCH_BYTES) if out is not None else None
+        sink.attach(emit, holder=peer, replay=replay.next if replay is not None else None,
+                    stale=lambda event: "out" in event or "dropped" in event)
+        log.info("a successor took the job's events over", job=job, successor=short(peer))
+        await ended.wait()
 
     # --- reservations --------------------------------------------------------------------
 
@@ -347,8 +398,14 @@ class Worker:
                 wake.set()
 
             # the coordinator's stream (one frame at a time: the checkpoint watcher sends too);
-            # a job nobody can take over (no successor: patience None) stops when it is gone
-            sink = Sink(emit, emit_timeout=EMIT_TIMEOUT)
+            # a job nobody can take over (no charter with other replicas: patience None) stops
+            # when it is gone, any other waits for a successor's attach (sink.py)
+            key = (req.coordinator, req.job)
+            seen = self.fence.seen(key)
+            handover = seen is not None and len(seen.charter.replicas) > 1
+            sink = Sink(emit, emit_timeout=EMIT_TIMEOUT, patience=HANDOVER_PATIENCE if handover else None,
+                        holder=seen.coordinator if seen is not None else req.coordinator)
+            self.sinks[key], self.ended[key], self.outputs[key] = sink, trio.Event(), out
             send = sink.send
 
             async with self._box(req, top, started.gpus) as box:
@@ -385,7 +442,7 @@ class Worker:
                     nursery.start_soon(_flusher, out)
                     watching, watched = trio.Event(), trio.Event()
                     nursery.start_soon(_watch, watcher, send, watching, watched)
-                    nursery.start_soon(self._watch_coordinator, req.coordinator, sink)
+                    nursery.start_soon(self._watch_coordinator, sink)
                     await send({"started": [r.rank for r in ranks], "sandbox": box.describe(), **ray})
                     while not codes or out.pending:
                         with trio.move_on_after(HEARTBEAT) as idle:
@@ -437,7 +494,15 @@ class Worker:
             if key not in self.hubs:  # the hub may still be fetching the last one
                 self.lingering[key] = trio.current_time() + CHECKPOINT_LINGER
 
+        def done() -> None:
+            self.outputs.pop(key, None)
+            if self.sinks.get(key) is not None:
+                del self.sinks[key]
+            if (ended := self.ended.pop(key, None)) is not None:
+                ended.set()
+
         _each(req.job, [("stop the ranks", executor.cancel if executor is not None else lambda: None),
+                        ("let a successor's attach end", done),
                         ("flush the output log", out.flush), ("count dropped output", count_dropped),
                         ("forget the ranks", lambda: self.running.pop(key, None)),
                         ("end the forwards", lambda: self.forwards.ended(key)),
@@ -556,15 +621,18 @@ class Worker:
             return pwd.getpwnam(self.user).pw_uid
         return None
 
-    async def _watch_coordinator(self, coordinator: str, sink: Sink) -> None:
+    async def _watch_coordinator(self, sink: Sink) -> None:
         """Ranks never run on for a coordinator membership declared dead or gone (a crash, or a
         partition that cut this host off from it): its job has been placed elsewhere by then,
-        unless a successor takes it over (the sink waits for one, sink.py)."""
-        while (why := self.coordinator_gone(coordinator)) is None:
+        unless a successor takes it over (the sink waits for one, sink.py). Whoever holds the
+        sink is watched: the origin, then each successor that attached."""
+        while True:
+            holder = sink.holder
+            if sink.orphaned is None and (why := self.coordinator_gone(holder)) is not None:
+                if sink.patience is None:
+                    raise CoordinatorGone(f"membership declared the coordinator {why}")
+                sink.orphan(f"membership declared the coordinator {short(holder)} {why}")
             await trio.sleep(COORDINATOR_WATCH)
-        if sink.patience is None:
-            raise CoordinatorGone(f"membership declared the coordinator {why}")
-        sink.orphan(f"membership declared the coordinator {why}")
 
     def cancel(self, job: str, coordinator: str) -> bool | Refusal:
         """Stop a running job's ranks; only its own coordinator may."""

@@ -56,8 +56,8 @@ from typing import Any
 
 import msgpack
 
-from ...p2p.signed import Invalid, Signer, peer_bytes, peer_key, seal, unseal, field
-from ..ids import check_job_id
+from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, seal, unseal
+from .ids import check_job_id
 
 MAX_REPLICAS = 5  # the origin and 4 hosts: losing any 4 at once still leaves a successor
 MAX_RECORD = 48 * 1024  # bytes of a job's replicated record (spec, attempts, checkpoints index)
@@ -66,6 +66,7 @@ MAX_PER_ORIGIN = 64  # of them from one origin: one member's jobs never push ano
 MAX_EPOCH = (1 << 31) - 1  # every epoch stays a small int (a peer's 2**64 would feed arithmetic)
 MAX_SEQ = (1 << 53) - 1
 MAX_UID = (1 << 32) - 1
+MAX_FENCED = 4096  # jobs a host remembers the epoch of (each held or run here, or recently)
 _DIGEST = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 Gone = Callable[[str], bool]  # what membership says of a peer: dead, left, or leaving
@@ -176,9 +177,36 @@ class Seen:
 class Fence:
     """A host's side: the highest epoch seen per job, and who may command it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_jobs: int = MAX_FENCED) -> None:
         self._seen: dict[tuple[str, str], Seen] = {}
         self.refused: dict[str, int] = {}  # by reason
+        self.max_jobs = max_jobs
+
+    def command(self, job: str, peer: str, origin: str, epoch: int, charter: Charter | None,
+                keep: Callable[[tuple[str, str]], bool] = lambda key: True) -> str | None:
+        """Why ``peer`` may not command the job (``origin``, ``job``) at ``epoch`` (a reason,
+        counted), or None. With a ``charter`` (signed by the origin: checked by the caller),
+        `admit`; without, the epoch this host obeys for the job decides, and a job it knows
+        no charter of obeys its origin alone (a job's first reservation comes before its
+        charter). ``keep``: whether a job's entry must stay when the fence is full (a hold
+        or ranks of it here); the others are forgotten, oldest first."""
+        if charter is not None:
+            if charter.key != (origin, job):
+                return self._count("charter_mismatch")
+            if charter.key not in self._seen and len(self._seen) >= self.max_jobs:
+                for key in [k for k in self._seen if not keep(k)][:max(1, self.max_jobs // 8)]:
+                    del self._seen[key]
+                if len(self._seen) >= self.max_jobs:
+                    return self._count("full")
+            return self.admit(charter, peer, epoch)
+        seen = self._seen.get((origin, job))
+        if seen is None:
+            return None if peer == origin else self._count("not_coordinator")
+        return self.admit(seen.charter, peer, epoch)
+
+    def _count(self, why: str) -> str:
+        self.refused[why] = self.refused.get(why, 0) + 1
+        return why
 
     def check(self, charter: Charter, peer: str, epoch: int) -> str | None:
         """Why ``peer`` may not command the job at ``epoch`` (a reason label), or None."""
@@ -199,8 +227,7 @@ class Fence:
         """`check`, and on success the epoch becomes the one this host obeys; counts refusals."""
         why = self.check(charter, peer, epoch)
         if why is not None:
-            self.refused[why] = self.refused.get(why, 0) + 1
-            return why
+            return self._count(why)
         seen = self._seen.get(charter.key)
         if seen is None or epoch > seen.epoch:
             self._seen[charter.key] = Seen(epoch, peer, charter)
