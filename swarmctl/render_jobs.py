@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,12 +86,24 @@ def job(j: Mapping[str, Any]) -> None:
         ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
         ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
                          for c in j.get("checkpoints") or []]),
-        ("coordinator", _peer(j["coordinator"]) if j.get("coordinator") else None),
+        ("coordinator", _coordinator_line(j)),
         ("record", _replicas_line(j.get("replicas"))),
         ("ranks", ranks), ("hosts", [_host_line(p, h) for p, h in (j.get("hosts") or {}).items()]),
         ("Ray nodes", [_ray_line(p, h["ray"], p == (j["nodes"] or [None])[0])
                        for p, h in (j.get("hosts") or {}).items() if h.get("ray")]),
     ])
+
+
+def _coordinator_line(j: Mapping[str, Any]) -> str | None:
+    """Who coordinates the job: its origin, or the replica that took it over, at which epoch
+    and since when (issue 26)."""
+    h = j.get("handover")
+    if not h:
+        return _peer(j["coordinator"]) if j.get("coordinator") else None
+    since = h.get("since")
+    when = f", since {time.strftime('%H:%M:%S', time.localtime(since))}" if isinstance(since, (int, float)) else ""
+    who = "this node" if h.get("coordinator") == j.get("coordinator") else "took over from this node"
+    return f"{_peer(h['coordinator'])} (epoch {h.get('epoch')}{when}; {who})"
 
 
 def _replicas_line(r: Mapping[str, Any] | None) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -243,8 +244,49 @@ def test_a_detached_job_outlives_its_submitter_and_its_owner_sees_all_of_it_late
     out = logs(lab, job)
     assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
     assert len(j["attempts"]) == 1, "the ranks went on: no restart"
-    assert j["handover"]["coordinator"] == lab.state.host(successor).peer_id and j["handover"]["epoch"] >= 1, j
+    successor_id = lab.state.host(successor).peer_id
+    assert j["handover"]["coordinator"] == successor_id and j["handover"]["epoch"] >= 1, j
     by_rank = rank_lines(out)
+    said = [t for t in by_rank[0] if t.startswith("[swarmd]")]
+    assert len(said) == 1 and "took the job over at epoch" in said[0], said
     for rank in (0, 1, 2):
-        assert by_rank[rank] == [f"step {i} of rank {rank} attempt 0" for i in range(60)], \
-            f"rank {rank}'s output, every line once and in order: {by_rank.get(rank)}"
+        steps = [t for t in by_rank[rank] if not t.startswith("[swarmd]")]
+        assert steps == [f"step {i} of rank {rank} attempt 0" for i in range(60)], \
+            f"rank {rank}'s output, every line once and in order: {steps}"
+    shown = swarmctl(lab, "h1", "jobs", "show", job).stdout
+    assert f"epoch {j['handover']['epoch']}" in shown and successor_id[-8:] in shown, shown
+
+
+def test_a_partitioned_submitter_stands_down_and_the_job_runs_once(healthy, tmp_path):
+    lab = healthy
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.py").write_text(STEPS)
+    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *hosts, "--workdir", str(work), "--",
+                 "python", "job.py", "200")
+    until(lambda: len(rank_lines(logs(lab, job))) == 3, 60, "every rank's first steps", interval=0.3)
+    cut = time.monotonic()
+    for other in ("h2", "h3", "h4"):  # h1 isolated, not killed: it goes on believing it coordinates
+        lab.set_link("h1", other, up=False)
+    until(lambda: coordinator_of(lab, job, ("h2", "h3", "h4")) is not None, 30, "a replica coordinates the job",
+          interval=0.2)
+    successor = coordinator_of(lab, job, ("h2", "h3", "h4"))
+    while time.monotonic() - cut < 60:  # the partition lasts a minute: one coordinator on the hosts' side
+        acting = [h for h in ("h2", "h3", "h4") if coordinator_of(lab, job, (h,))]
+        assert acting == [successor], acting
+        time.sleep(1)
+    for other in ("h2", "h3", "h4"):
+        lab.set_link("h1", other, up=True)
+    until(lambda: coordinator_of(lab, job, ("h1",)) is None, 60, "h1 stands down once it sees the higher epoch",
+          interval=0.5)
+    until(lambda: show(lab, job)["state"] in ("succeeded", "failed", "cancelled"), 120, "the owner sees the end",
+          interval=0.5, detail=lambda: show(lab, job))
+    j, out = show(lab, job), logs(lab, job)
+    assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
+    assert len(j["attempts"]) == 1, "the job ran once: no restart by either side"
+    assert j["handover"]["coordinator"] == lab.state.host(successor).peer_id, j["handover"]
+    for rank, texts in rank_lines(out).items():
+        steps = [t for t in texts if not t.startswith("[swarmd]")]
+        assert steps == [f"step {i} of rank {rank} attempt 0" for i in range(200)], \
+            f"rank {rank}: every step once, none stopped by h1: {steps[-5:]}"

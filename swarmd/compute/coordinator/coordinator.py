@@ -76,6 +76,10 @@ WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's d
 SUCCESSION_EVERY = 0.25  # seconds between looks for jobs this node is a replica of whose coordinator is gone
 FOLLOW_EVERY = 1.0  # seconds between an origin's looks at its job that another replica coordinates
 CONFIRM_RETRY = 2.0  # seconds between writes of a record that no majority of its replicas took
+# seconds a coordinator cut off from a majority of the job's replicas waits (commanding nothing)
+# before it fails the job, or takes the end it saw: beyond a partition this long, a successor
+# on the other side and this node may both have ended it their own way (Slurm's SlurmctldTimeout)
+CONFIRM_PATIENCE = 120.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,6 +104,7 @@ class _Live:
     replicated: dict[str, str | None] = dataclasses.field(default_factory=dict)
     dirty: bool = False  # a transition not yet written to the replicas
     writing: bool = False
+    cut_off: bool = False  # no majority of the replicas answered for CONFIRM_PATIENCE
 
     def touch(self) -> None:
         self.changed.set()
@@ -384,6 +389,13 @@ class Jobs:
         end written), or a replica at a higher epoch coordinates it now (this node commands
         nothing more, and the origin follows the successor as the owner's front end)."""
         run, origin = live.run, live.auth.origin
+        if superseded is None and run.over and not live.cut_off:  # an end seen alone may be a successor's job
+            try:
+                await self._confirm(job, live, patience=CONFIRM_PATIENCE)
+            except Superseded as exc:
+                superseded = exc
+            except HostError as exc:  # no majority for CONFIRM_PATIENCE: the end stands
+                log.warning("the job's end could not be confirmed by its replicas", job=job, why=str(exc))
         self.live.pop(job, None)
         self.worker.hubs.discard((origin, job))
         if superseded is not None:
@@ -907,14 +919,17 @@ class Jobs:
             run.begin_attempt()
             self._save(job, live)
 
-    async def _confirm(self, job: str, live: _Live, *, once: bool = False) -> bool:
+    async def _confirm(self, job: str, live: _Live, *, once: bool = False,
+                       patience: float = CONFIRM_PATIENCE) -> bool:
         """Write-ahead: the job's record at this node's epoch on a majority of its replicas,
-        before this node commands its hosts anew (a takeover, a restart). Superseded when a
-        replica holds a newer epoch; retried every CONFIRM_RETRY while no majority answers
-        (a partition: this side stands still), or False at once with `once`."""
+        before this node commands its hosts anew (a takeover, a restart) or takes an end it saw
+        alone for the job's. Superseded when a replica holds a newer epoch; retried every
+        CONFIRM_RETRY while no majority answers (a partition: this side stands still), for
+        `patience` seconds, then a HostError; False at once with `once`."""
         if self.replication is None or live.charter is None:
             return True
         quorum = len(live.charter.replicas) // 2 + 1
+        give_up = trio.current_time() + patience
         while True:
             while live.writing:  # one write at a time per job: versions reach replicas in order
                 await trio.sleep(0.05)
@@ -938,6 +953,10 @@ class Jobs:
                 return True
             if once:
                 return False
+            if trio.current_time() >= give_up:
+                live.cut_off = True
+                raise HostError(f"no majority of the job's {len(live.charter.replicas)} replicas answered for "
+                                f"{patience:g} s (a partition, or its hosts are gone)")
             log.info("no majority of the job's replicas took its record: waiting", job=job, answers=answers)
             await trio.sleep(CONFIRM_RETRY)
 
