@@ -290,3 +290,28 @@ def test_a_partitioned_submitter_stands_down_and_the_job_runs_once(healthy, tmp_
         steps = [t for t in texts if not t.startswith("[swarmd]")]
         assert steps == [f"step {i} of rank {rank} attempt 0" for i in range(200)], \
             f"rank {rank}: every step once, none stopped by h1: {steps[-5:]}"
+
+
+def test_a_coordinator_crashing_mid_restart_hands_the_restart_over(healthy, tmp_path):
+    lab = healthy
+    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
+    job = submit(lab, tmp_path, "--nodes", "2:3", "--max-restarts", "2", *hosts, *DIGITS)
+    until(lambda: a_replicated_checkpoint(lab, job), 120, "a checkpoint on two hosts", interval=0.2)
+    victim = host_of(lab, show(lab, job)["nodes"][-1])  # not rank 0's host, which wrote the checkpoints
+    lab.crash(victim)
+    until(lambda: show(lab, job)["state"] == "restarting", 30, "the restart under way", interval=0.05)
+    lab.crash("h1")  # the coordinator goes too, in the middle of the restart
+    survivors = tuple(h for h in ("h2", "h3", "h4") if h != victim)
+    until(lambda: coordinator_of(lab, job, survivors) is not None, 30, "a replica takes the restart over",
+          interval=0.2)
+    successor = coordinator_of(lab, job, survivors)
+    until(lambda: coordinator_of(lab, job, (successor,)) is None, 240, "the job ends on its successor", interval=0.5)
+    lab.revive("h1")
+    until(lambda: show(lab, job)["state"] in ("succeeded", "failed", "cancelled"), 60, "the owner sees the end",
+          interval=0.5, detail=lambda: show(lab, job))
+    j, out = show(lab, job), logs(lab, job)
+    assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
+    assert len(j["attempts"]) == 2, j["attempts"]
+    assert j["attempts"][1]["resumed_from"] and j["attempts"][1]["resumed_from"].startswith("epoch-"), j["attempts"]
+    assert "world 2" in out.split("[swarmd] restart")[-1] and "resumed from epoch" in out, out[-3000:]
+    assert accuracy(out) > 0.9

@@ -375,6 +375,10 @@ class Jobs:
                 nursery.cancel_scope.cancel()
         except Superseded as exc:
             superseded = exc
+        except trio.Cancelled:  # the daemon stops: a job its replicas can carry on is theirs now
+            if live.charter is not None and len(live.charter.replicas) > 1 and not run.over:
+                superseded = Superseded("this daemon stops; the job's replicas carry it on")
+            raise
         except HostError as exc:
             run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
@@ -399,10 +403,10 @@ class Jobs:
         self.live.pop(job, None)
         self.worker.hubs.discard((origin, job))
         if superseded is not None:
-            log.warning("a replica took the job over: this node stands down", job=job, epoch=live.epoch,
+            log.warning("this node stands down from the job's coordination", job=job, epoch=live.epoch,
                         why=str(superseded))
             live.touch()
-            if origin == self.gossip.me and self._nursery is not None:
+            if origin == self.gossip.me and self._nursery is not None and not self._nursery.cancel_scope.cancel_called:
                 self._nursery.start_soon(self._follow, job)
             return
         for peer, host in live.hosts.items():
@@ -688,6 +692,9 @@ class Jobs:
                             memory_limit=oom.get("limit"), now=time.time())
         if "started" in event or "exit" in event:
             self._save(job, live)
+        elif "ckpt" in event:  # the index a successor resumes from: on the replicas too
+            self._replicate(job, live)
+            live.touch()
         else:  # output or a heartbeat: the job's row is unchanged, its followers read the log
             live.touch()
 
@@ -900,8 +907,10 @@ class Jobs:
         are not restarted: each host's events, held for a successor, come here); an attempt
         being set up is released and set up again; an ended one's restart goes on."""
         run = live.run
-        if run.state in ("placing", "reserving", "shipping") or \
-                (run.state == "restarting" and run.phase in ("placing", "reserving", "shipping")):
+        setting_up = ("placing", "reserving", "shipping")
+        if "running" not in run.node_state.values():  # nothing runs yet: a start may not have reached all
+            setting_up += ("starting",)
+        if run.state in setting_up or (run.state == "restarting" and run.phase in setting_up):
             for peer in run.nodes:
                 await _quietly(self._host(peer, live.auth).release, job)
             run.redo_setup()

@@ -290,11 +290,12 @@ class Run:
 
     def redo_setup(self) -> None:
         """A successor took over a job whose attempt was being set up (placed, reserved,
-        shipping): its hosts' holds were released, and the attempt is placed again, as the
-        same attempt (no restart is spent on the hand-over)."""
+        shipping, or started with no rank yet known to run): its hosts' holds were released
+        (a start that did reach one is stopped with it), and the attempt is placed again, as
+        the same attempt (no restart is spent on the hand-over)."""
         if self.state == "restarting":
             self.phase = "placing"
-        elif self.state in ("reserving", "shipping"):
+        elif self.state in ("reserving", "shipping", "starting"):
             self.state = "placing"
         self.nodes, self.node_state = (), {}
 
