@@ -39,6 +39,17 @@ job id (ids.py's format, nothing else), and only then is anything larger read. O
 - ``ckpt_get {sha256}`` → ``{size}``, ``{data}`` chunks, ``{end}``, only out of the
   requester's own cache of that job (checkpoints/cache.py, keyed like the ledger by (requester,
   job)): another member asking for a coordinator's checkpoint finds its own, empty, cache.
+- ``attach`` → ``{attached: {ranks, orphaned}}``, then the job's events as a start's, until
+  ``{done}``: a successor (issue 26) takes over the stream of the job's running ranks here;
+  the host first replays its log of the attempt (output.Replay), so no line is lost with the
+  gone coordinator's stream or sent twice.
+Every op's first frame may name another's job: ``origin`` (the peer whose job it is: holds,
+directories and caches are keyed by it), ``epoch`` and ``charter`` (succession.py). The
+worker's fence decides (`Worker.authorize`): with no charter known here only the origin
+commands the job; once one is, only the coordinator of the highest epoch seen, and a higher
+epoch presented with the charter becomes the one obeyed. Everything else is refused and
+counted by reason (``not_replica``, ``not_its_epoch``, ``stale_epoch``, ``charter_changed``,
+``charter_mismatch``, ``not_coordinator``, ``bad_epoch``, ``signature``).
 Before its certificate is checked a stream costs little and is held briefly: its first
 frame and the check within `FIRST_FRAME_TIMEOUT`, at most `MAX_UNCHECKED_PER_PEER` such
 streams a peer (peer ids are free: an outsider must not use up what members need). Only a

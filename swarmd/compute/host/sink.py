@@ -10,9 +10,11 @@ protocol's, fenced to the successor's epoch there) to give it a new stream, at m
 after it follows. A job without a successor (``patience`` None) ends as before: the ranks
 stop at once (`CoordinatorGone`).
 
-Events are never reordered or dropped by a hand-over: the one that failed is the first the
-successor gets (the host's log keeps every line in any case, output.py). An attach while
-the old stream still works wins: the successor's epoch is higher, so the old one is cut off.
+Events are never reordered or lost by a hand-over: the successor first gets the host's log
+of the attempt (`replay`, output.Replay), then the held event unless the replay already
+covers it (output the gone coordinator may or may not have read), then every later one. An
+attach while the old stream still works wins: the successor's epoch is higher, so the old
+one is cut off.
 """
 
 from __future__ import annotations

@@ -35,8 +35,11 @@ path as one placed elsewhere. Rules:
   codes may be the stop it caused). Every line goes to the job's log on this host first;
   the stream gets what a bounded queue holds (output.py), so a coordinator that does not
   read costs lines on its stream, never this host's memory. A coordinator that takes no
-  event for `EMIT_TIMEOUT`, or whose stream breaks, is gone: the ranks are stopped (sink.py;
-  a job a successor can take over will wait for it there, once hosts are told of one).
+  event for `EMIT_TIMEOUT`, whose stream breaks, or that membership declares gone, is gone:
+  a job whose charter names other replicas waits up to `HANDOVER_PATIENCE` for a successor's
+  `attach` (sink.py), any other has its ranks stopped.
+- Who may command a job here is the fence's (`authorize`, succession.Fence): its origin
+  until a charter is known, then the coordinator of the highest epoch seen.
 - A workdir shipped for a hold (`pin`) stays in the cache while the hold lasts, one tree per
   hold, so other uploads cannot evict it between ship and start.
 - When the ranks have exited, the job's slot and GPUs are released and its pin on the
