@@ -76,6 +76,7 @@ WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's d
 SUCCESSION_EVERY = 0.25  # seconds between looks for jobs this node is a replica of whose coordinator is gone
 FOLLOW_EVERY = 1.0  # seconds between an origin's looks at its job that another replica coordinates
 CONFIRM_RETRY = 2.0  # seconds between writes of a record that no majority of its replicas took
+TAKEOVER_RETRY = 1.0  # seconds between two tries of one job's takeover (one short of a majority)
 # seconds a coordinator cut off from a majority of the job's replicas waits (commanding nothing)
 # before it fails the job, or takes the end it saw: beyond a partition this long, a successor
 # on the other side and this node may both have ended it their own way (Slurm's SlurmctldTimeout)
@@ -153,6 +154,7 @@ class Jobs:
         self.replication = replication  # jobs' records to their replicas (replication.py); None: not kept
         self.following: dict[str, dict[str, Any]] = {}  # this node's jobs another replica coordinates
         self._tried: dict[tuple[str, str], int] = {}  # the epoch this process last tried to take a job over at
+        self._retry: dict[tuple[str, str], float] = {}  # no new try at a takeover before then
 
     def job_slots(self) -> JobSlots:
         """What this node's record says of its job slots (gossip's `Above.job_slots`)."""
@@ -833,16 +835,24 @@ class Jobs:
         assert self.replication is not None and self._nursery is not None
         store, me = self.replication.store, self.gossip.me
         taking: set[tuple[str, str]] = set()
+        over: dict[tuple[str, str], tuple[int, int]] = {}  # the version of a record read as ended
         while True:
             await trio.sleep(SUCCESSION_EVERY)
+            now = trio.current_time()
             for key in store.held.keys():
                 record = store.get(key)
-                if record is None or key in taking or key[1] in self.live:
+                if record is None or key in taking or key[1] in self.live or now < self._retry.get(key, 0.0):
                     continue
-                if takeover(me, record.charter, record.epoch, self._gone, acting=False) is None or ended(record):
+                if takeover(me, record.charter, record.epoch, self._gone, acting=False) is None:
+                    continue
+                if over.get(key) == record.version or ended(record):  # read once per version
+                    over[key] = record.version
                     continue
                 taking.add(key)
+                self._retry[key] = now + TAKEOVER_RETRY
                 self._nursery.start_soon(self._take_over, key, taking)
+            for key in [k for k in over if store.get(k) is None]:
+                del over[key]
 
     async def _take_over(self, key: tuple[str, str], taking: set[tuple[str, str]]) -> None:
         try:
