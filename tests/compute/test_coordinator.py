@@ -38,6 +38,7 @@ class World:
         self.refused_puts: list[str] = []
         self.released: list[str] = []
         self.announced = trio.Event()
+        self.hold: trio.Event | None = None  # set: every host's ranks run until it is
 
 
 class FakeHost:
@@ -78,6 +79,8 @@ class FakeHost:
         self.world.starts.append((self.peer, req))
         rank = req.role.node_rank
         await emit({"started": [rank]})
+        if self.world.hold is not None:
+            await self.world.hold.wait()
         if req.role.restart_count == 0 and req.role.nnodes > 1:
             if rank == 0:
                 await emit({"ckpt": ["e1.pt", SHA, len(DATA)]})
@@ -258,3 +261,28 @@ def test_a_successor_takes_over_only_the_spec_its_origin_signed(tmp_path):
     assert live.spec.cmd == ("python", "train.py") and live.auth.epoch == 2 and live.auth.origin == PEER["o"]
     row = jobs.handed.get("0123456789ab")
     assert row is not None and row.submitted_by == 1000 and row.coordinator == PEER["o"]
+
+
+async def test_a_daemon_that_stops_leaves_a_replicated_job_to_its_replicas(tmp_path):
+    """A coordinator whose daemon stops (its tasks cancelled) neither fails nor releases a job
+    other replicas can carry on: its last record says it runs, for a successor to take over."""
+    import msgpack
+
+    world = World(set())
+    world.hold = trio.Event()
+    jobs, stores = replicated_jobs(tmp_path, world)
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        job = jobs.submit(JobSpec(cmd=("python", "x.py"), nodes=2), None, 0)
+        run = jobs.live[job].run
+
+        def recorded() -> str | None:
+            record = stores[jobs.gossip.me].get((jobs.gossip.me, job))
+            return None if record is None else msgpack.unpackb(record.body)["run"]["state"]
+
+        with trio.fail_after(10):
+            while run.state != "running" or recorded() != "running":
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()  # the daemon stops
+    assert jobs.store.get(job).state == "running" and world.released == [], world.released
+    assert recorded() == "running", "its replicas' record still says it runs"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import re
 import secrets
@@ -383,16 +384,17 @@ class Jobs:
                 nursery.cancel_scope.cancel()
         except Superseded as exc:
             superseded = exc
-        except trio.Cancelled:  # the daemon stops: a job its replicas can carry on is theirs now
-            if live.charter is not None and len(live.charter.replicas) > 1 and not run.over:
-                superseded = Superseded("this daemon stops; the job's replicas carry it on")
-            raise
         except HostError as exc:
             run.fail(str(exc))
         except Exception as exc:  # a bug must not leave a job running forever in the store
             log.exception("job coordinator failed", job=job)
             run.fail(f"coordinator error: {exc.__class__.__name__}: {exc}")
         finally:
+            # cancelled from outside (nothing else cancels a coordination): the daemon stops,
+            # and a job its replicas can carry on is theirs now
+            if trio.current_effective_deadline() == -math.inf and superseded is None and not run.over \
+                    and live.charter is not None and len(live.charter.replicas) > 1:
+                superseded = Superseded("this daemon stops; the job's replicas carry it on")
             with trio.CancelScope(shield=True):
                 await self._coordinated(job, live, superseded)
 
