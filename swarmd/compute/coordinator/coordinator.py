@@ -110,6 +110,7 @@ class _Live:
     # the quorum's configuration (succession.quorum): replicas removed, committed and being removed
     removed: frozenset[str] = frozenset()
     removing: frozenset[str] | None = None
+    recorded_removed: frozenset[str] = frozenset()  # the configuration a majority holds as committed
     reconfiguring: bool = False
 
     def touch(self) -> None:
@@ -362,7 +363,7 @@ class Jobs:
         if live is None or live.charter is None:
             return None
         return {"epoch": live.epoch, "seq": live.seq, "replicas": list(live.charter.replicas),
-                "removed": sorted(live.removed),
+                "removed": sorted(live.recorded_removed),
                 "holding": sorted(p for p, why in live.replicated.items() if why is None),
                 "missing": {p: why for p, why in live.replicated.items() if why is not None}}
 
@@ -939,9 +940,9 @@ class Jobs:
         hub = Hub(job, worker=self.worker, me=self.gossip.me, host=functools.partial(self._host, auth=auth),
                   origin=origin)
         hub.restore(state.get("checkpoints", []), self.worker.checkpoint_max)
-        removing = state.get("removing")
+        removing, removed = state.get("removing"), check_removed(state.get("removed", []), charter)
         return _Live(run=run, spec=spec, hub=hub, store=store, auth=auth, workdir=workdir, ray=ray,
-                     removed=check_removed(state.get("removed", []), charter),
+                     removed=removed, recorded_removed=removed,
                      removing=check_removed(removing, charter) if removing is not None else None,
                      seq=record.seq if epoch == record.epoch else 0)
 
@@ -1009,9 +1010,12 @@ class Jobs:
                 raise Superseded(f"a replica holds job {job} at a newer epoch than {live.epoch}")
             if quorum(replicas, configs, (p for p, why in answers.items() if why is None)):
                 if target != live.removed or live.removing is not None:
+                    # committed: written as such (again, to a majority of it) before any other
+                    # step, so a successor reads the new configuration, not a pending one
                     live.removed, live.removing = target, None
                     log.info("the job's quorum of replicas changed", job=job, removed=[short(p) for p in target])
-                    self._replicate(job, live)  # the replicas learn it is committed
+                    continue
+                live.recorded_removed = live.removed
                 return True
             if once:
                 return False
