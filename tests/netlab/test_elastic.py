@@ -209,6 +209,18 @@ def test_cancel_during_a_restart_stops_everything(healthy, tmp_path):
     assert len(j["attempts"]) == 1, "nothing was started after the cancel"
 
 
+def views(lab, among: tuple[str, ...]) -> dict:
+    """What each of `among` sees of every member (a failed wait for a successor shows why)."""
+    names = {h.peer_id: h.name for h in lab.state.hosts}
+    out = {}
+    for h in among:
+        try:
+            out[h] = {names.get(p["peer"], p["peer"][-8:]): p["state"] for p in call(lab, h, "peers")["peers"]}
+        except Exception as exc:  # noqa: BLE001 - a daemon that does not answer says so
+            out[h] = repr(exc)[:200]
+    return out
+
+
 def coordinator_of(lab, job: str, among: tuple[str, ...]) -> str | None:
     """The host among `among` whose daemon coordinates `job` now (its status lists it)."""
     for h in among:
@@ -307,7 +319,7 @@ def test_a_coordinator_crashing_mid_restart_hands_the_restart_over(healthy, tmp_
     lab.crash("h1")  # the coordinator goes too, in the middle of the restart
     survivors = tuple(h for h in ("h2", "h3", "h4") if h != victim)
     until(lambda: coordinator_of(lab, job, survivors) is not None, 30, "a replica takes the restart over",
-          interval=0.2)
+          interval=0.2, detail=lambda: views(lab, survivors))
     successor = coordinator_of(lab, job, survivors)
     until(lambda: coordinator_of(lab, job, (successor,)) is None, 240, "the job ends on its successor", interval=0.5)
     lab.revive("h1")

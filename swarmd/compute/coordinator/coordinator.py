@@ -77,6 +77,7 @@ WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's d
 SUCCESSION_EVERY = 0.25  # seconds between looks for jobs this node is a replica of whose coordinator is gone
 FOLLOW_EVERY = 1.0  # seconds between an origin's looks at its job that another replica coordinates
 CONFIRM_RETRY = 2.0  # seconds between writes of a record that no majority of its replicas took
+DRAIN_TIMEOUT = 30.0  # seconds a successor waits for ranks its predecessor started to stop
 TAKEOVER_RETRY = 1.0  # seconds between two tries of one job's takeover (one short of a majority)
 # seconds a coordinator cut off from a majority of the job's replicas waits (commanding nothing)
 # before it fails the job, or takes the end it saw: beyond a partition this long, a successor
@@ -955,6 +956,7 @@ class Jobs:
         if "running" not in run.node_state.values():  # nothing runs yet: a start may not have reached all
             setting_up += ("starting",)
         if run.state in setting_up or (run.state == "restarting" and run.phase in setting_up):
+            await self._drain(job, live, run.nodes)
             for peer in run.nodes:
                 await _quietly(self._host(peer, live.auth).release, job)
             run.redo_setup()
@@ -971,6 +973,26 @@ class Jobs:
         if run.state == "restarting" and run.verdict == "restart" and run.settled:
             run.begin_attempt()
             self._save(job, live)
+
+    async def _drain(self, job: str, live: _Live, peers: tuple[str, ...]) -> None:
+        """Ranks the predecessor may have started on `peers` before its record said so: stopped,
+        and their end waited for (an attach lasts until the ranks are done and their hold is
+        given back; at most DRAIN_TIMEOUT), so the attempt set up again finds the hosts free."""
+        async def ignore(event: dict[str, Any]) -> None:
+            pass
+
+        async def one(peer: str) -> None:
+            host = self._host(peer, live.auth)
+            await _quietly(host.cancel, job)
+            with trio.move_on_after(DRAIN_TIMEOUT):
+                try:
+                    await host.attach(job, ignore)
+                except HostError:  # nothing runs there (the usual case), or the host is gone
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(one, peer)
 
     async def _confirm(self, job: str, live: _Live, *, once: bool = False, patience: float = CONFIRM_PATIENCE,
                        remove: Collection[str] = ()) -> bool:

@@ -76,7 +76,7 @@ class Authority:
         return out
 
 class Host(Protocol):
-    """A host of a job as its coordinator sees it: reserve, commit, ship, start (its events
+    """A host of a job as its coordinator sees it: reserve, commit, ship, start or attach (its events
     until it is done), cancel, release, forward, and the job's checkpoints there. Every
     failure is a HostError naming `peer`."""
 
@@ -91,6 +91,8 @@ class Host(Protocol):
     async def ship(self, job: str, digest: str, archive: Path, progress: Callable[[int], None]) -> None: ...
 
     async def start(self, req: StartRequest, emit: Emit) -> None: ...
+
+    async def attach(self, job: str, emit: Emit) -> None: ...
 
     async def cancel(self, job: str) -> None: ...
 

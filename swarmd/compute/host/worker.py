@@ -505,7 +505,6 @@ class Worker:
                 ended.set()
 
         _each(req.job, [("stop the ranks", executor.cancel if executor is not None else lambda: None),
-                        ("let a successor's attach end", done),
                         ("flush the output log", out.flush), ("count dropped output", count_dropped),
                         ("forget the ranks", lambda: self.running.pop(key, None)),
                         ("end the forwards", lambda: self.forwards.ended(key)),
@@ -518,7 +517,8 @@ class Worker:
                     _failed(req.job, "remove the Ray temp dir", exc)
         _each(req.job, [("release the slot and GPUs", lambda: self.ledger.finish(req.job, req.coordinator)),
                         ("let the checkpoint cache linger", linger), ("drop workdir pins", self._unpin_gone),
-                        ("stamp the finish", lambda: _stamp(top)), ("readvertise", self.changed)])
+                        ("stamp the finish", lambda: _stamp(top)), ("readvertise", self.changed),
+                        ("let a successor's attach end (the hold is free now)", done)])
 
     # --- checkpoints (checkpoints/cache.py) ---------------------------------------------------------
 
