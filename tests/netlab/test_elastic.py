@@ -318,7 +318,9 @@ def test_a_coordinator_crashing_mid_restart_hands_the_restart_over(healthy, tmp_
     assert show(lab, job)["state"] == "restarting", "still in the middle of the restart"
     lab.crash("h1")  # the coordinator goes too, in the middle of the restart
     survivors = tuple(h for h in ("h2", "h3", "h4") if h != victim)
-    until(lambda: coordinator_of(lab, job, survivors) is not None, 30, "a replica takes the restart over",
+    # wide: what this test is about is the restart handed over, not how soon (the outlives test and
+    # make bench time that); once, in 7 runs, membership took over 27 s to suspect h1 here
+    until(lambda: coordinator_of(lab, job, survivors) is not None, 90, "a replica takes the restart over",
           interval=0.2, detail=lambda: views(lab, survivors))
     successor = coordinator_of(lab, job, survivors)
     until(lambda: coordinator_of(lab, job, (successor,)) is None, 240, "the job ends on its successor", interval=0.5)
