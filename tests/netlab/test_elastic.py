@@ -221,6 +221,19 @@ def views(lab, among: tuple[str, ...]) -> dict:
     return out
 
 
+def steps_job(lab, tmp_path: Path, steps: int) -> str:
+    """A detached 3-host job submitted from h1 and placed on h2-h4 (so h1 is no host of it),
+    each rank printing `steps` numbered steps; returned once every rank printed."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "job.py").write_text(STEPS)
+    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
+    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *hosts, "--workdir", str(work), "--",
+                 "python", "job.py", str(steps))
+    until(lambda: len(rank_lines(logs(lab, job))) == 3, 60, "every rank's first steps", interval=0.3)
+    return job
+
+
 def coordinator_of(lab, job: str, among: tuple[str, ...]) -> str | None:
     """The host among `among` whose daemon coordinates `job` now (its status lists it)."""
     for h in among:
@@ -234,13 +247,7 @@ def coordinator_of(lab, job: str, among: tuple[str, ...]) -> str | None:
 
 def test_a_detached_job_outlives_its_submitter_and_its_owner_sees_all_of_it_later(healthy, tmp_path):
     lab = healthy
-    work = tmp_path / "w"
-    work.mkdir()
-    (work / "job.py").write_text(STEPS)
-    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
-    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *hosts, "--workdir", str(work), "--",
-                 "python", "job.py", "60")
-    until(lambda: len(rank_lines(logs(lab, job))) == 3, 60, "every rank's first steps", interval=0.3)
+    job = steps_job(lab, tmp_path, 60)
     first = show(lab, job)
     assert set(first["replicas"]["replicas"]) == {h.peer_id for h in lab.state.hosts}, first["replicas"]
     lab.crash("h1")
@@ -271,13 +278,7 @@ def test_a_detached_job_outlives_its_submitter_and_its_owner_sees_all_of_it_late
 
 def test_a_partitioned_submitter_stands_down_and_the_job_runs_once(healthy, tmp_path):
     lab = healthy
-    work = tmp_path / "w"
-    work.mkdir()
-    (work / "job.py").write_text(STEPS)
-    hosts = [f"--host={lab.state.host(h).peer_id}" for h in ("h2", "h3", "h4")]
-    job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *hosts, "--workdir", str(work), "--",
-                 "python", "job.py", "200")
-    until(lambda: len(rank_lines(logs(lab, job))) == 3, 60, "every rank's first steps", interval=0.3)
+    job = steps_job(lab, tmp_path, 200)
     cut = time.monotonic()
     for other in ("h2", "h3", "h4"):  # h1 isolated, not killed: it goes on believing it coordinates
         lab.set_link("h1", other, up=False)

@@ -1065,7 +1065,10 @@ class Jobs:
             except Exception as exc:  # signed by a replica of the job, yet not a record this daemon reads
                 log.warning("a job's record cannot be followed", job=job, error=str(exc)[:200])
                 return
-            self.following[job] = {"coordinator": coordinator, "epoch": record.epoch, "since": state.get("since")}
+            since = state.get("since")  # a replica's word: a time, or nothing shown
+            if isinstance(since, bool) or not isinstance(since, (int, float)) or not 0 <= since < 2**40:
+                since = None
+            self.following[job] = {"coordinator": coordinator, "epoch": record.epoch, "since": since}
             drained = coordinator == me or await self._pull_log(job, coordinator)
             if job in self.live:
                 return
