@@ -519,6 +519,8 @@ class Mesh:
                 "endpoint": p.endpoint, "direct": bool(m and (host in m.endpoints or punched)),
                 # at its NAT's address: punched (a symmetric NAT's port differs from the hint)
                 "reflexive": punched,
+                # at another member's address: WireGuard roamed to a relay (routing: no proof of the direct path)
+                "elsewhere": bool(m and p.endpoint is not None and self._at_another_member(m.peer, p.endpoint)),
                 # proof of the endpoint, for routing: the write counter as this peer was last
                 # written (no write since a reading: what it reads came from the peer), and
                 # whether WireGuard moved the endpoint from what we wrote (an authenticated packet)

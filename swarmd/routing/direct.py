@@ -34,8 +34,9 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 NATED = frozenset({"eim", "edm", "firewall"})  # record wg.nat values of members nobody can dial unasked
 FASTER = "faster"  # relayed because the relay's legs beat the direct path (paths.py's switch rule)
@@ -74,6 +75,25 @@ def fingerprint(here: tuple[object, object], there: tuple[object, object], targe
             return nat, reflexive.rpartition(":")[0]
         return nat, reflexive
     return key(*here), key(*there), target
+
+
+def shaken(row: Mapping[str, Any], *, since: float | None, wall: float, arrived: bool) -> bool:
+    """A direct WireGuard path has shown that it works since it was set up, from one reading of
+    its peer row (mesh/driver.py ``peer_rows``): a handshake holds a session (younger than
+    ``SESSION_S``), WireGuard's endpoint is not at another member (``elsewhere``), and, after a
+    move back from a relay at wall time ``since``, the handshake came after the move or the
+    peer's packets kept arriving at its direct endpoint (``arrived``).
+
+    WireGuard roams to wherever an authenticated packet came from: an end still relayed (its
+    move lags ours, or a try fails on its side) sends its handshakes through the relay, which
+    lands our endpoint on the relay's address. That handshake is the relay's path, not the
+    direct one; taken for the direct one, both ends would stay "direct" over a relay that
+    believes itself released (seen after a NAT rebind: a port-restricted cone and a symmetric
+    NAT, a pairing theory rules out, stayed "direct" for minutes)."""
+    age = row.get("handshake_age_s")
+    if age is None or age >= SESSION_S or row.get("elsewhere"):
+        return False
+    return since is None or wall - age >= since or arrived
 
 
 def reason(a: object, b: object) -> str:

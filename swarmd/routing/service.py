@@ -38,9 +38,8 @@ from ..p2p.transport import Transport
 from ..gossip.wire import MAX_RTTS
 from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
-from . import exchange
+from . import direct, exchange
 from . import request as rq
-from .direct import SESSION_S
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
 from .relay import unmap
@@ -371,23 +370,20 @@ class Routing(Readout):
         self._direct_since = {p: t for p, t in self._direct_since.items() if p in seen}
 
     def _shaken(self, peer: str, row: Mapping[str, Any], last: tuple | None, wall: float) -> bool:
-        """``peer``'s direct WireGuard path has shown that it works since it was set up (a relayed
-        one is not judged: True). It works when a handshake holds a session (younger than
-        direct.SESSION_S) and, after a move back from a relay (``_direct_since``), came after the
-        move or the peer's packets kept arriving at its direct or reflexive endpoint (WireGuard
-        counts, and roams to, authenticated packets only; a session made through the relay is
-        kept across the move, so its handshake proves nothing of the direct path)."""
+        """``peer``'s direct WireGuard path has shown that it works since it was set up
+        (direct.shaken); a relayed one is not judged: True. After a move back from a relay
+        (``_direct_since``) its packets arriving at its direct or reflexive endpoint count too
+        (WireGuard counts, and roams to, authenticated packets only; a session made through the
+        relay is kept across the move, so its handshake proves nothing of the direct path)."""
         if peer in self._relayed:
             return True
-        age, since = row.get("handshake_age_s"), self._direct_since.get(peer)
-        if age is None or age >= SESSION_S:
-            return False
+        since = self._direct_since.get(peer)
         arrived = last is not None and row.get("rx_bytes", 0) > last[2] and row.get("endpoint") == last[3] \
             and bool(row.get("direct") or row.get("reflexive"))
-        if since is None or wall - age >= since or arrived:
-            self._direct_since.pop(peer, None)
-            return True
-        return False
+        if not direct.shaken(row, since=since, wall=wall, arrived=arrived):
+            return False
+        self._direct_since.pop(peer, None)
+        return True
 
     def proven(self, peer: str) -> tuple[str, int] | None:
         """(IP, port) ``peer``'s WireGuard packets were last proven to come from (``_proven``):

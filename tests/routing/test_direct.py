@@ -153,3 +153,23 @@ def test_a_new_endpoint_during_the_grace_restarts_it():
         assert w.lacking("b") is None, t
     w.observe(19.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "firewall"))
     assert w.lacking("b") == dp.NO_DIRECT, "10 s from the change"
+
+
+ROW = {"endpoint": "198.51.100.5:40001", "direct": False, "reflexive": True, "elsewhere": False,
+       "handshake_age_s": 4.0}
+
+
+def test_a_fresh_handshake_at_the_peers_own_endpoint_shows_the_direct_path_works():
+    assert dp.shaken(ROW, since=None, wall=1000.0, arrived=False)
+    assert dp.shaken(ROW, since=990.0, wall=1000.0, arrived=False), "made after the move back from a relay"
+    assert not dp.shaken(ROW, since=999.0, wall=1000.0, arrived=False), "a session carried over from the relay"
+    assert dp.shaken(ROW, since=999.0, wall=1000.0, arrived=True), "but its packets keep coming from there"
+    assert not dp.shaken({**ROW, "handshake_age_s": None}, since=None, wall=1000.0, arrived=True)
+    assert not dp.shaken({**ROW, "handshake_age_s": dp.SESSION_S}, since=None, wall=1000.0, arrived=True)
+
+
+def test_a_handshake_that_roamed_wireguard_onto_a_relay_proves_nothing_of_the_direct_path():
+    # the other end still relayed: its handshake came through the relay and WireGuard roamed there
+    relayed = {**ROW, "endpoint": "203.0.113.1:7001", "reflexive": False, "elsewhere": True}
+    assert not dp.shaken(relayed, since=None, wall=1000.0, arrived=False)
+    assert not dp.shaken(relayed, since=990.0, wall=1000.0, arrived=True)
