@@ -36,16 +36,18 @@ SAMPLE_INTERVAL = 5.0  # capacity sampling; changes are advertised only when sig
 
 class OwnRecord:
     """Wired by service.py: this node's ``addrs`` and ``labels``, the floors above's fields
-    (``mesh_info``, ``job_slots``, ``route_info``, ``recent_rtts``: service.Above), and
+    (``mesh_info``, ``job_slots``, ``route_info``, ``recent_rtts``, ``serve_info``: service.Above), and
     ``readvertise`` for a significant change of the resources."""
 
     def __init__(self, shared: Shared, collector: Collector, *, addrs: Callable[[], list[str]],
                  labels: Callable[[], dict[str, str]], mesh_info: Callable[[], MeshInfo | None],
                  job_slots: Callable[[], JobSlots | None], route_info: Callable[[], dict[str, Any]],
-                 recent_rtts: Callable[[], dict[str, float] | None], readvertise: Callable[[], None]) -> None:
+                 recent_rtts: Callable[[], dict[str, float] | None], readvertise: Callable[[], None],
+                 serve_info: Callable[[], dict[str, Any]] = dict) -> None:
         self.s = shared
         self._addrs, self._labels, self._mesh_info, self._job_slots = addrs, labels, mesh_info, job_slots
         self._route_info, self._recent_rtts, self._readvertise = route_info, recent_rtts, readvertise
+        self._serve_info = serve_info
         self.collector = collector
         self.resources: Resources = collector.sample()
         self.advertised: Resources = self.resources
@@ -71,7 +73,7 @@ class OwnRecord:
             blob = make_record(s.sign, swarm=s.swarm.swarm, peer=s.me, seq=seq, issued=now,
                                ttl=s.core.record_ttl, addrs=self._addrs(), resources=self.resources,
                                labels=self._labels(), wg=wg, jobs=self._job_slots(), rtts=self.nearest_rtts(),
-                               cert=cert, **self._route_info())
+                               cert=cert, **self._route_info(), **self._serve_info())
             own = s.verifier.decode(blob, now)
         except (Invalid, ValueError) as exc:
             detail = f"{exc.reason}: {exc.detail}" if isinstance(exc, Invalid) else str(exc)

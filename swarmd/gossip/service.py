@@ -80,6 +80,7 @@ class Above:
     route_info: Callable[[], dict[str, Any]] = dict  # routing: coordinate, relay, chosen relays
     recent_rtts: Callable[[], dict[str, float] | None] = lambda: None  # routing: peer -> ms
     rtt_observed: Callable[[str, float], None] = lambda peer, rtt: None  # each RTT a probe measured
+    serve_info: Callable[[], dict[str, Any]] = dict  # services: the claims it controls, the replicas it runs
 
 
 class Gossip:
@@ -108,6 +109,7 @@ class Gossip:
         # the helpers, each given what it needs of the others (and nothing else)
         self.own = OwnRecord(s, collector or Collector(), addrs=addrs, labels=lambda: self.labels,
                              mesh_info=above.mesh_info, job_slots=above.job_slots, route_info=above.route_info,
+                             serve_info=above.serve_info,
                              recent_rtts=above.recent_rtts, readvertise=self.readvertise)
         self.admission = Admission(s, exclude=self.exclude_peer, publish=self.publish,  # joins, renewals, revocations
                                    readvertise=self.readvertise, mesh_info=above.mesh_info)

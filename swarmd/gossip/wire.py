@@ -53,6 +53,7 @@ from ..p2p import multiaddrs
 from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
+from .registry import ReplicaEntry, ServiceClaim, claims_from_wire, replicas_from_wire
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
 
@@ -199,6 +200,8 @@ class Record:
     coord: Coordinate | None = None  # its network coordinate (vivaldi/coordinates.py)
     relay: bool = False  # it offers to relay WireGuard packets between members
     via: dict[str, str] = dataclasses.field(default_factory=dict)  # peer -> the relay it chose for that pair
+    services: tuple[ServiceClaim, ...] = ()  # the services it controls (registry.py)
+    replicas: tuple[ReplicaEntry, ...] = ()  # the service replicas it runs (registry.py)
     cert: Cert
     blob: bytes
 
@@ -240,7 +243,8 @@ def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float,
                 addrs: list[str], resources: Resources, labels: dict[str, str],
                 wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None,
                 rtts: dict[str, float] | None = None, coord: Coordinate | None = None, relay: bool = False,
-                via: dict[str, str] | None = None) -> bytes:
+                via: dict[str, str] | None = None, services: tuple[ServiceClaim, ...] = (),
+                replicas: tuple[ReplicaEntry, ...] = ()) -> bytes:
     body = {"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
             "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
             "labels": labels, "wg": None if wg is None else wg.to_wire(),
@@ -252,6 +256,10 @@ def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float,
         body["relay"] = True
     if via:
         body["via"] = [[peer_bytes(p), peer_bytes(r)] for p, r in via.items()]
+    if services:
+        body["services"] = [c.to_wire() for c in services]
+    if replicas:
+        body["replicas"] = [r.to_wire() for r in replicas]
     return seal(body, sign)
 
 
@@ -383,7 +391,8 @@ class Verifier:
                       labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, jobs=jobs,
                       rtts=_rtts(body.get("rtts", [])), coord=_coord(body.get("coord")),
                       relay=_flag(body.get("relay", False), "record.relay"), via=_via(body.get("via", []), cert.peer),
-                      cert=cert, blob=blob)
+                      services=claims_from_wire(body.get("services", [])),
+                      replicas=replicas_from_wire(body.get("replicas", [])), cert=cert, blob=blob)
 
 
 def _rtts(data: Any) -> dict[str, float]:
