@@ -68,6 +68,12 @@ class Config:
     relay_ports: tuple[int, int] = field(default=(51821, 52820), metadata={
         "doc": "UDP ports relayed pairs are given, one per pair: LOW-HIGH within 1024-65535 (open them in the "
                "host's firewall)"})
+    serve_ports: tuple[int, int] = field(default=(30000, 30999), metadata={
+        "doc": "TCP ports service replicas on this host listen on ($PORT), one each: LOW-HIGH within "
+               "1024-65535, below the kernel's ephemeral range; only members' gateways reach them (over the mesh)"})
+    gateway_listen: str | None = field(default="127.0.0.1:8080", metadata={
+        "doc": "where this node's service gateway listens, HOST:PORT, or 'off'; off the loopback only when "
+               "asked: a service then serves the outside as its access says (public, or with its token)"})
     metrics_addr: str | None = field(default="127.0.0.1:9464", metadata={
         "doc": "Prometheus endpoint HOST:PORT (port 0: any free port), or 'off'"})
     job_user: str | None = field(default="nobody", metadata={
@@ -297,14 +303,14 @@ def _uid_range(v: Any) -> tuple[int, int]:
     raise _Bad("a uid range LOW-HIGH of ordinary uids (≥ 1000, not 65534 'nobody'), e.g. 61184-65519")
 
 
-def _port_range(v: Any) -> tuple[int, int]:
+def _port_range(v: Any, kind: str = "UDP", example: str = "51821-52820") -> tuple[int, int]:
     if isinstance(v, str) and "-" in v:
         v = v.split("-", 1)
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(str(x).strip().isdigit() for x in v):
         low, high = (int(str(x).strip()) for x in v)
         if 1024 <= low <= high <= 65535:  # members refuse a relay's grant below 1024 (routing/sessions.py)
             return low, high
-    raise _Bad("a UDP port range LOW-HIGH within 1024-65535, e.g. 51821-52820")
+    raise _Bad(f"a {kind} port range LOW-HIGH within 1024-65535, e.g. {example}")
 
 
 def _networks(v: Any) -> tuple[str, ...]:
@@ -365,6 +371,8 @@ _CHECKS: dict[str, Check] = {
     "relay": _choice(("auto", "off")),
     "relay_max_mbit": _int_range(1, 100_000),
     "relay_ports": _port_range,
+    "serve_ports": lambda v: _port_range(v, "TCP", "30000-30999"),
+    "gateway_listen": _hostport_or_off,
     "metrics_addr": _hostport_or_off,
     "job_user": _user,
     "job_slots": _int_range(0, 1024),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from swarmd.compute.messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
+from swarmd.compute.spec import Serve
 from swarmd.compute.torchenv import NodeRole
 from swarmd.rpc.framing import HEADER, decode, encode_frame
 
@@ -34,6 +35,8 @@ def test_a_start_reads_back_as_it_was_sent():
     assert Start.from_wire(wire(start.to_wire()), checkpoint_max=1 << 30) == start
     plain = Start(role=ROLE, cmd=("true",), env={})
     assert Start.from_wire(wire(plain.to_wire()), checkpoint_max=0) == plain
+    replica = Start(role=ROLE, cmd=("python", "app.py"), env={}, serve=Serve(service="embed", replica=2, health="/h"))
+    assert Start.from_wire(wire(replica.to_wire()), checkpoint_max=0) == replica
 
 
 @pytest.mark.parametrize("kind, change, field", [
@@ -52,6 +55,9 @@ def test_a_member_changing_a_field_is_refused_naming_it(kind, change, field):
 @pytest.mark.parametrize("change, field", [
     ({"workdir": "../../etc"}, "'workdir'"), ({"workdir": 7}, "'workdir'"), ({"cmd": []}, "'cmd'"), ({"cmd": ["a\0b"]}, "'cmd'"), ({"env": {"1X": "y"}}, "'env'"),
     ({"python": 3}, "'python'"), ({"ray": "nope"}, "'ray'"), ({"limits": {"cpus": 1e9}}, "'limits.cpus'"),
+    ({"serve": {"service": "../x", "replica": 0}}, "serve.service"), ({"serve": {"service": "a", "replica": -1}},
+                                                                        "serve.replica"),
+    ({"serve": {"service": "a", "replica": 0, "health": "x"}}, "serve.health"), ({"serve": ["a"]}, "'serve'"),
     ({"limits": {"gpus": 1}}, "'limits'"), ({"role": {**Start(role=ROLE, cmd=("x",), env={}).to_wire()["role"],
                                                        "nnodes": 5000}}, "'role.nnodes'")])
 def test_a_start_a_member_changed_is_refused_naming_the_field(change, field):

@@ -281,3 +281,18 @@ def test_a_users_host_list_from_flags_and_its_words_in_errors():
     assert spec.hosts == (TRUSTED,)
     assert describe(spec).endswith("among the 1 host of its allow list")
     assert build({"cmd": ["python"]}, {}).hosts == ()
+
+
+def test_a_replica_spec_reads_back_and_only_as_one_node_without_ray():
+    spec = build({"cmd": ["python", "app.py"], "serve": {"service": "embed", "replica": 3, "health": "/healthz"}}, {})
+    assert spec.serve is not None and (spec.serve.service, spec.serve.replica, spec.serve.health) == ("embed", 3,
+                                                                                                      "/healthz")
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+    assert "serve" not in build({"cmd": ["x"]}, {}).to_wire(), "a job's spec (and its charter's digest) is as before"
+    for bad, words in (({"service": "Embed", "replica": 0}, "serve.service"), ({"service": "e", "replica": 1000},
+                       "serve.replica"), ({"service": "e", "replica": 0, "extra": 1}, "'serve'"),
+                       ({"service": "e", "replica": 0, "health": "/a b"}, "serve.health")):
+        with pytest.raises(SpecError, match=re.escape(words)):
+            build({"cmd": ["x"], "serve": bad}, {})
+    with pytest.raises(SpecError, match="one node"):
+        build({"cmd": ["x"], "nodes": 2, "serve": {"service": "e", "replica": 0}}, {})

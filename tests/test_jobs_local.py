@@ -69,6 +69,9 @@ def test_unknown_jobs_and_bad_flags_are_clear(node):
     assert r.returncode == 2 and "--env: expected K=V" in r.stderr
     r = swarmctl(node, "jobs", "run", "--nodes", "2")
     assert r.returncode == 2 and "'cmd' is missing" in r.stderr
+    with pytest.raises(Exception, match="set by a service's controller"):  # a job cannot pose as a replica
+        list(node.client().stream("jobs.run", spec={"cmd": ["true"], "serve": {"service": "embed", "replica": 0}},
+                                  detach=True))
 
 
 def test_a_rank_that_cannot_start_fails_the_job_saying_why(node):

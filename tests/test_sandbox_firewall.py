@@ -378,6 +378,45 @@ def test_the_daemon_answers_over_the_mesh_on_its_libp2p_port_only(lab):
 
 
 @real
+def test_a_service_replica_answers_members_over_the_mesh_on_its_port_and_no_job_reaches_one(lab):
+    pol = policy(mesh_ifname=MESH, serve_ports=(30000, 30099))
+    lab.apply(firewall.base(pol))
+    lab.apply(firewall.add_job(pol, A, [], serves=30005))  # a replica: one node, this host
+    lab.apply(firewall.add_job(pol, B, [ip(NODE)]))  # a job whose nodes include the peer
+    first = len(lab.servers)
+    lab.serve(0, "0.0.0.0", 30007, ns=lab.peer)  # a replica's port on another member
+    try:
+        with listening(lab, (A, "0.0.0.0", 30005), (A, "0.0.0.0", 7401), (B, "0.0.0.0", 30006)):
+            # any member's gateway (not only the job's nodes) reaches the replica's port, and only it
+            assert lab.connect(0, "10.77.0.1", 30005, source=OTHER, ns=lab.peer) == f"ok {A}"
+            assert lab.connect(0, "10.77.0.1", 7401, source=OTHER, ns=lab.peer, timeout=NO) == "timeout"
+            # a port of the range held by a job that is no replica answers only its nodes, as any port
+            assert lab.connect(0, "10.77.0.1", 30006, source=OTHER, ns=lab.peer, timeout=NO) == "timeout"
+            # no job reaches a replica elsewhere, not even on its own nodes; the rest of a node still
+            assert lab.connect(B, NODE, 30007, timeout=NO) == REFUSED
+            assert lab.connect(B, NODE, PORT) == "ok 0"
+            # nor one here: a job's connection is answered by its own sockets only
+            assert lab.connect(B, "127.0.0.1", 30005, timeout=RETRY) == REFUSED
+            assert lab.connect(0, "127.0.0.1", 30005) == f"ok {A}"  # the host's health check
+    finally:
+        for proc in lab.servers[first:first + 1]:
+            proc.kill()
+            proc.wait()
+        del lab.servers[first:first + 1]
+
+
+def test_a_replica_port_outside_the_serve_ports_or_without_a_mesh_is_refused():
+    with pytest.raises(ValueError, match="serve ports"):
+        firewall.add_job(policy(mesh_ifname=MESH, serve_ports=(30000, 30099)), A, [], serves=31000)
+    with pytest.raises(ValueError, match="serve ports"):
+        firewall.add_job(policy(serve_ports=(30000, 30099)), A, [], serves=30001)
+    with pytest.raises(ValueError, match="serve ports"):
+        policy(serve_ports=(30099, 30000))
+    rules = firewall.add_job(policy(mesh_ifname=MESH, serve_ports=(30000, 30099)), A, [])
+    assert f'oifname "{MESH}" tcp dport 30000-30099' in rules, "every job, replica or not, is kept off them"
+
+
+@real
 def test_internet_mode_reaches_public_addresses_but_never_the_never_sets(lab):
     lab.setup(policy(egress="internet"), {A: []})
     assert lab.connect(A, PUBLIC, PORT) == "ok 0"

@@ -91,6 +91,9 @@ def methods(get_jobs: Any) -> list[Method]:
             spec = JobSpec.from_wire(params["spec"])
         except SpecError as exc:
             raise RpcError(ErrorCode.INVALID_PARAMS, f"jobs.run: {exc}") from None
+        if spec.serve is not None:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "jobs.run: 'serve' is set by a service's controller "
+                                                     "(swarmctl serve up), not by a job")
         workdir = params.get("workdir")
         if workdir is not None:
             workdir = digest_of(params | {"digest": workdir}, "jobs.run")

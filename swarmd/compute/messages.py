@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from .checkpoints.rules import check_listed, check_name, is_sha256
 from .ids import check_job_id
-from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT
+from .spec import ENV_NAME, MAX_CMD, MAX_CPUS, MAX_ENV, MAX_MEM_MB, MAX_TEXT, Serve, SpecError, serve_from_wire
 from .torchenv import NodeRole
 from .workdir import is_digest
 
@@ -151,11 +151,13 @@ class Start:
     cpus: float = 0.0
     mem_mb: int = 0
     ray: str | None = None
+    serve: Serve | None = None  # a service's replica: the host gives it $PORT and announces it
 
     def to_wire(self) -> dict[str, Any]:
         return {"role": role_to_wire(self.role), "cmd": list(self.cmd), "env": self.env, "python": self.python,
                 "workdir": self.workdir, "checkpoints": [list(c) for c in self.checkpoints],
-                "limits": {"cpus": self.cpus, "mem_mb": self.mem_mb}, "ray": self.ray}
+                "limits": {"cpus": self.cpus, "mem_mb": self.mem_mb}, "ray": self.ray,
+                **({"serve": self.serve.to_wire()} if self.serve is not None else {})}
 
     @classmethod
     def from_wire(cls, body: Any, checkpoint_max: int) -> Start:
@@ -169,7 +171,8 @@ class Start:
                    env=_env(body.get("env")), python=_text(python, "python") if python is not None else None,
                    workdir=workdir,
                    checkpoints=check_listed(body.get("checkpoints"), checkpoint_max),
-                   ray=_ray_token(body.get("ray")), **limits_from_wire(body.get("limits")))
+                   ray=_ray_token(body.get("ray")), serve=_serve(body.get("serve")),
+                   **limits_from_wire(body.get("limits")))
 
 
 def _port(v: Any) -> int:
@@ -254,6 +257,15 @@ def _ray_token(v: Any) -> str | None:
     if not isinstance(v, str) or not TOKEN.fullmatch(v):
         raise ValueError("'ray' must be the job's Ray token: 64 lowercase hex characters")
     return v
+
+
+def _serve(v: Any) -> Serve | None:
+    if v is None:
+        return None
+    try:
+        return serve_from_wire(v)
+    except SpecError as exc:
+        raise ValueError(str(exc).removeprefix("spec: ")) from None
 
 
 def limits_from_wire(v: Any) -> dict[str, Any]:

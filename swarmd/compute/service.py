@@ -54,6 +54,7 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
                     job_nodes=lambda ips: job_nodes(gossip, ips, mesh_up=bool(mesh and mesh.started),
                                                     connected=transport.remote_ips),
                     sandbox_later=True, checkpoint_max=config.checkpoint_max, checkpoint_keep=config.checkpoint_keep,
+                    serve_ports=config.serve_ports,
                     coordinator_gone=lambda peer: coordinator_gone(gossip, peer))
     handler = JobHandler(worker, check_member=gossip.check_member, submitters=config.job_submitters,
                          rejected=reject)
@@ -66,7 +67,8 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
     sandbox = Settings(mode=config.sandbox, uids=config.job_uids, egress=config.job_egress,
                        egress_allow=config.job_egress_allow, paths=config.job_paths, pids=config.job_pids,
                        state_dir=state, jobs_dir=config.jobs_path, socket=config.socket_path,
-                       name=name_for(gossip.me), mesh_ifname=config.mesh_interface if mesh else None)
+                       name=name_for(gossip.me), mesh_ifname=config.mesh_interface if mesh else None,
+                       serve_ports=config.serve_ports)
     jobs = Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
                 transport=transport, replication=writer, handed=JobStore(state / "handed"))

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..p2p.signed import Invalid, peer_bytes
+from ..gossip.registry import MAX_INDEX, check_health, check_name
 from ..gossip.wire import check_labels
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",
-          "env", "workdir", "wait", "python", "ray", "cmd")
+          "env", "workdir", "wait", "python", "ray", "serve", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -63,6 +64,19 @@ _MB_PER = {"": 1, "m": 1, "mb": 1, "mi": 1, "mib": 1, "g": 1024, "gb": 1024, "gi
            "t": 1024 ** 2, "tb": 1024 ** 2, "ti": 1024 ** 2, "tib": 1024 ** 2}
 _S_PER = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _MAPS = ("labels", "env")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Serve:
+    """A job that is one replica of a service (serve/): set by the service's controller, never by
+    a user's `jobs run`. Its host gives it a port ($PORT), checks `health` there and announces
+    it; placement keeps replicas of one service on different hosts."""
+    service: str
+    replica: int
+    health: str = "/"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"service": self.service, "replica": self.replica, "health": self.health}
 
 
 class SpecError(ValueError):
@@ -87,6 +101,7 @@ class JobSpec:
     wait_s: float = 0.0  # how long to wait for capacity; 0: fail at once
     python: str | None = None  # interpreter replacing a leading python/python3 in cmd
     ray: bool = False  # a Ray cluster for this job, cmd its driver on the first host
+    serve: Serve | None = None  # a service's replica (serve/)
 
     @property
     def least_nodes(self) -> int:
@@ -104,7 +119,7 @@ class JobSpec:
                 "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "hosts": list(self.hosts), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
-                "python": self.python, "ray": self.ray}
+                "python": self.python, "ray": self.ray, **({"serve": self.serve.to_wire()} if self.serve else {})}
 
     @classmethod
     def from_wire(cls, data: Any) -> JobSpec:
@@ -269,14 +284,28 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
         labels=_labels(given.get("labels", {})), hosts=_hosts(given.get("hosts", [])), env=_env(given.get("env", {})),
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
         wait_s=parse_duration_s(given.get("wait", 0), "wait"),
-        python=None if given.get("python") is None else _text("python", given["python"]), ray=ray)
+        python=None if given.get("python") is None else _text("python", given["python"]), ray=ray,
+        serve=None if given.get("serve") is None else serve_from_wire(given["serve"]))
     if ray and spec.procs_per_node != 1:
         raise SpecError(f"spec: a Ray job runs one Ray node per host, so 'procs_per_node' must be 1, got "
                         f"{spec.procs_per_node}: give the node its GPUs with gpus_per_node and Ray places the work")
     if ray and spec.max_restarts:
         raise SpecError("spec: a Ray job is not restarted by swarmd ('max_restarts' must be 0): Ray handles failures "
                         "inside its cluster (Tune's and Train's FailureConfig)")
+    if spec.serve is not None and (ray or spec.nodes != 1):
+        raise SpecError("spec: a service's replica is one node and no Ray cluster")
     return spec
+
+
+def serve_from_wire(value: Any) -> Serve:
+    if not isinstance(value, Mapping) or set(value) - {"service", "replica", "health"}:
+        raise _fail("serve", "a map of service, replica and health", value)
+    try:
+        name = check_name(value.get("service"), "serve.service")
+        health = check_health(value.get("health", "/"), "serve.health")
+    except Invalid as exc:
+        raise SpecError(f"spec: {exc.detail}") from None
+    return Serve(service=name, replica=_int("serve.replica", value.get("replica"), 0, MAX_INDEX), health=health)
 
 
 def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:

@@ -503,8 +503,9 @@ class Jobs:
             # the thread gets an immutable snapshot of the view, never the live membership
             view = self.gossip.view()
             candidates, rtt_ms = self._candidates(view), self._rtt(view)
+            exclude = self._siblings(job, spec) | refused
             placement = await trio.to_thread.run_sync(
-                lambda: place(spec, candidates, rtt_ms, exclude=dict(refused), require=survivors))
+                lambda: place(spec, candidates, rtt_ms, exclude=exclude, require=survivors))
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
                     await trio.sleep(WAIT_POLL)
@@ -534,6 +535,16 @@ class Jobs:
                 why = "; ".join(outcome.refused.values())
                 run.fail(f"could not reserve {describe(spec)} after {attempts} attempts: {why}")
                 return None
+
+    def _siblings(self, job: str, spec: JobSpec) -> dict[str, str]:
+        """The hosts a service replica is not placed on: those of the other replicas of its
+        service that this node coordinates (a host's death takes one replica, not two)."""
+        if spec.serve is None:
+            return {}
+        name = spec.serve.service
+        return {peer: f"runs another replica of {name}" for other, live in self.live.items()
+                if other != job and live.spec.serve is not None and live.spec.serve.service == name
+                and live.run.state not in TERMINAL for peer in live.run.nodes}
 
     async def _reserve(self, job: str, spec: JobSpec, hosts: dict[str, Host]) -> gangmod.Commit | gangmod.Release:
         g = gangmod.Gang(peers=tuple(hosts), deadline=trio.current_time() + gangmod.RESERVE_TIMEOUT)
@@ -619,7 +630,7 @@ class Jobs:
                             max_restarts=run.max_restarts)
             req = StartRequest(job=job, coordinator=live.auth.origin, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
-                               checkpoints=checkpoints, ray=live.ray)
+                               checkpoints=checkpoints, ray=live.ray, serve=spec.serve)
 
             ranks = range(i * spec.procs_per_node, (i + 1) * spec.procs_per_node)
 

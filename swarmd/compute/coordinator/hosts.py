@@ -384,7 +384,7 @@ class RemoteHost:
             try:
                 await write_frame(stream, Start(role=req.role, cmd=req.cmd, env=req.env, python=req.python,
                                                 workdir=req.workdir, checkpoints=req.checkpoints, cpus=req.cpus,
-                                                mem_mb=req.mem_mb, ray=req.ray).to_wire())
+                                                mem_mb=req.mem_mb, ray=req.ray, serve=req.serve).to_wire())
             except PeerError as exc:
                 raise HostError(f"{short(self.peer)}: {exc}") from None
             await self._events(stream, emit, FIRST_EVENT_TIMEOUT)

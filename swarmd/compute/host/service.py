@@ -277,7 +277,7 @@ class JobHandler:
                 asked = Start.from_wire(body, w.checkpoint_max)
                 start = StartRequest(job=job, coordinator=coordinator, role=asked.role, cmd=asked.cmd, env=asked.env,
                                      python=asked.python, workdir=asked.workdir, checkpoints=asked.checkpoints,
-                                     ray=asked.ray, cpus=asked.cpus, mem_mb=asked.mem_mb)
+                                     ray=asked.ray, serve=asked.serve, cpus=asked.cpus, mem_mb=asked.mem_mb)
 
                 async def emit(event: dict[str, Any]) -> None:
                     try:

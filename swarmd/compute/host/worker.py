@@ -57,6 +57,7 @@ import functools
 import os
 import pwd
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ from ..forward import Forwards
 from ..ids import check_job_id, host_dir
 from ..ledger import Cancel, Grant, Ledger, Refusal
 from ..output import RankOutput
+from ..spec import Serve
 from ..succession import Charter, Fence
 from ..torchenv import NodeRole, rank_env, resolve_argv
 from ..workdir import Cache
@@ -148,6 +150,17 @@ class StartRequest:
     # (name, sha256, size) of the checkpoints the ranks find in $SWARM_CHECKPOINT_DIR, from the cache
     checkpoints: tuple[tuple[str, str, int], ...] = ()
     ray: str | None = None  # a Ray job (rayhost.py): its cluster's auth token
+    serve: Serve | None = None  # a service's replica: given $PORT, checked and announced (Replicas)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Serving:
+    """A service replica running here (serve/ reads `Worker.serving`: it checks its health at
+    127.0.0.1:`port` and announces it in this node's record)."""
+    job: str
+    origin: str  # the service's controller: the job's origin
+    serve: Serve
+    port: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +180,7 @@ class Worker:
                  sandbox_later: bool = False, checkpoint_max: int = CHECKPOINT_MAX,
                  checkpoint_keep: int = CHECKPOINT_KEEP, checkpoint_budget: int | None = None,
                  coordinator_gone: Callable[[str], str | None] = lambda peer: None,
-                 ray_ports: PortBlocks | None = None) -> None:
+                 ray_ports: PortBlocks | None = None, serve_ports: tuple[int, int] = (30000, 30999)) -> None:
         self.ledger = ledger
         self.cache = cache
         self.jobs_dir = jobs_dir
@@ -206,6 +219,8 @@ class Worker:
         # running jobs whose ports `swarmctl jobs forward` may reach, as their ranks' uid (forward.py)
         self.forwards = Forwards()
         self.ray_ports = ray_ports or PortBlocks()  # the Ray jobs' port blocks on this host
+        self.serve_ports = serve_ports  # service replicas' ports (LOW, HIGH)
+        self.serving: dict[tuple[str, str], Serving] = {}  # (origin, job) -> the replica it runs here
         # who may command each job here: its origin, then the highest epoch's coordinator (issue 26)
         self.fence = Fence()
         self.sinks: dict[tuple[str, str], Sink] = {}  # (origin, job) -> where its running ranks' events go
@@ -411,7 +426,8 @@ class Worker:
             self.sinks[key], self.ended[key], self.outputs[key] = sink, trio.Event(), out
             send = sink.send
 
-            async with self._box(req, top, started.gpus) as box:
+            serving = self._serving(req) if req.serve is not None else None
+            async with self._box(req, top, started.gpus, serves=serving.port if serving else None) as box:
                 if box.uid is not None:
                     base |= {"USER": f"job{box.uid}", "LOGNAME": f"job{box.uid}"}
                 cwd = await trio.to_thread.run_sync(self._prepare, top, req.workdir, box.uid, req.checkpoints)
@@ -428,6 +444,9 @@ class Worker:
                     argv, extra, ray["ray"] = await trio.to_thread.run_sync(self._ray_node, req, role, top, box,
                                                                             block)
                     base |= extra
+                if serving is not None:
+                    base |= {"PORT": str(serving.port), "SWARM_SERVICE": serving.serve.service,
+                             "SWARM_REPLICA": str(serving.serve.replica)}
                 ranks = [RankProc(rank=role.node_rank * role.procs_per_node + i, local_rank=i, argv=argv,
                                   env=_confined_gpus(rank_env(role, i, req.env, base), box, role.gpus), cwd=cwd)
                          for i in range(role.procs_per_node)]
@@ -435,6 +454,8 @@ class Worker:
                                     box=box if box.prefix else None, grace=RAY_STOP_GRACE if req.ray else 5.0)
                 self.running[(req.coordinator, req.job)] = executor
                 self.forwards.running((req.coordinator, req.job), _uid_or_own(self._job_uid(box)))
+                if serving is not None:
+                    self.serving[key] = serving
                 self.changed()
                 async with _unwrapped(), trio.open_nursery() as nursery:
                     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -507,6 +528,7 @@ class Worker:
         _each(req.job, [("stop the ranks", executor.cancel if executor is not None else lambda: None),
                         ("flush the output log", out.flush), ("count dropped output", count_dropped),
                         ("forget the ranks", lambda: self.running.pop(key, None)),
+                        ("stop announcing the replica", lambda: self.serving.pop(key, None)),
                         ("end the forwards", lambda: self.forwards.ended(key)),
                         ("give back the Ray ports", lambda: self.ray_ports.give_back(key))])
         if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp: the job shaped it
@@ -647,8 +669,23 @@ class Worker:
         executor.cancel()
         return True
 
+    def _serving(self, req: StartRequest) -> Serving:
+        """A port for a service replica: the lowest of the range no replica here holds and
+        nothing listens on; one replica of a (controller, service, index) at a time here."""
+        assert req.serve is not None
+        mine = (req.coordinator, req.serve.service, req.serve.replica)
+        if any((s.origin, s.serve.service, s.serve.replica) == mine for s in self.serving.values()):
+            raise WorkerError(f"replica {req.serve.replica} of {req.serve.service} already runs on this host")
+        held = {s.port for s in self.serving.values()}
+        low, high = self.serve_ports
+        for port in range(low, high + 1):
+            if port not in held and _bindable(port):
+                return Serving(job=req.job, origin=req.coordinator, serve=req.serve, port=port)
+        raise WorkerError(f"no free service port on this host ({low}-{high} all taken)")
+
     @contextlib.asynccontextmanager
-    async def _box(self, req: StartRequest, top: Path, gpus: tuple[int, ...]) -> AsyncIterator[Box]:
+    async def _box(self, req: StartRequest, top: Path, gpus: tuple[int, ...],
+                   serves: int | None = None) -> AsyncIterator[Box]:
         """The job's sandbox on this host for as long as its ranks run (a bare Box without one)."""
         if self.sandbox is None:
             yield Box(uid=None, parts=())
@@ -657,7 +694,8 @@ class Worker:
         memory, cpus = self._quota(req)
         try:
             async with self.sandbox.open(job=req.job, top=top, cwd=top / "work", memory=memory, cpus=cpus,
-                                         gpus=gpus, nodes=nodes.addresses, blocked=nodes.daemon_ports) as box:
+                                         gpus=gpus, nodes=nodes.addresses, blocked=nodes.daemon_ports,
+                                         serves=serves) as box:
                 yield box
         except SandboxError as exc:
             raise WorkerError(str(exc)) from None
@@ -698,6 +736,16 @@ class Worker:
             cache.prune(self.checkpoint_keep, {sha for _, sha, _ in listed})
         os.chmod(top, 0o711)  # the job user passes through to its own directories, reads nothing else
         return work
+
+
+def _bindable(port: int) -> bool:
+    """Nothing listens on TCP `port` of any address here (a replica binds 0.0.0.0 or the overlay's)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def _uid_or_own(uid: int | None) -> int:

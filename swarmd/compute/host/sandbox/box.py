@@ -95,6 +95,7 @@ class Settings:
     name: str  # this daemon's cgroup under its own: unique per daemon (several share a lab machine)
     mesh_ifname: str | None = None
     daemon_port: int | None = None  # the daemon's libp2p TCP port, answered over the mesh
+    serve_ports: tuple[int, int] | None = None  # service replicas' ports (firewall.Policy)
 
 
 @dataclass(slots=True)
@@ -216,7 +217,8 @@ class Sandbox:
                                      allow=tuple(ipaddress.ip_network(n) for n in settings.egress_allow),
                                      resolvers=_resolvers(), mesh_ifname=settings.mesh_ifname,
                                      daemon=None if settings.daemon_port is None else (os.geteuid(),
-                                                                                         settings.daemon_port))
+                                                                                         settings.daemon_port),
+                                     serve_ports=settings.serve_ports if settings.mesh_ifname else None)
             try:
                 await firewall.apply(firewall.base(policy))
                 parts["firewall"] = f"nftables: egress {settings.egress}" + (
@@ -262,7 +264,7 @@ class Sandbox:
     @contextlib.asynccontextmanager
     async def open(self, *, job: str, top: Path, cwd: Path, memory: int | None, cpus: float | None,
                    gpus: Sequence[int], nodes: Iterable[str] = (),
-                   blocked: Iterable[tuple[str, int]] = ()) -> AsyncIterator[Box]:
+                   blocked: Iterable[tuple[str, int]] = (), serves: int | None = None) -> AsyncIterator[Box]:
         """The box for one job's ranks on this host (`top` its directory, `cwd` where ranks
         start); on exit everything in it is killed and the box taken down."""
         if self.settings.mode == "required" and not self.complete:
@@ -296,7 +298,8 @@ class Sandbox:
             else:
                 box.prefix += mounts.setpriv_argv(self.setpriv, uid, uid)
             if self.policy is not None:
-                await firewall.apply(firewall.add_job(self.policy, uid, _addresses(nodes), _pairs(blocked)))
+                await firewall.apply(firewall.add_job(self.policy, uid, _addresses(nodes), _pairs(blocked),
+                                                      serves=serves))
                 chain = True
                 box.parts += ("firewall",)
             if self.settings.mode == "required" and len(box.parts) < len(PARTS):

@@ -48,6 +48,11 @@ apart, and the conntrack mark records which job uid opened it.
   dialled at its overlay address (issue 25), so daemons talk libp2p over the overlay. A
   job on another member does not reach that port: every member's daemon port at its
   overlay address is in every job's `blocked` (compute/service.py job_nodes).
+- Service replicas (issue 27; `policy.serve_ports`, with `mesh_ifname`): a replica's job
+  uid answers, on its one port, a connection from anyone that came in over the mesh (the
+  members' gateways: WireGuard admits members only), and no job reaches any port of the
+  range over the mesh (its own gateway's the way in). A job on this host reaching a replica
+  here is refused as any other job's listener is (its reply is not the opener's socket).
 - What is left open between hosts: another host sees a job's packets come from this host's
   address, not from the job, so on a host two jobs both run on, a job's TCP reaches the
   other's listeners when that job's nodes include this host (its chain there lets it answer
@@ -153,6 +158,9 @@ class Policy:
     # ... and the daemon itself on its libp2p port (uid, TCP port): members behind a NAT are
     # dialled at their overlay address (mesh/reach.py); every job's chain closes that port to it
     daemon: tuple[int, int] | None = None
+    # the TCP ports service replicas listen on (serve/): no job reaches them over the mesh, a
+    # replica's own port answers any member there (its gateway); with `mesh_ifname` only
+    serve_ports: tuple[int, int] | None = None
     table: str = "swarmd_jobs"
 
     def __post_init__(self) -> None:
@@ -170,6 +178,11 @@ class Policy:
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in self.daemon)
                 and 0 <= self.daemon[0] < 2**32 - 1 and 1 <= self.daemon[1] <= 65535):
             raise ValueError(f"bad daemon (uid, port) {self.daemon!r}")
+        if self.serve_ports is not None and not (
+                isinstance(self.serve_ports, tuple) and len(self.serve_ports) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in self.serve_ports)
+                and 1 <= self.serve_ports[0] <= self.serve_ports[1] <= 65535):
+            raise ValueError(f"bad serve ports {self.serve_ports!r}")
         for n in self.allow:
             if not isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
                 raise ValueError(f"allow holds networks, not {n!r}")
@@ -227,11 +240,15 @@ def base(policy: Policy) -> str:
 
 
 def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
-            blocked: Iterable[tuple[Address, int]] = ()) -> str:
+            blocked: Iterable[tuple[Address, int]] = (), serves: int | None = None) -> str:
     """The script that lets job uid `uid` reach what `policy` allows plus its `nodes` (its
     hosts' overlay addresses, checked by the caller), never the `blocked` (address, TCP
-    port) pairs."""
+    port) pairs; a service replica's `serves` port (within `policy.serve_ports`) answers any
+    member over the mesh."""
     _check_uid(policy, uid)
+    if serves is not None and (policy.serve_ports is None or policy.mesh_ifname is None
+                               or not policy.serve_ports[0] <= serves <= policy.serve_ports[1]):
+        raise ValueError(f"a replica's port {serves!r} is not one of the serve ports {policy.serve_ports!r}")
     nodes, blocked = list(nodes), list(blocked)
     for a in nodes:
         if not isinstance(a, ipaddress.IPv4Address | ipaddress.IPv6Address):
@@ -253,6 +270,9 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
              'ct direction reply oifname "lo" accept']
     rules += [f"ct direction reply ct original ip saddr {nodes4} accept"] if nodes4 else []
     rules += [f"ct direction reply ct original ip6 saddr {nodes6} accept"] if nodes6 else []
+    if serves is not None:
+        rules += ["# a service replica: its port answers members (their gateways) over the mesh",
+                  f'ct direction reply oifname "{policy.mesh_ifname}" tcp sport {serves} accept']
     rules += ["ct direction reply drop",
               "# its SYN again to this host after a reply was seen: that reply was dropped (not its own",
               "# listener); refuse now rather than leave connect() retrying for two minutes",
@@ -264,6 +284,10 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
               f"ct state new ct mark set {uid}",
               "meta l4proto { tcp, udp } th dport 53 ip daddr @resolvers4 accept",
               "meta l4proto { tcp, udp } th dport 53 ip6 daddr @resolvers6 accept"]
+    if policy.serve_ports is not None and policy.mesh_ifname is not None:
+        low, high = policy.serve_ports
+        rules += ["# service replicas elsewhere: through a gateway only",
+                  f'oifname "{policy.mesh_ifname}" tcp dport {low}-{high} {REFUSE}']
     rules += [f"ip daddr . tcp dport {blocked4} {REFUSE}"] if blocked4 else []
     rules += [f"ip6 daddr . tcp dport {blocked6} {REFUSE}"] if blocked6 else []
     rules += ["# this host: TCP only, the listener's uid is checked at its reply (opened map)",
