@@ -11,8 +11,9 @@ travels to every member on every change):
   replica index runs on which host. About 60 B plus 40 B a replica.
 - A **replica**, in the record of the host that runs it: the service's name, the replica's
   index, the controller whose assignment it follows, the TCP port it listens on at the host's
-  overlay address, whether the host's health check passes, and its load (requests in flight).
-  About 60 B.
+  overlay address, and whether the host's health check passes. About 55 B. (No load: each
+  gateway balances on the requests it has in flight itself, as Ray Serve's routers do with
+  their own queue lengths; a host's word on load would be stale by a gossip round.)
 
 A gateway (serve/registry.py) routes to a replica only where both agree: the controller's
 claim assigns (name, index) to that host, and that host announces it. A member therefore
@@ -37,7 +38,6 @@ MAX_ASSIGNED = 64  # replicas one claim assigns
 MAX_REPLICAS = 32  # replicas one host announces
 MAX_INDEX = 999  # a replica's index: 0..999
 MAX_HEALTH_PATH = 128
-MAX_LOAD = 65_535
 ACCESS = ("members", "token", "public")
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: a URL's first path segment
 HEALTH = re.compile(r"^/[A-Za-z0-9._~/%-]{0,127}$")  # an absolute path, no query, nothing to escape
@@ -112,17 +112,16 @@ class ReplicaEntry:
     controller: str  # the peer id whose claim assigned it
     port: int  # TCP, at the host's overlay address
     healthy: bool
-    load: int  # requests in flight, as the host last saw
 
     def to_wire(self) -> list[Any]:
-        return [self.service, self.index, peer_bytes(self.controller), self.port, self.healthy, self.load]
+        return [self.service, self.index, peer_bytes(self.controller), self.port, self.healthy]
 
     @classmethod
     def from_wire(cls, data: Any) -> ReplicaEntry:
         where = "record.replicas"
-        if not isinstance(data, list) or len(data) != 6:
-            raise Invalid("malformed", f"{where}: each entry is [service, index, controller, port, healthy, load]")
-        service, index, controller, port, healthy, load = data
+        if not isinstance(data, list) or len(data) != 5:
+            raise Invalid("malformed", f"{where}: each entry is [service, index, controller, port, healthy]")
+        service, index, controller, port, healthy = data
         check_name(service, f"{where}.service")
         if not _index(index):
             raise Invalid("malformed", f"{where}.{service}: index must be 0-{MAX_INDEX}, got {index!r:.40}")
@@ -131,10 +130,7 @@ class ReplicaEntry:
             raise Invalid("malformed", f"{where}.{service}: port must be 1-65535, got {port!r:.40}")
         if not isinstance(healthy, bool):
             raise Invalid("malformed", f"{where}.{service}: healthy must be true or false")
-        if isinstance(load, bool) or not isinstance(load, int) or not 0 <= load <= MAX_LOAD:
-            raise Invalid("malformed", f"{where}.{service}: load must be 0-{MAX_LOAD}, got {load!r:.40}")
-        return cls(service=service, index=index, controller=controller, port=port, healthy=healthy,
-                   load=load)
+        return cls(service=service, index=index, controller=controller, port=port, healthy=healthy)
 
 
 def claims_from_wire(data: Any) -> tuple[ServiceClaim, ...]:

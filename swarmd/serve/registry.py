@@ -41,7 +41,6 @@ class Replica:
     address: str  # the host's overlay IPv4 address
     port: int
     healthy: bool
-    load: int
 
     @property
     def key(self) -> str:
@@ -63,7 +62,7 @@ class Service:
                 "health": c.health, "assigned": [[i, h] for i, h in c.assigned], "orphaned": self.orphaned,
                 "contenders": list(self.contenders),
                 "replicas": [{"index": r.index, "host": r.host, "address": r.address, "port": r.port,
-                              "healthy": r.healthy, "load": r.load} for r in self.replicas]}
+                              "healthy": r.healthy} for r in self.replicas]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +125,7 @@ class Registry:
                 if assigned.get(entry.index) != m.peer or wg is None:
                     continue
                 replicas.append(Replica(service=name, index=entry.index, host=m.peer, address=wg.addr4,
-                                        port=entry.port, healthy=entry.healthy, load=entry.load))
+                                        port=entry.port, healthy=entry.healthy))
             services[name] = Service(name=name, controller=owner.controller, claim=owner.claim,
                                      replicas=tuple(sorted(replicas, key=lambda r: r.index)),
                                      orphaned=owner.controller not in here,

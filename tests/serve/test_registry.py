@@ -33,8 +33,8 @@ def claim(name="embed", created=100.0, assigned=((0, H1), (1, H2))):
                         assigned=assigned)
 
 
-def entry(index, controller=C, name="embed", port=31000, healthy=True, load=0):
-    return ReplicaEntry(service=name, index=index, controller=controller, port=port, healthy=healthy, load=load)
+def entry(index, controller=C, name="embed", port=31000, healthy=True):
+    return ReplicaEntry(service=name, index=index, controller=controller, port=port, healthy=healthy)
 
 
 def host(peer, *entries, addr="10.0.0.1"):
