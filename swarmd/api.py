@@ -26,6 +26,7 @@ from .gossip import api as gossip_api
 from .mesh import api as mesh_api
 from .routing import api as routing_api
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
+from .serve import api as serve_api
 
 if TYPE_CHECKING:
     from .gossip.membership import MemberView, View
@@ -44,6 +45,7 @@ class Node(Protocol):
     mesh_off: str | None
     routing: Any
     jobs: Any
+    services: Any
     rejects: Any  # p2p.rejects.Rejects: what every subsystem refused
     log: Any
     log_level: str
@@ -93,6 +95,7 @@ def methods(node: Node) -> list[Method]:
         return {**m.status(), "peers": [row | path_columns(node, view, row["peer"]) for row in rows]}
 
     return [*compute_api.methods(lambda: node.jobs if node.gossip.swarm is not None else None),
+            *serve_api.methods(lambda: node.services if node.gossip.swarm is not None else None, lambda: node.jobs),
         *gossip_api.methods(node.gossip, state_dir=node.config.state_dir, log=node.log),
         *mesh_api.methods(node.mesh, node.mesh_off, log=node.log),
         *routing_api.methods(node.routing, node.gossip.view,

@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay", metavar="auto|off", help="relay other members' WireGuard packets (default auto)")
     p.add_argument("--relay-max-mbit", metavar="N", help="bandwidth cap on relaying, Mbit/s (default 1000)")
     p.add_argument("--relay-ports", metavar="LOW-HIGH", help="UDP ports for relayed pairs (default 51821-52820)")
+    p.add_argument("--serve-ports", metavar="LOW-HIGH", help="TCP ports service replicas get (default 30000-30999)")
+    p.add_argument("--gateway-listen", metavar="HOST:PORT",
+                   help="the service gateway (default 127.0.0.1:8080; port 0: any free port; 'off' to disable)")
     p.add_argument("--metrics-addr", metavar="HOST:PORT",
                    help="Prometheus endpoint (port 0: any free port; 'off' to disable)")
     p.add_argument("--job-user", metavar="USER", help="user job ranks run as when root (default nobody)")

@@ -34,6 +34,7 @@ from .mesh import driver as mesh_driver
 from .mesh.reach import Reachability
 from .metrics import Metrics
 from .routing.service import Routing
+from .serve.service import Services
 from .rpc.protocol import Dispatcher
 from .rpc.server import AccessPolicy, RpcServer, bind_unix
 from .sdnotify import Notifier
@@ -73,7 +74,8 @@ class Node:
         above = Above(mesh_info=lambda: self.mesh.advertised() if self.mesh is not None else None,
                       job_slots=lambda: self.jobs.job_slots(), route_info=lambda: self.routing.record_fields(),
                       recent_rtts=lambda: self.routing.recent_rtts(),
-                      rtt_observed=lambda peer, rtt: self.routing.rtt_observed(peer, rtt))
+                      rtt_observed=lambda peer, rtt: self.routing.rtt_observed(peer, rtt),
+                      serve_info=lambda: self.services.serve_info())
         self.transport = Transport(self.host)  # what every subsystem's protocol runs on
         self.rejects = Rejects(self.metrics)  # what every subsystem refuses of its peers, by its label
         self.gossip = Gossip(host=self.host, sign=identity.sign, peer=str(identity.peer_id), swarm=self.swarm,
@@ -95,6 +97,11 @@ class Node:
         # placement ranks by the paths jobs will use
         self.jobs = jobs_service.from_config(config, self.gossip, self.mesh, transport=self.transport,
                                            reject=self.rejects.of("jobs").reject, path_rtt=self.routing.rtt_function)
+        me = str(identity.peer_id)
+        self.services = Services(jobs=self.jobs, gossip=self.gossip, state_dir=config.state_dir,
+                                 rtt=lambda host: self.routing.rtt_function()(me, host),
+                                 path=lambda host: self.routing.path_row(host)["path"],
+                                 gateway_listen=config.gateway_listen, socket_path=config.socket_path)
 
     def _announced(self) -> list[str]:
         """Our record's addresses: none once members found nobody can dial them (behind a NAT or
@@ -123,6 +130,7 @@ class Node:
             "routing": self.routing.status(),
             "jobs": self.jobs.status(),
             "sandbox": self.jobs.sandbox_status(),
+            "serve": self.services.status(),
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -146,6 +154,7 @@ class Node:
                 await nursery.start(server.serve, listener)
                 await nursery.start(self.gossip.run)
                 await nursery.start(self.jobs.run)
+                await nursery.start(self.services.run)
                 nursery.start_soon(self.routing.run)
                 if self.mesh is not None:
                     nursery.start_soon(self._run_mesh)

@@ -19,9 +19,10 @@ SWARMD = [sys.executable, "-m", "swarmd.main"]
 START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-core machine
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until it returns a truthy value; fail naming ``what``. Between looks
-    it waits ``interval``, or as long as the look took if longer (a look may run a process)."""
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.02, detail=None):
+    """Poll ``predicate`` until it returns a truthy value; fail naming ``what`` (and ``detail()``,
+    if given). Between looks it waits ``interval``, or as long as the look took if longer (a
+    look may run a process)."""
     deadline = time.monotonic() + timeout
     while True:
         began = time.monotonic()
@@ -29,7 +30,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"; {detail()}" if detail else ""))
         time.sleep(max(interval, time.monotonic() - began))
 
 
@@ -46,7 +47,7 @@ class Daemon:
         return [*SWARMD, "--state-dir", str(self.state_dir), "--socket", str(self.socket),
                 "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics-addr", "off",
                 "--config", str(self.state_dir.parent / "empty.toml"), "--mdns", "off",
-                "--gossip-timing", "local", "--mesh", "off", *self.args]
+                "--gossip-timing", "local", "--mesh", "off", "--gateway-listen", "off", *self.args]
 
     def start(self, wait: bool = True) -> Daemon:
         (self.state_dir.parent / "empty.toml").touch()

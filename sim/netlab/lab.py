@@ -279,7 +279,8 @@ class Lab:
                 "--mesh", "userspace" if self.state.mesh else "off",
                 "--mesh-interface", mesh_interface(self.state.name, h.name), "--job-user", job_user(),
                 "--job-slots", "2", "--job-uids", job_uids(h.index, len(self.state.hosts)), *bootstrap,
-                *self.state.daemon_args]
+                # no service gateway unless a lab asks for one (daemon_args): a process per host
+                "--gateway-listen", "off", *self.state.daemon_args]
 
     def formed(self) -> bool:
         """Every daemon sees every other alive and, with the mesh, has a handshake with each."""

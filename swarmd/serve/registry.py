@@ -38,7 +38,7 @@ class Replica:
     service: str
     index: int
     host: str  # peer id
-    address: str  # the host's overlay IPv4 address
+    address: str | None  # the host's overlay IPv4 address (None: its mesh is down; only its own gateway reaches it)
     port: int
     healthy: bool
 
@@ -122,9 +122,10 @@ class Registry:
             replicas = []
             for m, entry in announced.get((name, owner.controller), ()):
                 wg = getattr(m.record, "wg", None)
-                if assigned.get(entry.index) != m.peer or wg is None:
+                if assigned.get(entry.index) != m.peer:
                     continue
-                replicas.append(Replica(service=name, index=entry.index, host=m.peer, address=wg.addr4,
+                replicas.append(Replica(service=name, index=entry.index, host=m.peer,
+                                        address=wg.addr4 if wg is not None else None,
                                         port=entry.port, healthy=entry.healthy))
             services[name] = Service(name=name, controller=owner.controller, claim=owner.claim,
                                      replicas=tuple(sorted(replicas, key=lambda r: r.index)),

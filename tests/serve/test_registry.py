@@ -84,10 +84,10 @@ def test_replicas_serve_on_while_their_controller_is_gone_then_the_name_is_free(
     assert reg.update(ORPHAN_S + 2, []).services == {}
 
 
-def test_hosts_out_of_service_and_hosts_without_a_mesh_are_not_routed_to():
+def test_hosts_out_of_service_are_not_routed_to_and_a_host_without_a_mesh_has_no_address():
     view = [M(C, Rec(services=(claim(),))), M(H1, Rec(replicas=(entry(0),)), in_service=False),
             M(H2, Rec(replicas=(entry(1),), wg=None))]
-    assert Registry().update(0.0, view).get("embed").replicas == ()
+    assert [(r.host, r.address) for r in Registry().update(0.0, view).get("embed").replicas] == [(H2, None)]
 
 
 def test_claims_beyond_the_bound_are_ignored_and_counted():

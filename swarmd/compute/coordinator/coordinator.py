@@ -63,7 +63,7 @@ from . import gang as gangmod
 from . import gc
 from .hosts import Authority, Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
-from .placement import Candidate, NoFit, Rtt, place
+from .placement import Candidate, NoFit, Placement, Rtt, place
 from .replication import Writer, ended
 from .run import TERMINAL, Run
 from .store import JobRow, JobStore, RankRow
@@ -503,9 +503,15 @@ class Jobs:
             # the thread gets an immutable snapshot of the view, never the live membership
             view = self.gossip.view()
             candidates, rtt_ms = self._candidates(view), self._rtt(view)
-            exclude = self._siblings(job, spec) | refused
-            placement = await trio.to_thread.run_sync(
-                lambda: place(spec, candidates, rtt_ms, exclude=exclude, require=survivors))
+            siblings = self._siblings(job, spec)
+
+            def choose() -> Placement | NoFit:  # apart from its siblings where it can be, else beside one
+                chosen = place(spec, candidates, rtt_ms, exclude=siblings | refused, require=survivors)
+                if isinstance(chosen, NoFit) and siblings:
+                    chosen = place(spec, candidates, rtt_ms, exclude=dict(refused), require=survivors)
+                return chosen
+
+            placement = await trio.to_thread.run_sync(choose)
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
                     await trio.sleep(WAIT_POLL)
@@ -537,8 +543,9 @@ class Jobs:
                 return None
 
     def _siblings(self, job: str, spec: JobSpec) -> dict[str, str]:
-        """The hosts a service replica is not placed on: those of the other replicas of its
-        service that this node coordinates (a host's death takes one replica, not two)."""
+        """The hosts a service replica is placed on only when no other fits: those of the other
+        replicas of its service that this node coordinates (a host's death should take one
+        replica, not two; a swarm of one host still rolls a new version out beside the old)."""
         if spec.serve is None:
             return {}
         name = spec.serve.service

@@ -246,8 +246,9 @@ def add_job(policy: Policy, uid: int, nodes: Iterable[Address],
     port) pairs; a service replica's `serves` port (within `policy.serve_ports`) answers any
     member over the mesh."""
     _check_uid(policy, uid)
-    if serves is not None and (policy.serve_ports is None or policy.mesh_ifname is None
-                               or not policy.serve_ports[0] <= serves <= policy.serve_ports[1]):
+    if serves is not None and policy.mesh_ifname is None:
+        serves = None  # no mesh: nothing comes from another member; this host's gateway is answered over lo
+    if serves is not None and (policy.serve_ports is None or not policy.serve_ports[0] <= serves <= policy.serve_ports[1]):
         raise ValueError(f"a replica's port {serves!r} is not one of the serve ports {policy.serve_ports!r}")
     nodes, blocked = list(nodes), list(blocked)
     for a in nodes:

@@ -1,0 +1,130 @@
+"""Services on one daemon on loopback (no root, no mesh): `serve up` to a request answered
+through the gateway, `serve ls|show|logs|scale|down`, and what a bad request gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_until
+from sim.netlab.lab import job_user
+
+APP = r'''
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = ("replica %s of %s saw %s" % (os.environ["SWARM_REPLICA"], os.environ["SWARM_SERVICE"],
+                                            self.path)).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+print("listening on", os.environ["PORT"], flush=True)
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+'''
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    from conftest import Daemon
+
+    base = tmp_path_factory.mktemp("serve")
+    jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))
+    jobs_dir.chmod(0o711)
+    args = ["--jobs-dir", str(jobs_dir), "--gateway-listen", "127.0.0.1:0", "--serve-ports", "30100-30199"]
+    args += ["--job-user", job_user()] if os.geteuid() == 0 else []
+    d = Daemon(state_dir=base / "state", socket=base / "swarmd.sock", log=base / "swarmd.log", args=args).start()
+    try:
+        d.call("swarm.init")
+        wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
+        yield d
+    finally:
+        d.kill()
+        subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
+
+
+def swarmctl(d, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def gateway(d) -> str:
+    wait_until(lambda: ":" in str(d.call("status")["serve"]["gateway"].get("listen") or "")
+               and not d.call("status")["serve"]["gateway"]["listen"].endswith(":0"), 30, "the gateway listening")
+    return d.call("status")["serve"]["gateway"]["listen"]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_service_is_deployed_reached_through_the_gateway_shown_and_taken_down(node, tmp_path):
+    (tmp_path / "app.py").write_text(APP)
+    r = swarmctl(node, "serve", "up", "web", "--workdir", str(tmp_path), "--health", "/healthz", "--", "python",
+                 "app.py")
+    assert r.returncode == 0, r.stderr
+    assert "web: up, 1 replica(s)" in r.stdout
+    wait_until(lambda: any(x.get("healthy") for x in node.call("serve.show", name="web")["replicas"]), 60,
+               "a healthy replica", detail=lambda: node.call("serve.show", name="web"))
+    where = gateway(node)
+    wait_until(lambda: get(f"http://{where}/web/hello?x=1")[0] == 200, 20, "the gateway routing to it")
+    assert get(f"http://{where}/web/hello?x=1") == (200, "replica 0 of web saw /hello?x=1")
+    assert get(f"http://{where}/nosuch/")[0] == 404 and get(f"http://{where}/Bad..Name/")[0] == 404
+    ls = json.loads(swarmctl(node, "serve", "ls", "--json").stdout)["services"]
+    assert [(s["name"], s["serving"], s["replicas"], s["mine"]) for s in ls] == [("web", 1, 1, True)]
+    # the gateway's figures reach the daemon with its next poll
+    shown = wait_until(lambda: (s := node.call("serve.show", name="web"))["replicas"][0].get("requests") and s, 10,
+                       "the gateway's figures")
+    assert shown["replicas"][0]["requests"] >= 2 and shown["replicas"][0]["path"] == "local"
+    assert shown["gateway"]["requests"] >= 2 and shown["gateway"]["p50_ms"] > 0
+    text = swarmctl(node, "serve", "show", "web").stdout
+    assert "1 healthy of 1 wanted" in text and "healthy" in text
+    assert "listening on 301" in swarmctl(node, "serve", "logs", "web").stdout
+    # a second deploy with a changed command rolls out: a new replica, then the old one drains
+    r = swarmctl(node, "serve", "up", "web", "--replicas", "1", "--workdir", str(tmp_path), "--health", "/healthz",
+                 "--env", "X=1", "--", "python", "app.py")
+    assert r.returncode == 0 and "rolling out" in r.stdout and "generation 2" in r.stdout, r.stdout + r.stderr
+
+    def rolled() -> bool:
+        rows = node.call("serve.show", name="web")["replicas"]
+        return [(x["generation"], x["healthy"]) for x in rows if not x.get("draining")] == [(2, True)]
+
+    wait_until(rolled, 60, "the new generation serving alone", detail=lambda: node.call("serve.show", name="web"))
+    assert get(f"http://{where}/web/x")[0] == 200
+    r = swarmctl(node, "serve", "down", "web")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: node.call("serve.ls")["services"] == [], 60, "the service gone",
+               detail=lambda: node.call("serve.ls"))
+    jobs = node.call("jobs.ls")["jobs"]
+    assert jobs and all(j["state"] in ("cancelled", "succeeded", "failed") for j in jobs), jobs
+    wait_until(lambda: get(f"http://{where}/web/")[0] == 404, 10, "the gateway forgetting it")
+
+
+def test_bad_requests_are_refused_naming_what_is_wrong(node, tmp_path):
+    r = swarmctl(node, "serve", "up", "Bad_Name", "--", "true")
+    assert r.returncode != 0 and "not a service name" in r.stderr
+    r = swarmctl(node, "serve", "up", "ok", "--health", "healthz", "--", "true")
+    assert r.returncode != 0 and "health" in r.stderr
+    r = swarmctl(node, "serve", "up", "ok")
+    assert r.returncode == 2 and "command is missing" in r.stderr
+    for params, words in (({"name": "ok", "template": {"cmd": ["x"], "nodes": 3}}, "template"),
+                          ({"name": "ok", "template": {"cmd": ["x"]}, "replicas": 65}, "replicas"),
+                          ({"name": "ok", "template": {"cmd": ["x"]}, "access": "token"}, "token_sha256"),
+                          ({"name": "ok", "template": {"cmd": ["x"]}, "workdir": "0" * 64}, "not uploaded")):
+        with pytest.raises(Exception, match=words):
+            node.call("serve.up", **params)
+    with pytest.raises(Exception, match="no service"):
+        node.call("serve.scale", name="nosuch", replicas=2)
+    assert node.call("status")["serve"]["controlled"] == []
