@@ -286,3 +286,21 @@ async def test_a_daemon_that_stops_leaves_a_replicated_job_to_its_replicas(tmp_p
         nursery.cancel_scope.cancel()  # the daemon stops
     assert jobs.store.get(job).state == "running" and world.released == [], world.released
     assert recorded() == "running", "its replicas' record still says it runs"
+
+
+def test_a_one_host_job_on_another_node_gets_the_nearest_member_as_a_witness(tmp_path):
+    """A majority of {origin, host} is both: a service's replica could not survive its host.
+    The charter adds the nearest other member in service; a job on the origin alone needs none."""
+    from types import SimpleNamespace
+
+    from .test_succession import PEER
+
+    jobs, _ = replicated_jobs(tmp_path, World(set()))
+    me, h2, h3, h4 = jobs.gossip.me, PEER["h2"], PEER["h3"], PEER["h4"]
+    jobs.gossip.view().in_service = lambda: [SimpleNamespace(peer=p) for p in (h4, h3, h2, me)]
+    jobs._rtt = lambda view: (lambda a, b: {h3: 5.0, h4: 50.0}.get(b))
+    live = SimpleNamespace(store=jobs.store, spec=JobSpec(cmd=("x",)))
+    job = jobs.store.new_id()
+    assert jobs._charter(job, live, (h2,)).replicas == (me, h2, h3)
+    assert jobs._charter(job, live, (me,)).replicas == (me,), "its ranks die with this node anyway"
+    assert jobs._charter(job, live, (h2, h4)).replicas == (me, h2, h4), "three already"

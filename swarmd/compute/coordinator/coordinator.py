@@ -79,6 +79,7 @@ FOLLOW_EVERY = 1.0  # seconds between an origin's looks at its job that another 
 CONFIRM_RETRY = 2.0  # seconds between writes of a record that no majority of its replicas took
 DRAIN_TIMEOUT = 30.0  # seconds a successor waits for ranks its predecessor started to stop
 TAKEOVER_RETRY = 1.0  # seconds between two tries of one job's takeover (one short of a majority)
+MIN_REPLICAS = 3  # a job's charter names at least this many replicas where the swarm has them (witnesses)
 # seconds a coordinator cut off from a majority of the job's replicas waits (commanding nothing)
 # before it fails the job, or takes the end it saw: beyond a partition this long, a successor
 # on the other side and this node may both have ended it their own way (Slurm's SlurmctldTimeout)
@@ -780,10 +781,26 @@ class Jobs:
     # --- the job's replicas (succession.py, replication.py) -----------------------------
 
     def _charter(self, job: str, live: _Live, peers: tuple[str, ...]) -> Charter | None:
+        """The job's charter: its replicas are this node and the hosts, and, when that is this node
+        and one other, witnesses up to ``MIN_REPLICAS``: the nearest other members in service. A
+        majority of two is both, so a one-host job on another node (a service's replica) could
+        not survive its host; with a witness, origin and witness carry on without it. (A job on
+        this node alone needs none: this node's death is its ranks' too.)"""
         row = live.store.get(job)
+        me, hosts = self.gossip.me, list(peers)
+        if set(hosts) - {me} and len({me, *hosts}) < MIN_REPLICAS:
+            view = self.gossip.view()
+            rtt = self._rtt(view)
+
+            def distance(peer: str) -> tuple[float, str]:
+                ms = rtt(me, peer)
+                return (ms if ms is not None and ms >= 0 else math.inf), peer
+
+            others = sorted((m.peer for m in view.in_service() if m.peer not in (me, *hosts)), key=distance)
+            hosts += others[:MIN_REPLICAS - len({me, *hosts})]
         try:
-            return Charter.make(origin=self.gossip.me, job=job, owner_uid=row.submitted_by if row else 0,
-                                spec=spec_digest(live.spec.to_wire()), hosts=peers, sign=self.gossip.sign)
+            return Charter.make(origin=me, job=job, owner_uid=row.submitted_by if row else 0,
+                                spec=spec_digest(live.spec.to_wire()), hosts=hosts, sign=self.gossip.sign)
         except Invalid as exc:  # a bug: the charter is built from checked values only
             log.warning("the job's charter could not be made: it is not replicated", job=job, error=str(exc))
             return None

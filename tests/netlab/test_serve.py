@@ -1,0 +1,185 @@
+"""Services across a lab of real daemons (issue 27): a 3-replica service on 4 hosts, reached
+through the gateways of different members over the WireGuard mesh, nearest replicas first; a
+replica host crashed under load costs (almost) no request and is replaced; `serve down` leaves
+nothing.
+
+The topology keeps the controller apart: h1 is 40 ms from everyone, h2-h4 are 5 ms from each
+other. Whichever host is left without a replica (the spare) has replicas 5 ms away that are
+not the controller's host, so its gateway's traffic goes to them, and the crash of one lands
+its replacement on the spare."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sim.netlab import lab as labmod
+from sim.netlab import topology
+
+from .support import call, swarmctl, until
+
+pytestmark = [pytest.mark.netlab, pytest.mark.slow]
+HOSTS = ("h1", "h2", "h3", "h4")
+APP = r'''
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = ("%s %s" % (os.environ["SWARM_NODE_IPS"], self.path)).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+print("listening on", os.environ["PORT"], flush=True)
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+'''
+# A closed-loop client inside a host's namespace: WORKERS threads, each one keep-alive connection
+# to the gateway there, request after request for SECONDS; prints {overlay IP: answers, "failed": n}
+CLIENT = r'''
+import collections, http.client, json, sys, threading, time
+port, workers, seconds, count = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+seen, lock, failures = collections.Counter(), threading.Lock(), []
+end = time.monotonic() + seconds
+def work():
+    c, n = http.client.HTTPConnection("127.0.0.1", port, timeout=90), 0
+    while (time.monotonic() < end) if seconds else n < count:
+        n += 1
+        try:
+            c.request("GET", "/web/ping"); r = c.getresponse(); body = r.read().decode()
+            with lock:
+                if r.status == 200: seen[body.split()[0]] += 1
+                else: failures.append(f"{r.status} {body[:80]}")
+        except OSError as exc:
+            with lock: failures.append(repr(exc))
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
+threads = [threading.Thread(target=work) for _ in range(workers)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(json.dumps({"seen": dict(seen), "failed": len(failures), "failures": failures[:5]}))
+'''
+
+
+def rtt(a, b) -> float:
+    return 40.0 if "h1" in (a.name, b.name) else 5.0
+
+
+@pytest.fixture(scope="module")
+def sl():
+    if os.geteuid() != 0:
+        pytest.skip("netlab needs root (network namespaces); CI runs as root")
+    name = f"sv{uuid.uuid4().hex[:6]}"
+    hosts, links = topology.plan(len(HOSTS), rtt)
+    lab = labmod.Lab.up(name, hosts, links, mesh=True, daemon_args=["--gateway-listen", "127.0.0.1:8080"])
+    try:
+        lab.wait_formed()
+        yield lab
+    finally:
+        labmod.down(name)
+
+
+def overlay_names(lab) -> dict[str, str]:
+    return {call(lab, h, "status")["mesh"]["address"]: h for h in HOSTS if not lab.state.host(h).crashed}
+
+
+def load(lab, host: str, *, workers: int = 1, seconds: float = 0, count: int = 0,
+         names: dict[str, str] | None = None) -> dict:
+    done = subprocess.run(["ip", "netns", "exec", lab.state.host(host).netns, sys.executable, "-c", CLIENT, "8080",
+                           str(workers), str(seconds), str(count)], capture_output=True, text=True,
+                          timeout=seconds + 300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    names = names or overlay_names(lab)
+    out["seen"] = {names.get(ip, ip): n for ip, n in out["seen"].items()}
+    return out
+
+
+def healthy(lab, host: str, want: int) -> list[str] | None:
+    """The hosts of `want` healthy replicas of web as `host`'s registry shows them, or None."""
+    try:
+        rows = call(lab, host, "serve.show", name="web")["replicas"]
+    except Exception:
+        return None
+    hosts = [r["host"] for r in rows if r.get("healthy") and not r.get("draining")]
+    return hosts if len(hosts) == want else None
+
+
+def test_a_service_answers_through_any_gateway_nearest_replica_first_and_outlives_a_crashed_host(sl, tmp_path):
+    (tmp_path / "app.py").write_text(APP)
+    r = swarmctl(sl, "h1", "serve", "up", "web", "--replicas", "3", "--workdir", str(tmp_path), "--health",
+                 "/healthz", "--", "python", "app.py")
+    assert r.returncode == 0, r.stderr
+    peer = {sl.state.host(h).peer_id: h for h in HOSTS}
+    until(lambda: all(healthy(sl, h, 3) for h in HOSTS), 120, "3 healthy replicas in every member's registry",
+          interval=1.0, detail=lambda: call(sl, "h1", "serve.show", name="web"))
+    replicas = {peer[p] for p in healthy(sl, "h1", 3)}
+    assert len(replicas) == 3, "one replica per host"
+    spare = next(h for h in HOSTS if h not in replicas)
+    # nearest first: each gateway's answers come from its nearest replicas (its own host's, or
+    # those 5 ms away rather than 40 ms), whichever member the request entered at
+    served = set()
+    for gateway in sorted({"h1", "h4", spare}):
+        got = load(sl, gateway, count=40)
+        assert got["failed"] == 0, got
+        mine = {gateway} if gateway in replicas else {h for h in replicas if rtt(sl.state.host(gateway),
+                                                                                 sl.state.host(h)) == min(
+            rtt(sl.state.host(gateway), sl.state.host(x)) for x in replicas)}
+        near = sum(n for h, n in got["seen"].items() if h in mine)
+        assert near >= 38, (gateway, mine, got)
+        served |= set(got["seen"])
+    assert len(served) >= 2, served
+    text = swarmctl(sl, spare, "serve", "show", "web").stdout
+    assert "healthy" in text and "via" not in text, text  # a mesh of public hosts: every path direct
+
+    # a replica host dies under load: the spare's gateway sends to the two replicas 5 ms away;
+    # one of them is crashed, requests in flight there are retried on the other
+    victim = sorted(h for h in replicas if h != "h1")[0]
+    result: dict = {}
+    names = overlay_names(sl)
+
+    def run_load() -> None:
+        result.update(load(sl, spare, workers=4, seconds=45, names=names))
+
+    loader = threading.Thread(target=run_load)
+    loader.start()
+    time.sleep(5)  # load under way (its requests are counted when it ends)
+    sl.crash(victim)
+    victim_id = sl.state.host(victim).peer_id
+    until(lambda: any(p["peer"] == victim_id and p["state"] == "dead" for p in call(sl, "h1", "peers")["peers"]),
+          60, f"{victim} declared dead", interval=0.2)
+    since = time.monotonic()
+    until(lambda: (hosts := healthy(sl, "h1", 3)) and victim_id not in hosts, 60, "a replacement replica healthy",
+          interval=0.25, detail=lambda: call(sl, "h1", "serve.show", name="web"))
+    replaced = time.monotonic() - since
+    loader.join(timeout=200)
+    total = sum(result["seen"].values()) + result["failed"]
+    print(f"crash under load: {total} requests, {result['failed']} failed, answered by {result['seen']}; "
+          f"replacement healthy {replaced:.1f} s after the death was declared")
+    assert total > 200 and result["failed"] <= total // 1000, result
+    assert replaced < 20, f"{replaced:.1f} s"  # the bench's figure; 10 s is the target on an idle machine
+    assert spare in {peer[p] for p in healthy(sl, "h1", 3)}, "the replacement went to the host without one"
+
+
+def test_serve_down_leaves_nothing(sl, tmp_path):
+    if not any(s["name"] == "web" for s in call(sl, "h1", "serve.ls")["services"]):
+        (tmp_path / "app.py").write_text(APP)
+        assert swarmctl(sl, "h1", "serve", "up", "web", "--replicas", "2", "--workdir", str(tmp_path), "--",
+                        "python", "app.py").returncode == 0
+        until(lambda: healthy(sl, "h1", 2), 120, "2 healthy replicas", interval=1.0)
+    r = swarmctl(sl, "h1", "serve", "down", "web")
+    assert r.returncode == 0, r.stderr
+    alive = [h for h in HOSTS if not sl.state.host(h).crashed]
+    until(lambda: all(call(sl, h, "serve.ls")["services"] == [] for h in alive), 60,
+          "the service gone from every registry", interval=1.0)
+    until(lambda: all(j["state"] in ("cancelled", "failed", "succeeded") for j in call(sl, "h1", "jobs.ls")["jobs"]),
+          30, "every replica's job ended")
+    status = call(sl, "h1", "status")["serve"]
+    assert status["controlled"] == [] and not any(call(sl, h, "status")["serve"]["replicas_here"] for h in alive)
+    ps = subprocess.run(["ps", "-eo", "uid=,args="], capture_output=True, text=True).stdout
+    assert not [line for line in ps.splitlines() if "app.py" in line and 61184 <= int(line.split()[0]) <= 65519]
+    assert not list((Path(sl.state.host("h1").state_dir) / "services").glob("*.json"))
