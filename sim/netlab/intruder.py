@@ -28,6 +28,8 @@ Attacks (each is what a real attacker could send; none needs anything but the ne
             (these four: intruder_gossip.py)
   false-reflexive, reach-flood: (member) a reflexive endpoint that is a victim's, with made-up
             attestations; reach requests asking for dial-backs in a flood (intruder_reach.py)
+  serve-hijack  (member) a backdated claim on --service and replicas of it announced here, one
+            under the real controller's (--about) name (intruder_serve.py)
   relay     relay requests from an outsider and from a member the relay's view lacks, forged,
             misaddressed, stale, junk (--about: the pair's other end; intruder_relay.py);
             prints the replies as one JSON line
@@ -63,14 +65,15 @@ from swarmd.p2p.streams import encode_frame, request
 from swarmd.gossip.wire import make_record
 from swarmd.identity import load_or_create
 
-from . import intruder_admission, intruder_reach
+from . import intruder_admission, intruder_reach, intruder_serve
 
 OVERSIZE = 10 * 1024 * 1024
 JOB_ATTACKS = ("job-ids", "job-no-commit", "job-foreign", "job-ranks", "job-no-read")
 GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")  # intruder_gossip.py
 OUTSIDER_ATTACKS = ("no-cert", "garbage", "job", "presync-oversize", "listen-outsider", "relay")  # no member's hello first
 ATTACKS = ("no-cert", "listen-outsider", "listen-member", "forged", "capture", "replay", "oversize", "garbage",
-           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS, "relay", *intruder_reach.ATTACKS)
+           "job", *JOB_ATTACKS, *intruder_admission.ATTACKS, *GOSSIP_ATTACKS, "relay", *intruder_reach.ATTACKS,
+           *intruder_serve.ATTACKS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, help="keep the intruder's identity here (default: a new one)")
     intruder_admission.add_arguments(parser)
     intruder_reach.add_arguments(parser)
+    parser.add_argument("--service", default="web", help="the service serve-hijack claims")
     parser.add_argument("--about", help="the member false-dead accuses (a peer id)")
     parser.add_argument("--inc", type=int, help="the incarnation false-dead's rumors name")
     parser.add_argument("--count", type=int, default=50, help="rumors for false-dead, streams for streams")
@@ -210,6 +214,8 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                 case name if name in intruder_reach.ATTACKS:
                     return await intruder_reach.attack(name, args=args, ident=ident, owner=owner, host=host,
                                                        target=target, gossip=gossip)
+                case name if name in intruder_serve.ATTACKS:
+                    return await intruder_serve.attack(name, args=args, ident=ident, owner=owner, gossip=gossip)
                 case name if name in GOSSIP_ATTACKS:
                     from .intruder_gossip import attack as gossip_attack
 

@@ -24,6 +24,8 @@ import pytest
 from sim.netlab import lab as labmod
 from sim.netlab import topology
 
+from sim.netlab.lab import SWARMD_PORT
+
 from .support import call, swarmctl, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
@@ -157,6 +159,7 @@ def test_a_service_answers_through_any_gateway_nearest_replica_first_and_outlive
           interval=0.25, detail=lambda: call(sl, "h1", "serve.show", name="web"))
     replaced = time.monotonic() - since
     loader.join(timeout=200)
+    print("the spare's gateway after the crash:", json.dumps(call(sl, spare, "serve.show", name="web")["replicas"]))
     total = sum(result["seen"].values()) + result["failed"]
     print(f"crash under load: {total} requests, {result['failed']} failed, answered by {result['seen']}; "
           f"replacement healthy {replaced:.1f} s after the death was declared")
@@ -165,12 +168,48 @@ def test_a_service_answers_through_any_gateway_nearest_replica_first_and_outlive
     assert spare in {peer[p] for p in healthy(sl, "h1", 3)}, "the replacement went to the host without one"
 
 
-def test_serve_down_leaves_nothing(sl, tmp_path):
-    if not any(s["name"] == "web" for s in call(sl, "h1", "serve.ls")["services"]):
+def test_a_member_claiming_the_service_or_announcing_replicas_of_it_gets_no_request(sl, tmp_path):
+    """A certified member (the intruder, in a host's namespace) claims `web` with a backdated
+    creation and announces replicas of it, one under the real controller's name: every
+    gateway keeps sending every request to the real replicas, and shows the claim as a
+    contender."""
+    ensure_web(sl, tmp_path)
+    h1 = sl.state.host("h1")
+    inside = next(h for h in ("h2", "h3", "h4") if not sl.state.host(h).crashed)  # the crash test's victim is off
+    intruder = subprocess.Popen(
+        ["ip", "netns", "exec", sl.state.host(inside).netns, sys.executable, "-m", "sim.netlab.intruder",
+         "serve-hijack", "--target", f"/ip4/{h1.address}/tcp/{SWARMD_PORT}/p2p/{h1.peer_id}",
+         "--owner-dir", h1.state_dir, "--about", h1.peer_id, "--service", "web", "--seconds", "25"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until(lambda: call(sl, "h4", "serve.show", name="web")["contenders"], 30, "the intruder's claim seen by h4",
+              interval=0.5)
+        assert len(call(sl, "h4", "serve.show", name="web")["contenders"]) == 1
+        assert call(sl, "h4", "status")["serve"]["unassigned"] >= 2, "both of its replica entries refused"
+        for gateway in ("h1", "h4"):
+            got = load(sl, gateway, count=30)
+            assert got["failed"] == 0 and set(got["seen"]) <= set(HOSTS), got
+        shown = call(sl, "h4", "serve.show", name="web")
+        members = {sl.state.host(h).peer_id for h in HOSTS}
+        assert shown["controller"] == h1.peer_id and {r["host"] for r in shown["replicas"]} <= members, shown
+        assert "claims the name too" in swarmctl(sl, "h4", "serve", "show", "web").stdout
+    finally:
+        out, err = intruder.communicate(timeout=120)
+    assert intruder.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["records"] >= 5
+
+
+def ensure_web(lab, tmp_path, replicas: int = 2) -> None:
+    """Service web up with at least `replicas` healthy replicas (a test run alone deploys it)."""
+    if not any(s["name"] == "web" for s in call(lab, "h1", "serve.ls")["services"]):
         (tmp_path / "app.py").write_text(APP)
-        assert swarmctl(sl, "h1", "serve", "up", "web", "--replicas", "2", "--workdir", str(tmp_path), "--",
-                        "python", "app.py").returncode == 0
-        until(lambda: healthy(sl, "h1", 2), 120, "2 healthy replicas", interval=1.0)
+        assert swarmctl(lab, "h1", "serve", "up", "web", "--replicas", str(replicas), "--workdir", str(tmp_path),
+                        "--health", "/healthz", "--", "python", "app.py").returncode == 0
+    until(lambda: healthy(lab, "h1", replicas) or healthy(lab, "h1", 3), 120, "healthy replicas", interval=1.0)
+
+
+def test_serve_down_leaves_nothing(sl, tmp_path):
+    ensure_web(sl, tmp_path)
     r = swarmctl(sl, "h1", "serve", "down", "web")
     assert r.returncode == 0, r.stderr
     alive = [h for h in HOSTS if not sl.state.host(h).crashed]
