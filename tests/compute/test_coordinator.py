@@ -297,8 +297,15 @@ def test_a_one_host_job_on_another_node_gets_the_nearest_member_as_a_witness(tmp
 
     jobs, _ = replicated_jobs(tmp_path, World(set()))
     me, h2, h3, h4 = jobs.gossip.me, PEER["h2"], PEER["h3"], PEER["h4"]
-    jobs.gossip.view().in_service = lambda: [SimpleNamespace(peer=p) for p in (h4, h3, h2, me)]
-    jobs._rtt = lambda view: (lambda a, b: {h3: 5.0, h4: 50.0}.get(b))
+    from swarmd.gossip.membership import State
+
+    def member(peer: str, state: State = State.ALIVE, jobs: object = "slots") -> SimpleNamespace:
+        return SimpleNamespace(peer=peer, state=state, record=SimpleNamespace(jobs=jobs))
+
+    gossiper, suspect = PEER["o"][:-1] + "x", PEER["h2"][:-1] + "x"  # nearer, but no job service / not alive
+    jobs._rtt = lambda view: (lambda a, b: {h3: 5.0, h4: 50.0, gossiper: 1.0, suspect: 1.0}.get(b))
+    jobs.gossip.view().in_service = lambda: [member(h4), member(h3), member(h2), member(me), member(gossiper, jobs=None),
+                                             member(suspect, State.SUSPECT)]
     live = SimpleNamespace(store=jobs.store, spec=JobSpec(cmd=("x",)))
     job = jobs.store.new_id()
     assert jobs._charter(job, live, (h2,)).replicas == (me, h2, h3)

@@ -43,7 +43,7 @@ import structlog
 import trio
 
 from ...atomic import write_atomically
-from ...gossip.membership import View
+from ...gossip.membership import State, View
 from ...gossip.wire import JobSlots, Record
 from ...p2p import multiaddrs
 from ...p2p.signed import Invalid, short
@@ -782,7 +782,8 @@ class Jobs:
 
     def _charter(self, job: str, live: _Live, peers: tuple[str, ...]) -> Charter | None:
         """The job's charter: its replicas are this node and the hosts, and, when that is this node
-        and one other, witnesses up to ``MIN_REPLICAS``: the nearest other members in service. A
+        and one other, witnesses up to ``MIN_REPLICAS``: the nearest other alive members running the
+        job service (a gossiping member without job slots keeps no record; a suspect may be gone). A
         majority of two is both, so a one-host job on another node (a service's replica) could
         not survive its host; with a witness, origin and witness carry on without it. (A job on
         this node alone needs none: this node's death is its ranks' too.)"""
@@ -796,7 +797,10 @@ class Jobs:
                 ms = rtt(me, peer)
                 return (ms if ms is not None and ms >= 0 else math.inf), peer
 
-            others = sorted((m.peer for m in view.in_service() if m.peer not in (me, *hosts)), key=distance)
+            # alive (not merely suspect) and running the job service: a member that only gossips
+            # (a record without job slots) keeps no replica's record
+            others = sorted((m.peer for m in view.in_service() if m.peer not in (me, *hosts)
+                             and m.state is State.ALIVE and m.record.jobs is not None), key=distance)
             hosts += others[:MIN_REPLICAS - len({me, *hosts})]
         try:
             return Charter.make(origin=me, job=job, owner_uid=row.submitted_by if row else 0,
