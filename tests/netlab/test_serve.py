@@ -199,6 +199,62 @@ def test_a_member_claiming_the_service_or_announcing_replicas_of_it_gets_no_requ
     assert json.loads(out.strip().splitlines()[-1])["records"] >= 5
 
 
+# Through a gateway in the root of a host's namespace: the embedding's answer, and the generation's
+# events with the time each arrived (they must arrive one by one, not at the end)
+MODEL_CLIENT = r'''
+import http.client, json, sys, time
+c = http.client.HTTPConnection("127.0.0.1", 8080, timeout=120)
+c.request("POST", "/embed/embed", body=json.dumps({"texts": ["a cat sat on the mat", "a kitten on a rug"]}))
+r = c.getresponse(); embed = json.loads(r.read()) if r.status == 200 else {"status": r.status}
+c.request("POST", "/chat/generate", body=json.dumps({"prompt": "What is the capital of France?",
+                                                     "max_new_tokens": 16}))
+r = c.getresponse(); events, began = [], time.monotonic()
+while r.status == 200:
+    line = r.readline()
+    if not line: break
+    if line.startswith(b"data: "): events.append([time.monotonic() - began, json.loads(line[6:])])
+    if events and events[-1][1].get("done"): break
+print(json.dumps({"embed": embed, "events": events, "status": r.status,
+                  "body": "" if r.status == 200 else r.read().decode(errors="replace")[:500]}))
+'''
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_the_model_examples_answer_through_a_gateway_on_another_host_and_tokens_stream(sl):
+    pytest.importorskip("transformers", reason="the models extra (make setup installs it)")
+    # on two other hosts than h1's gateway (each host has 2 job slots; web holds one of each)
+    where = [h for h in ("h4", "h3", "h2") if not sl.state.host(h).crashed][:2]
+    for host, (name, script, extra) in zip(where, (("embed", "serve_embed.py", ["--int8"]),
+                                                   ("chat", "serve_generate.py", []))):
+        r = swarmctl(sl, "h1", "serve", "up", name, "--host", sl.state.host(host).peer_id, "--workdir",
+                     str(EXAMPLES), "--health", "/healthz", "--", "python", script, *extra)
+        assert r.returncode == 0, r.stderr
+    for name in ("embed", "chat"):
+        until(lambda: healthy_of(sl, "h1", name), 180, f"{name} healthy (its model loaded)", interval=2.0,
+              detail=lambda: call(sl, "h1", "serve.show", name=name))
+    done = subprocess.run(["ip", "netns", "exec", sl.state.host("h1").netns, sys.executable, "-c", MODEL_CLIENT],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    vectors = got["embed"]["embeddings"]
+    assert len(vectors) == 2 and len(vectors[0]) == 384
+    assert sum(a * b for a, b in zip(*vectors)) > 0.5, "two sentences about a cat are near"
+    assert got["status"] == 200, got
+    tokens = [(t, e["token"]) for t, e in got["events"] if "token" in e]
+    assert got["events"][-1][1].get("done") and len(tokens) >= 5, got["events"]
+    assert tokens[0][0] < got["events"][-1][0] - 0.2, "the first token came well before the end: it streamed"
+    assert "".join(t for _, t in tokens).strip(), tokens
+    for name in ("embed", "chat"):
+        assert swarmctl(sl, "h1", "serve", "down", name).returncode == 0
+
+
+def healthy_of(lab, host: str, name: str) -> bool:
+    try:
+        return any(r.get("healthy") for r in call(lab, host, "serve.show", name=name)["replicas"])
+    except Exception:
+        return False
+
+
 def ensure_web(lab, tmp_path, replicas: int = 2) -> None:
     """Service web up with at least `replicas` healthy replicas (a test run alone deploys it)."""
     if not any(s["name"] == "web" for s in call(lab, "h1", "serve.ls")["services"]):

@@ -513,6 +513,13 @@ class Jobs:
                 return chosen
 
             placement = await trio.to_thread.run_sync(choose)
+            if isinstance(placement, NoFit) and left_out:
+                # only hosts that refused this attempt's setup would fit (a job pinned to one host, a
+                # stream that failed once): they are tried again; the setups' count still bounds it
+                for peer in left_out:
+                    refused.pop(peer, None)
+                left_out.clear()
+                continue
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
                     await trio.sleep(WAIT_POLL)
