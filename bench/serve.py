@@ -8,6 +8,7 @@ machine, and what a crashed replica host costs in a 4-host lab.
   client (wrk, 32 connections, 10 s) on core 0. nginx: Debian's, one worker, keep-alive to the
   replica (the stock reverse-proxy recipe). Ray Serve: its HTTP proxy and one replica actor
   answering the same 200 bytes (Serve routes to its own replicas, not to an outside server).
+- The embedding example (examples/serve_embed.py) alone and batched, fp32 and int8.
 - Failover: the lab test's scenario (tests/netlab/test_serve.py), timed: requests through the
   spare host's gateway while a replica host is crashed; failed requests and seconds from the
   death being declared to a replacement healthy.
@@ -213,8 +214,32 @@ def failover() -> dict[str, float]:
             "serve_failover_replacement_s": seconds}
 
 
+def embedding() -> dict[str, float]:
+    """examples/serve_embed.py in its four modes, one model thread, single-text requests from
+    examples/load.py at concurrency 16 for 10 s (client and server share the 2 cores)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("serve: the models extra is not installed: no embedding figures", file=sys.stderr)
+        return {}
+    out: dict[str, float] = {}
+    for mode, flags in (("fp32", ["--no-batching"]), ("fp32_batched", []), ("int8", ["--no-batching", "--int8"]),
+                        ("int8_batched", ["--int8"])):
+        port = free_port()
+        with process([sys.executable, str(ROOT / "examples" / "serve_embed.py"), "--port", str(port), *flags]):
+            wait_http(f"http://127.0.0.1:{port}/healthz", timeout=120)
+            done = subprocess.run([sys.executable, str(ROOT / "examples" / "load.py"),
+                                   f"http://127.0.0.1:{port}/embed", "--concurrency", "16", "--duration", "10",
+                                   "--data", json.dumps({"texts": ["a cat sat on the mat"]}), "--json"],
+                                  capture_output=True, text=True, timeout=120)
+            got = json.loads(done.stdout)
+            out[f"serve_embed_{mode}_req_s"] = got["req_per_s"]
+            out[f"serve_embed_{mode}_p50_ms"] = got["p50_ms"]
+    return out
+
+
 def measure() -> dict[str, float | None]:
-    out = proxies()
+    out = proxies() | embedding()
     if os.geteuid() == 0:
         out |= failover()
     return out
