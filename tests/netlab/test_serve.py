@@ -255,6 +255,44 @@ def healthy_of(lab, host: str, name: str) -> bool:
         return False
 
 
+# Hostile clients of h1's gateway, beside an honest one: a head sent a byte a second, a body
+# announced at 1 GiB; the honest client's 20 requests are all answered meanwhile
+HOSTILE_CLIENTS = r'''
+import http.client, json, socket, threading, time
+out = {}
+def slow():
+    s = socket.create_connection(("127.0.0.1", 8080)); began = time.monotonic()
+    try:
+        for ch in b"GET /web/ HTTP/1.1\r\nHost: x\r\n":
+            s.sendall(bytes([ch])); time.sleep(1.0)
+        out["slow"] = "not cut off"
+    except OSError:
+        out["slow"] = "cut off after %.0f s" % (time.monotonic() - began)
+def huge():
+    c = http.client.HTTPConnection("127.0.0.1", 8080, timeout=30)
+    c.putrequest("POST", "/web/upload"); c.putheader("Content-Length", str(1 << 30)); c.endheaders()
+    c.send(b"x" * 65536); r = c.getresponse(); out["huge"] = r.status
+t1, t2 = threading.Thread(target=slow), threading.Thread(target=huge); t1.start(); t2.start()
+c, ok = http.client.HTTPConnection("127.0.0.1", 8080, timeout=30), 0
+for _ in range(20):
+    c.request("GET", "/web/ping"); r = c.getresponse(); r.read(); ok += r.status == 200
+out["honest_ok"] = ok
+t2.join(); t1.join(timeout=60)
+print(json.dumps(out))
+'''
+
+
+def test_hostile_clients_of_a_gateway_are_bounded_and_others_are_served(sl, tmp_path):
+    ensure_web(sl, tmp_path)
+    done = subprocess.run(["ip", "netns", "exec", sl.state.host("h1").netns, sys.executable, "-c", HOSTILE_CLIENTS],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["honest_ok"] == 20 and got["huge"] == 413 and got["slow"].startswith("cut off"), got
+    refused = call(sl, "h1", "status")["serve"]
+    assert refused["gateway"]["state"] == "running", refused
+
+
 def ensure_web(lab, tmp_path, replicas: int = 2) -> None:
     """Service web up with at least `replicas` healthy replicas (a test run alone deploys it)."""
     if not any(s["name"] == "web" for s in call(lab, "h1", "serve.ls")["services"]):
