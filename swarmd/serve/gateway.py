@@ -71,6 +71,7 @@ import hmac
 import ipaddress
 import itertools
 import math
+import os
 import re
 import signal
 import time
@@ -847,18 +848,33 @@ def _listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _run(listen: tuple[str, int], socket_path: str, interval_s: float) -> None:
+PARENT_CHECK_S: Final = 1.0  # how often the gateway looks whether the daemon that started it is still there
+
+
+async def _run(listen: tuple[str, int], socket_path: str, interval_s: float, parent: int | None = None) -> None:
     source = DaemonRoutes(socket_path)
     gateway = Gateway(source, interval_s=interval_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    parent = os.getppid() if parent is None else parent  # given: a daemon killed while we started is seen too
+
+    async def orphaned() -> None:
+        """A daemon killed outright (SIGKILL, a crash) sends no SIGTERM: the gateway then belongs
+        to init, and goes, so that the daemon started again can bind the port anew."""
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_CHECK_S)
+        log.info("gateway.orphaned", parent=parent)
+        stop.set()
+
+    watch = asyncio.ensure_future(orphaned())
     try:
         address = await gateway.start(*listen)
         log.info("gateway.listening", address=f"{address[0]}:{address[1]}", daemon=socket_path)
         await stop.wait()
     finally:
+        watch.cancel()
         await gateway.close()
         source.close()
 
@@ -872,6 +888,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                         help="how often to ask the daemon for the routes (default 1.0)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--parent", type=int, metavar="PID",
+                        help="the daemon's pid: the gateway exits once it is no longer its parent")
     args = parser.parse_args(argv)
     if not 0.05 <= args.interval <= 3600:
         parser.error("--interval must be between 0.05 and 3600 seconds")
@@ -881,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure(args.log_level)
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(_run(args.listen, args.daemon_socket, args.interval))
+        uvloop.run(_run(args.listen, args.daemon_socket, args.interval, args.parent))
     return 0
 
 

@@ -386,7 +386,7 @@ class Services:
         """The gateway process, started again after it exits (a crash: after a pause)."""
         assert self.gateway_listen is not None
         argv = [sys.executable, "-m", "swarmd.serve.gateway", "--listen", self.gateway_listen,
-                "--daemon-socket", str(self.socket_path)]
+                "--daemon-socket", str(self.socket_path), "--parent", str(os.getpid())]
         while True:
             try:
                 async with trio.open_nursery() as nursery:

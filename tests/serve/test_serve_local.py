@@ -128,3 +128,28 @@ def test_bad_requests_are_refused_naming_what_is_wrong(node, tmp_path):
     with pytest.raises(Exception, match="no service"):
         node.call("serve.scale", name="nosuch", replicas=2)
     assert node.call("status")["serve"]["controlled"] == []
+
+
+def test_a_gateway_whose_daemon_is_killed_outright_goes_too(tmp_path):
+    """SIGKILL sends the gateway no SIGTERM: it notices that its parent is gone and exits, so a
+    daemon started again binds the gateway's port anew."""
+    from conftest import Daemon
+
+    d = Daemon(state_dir=tmp_path / "state", socket=tmp_path / "swarmd.sock", log=tmp_path / "swarmd.log",
+               args=["--gateway-listen", "127.0.0.1:0"]).start()
+    try:
+        d.call("swarm.init")
+        pid = wait_until(lambda: d.call("status")["serve"]["gateway"]["pid"], 30, "the gateway started")
+        os.kill(pid, 0)
+    finally:
+        d.kill()
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:  # exited, not yet reaped by init: gone as well
+            return f.read().split(")")[-1].split()[0] == "Z"
+
+    wait_until(gone, 10, "the gateway exiting after its daemon's SIGKILL")
