@@ -191,32 +191,43 @@ class Services:
         return out
 
     def step(self, now: float) -> None:
-        """One round of every controller, then the record."""
+        """One round of every controller, then the record. Each service's round stands alone: one
+        that fails (its file cannot be written, a job gone from the store) is logged and tried
+        again next round, the others go on."""
         self.registry.update(now, self._members())
         observed = self._observed()
-        for name, c in list(self.controllers.items()):
-            spec = self.specs[name]
-            for action in c.step(now, observed):
-                match action:
-                    case StartReplica(index=index):
-                        try:
-                            job = self.jobs.submit(spec.job_spec(index), spec.workdir, spec.owner)
-                        except Exception as exc:  # a workdir evicted, a spec that no longer builds
-                            log.warning("a replica could not be submitted", service=name, index=index, error=str(exc))
-                            c.slots[index].retry_at = now + GATEWAY_RESTART_S
-                            continue
-                        c.started(index, job)
-                        log.info("replica started", service=name, index=index, job=job)
-                    case StopReplica(index=index, job=job):
-                        log.info("replica stopped", service=name, index=index, job=job)
-                        self.jobs.cancel(job)
-            if not spec.replicas and not c.slots:  # down, and every replica gone
-                del self.controllers[name], self.specs[name]
-                (self.dir / f"{name}.json").unlink(missing_ok=True)
-                log.info("service removed", service=name)
-            else:
-                self._save(name)
+        for name in list(self.controllers):
+            try:
+                self._step_one(name, now, observed)
+            except Exception:
+                log.exception("a service's control round failed", service=name)
         self._publish()
+
+    def _step_one(self, name: str, now: float, observed: Mapping[str, Observed]) -> None:
+        c, spec = self.controllers[name], self.specs[name]
+        for action in c.step(now, observed):
+            match action:
+                case StartReplica(index=index):
+                    try:
+                        job = self.jobs.submit(spec.job_spec(index), spec.workdir, spec.owner)
+                    except Exception as exc:  # a workdir evicted, a spec that no longer builds
+                        log.warning("a replica could not be submitted", service=name, index=index, error=str(exc))
+                        c.slots[index].retry_at = now + GATEWAY_RESTART_S
+                        continue
+                    c.started(index, job)
+                    log.info("replica started", service=name, index=index, job=job)
+                case StopReplica(index=index, job=job):
+                    log.info("replica stopped", service=name, index=index, job=job)
+                    try:
+                        self.jobs.cancel(job)
+                    except KeyError:  # gone from the store (its retention ran out): nothing to stop
+                        c.slots[index].job = None
+        if not spec.replicas and not c.slots:  # down, and every replica gone
+            del self.controllers[name], self.specs[name]
+            (self.dir / f"{name}.json").unlink(missing_ok=True)
+            log.info("service removed", service=name)
+        else:
+            self._save(name)
 
     def _members(self) -> list[Any]:
         view = self.gossip.view()
