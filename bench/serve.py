@@ -16,6 +16,7 @@ machine, and what a crashed replica host costs in a 4-host lab.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = 200
@@ -182,17 +185,25 @@ def proxies() -> dict[str, float | None]:
         print("serve: Ray is not installed: no Ray Serve figures", file=sys.stderr)
         return out
     port = free_port()
-    with process([sys.executable, "-c", RAY_SERVE, str(port)], core=1, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}):
-        url = f"http://127.0.0.1:{port}/bench/"
-        try:
-            wait_http(url, timeout=180)
-        except RuntimeError as exc:
-            print(f"serve: Ray Serve did not come up: {exc}", file=sys.stderr)
-            return out
-        via = latency(url, requests=1000)
-        out["serve_rayserve_p50_ms"], out["serve_rayserve_p99_ms"] = via["p50_ms"], via["p99_ms"]
-        out["serve_rayserve_req_s"] = throughput(url)
-    subprocess.run(["pkill", "-f", "ray::"], capture_output=True)
+    ray_procs: list[psutil.Process] = []
+    try:
+        with process([sys.executable, "-c", RAY_SERVE, str(port)], core=1,
+                     env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}) as ray_proc:
+            try:
+                url = f"http://127.0.0.1:{port}/bench/"
+                wait_http(url, timeout=180)
+                via = latency(url, requests=1000)
+                out["serve_rayserve_p50_ms"], out["serve_rayserve_p99_ms"] = via["p50_ms"], via["p99_ms"]
+                out["serve_rayserve_req_s"] = throughput(url)
+            except RuntimeError as exc:
+                print(f"serve: Ray Serve did not come up: {exc}", file=sys.stderr)
+            finally:  # Ray's own processes leave the driver's group: these, not every Ray on the host
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    ray_procs = psutil.Process(ray_proc.pid).children(recursive=True)
+    finally:
+        for p in ray_procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
     return out
 
 
