@@ -296,3 +296,15 @@ def test_a_replica_spec_reads_back_and_only_as_one_node_without_ray():
             build({"cmd": ["x"], "serve": bad}, {})
     with pytest.raises(SpecError, match="one node"):
         build({"cmd": ["x"], "nodes": 2, "serve": {"service": "e", "replica": 0}}, {})
+
+
+def test_a_replicas_demand_points_read_back_and_a_bad_one_is_refused_naming_it():
+    near = [[TRUSTED, 90]]
+    spec = build({"cmd": ["x"], "serve": {"service": "e", "replica": 0, "near": near}}, {})
+    assert spec.serve is not None and spec.serve.near == ((TRUSTED, 90),)
+    assert JobSpec.from_wire(spec.to_wire()) == spec
+    for bad, words in (([[TRUSTED, 0]], "serve.near[0].weight"), ([[TRUSTED, 1001]], "serve.near[0].weight"),
+                       ([[TRUSTED, True]], "serve.near[0].weight"), ([["QmNope", 5]], "serve.near[0]' must be [full peer id, weight]"),
+                       ([[TRUSTED]], "serve.near[0]"), ([[TRUSTED, 1]] * 9, "at most 8"), ("x", "serve.near")):
+        with pytest.raises(SpecError, match=re.escape(words)):
+            build({"cmd": ["x"], "serve": {"service": "e", "replica": 0, "near": bad}}, {})

@@ -5,8 +5,8 @@ import hashlib
 
 import pytest
 
-from swarmd.gossip.registry import (MAX_ASSIGNED, MAX_CLAIMS, MAX_REPLICAS, ReplicaEntry, ServiceClaim,
-                                    claims_from_wire, replicas_from_wire)
+from swarmd.gossip.registry import (MAX_ASSIGNED, MAX_CLAIMS, MAX_DEMAND, MAX_REPLICAS, DemandEntry, ReplicaEntry,
+                                    ServiceClaim, claims_from_wire, demand_from_wire, replicas_from_wire)
 from swarmd.p2p.signed import Invalid, peer_str
 
 from test_wire import OTHER_PEER, PEER, decode, record, record_body, sealed
@@ -17,19 +17,22 @@ CLAIM = ServiceClaim(name="embed", created=1_700_000_000.0, access="token",
                      token_sha256=hashlib.sha256(b"secret").digest(), health="/healthz",
                      assigned=((0, HOST), (1, ME)))
 REPLICA = ReplicaEntry(service="embed", index=1, controller=ME, port=31000, healthy=True)
+DEMAND = DemandEntry(service="embed", rate=340.5, in_flight=12.25, p99_ms=180.0)
 
 
 def test_claims_and_replicas_travel_in_a_record_and_come_back_the_same():
-    r = decode(record(services=(CLAIM,), replicas=(REPLICA,)))
-    assert r.services == (CLAIM,) and r.replicas == (REPLICA,)
+    r = decode(record(services=(CLAIM,), replicas=(REPLICA,), demand=(DEMAND,)))
+    assert r.services == (CLAIM,) and r.replicas == (REPLICA,) and r.demand == (DEMAND,)
     plain = decode(record())
-    assert plain.services == () and plain.replicas == ()
-    assert b"services" not in record() and b"replicas" not in record(), "no field when there is nothing to say"
+    assert plain.services == () and plain.replicas == () and plain.demand == ()
+    empty = record()
+    assert all(f not in empty for f in (b"services", b"replicas", b"demand")), "no field when there is nothing to say"
 
 
 def test_entries_are_small():
     import msgpack
     assert len(msgpack.packb(REPLICA.to_wire())) <= 64
+    assert len(msgpack.packb(DEMAND.to_wire())) <= 40
     assert len(msgpack.packb(CLAIM.to_wire())) <= 60 + 40 * len(CLAIM.assigned) + 32  # and the token's hash
 
 
@@ -87,7 +90,33 @@ def test_a_malformed_replica_entry_is_refused_naming_what_is_wrong(data):
     assert exc.value.reason == "malformed" and "record.replicas" in exc.value.detail
 
 
+BAD_DEMAND = {
+    "not a list": {"service": "embed"},
+    "too short": ["embed", 1.0, 1.0],
+    "bad name": ["Embed", 1.0, 1.0, None],
+    "rate negative": ["embed", -1.0, 1.0, None],
+    "rate not finite": ["embed", float("inf"), 1.0, None],
+    "rate NaN": ["embed", float("nan"), 1.0, None],
+    "rate beyond what one gateway may carry": ["embed", 1e9, 1.0, None],
+    "in flight beyond the bound": ["embed", 1.0, 1e7, None],
+    "in flight a bool": ["embed", 1.0, True, None],
+    "p99 a string": ["embed", 1.0, 1.0, "fast"],
+    "p99 negative": ["embed", 1.0, 1.0, -5.0],
+}
+
+
+@pytest.mark.parametrize("data", BAD_DEMAND.values(), ids=BAD_DEMAND.keys())
+def test_a_malformed_demand_entry_is_refused_naming_what_is_wrong(data):
+    with pytest.raises(Invalid) as exc:
+        demand_from_wire([data])
+    assert exc.value.reason == "malformed" and "record.demand" in exc.value.detail
+
+
 def test_lists_are_bounded_and_entries_unique():
+    with pytest.raises(Invalid, match="at most"):
+        demand_from_wire([[f"s{i}", 1.0, 1.0, None] for i in range(MAX_DEMAND + 1)])
+    with pytest.raises(Invalid, match="twice"):
+        demand_from_wire([DEMAND.to_wire(), DEMAND.to_wire()])
     claim = CLAIM.to_wire()
     with pytest.raises(Invalid, match="at most"):
         claims_from_wire([{**claim, "n": f"s{i}"} for i in range(MAX_CLAIMS + 1)])
@@ -104,7 +133,7 @@ def test_lists_are_bounded_and_entries_unique():
 
 def test_a_record_with_a_malformed_entry_is_refused_whole():
     for field, value in (("services", [{"n": "x"}]), ("replicas", [["x"]]), ("services", "embed"),
-                         ("replicas", None)):
+                         ("replicas", None), ("demand", [["embed", -1, 0, None]]), ("demand", {})):
         with pytest.raises(Invalid) as exc:
             decode(sealed(record_body(**{field: value})))
         assert exc.value.reason == "malformed", (field, value)

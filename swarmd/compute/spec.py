@@ -56,6 +56,7 @@ MAX_NODES = 1024
 MAX_RESTARTS = 1000
 MAX_HOSTS = 4096  # peer ids in a job's allow list
 MAX_PEER_ID = 64  # characters: an Ed25519 peer id is 52
+MAX_NEAR, MAX_NEAR_WEIGHT = 8, 1000  # a service replica's demand points (serve/demand.py)
 _INT = re.compile(r"\s*[0-9]{1,9}\s*")  # Python refuses int() on more than 4300 digits
 _RANGE = re.compile(r"\s*([0-9]{1,9})\s*:\s*([0-9]{1,9})\s*")  # torchrun's --nnodes MIN:MAX
 _SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,3})\s*")
@@ -70,13 +71,17 @@ _MAPS = ("labels", "env")
 class Serve:
     """A job that is one replica of a service (serve/): set by the service's controller, never by
     a user's `jobs run`. Its host gives it a port ($PORT), checks `health` there and announces
-    it; placement keeps replicas of one service on different hosts."""
+    it; placement keeps replicas of one service on different hosts and, with ``near``, puts it
+    where the service's requests enter: the host with the least RTT to those members, weighed
+    by their requests (serve/demand.py)."""
     service: str
     replica: int
     health: str = "/"
+    near: tuple[tuple[str, int], ...] = ()  # (member, weight 1-MAX_NEAR_WEIGHT), at most MAX_NEAR
 
     def to_wire(self) -> dict[str, Any]:
-        return {"service": self.service, "replica": self.replica, "health": self.health}
+        return {"service": self.service, "replica": self.replica, "health": self.health,
+                **({"near": [[p, w] for p, w in self.near]} if self.near else {})}
 
 
 class SpecError(ValueError):
@@ -298,14 +303,27 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
 
 
 def serve_from_wire(value: Any) -> Serve:
-    if not isinstance(value, Mapping) or set(value) - {"service", "replica", "health"}:
-        raise _fail("serve", "a map of service, replica and health", value)
+    if not isinstance(value, Mapping) or set(value) - {"service", "replica", "health", "near"}:
+        raise _fail("serve", "a map of service, replica, health and near", value)
     try:
         name = check_name(value.get("service"), "serve.service")
         health = check_health(value.get("health", "/"), "serve.health")
     except Invalid as exc:
         raise SpecError(f"spec: {exc.detail}") from None
-    return Serve(service=name, replica=_int("serve.replica", value.get("replica"), 0, MAX_INDEX), health=health)
+    near = value.get("near", [])
+    if not isinstance(near, (list, tuple)) or len(near) > MAX_NEAR:
+        raise _fail("serve.near", f"a list of at most {MAX_NEAR} [peer id, weight] pairs", near)
+    points = []
+    for i, pair in enumerate(near):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise _fail(f"serve.near[{i}]", "a [peer id, weight] pair", pair)
+        try:
+            peer = _hosts([pair[0]])[0]
+        except SpecError:
+            raise _fail(f"serve.near[{i}]", "[full peer id, weight]", pair) from None
+        points.append((peer, _int(f"serve.near[{i}].weight", pair[1], 1, MAX_NEAR_WEIGHT)))
+    return Serve(service=name, replica=_int("serve.replica", value.get("replica"), 0, MAX_INDEX), health=health,
+                 near=tuple(points))
 
 
 def load_yaml(text: str, source: str = "spec") -> dict[str, Any]:

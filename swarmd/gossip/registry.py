@@ -14,6 +14,12 @@ travels to every member on every change):
   overlay address, and whether the host's health check passes. About 55 B. (No load: each
   gateway balances on the requests it has in flight itself, as Ray Serve's routers do with
   their own queue lengths; a host's word on load would be stale by a gossip round.)
+- A **demand** entry, in the record of a member whose gateway carries a service's requests:
+  the service's name, the requests per second entering there, the requests in flight there
+  (both averaged over a few seconds) and their p99 latency in ms (or nil). About 30 B. The
+  service's controller sums them to scale it (serve/scaler.py), and weighs where requests
+  enter to place its replicas; each figure is bounded here (``MAX_RATE``, ``MAX_IN_FLIGHT``)
+  and again where it is summed.
 
 A gateway (serve/registry.py) routes to a replica only where both agree: the controller's
 claim assigns (name, index) to that host, and that host announces it. A member therefore
@@ -38,6 +44,10 @@ MAX_ASSIGNED = 64  # replicas one claim assigns
 MAX_REPLICAS = 32  # replicas one host announces
 MAX_INDEX = 999  # a replica's index: 0..999
 MAX_HEALTH_PATH = 128
+MAX_DEMAND = 16  # services one member reports demand for (the busiest)
+MAX_RATE = 100_000.0  # requests per second one member's gateway may report for a service
+MAX_IN_FLIGHT = 10_000.0  # requests in flight one member's gateway may report for a service
+MAX_LATENCY_MS = 3_600_000.0
 ACCESS = ("members", "token", "public")
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: a URL's first path segment
 HEALTH = re.compile(r"^/[A-Za-z0-9._~/%-]{0,127}$")  # an absolute path, no query, nothing to escape
@@ -133,6 +143,34 @@ class ReplicaEntry:
         return cls(service=service, index=index, controller=controller, port=port, healthy=healthy)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemandEntry:
+    service: str
+    rate: float  # requests per second entering this member's gateway
+    in_flight: float  # requests in flight there (averaged)
+    p99_ms: float | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.service, round(self.rate, 2), round(self.in_flight, 2),
+                None if self.p99_ms is None else round(self.p99_ms, 1)]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> DemandEntry:
+        where = "record.demand"
+        if not isinstance(data, list) or len(data) != 4:
+            raise Invalid("malformed", f"{where}: each entry is [service, rate, in_flight, p99_ms]")
+        service, rate, in_flight, p99 = data
+        check_name(service, f"{where}.service")
+        for label, value, most in (("rate", rate, MAX_RATE), ("in_flight", in_flight, MAX_IN_FLIGHT),
+                                   ("p99_ms", p99, MAX_LATENCY_MS)):
+            if label == "p99_ms" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= most:
+                raise Invalid("malformed", f"{where}.{service}.{label}: expected 0-{most:g}, got {value!r:.40}")
+        return cls(service=service, rate=float(rate), in_flight=float(in_flight),
+                   p99_ms=None if p99 is None else float(p99))
+
+
 def claims_from_wire(data: Any) -> tuple[ServiceClaim, ...]:
     if not isinstance(data, list) or len(data) > MAX_CLAIMS:
         raise Invalid("malformed", f"record.services: expected a list of at most {MAX_CLAIMS} claims")
@@ -151,6 +189,15 @@ def replicas_from_wire(data: Any) -> tuple[ReplicaEntry, ...]:
         raise Invalid("malformed", "record.replicas: a replica is announced twice")
     if len({(e.port) for e in entries}) != len(entries):
         raise Invalid("malformed", "record.replicas: two replicas on one port")
+    return entries
+
+
+def demand_from_wire(data: Any) -> tuple[DemandEntry, ...]:
+    if not isinstance(data, list) or len(data) > MAX_DEMAND:
+        raise Invalid("malformed", f"record.demand: expected a list of at most {MAX_DEMAND} entries")
+    entries = tuple(DemandEntry.from_wire(item) for item in data)
+    if len({e.service for e in entries}) != len(entries):
+        raise Invalid("malformed", "record.demand: a service is reported twice")
     return entries
 
 

@@ -53,7 +53,8 @@ from ..p2p import multiaddrs
 from ..p2p.signed import Invalid, Signer, field, peer_bytes, peer_key, peer_str, seal, unseal, verify
 from .capacity import Resources
 from .cert import CLOCK_SKEW, Cert, check_cert
-from .registry import ReplicaEntry, ServiceClaim, claims_from_wire, replicas_from_wire
+from .registry import (DemandEntry, ReplicaEntry, ServiceClaim, claims_from_wire, demand_from_wire,
+                       replicas_from_wire)
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
 
@@ -202,6 +203,7 @@ class Record:
     via: dict[str, str] = dataclasses.field(default_factory=dict)  # peer -> the relay it chose for that pair
     services: tuple[ServiceClaim, ...] = ()  # the services it controls (registry.py)
     replicas: tuple[ReplicaEntry, ...] = ()  # the service replicas it runs (registry.py)
+    demand: tuple[DemandEntry, ...] = ()  # the services' requests entering its gateway (registry.py)
     cert: Cert
     blob: bytes
 
@@ -244,7 +246,7 @@ def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float,
                 wg: MeshInfo | None, cert: Cert, jobs: JobSlots | None = None,
                 rtts: dict[str, float] | None = None, coord: Coordinate | None = None, relay: bool = False,
                 via: dict[str, str] | None = None, services: tuple[ServiceClaim, ...] = (),
-                replicas: tuple[ReplicaEntry, ...] = ()) -> bytes:
+                replicas: tuple[ReplicaEntry, ...] = (), demand: tuple[DemandEntry, ...] = ()) -> bytes:
     body = {"v": VERSION, "k": "record", "swarm": swarm, "peer": peer_bytes(peer), "seq": seq,
             "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
             "labels": labels, "wg": None if wg is None else wg.to_wire(),
@@ -260,6 +262,8 @@ def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float,
         body["services"] = [c.to_wire() for c in services]
     if replicas:
         body["replicas"] = [r.to_wire() for r in replicas]
+    if demand:
+        body["demand"] = [d.to_wire() for d in demand]
     return seal(body, sign)
 
 
@@ -392,7 +396,8 @@ class Verifier:
                       rtts=_rtts(body.get("rtts", [])), coord=_coord(body.get("coord")),
                       relay=_flag(body.get("relay", False), "record.relay"), via=_via(body.get("via", []), cert.peer),
                       services=claims_from_wire(body.get("services", [])),
-                      replicas=replicas_from_wire(body.get("replicas", [])), cert=cert, blob=blob)
+                      replicas=replicas_from_wire(body.get("replicas", [])),
+                      demand=demand_from_wire(body.get("demand", [])), cert=cert, blob=blob)
 
 
 def _rtts(data: Any) -> dict[str, float]:

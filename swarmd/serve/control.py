@@ -20,6 +20,8 @@ Rules:
   gossip round and their next poll), its job is stopped ``DRAIN_S`` later (requests in
   flight finish meanwhile; a longer one is cut), and the slot is forgotten once its job ended.
 - The claim's assignment is every slot not draining whose job runs, with its host.
+- A replica's start time (its job asked for, to its first healthy check) is measured on
+  every start; ``start_s``, the median of the last few, is the autoscaler's lead time.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..gossip.registry import MAX_ASSIGNED, MAX_INDEX
 
 DRAIN_S = 5.0  # a draining replica runs this long out of the claim: gateways learn of it, requests finish
 BACKOFF_S, BACKOFF_MAX_S = 1.0, 60.0
+START_SAMPLES, START_DEFAULT_S = 5, 30.0
 ENDED = ("succeeded", "failed", "cancelled")
 
 
@@ -44,6 +47,7 @@ class Slot:
     stop_sent: bool = False
     failures: int = 0  # ends in a row without being asked
     retry_at: float = 0.0
+    started_at: float | None = None  # when its job was last asked for, until it first served healthy
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "generation": self.generation, "job": self.job,
@@ -89,6 +93,16 @@ class Controller:
     replicas: int
     generation: int
     slots: dict[int, Slot] = field(default_factory=dict)
+    start_times: list[float] = field(default_factory=list)  # the last START_SAMPLES replicas' starts, seconds
+
+    @property
+    def start_s(self) -> float:
+        """A replica's start time as measured here (job asked for -> first healthy): the median of
+        the last few, ``START_DEFAULT_S`` before any."""
+        if not self.start_times:
+            return START_DEFAULT_S
+        ordered = sorted(self.start_times)
+        return ordered[len(ordered) // 2]
 
     def __post_init__(self) -> None:
         if not 0 <= self.replicas <= MAX_ASSIGNED:
@@ -115,7 +129,11 @@ class Controller:
                 slot.job, slot.retry_at = None, now + min(BACKOFF_S * 2 ** (slot.failures - 1), BACKOFF_MAX_S)
             elif seen is not None and seen.healthy:
                 slot.failures = 0
+                if slot.started_at is not None:
+                    self.start_times = [*self.start_times, now - slot.started_at][-START_SAMPLES:]
+                    slot.started_at = None
             if slot.job is None and now >= slot.retry_at:
+                slot.started_at = now
                 actions.append(StartReplica(slot.index, slot.generation))
 
         active = [s for s in self.slots.values() if s.draining_since is None]
@@ -124,7 +142,7 @@ class Controller:
         ready = all(self._healthy(s, observed) for s in new)
         if len(active) < self.replicas or (old and ready and len(active) == self.replicas):
             for _ in range(max(self.replicas - len(active), 1 if old else 0)):
-                actions.append(self._new_slot())
+                actions.append(self._new_slot(now))
         elif len(active) > self.replicas and (not old or ready):
             surplus = len(active) - self.replicas
             for slot in (old or sorted(active, key=lambda s: -s.index))[:surplus]:
@@ -140,9 +158,9 @@ class Controller:
                 out.append((slot.index, seen.host))
         return tuple(out)
 
-    def _new_slot(self) -> StartReplica:
+    def _new_slot(self, now: float) -> StartReplica:
         index = next(i for i in range(MAX_INDEX + 1) if i not in self.slots)
-        self.slots[index] = Slot(index=index, generation=self.generation)
+        self.slots[index] = Slot(index=index, generation=self.generation, started_at=now)
         return StartReplica(index, self.generation)
 
     @staticmethod

@@ -62,6 +62,25 @@ def test_one_node_is_the_least_loaded_member_whatever_the_latency():
     assert place(spec(), view, lambda a, b: None) == Placement(("b",), 0.0)
 
 
+def test_a_service_replica_goes_where_its_requests_enter_weighed_by_them():
+    """Hosts on a line: demand enters at 'asia' (90 req/s) and 'eu' (10): the replica goes to
+    the free host nearest the weighted demand, whatever the load; unknown RTTs count as far."""
+    import dataclasses
+
+    from swarmd.compute.spec import Serve
+    pos = {"asia": 0.0, "asia2": 5.0, "eu": 200.0, "eu2": 205.0, "us": 300.0}
+    view = [node("asia2", load=2.0), node("eu2"), node("us")]
+    replica = dataclasses.replace(spec(), serve=Serve(service="embed", replica=0, near=(("asia", 90), ("eu", 10))))
+    assert place(replica, view, line(pos)).peers == ("asia2",)
+    eu_heavy = dataclasses.replace(replica, serve=Serve(service="embed", replica=0, near=(("asia", 10), ("eu", 90))))
+    assert place(eu_heavy, view, line(pos)).peers == ("eu2",)
+    # a demand point that is itself a fitting host is 0 ms from itself
+    assert place(replica, [*view, node("asia", load=5.0)], line(pos)).peers == ("asia",)
+    # nothing measured: the least loaded, as for any one-node job
+    assert place(replica, view, lambda a, b: None).peers == ("eu2",)
+    assert place(spec(), view, line(pos)).peers == ("eu2",), "without demand: the least loaded"
+
+
 @pytest.mark.parametrize("out, why", [
     (node("h", state="suspect", gpus=2, labels={"region": "eu"}), "suspect"),
     (node("h", state="dead", gpus=2, labels={"region": "eu"}), "dead"),

@@ -1,7 +1,7 @@
 """A service controller's decisions (swarmd/serve/control.py), on a fake clock: scale, replace,
 roll out, drain."""
 
-from swarmd.serve.control import BACKOFF_MAX_S, DRAIN_S, Controller, Observed, Slot, StartReplica, StopReplica
+from swarmd.serve.control import BACKOFF_MAX_S, DRAIN_S, START_DEFAULT_S, Controller, Observed, Slot, StartReplica, StopReplica
 
 
 def run(c: Controller, now: float, seen: dict) -> list:
@@ -87,3 +87,19 @@ def test_slots_survive_a_restart_and_a_drain_under_way_goes_on():
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+def test_a_replicas_start_time_is_measured_from_its_job_asked_for_to_its_first_healthy_check():
+    c = Controller(replicas=2, generation=1)
+    assert c.start_s == START_DEFAULT_S, "nothing measured yet"
+    run(c, 100.0, {})
+    run(c, 110.0, up(c, healthy=False))
+    run(c, 112.0, {"j0.1": Observed(state="running", host="h0", healthy=True),
+                   "j1.1": Observed(state="running", host="h1", healthy=False)})
+    run(c, 130.0, up(c))
+    run(c, 140.0, up(c))  # healthy again: not a new start
+    assert sorted(c.start_times) == [12.0, 30.0]
+    c.replicas = 3
+    run(c, 200.0, up(c))
+    run(c, 204.0, up(c))
+    assert sorted(c.start_times) == [4.0, 12.0, 30.0] and c.start_s == 12.0, "the median of the last few"

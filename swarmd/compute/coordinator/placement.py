@@ -7,7 +7,9 @@
    with its first reason ("need 3 nodes with ≥1 free GPU; 2 alive members fit: …; 1 other:
    Xq3e9999 (no free GPU, 1 needed)"), at most MAX_LISTED of each. `exclude` may map a
    host to why it refused a reservation, which is then its reason.
-3. One node: the least-loaded member that fits, ties by peer id.
+3. One node: the least-loaded member that fits, ties by peer id. A service's replica whose
+   spec says where its requests enter (``serve.near``, demand points with weights): the
+   member with the least demand-weighted RTT to them first, then the least loaded.
 4. Several: the set whose worst pairwise RTT is smallest, then the lowest total load, then
    the smallest peer ids. An RTT that is unknown (None, NaN, negative) is worse than any
    known one: sets compare as if it were infinite, worst pair first, so by how many of
@@ -43,6 +45,7 @@ from ..spec import JobSpec, describe
 EXACT_LIMIT = 20_000  # sets scored exactly: about 50 ms at 8 nodes
 GREEDY_WORK = 2_000_000  # seeds × nodes × fitting members: about 0.6 s here with 1,000 fitting
 MAX_LISTED = 8
+UNKNOWN_MS = 1_000.0  # a demand point's RTT nobody measured, for a service replica's placement
 
 Rtt = Callable[[str, str], float | None]
 Matrix = list[list[float]]  # milliseconds between fitting members by index; inf: unknown
@@ -85,6 +88,9 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
                               memory_free_mb=0, labels={}), "not a member now") for p in sorted(missing)
                    if p not in {c.peer for c in ordered}]
         return NoFit(_explain(spec, fit, others))
+    if n == 1 and spec.serve is not None and spec.serve.near:
+        return Placement((min(fit, key=lambda c: (_demand_rtt(c.peer, spec.serve.near, rtt_ms), c.load,
+                                                  c.peer)).peer,), 0.0)
     if n == 1:
         return Placement((min(fit, key=lambda c: (c.load, c.peer)).peer,), 0.0)
     d = _matrix([c.peer for c in fit], rtt_ms)
@@ -103,6 +109,18 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
     order = (first, *(i for i in chosen if i != first))
     unknown, worst = _pairs(chosen, d)
     return Placement(tuple(fit[i].peer for i in order), None if unknown else worst)
+
+
+def _demand_rtt(peer: str, near: Sequence[tuple[str, int]], rtt_ms: Rtt) -> float:
+    """The RTT from ``peer`` to where a service's requests enter, weighed by each entry point's
+    requests; a pair nobody measured counts as ``UNKNOWN_MS``."""
+    total = 0.0
+    for point, weight in near:
+        value = 0.0 if point == peer else rtt_ms(peer, point)
+        if value is None:
+            value = rtt_ms(point, peer)
+        total += weight * (value if value is not None and 0 <= value < math.inf else UNKNOWN_MS)
+    return total
 
 
 def _why_not(spec: JobSpec, c: Candidate, exclude: Collection[str], required: bool = False) -> str | None:
