@@ -22,7 +22,7 @@ from .jobs import EXIT_OK, EXIT_USAGE, UsageError, _pairs, _upload
 
 _UP: argparse.ArgumentParser | None = None  # `serve up`'s parser: its flags after NAME are read again (params)
 SPEC_FIELDS = ("name", "replicas", "cmd", "env", "cpus", "mem", "gpus_per_node", "labels", "hosts", "python",
-               "workdir", "health", "access")
+               "workdir", "health", "access", "target_inflight", "slo_p99", "predictive", "season")
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -33,7 +33,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          help="deploy a service (again: roll out the change replica by replica): "
                               "swarmctl serve up NAME [opts] -- CMD ARGS (it listens on $PORT)")
     up.add_argument("name", nargs="?", help="the service's name: the first segment of its URLs")
-    up.add_argument("--replicas", type=int, metavar="N", help="how many replicas, each on its own host (default 1)")
+    up.add_argument("--replicas", metavar="N|MIN:MAX",
+                    help="how many replicas, each on its own host (default 1); MIN:MAX autoscales between them")
+    up.add_argument("--target-inflight", type=float, metavar="N",
+                    help="autoscaling: requests in flight per replica to aim at (default 4)")
+    up.add_argument("--slo-p99", metavar="TIME", help="autoscaling: a p99 latency over this adds a replica, e.g. 500ms")
+    up.add_argument("--predictive", choices=("on", "off"),
+                    help="autoscaling: also scale ahead of the demand its history forecasts (default off)")
+    up.add_argument("--season", metavar="TIME", help="autoscaling: the forecast's season (default 24h)")
     up.add_argument("--cpus", type=float, metavar="C", help="free cores each replica's host must have")
     up.add_argument("--mem", metavar="SIZE", help="free memory each replica's host must have, e.g. 2G")
     up.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs for each replica")
@@ -58,9 +65,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     logs.add_argument("name")
     logs.add_argument("--replica", type=int, default=0, metavar="K", help="its index (default 0)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep following until it ends")
-    scale = ssub.add_parser("scale", parents=[common], help="change how many replicas a service has")
+    scale = ssub.add_parser("scale", parents=[common],
+                            help="change how many replicas a service has: N (fixed) or MIN:MAX (autoscaled)")
     scale.add_argument("name")
-    scale.add_argument("replicas", type=int)
+    scale.add_argument("replicas", metavar="N|MIN:MAX")
     down = ssub.add_parser("down", parents=[common], help="drain and stop every replica of a service")
     down.add_argument("name")
 
@@ -87,8 +95,19 @@ def command(client: Client, args: argparse.Namespace) -> int:
                         sys.stdout.write(f"{render.plain(text) if tty else text}\n")
                     sys.stdout.flush()
         case "scale":
-            result = client.call("serve.scale", name=args.name, replicas=args.replicas)
-            render.as_json(result) if args.json else print(f"{result['name']}: {result['replicas']} replica(s)")
+            try:
+                count, autoscale = replicas(args.replicas)
+            except UsageError as exc:
+                print(f"swarmctl: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            result = client.call("serve.scale", name=args.name,
+                                 **({"autoscale": autoscale} if autoscale else {"replicas": count}))
+            if args.json:
+                render.as_json(result)
+            else:
+                a = result.get("autoscale")
+                print(f"{result['name']}: {result['replicas']} replica(s)"
+                      + (f", autoscaled {a['min']}-{a['max']}" if a else ""))
         case "down":
             result = client.call("serve.down", name=args.name)
             render.as_json(result) if args.json else print(f"{result['name']}: draining, then stopped")
@@ -123,6 +142,8 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
         _UP.parse_args(before, namespace=args)
         args.name = args.name or name
     flags = {"name": args.name, "replicas": args.replicas, "cpus": args.cpus, "mem": args.mem,
+             "target_inflight": args.target_inflight, "slo_p99": args.slo_p99, "season": args.season,
+             "predictive": None if args.predictive is None else args.predictive == "on",
              "gpus_per_node": args.gpus_per_node, "python": args.python, "workdir": args.workdir,
              "health": args.health, "access": args.access, "cmd": cmd or None,
              "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env"),
@@ -138,9 +159,67 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
         template = {k: v for k, v in build(template, {}).to_wire().items() if k in template}
     except SpecError as exc:
         raise UsageError(str(exc)) from None
-    out = {"name": merged["name"], "replicas": merged.get("replicas", 1), "template": template,
+    count, autoscale = replicas(merged.get("replicas", 1))
+    tuning = {k: merged[k] for k in ("target_inflight", "slo_p99", "predictive", "season") if k in merged}
+    if tuning and autoscale is None:
+        raise UsageError(f"serve up: --{next(iter(tuning)).replace('_', '-')} is for an autoscaled service: "
+                         "give --replicas MIN:MAX")
+    if autoscale is not None:
+        autoscale |= _tuning(tuning)
+    out = {"name": merged["name"], "replicas": count, "template": template, "autoscale": autoscale,
            "health": merged.get("health"), "access": merged.get("access", "members"), "workdir": merged.get("workdir")}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def replicas(value: Any) -> tuple[int | None, dict[str, Any] | None]:
+    """`N` (a fixed count) or `MIN:MAX` (autoscaled between them, starting at MIN)."""
+    text = str(value).strip()
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            return int(low), None
+        return None, {"min": int(low), "max": int(high)}
+    except ValueError:
+        raise UsageError(f"--replicas: N or MIN:MAX (e.g. 3 or 1:8), got {text!r:.40}") from None
+
+
+def _tuning(given: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "target_inflight" in given:
+        try:
+            out["target_inflight"] = float(given["target_inflight"])
+        except (TypeError, ValueError):
+            raise UsageError(f"--target-inflight: a number, got {given['target_inflight']!r:.40}") from None
+    if "slo_p99" in given:
+        out["slo_p99_ms"] = _milliseconds(given["slo_p99"], "--slo-p99")
+    if "season" in given:
+        out["season_s"] = _milliseconds(given["season"], "--season") / 1000
+    if "predictive" in given:
+        if not isinstance(given["predictive"], bool):
+            raise UsageError("predictive: on or off")
+        out["predictive"] = given["predictive"]
+    return out
+
+
+_UNITS_MS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0}
+
+
+def _milliseconds(value: Any, flag: str) -> float:
+    """Milliseconds from 500ms, 0.5s, 10m, 24h or a plain number of milliseconds."""
+    text = str(value).strip().lower()
+    for unit in ("ms", "s", "m", "h", "d"):
+        if text.endswith(unit):
+            number, factor = text[:-len(unit)], _UNITS_MS[unit]
+            break
+    else:
+        number, factor = text, 1.0
+    try:
+        ms = float(number) * factor
+    except ValueError:
+        raise UsageError(f"{flag}: a time such as 500ms, 2s or 24h, got {value!r:.40}") from None
+    if not 0 < ms < float("inf"):
+        raise UsageError(f"{flag}: a positive time, got {value!r:.40}")
+    return ms
 
 
 def _up(client: Client, args: argparse.Namespace) -> int:

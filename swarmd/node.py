@@ -101,6 +101,7 @@ class Node:
         self.services = Services(jobs=self.jobs, gossip=self.gossip, state_dir=config.state_dir,
                                  rtt=lambda host: self.routing.rtt_function()(me, host),
                                  path=lambda host: self.routing.path_row(host)["path"],
+                                 pair_rtt=lambda a, b: self.routing.rtt_function()(a, b),
                                  gateway_listen=config.gateway_listen, socket_path=config.socket_path)
 
     def _announced(self) -> list[str]:

@@ -45,8 +45,10 @@ def methods(get: Callable[[], Services | None], jobs: Callable[[], Any]) -> list
         return wrapped("serve.show", lambda s: s.show(params["name"]))
 
     async def scale(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        return wrapped("serve.scale", lambda s: s.scale(params["name"], params["replicas"], caller.uid,
-                                                         caller.access >= Access.ADMIN))
+        if params.get("replicas") is None and params.get("autoscale") is None:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "serve.scale: replicas (a count) or autoscale (a range) is needed")
+        return wrapped("serve.scale", lambda s: s.scale(params["name"], params.get("replicas"), caller.uid,
+                                                         caller.access >= Access.ADMIN, params.get("autoscale")))
 
     async def down(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         return wrapped("serve.down", lambda s: s.down(params["name"], caller.uid, caller.access >= Access.ADMIN))
@@ -71,13 +73,17 @@ def methods(get: Callable[[], Services | None], jobs: Callable[[], Any]) -> list
                        "workdir": Param(type=str, doc="digest of an uploaded workdir"),
                        "health": Param(type=str, doc="the path its hosts GET to check a replica (default /)"),
                        "access": Param(type=str, doc="members (default), token or public"),
-                       "token_sha256": Param(type=str, doc="with access token: the token's SHA-256, hex")}),
+                       "token_sha256": Param(type=str, doc="with access token: the token's SHA-256, hex"),
+                       "autoscale": Param(type=dict, doc="a replica range and its scaler's settings: min, max, "
+                                                         "target_inflight, slo_p99_ms, predictive, season_s, …")}),
         Method(name="serve.ls", handler=ls, access=Access.READ, doc="the services in the registry"),
         Method(name="serve.show", handler=show, access=Access.READ,
                doc="one service: its replicas, their hosts, paths, health, and this node's gateway's figures",
                params={"name": name}),
-        Method(name="serve.scale", handler=scale, access=Access.JOBS, doc="change how many replicas a service has",
-               params={"name": name, "replicas": Param(type=int, required=True, doc="how many")}),
+        Method(name="serve.scale", handler=scale, access=Access.JOBS,
+               doc="change how many replicas a service has: a fixed count, or a range to autoscale in",
+               params={"name": name, "replicas": Param(type=int, doc="how many (autoscaling off)"),
+                       "autoscale": Param(type=dict, doc="min and max, and any scaler setting to change")}),
         Method(name="serve.down", handler=down, access=Access.JOBS, doc="drain and stop every replica, then forget it",
                params={"name": name}),
         Method(name="serve.logs", handler=logs, access=Access.JOBS, streams=True, doc="one replica's output",

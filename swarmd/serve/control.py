@@ -16,6 +16,7 @@ Rules:
 - Roll out (a new generation): one surge slot of the new generation at a time; once it is
   healthy (its host's health check, as the registry shows it), one old slot drains; again
   until none is old. A new generation that never gets healthy leaves the old ones serving.
+  A slot being moved (``relocate``: nearer its demand, service.py) is replaced the same way.
 - Drain: the slot leaves the claim at once (gateways stop sending it new requests within a
   gossip round and their next poll), its job is stopped ``DRAIN_S`` later (requests in
   flight finish meanwhile; a longer one is cut), and the slot is forgotten once its job ended.
@@ -48,10 +49,11 @@ class Slot:
     failures: int = 0  # ends in a row without being asked
     retry_at: float = 0.0
     started_at: float | None = None  # when its job was last asked for, until it first served healthy
+    moving: bool = False  # to be replaced by a replica placed anew (nearer its demand), as in a roll-out
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "generation": self.generation, "job": self.job,
-                "draining": self.draining_since is not None, "failures": self.failures}
+                "draining": self.draining_since is not None, "failures": self.failures, "moving": self.moving}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Slot:
@@ -61,6 +63,7 @@ class Slot:
             raise ValueError(f"a slot must have index 0-{MAX_INDEX}, a generation and a job id, got {data!r:.200}")
         failures = data.get("failures", 0)
         return cls(index=index, generation=generation, job=job, failures=failures if isinstance(failures, int) else 0,
+                   moving=data.get("moving") is True,
                    # a drain interrupted by a restart goes on at once
                    draining_since=float("-inf") if data.get("draining") else None)
 
@@ -108,6 +111,11 @@ class Controller:
         if not 0 <= self.replicas <= MAX_ASSIGNED:
             raise ValueError(f"replicas must be 0-{MAX_ASSIGNED}, got {self.replicas}")
 
+    def relocate(self, index: int) -> None:
+        """Replace the slot by one placed anew: a surge slot first, this one drained once that is
+        healthy (the roll-out's rule)."""
+        self.slots[index].moving = True
+
     def started(self, index: int, job: str) -> None:
         """The trio side submitted the slot's job."""
         self.slots[index].job = job
@@ -137,8 +145,8 @@ class Controller:
                 actions.append(StartReplica(slot.index, slot.generation))
 
         active = [s for s in self.slots.values() if s.draining_since is None]
-        old = sorted((s for s in active if s.generation != self.generation), key=lambda s: s.index)
-        new = [s for s in active if s.generation == self.generation]
+        old = sorted((s for s in active if s.generation != self.generation or s.moving), key=lambda s: s.index)
+        new = [s for s in active if s.generation == self.generation and not s.moving]
         ready = all(self._healthy(s, observed) for s in new)
         if len(active) < self.replicas or (old and ready and len(active) == self.replicas):
             for _ in range(max(self.replicas - len(active), 1 if old else 0)):

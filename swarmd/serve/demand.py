@@ -21,8 +21,10 @@ Theory of operation.
 - **Demand points.** The same entries, as (member, requests per second), tell placement
   where requests enter (the members' own hosts' RTTs stand for their users'). Each member's
   weight is capped at ``POINT_SHARE`` of the service's total when others report too, so one
-  member cannot draw every new replica to itself by inflating its figures (it can draw at
-  most its share's worth); the ``MAX_POINTS`` heaviest are kept.
+  member inflating its figures cannot outweigh everyone else entirely (with the spread rule,
+  service.py, it cannot draw every replica to itself); the ``MAX_POINTS`` heaviest are kept.
+  (Not yet: checking a member's figures against the requests the replicas' hosts saw come
+  from it; until then a member can claim demand up to these caps.)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ PUBLISH_S = 2.0
 CHANGE = 0.2  # a figure moving by this share of itself is worth a new record
 POOL_PER_REPLICA = 64  # the gateway's in-flight cap per replica (gateway.Limits.pool_per_replica)
 P99_SHARE = 0.1
-POINT_SHARE = 0.5
+POINT_SHARE = 0.8
 MAX_POINTS = 8
 QUIET = 0.05  # below this many requests per second and in flight, a service is quiet here
 

@@ -103,3 +103,19 @@ def test_a_replicas_start_time_is_measured_from_its_job_asked_for_to_its_first_h
     run(c, 200.0, up(c))
     run(c, 204.0, up(c))
     assert sorted(c.start_times) == [4.0, 12.0, 30.0] and c.start_s == 12.0, "the median of the last few"
+
+
+def test_a_replica_moved_is_replaced_like_a_roll_out_a_surge_first_then_the_far_one_drained():
+    c = Controller(replicas=2, generation=1)
+    run(c, 0.0, {})
+    run(c, 1.0, up(c))
+    c.relocate(1)
+    assert run(c, 2.0, up(c)) == [StartReplica(2, 1)], "a surge replica, placed anew"
+    assert c.slots[1].draining_since is None, "the far one serves until the new one is healthy"
+    seen = up(c, healthy=False)
+    run(c, 3.0, {**seen, "j0.1": Observed(state="running", host="h0", healthy=True),
+                 "j1.1": Observed(state="running", host="h1", healthy=True)})
+    assert c.slots[1].draining_since is None
+    run(c, 4.0, up(c))
+    assert c.slots[1].draining_since == 4.0 and c.assigned(up(c)) == ((0, "h0"), (2, "h2"))
+    assert Slot.from_json({**c.slots[1].to_json()}).moving, "a move survives a restart"

@@ -39,7 +39,8 @@ def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("serve")
     jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))
     jobs_dir.chmod(0o711)
-    args = ["--jobs-dir", str(jobs_dir), "--gateway-listen", "127.0.0.1:0", "--serve-ports", "30100-30199"]
+    args = ["--jobs-dir", str(jobs_dir), "--gateway-listen", "127.0.0.1:0", "--serve-ports", "30100-30199",
+            "--job-slots", "4"]
     args += ["--job-user", job_user()] if os.geteuid() == 0 else []
     d = Daemon(state_dir=base / "state", socket=base / "swarmd.sock", log=base / "swarmd.log", args=args).start()
     try:
@@ -153,3 +154,52 @@ def test_a_gateway_whose_daemon_is_killed_outright_goes_too(tmp_path):
             return f.read().split(")")[-1].split()[0] == "Z"
 
     wait_until(gone, 10, "the gateway exiting after its daemon's SIGKILL")
+
+
+SLOW_APP = APP.replace("def do_GET(self):", "def do_GET(self):\n        import time; time.sleep(0.3 if self.path != '/healthz' else 0)")
+
+
+def test_an_autoscaled_service_grows_under_load_through_the_gateway_and_says_why(node, tmp_path):
+    """The whole loop on one daemon: the gateway's figures become this node's demand entry in its
+    own record, the controller sums it, the scaler sees 8 requests in flight for a target of 2
+    per replica and adds replicas at once (panic), and `serve show` says why."""
+    import threading
+
+    (tmp_path / "app.py").write_text(SLOW_APP)
+    r = swarmctl(node, "serve", "up", "auto", "--replicas", "1:3", "--target-inflight", "2", "--workdir",
+                 str(tmp_path), "--health", "/healthz", "--", "python", "app.py")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: any(x.get("healthy") for x in node.call("serve.show", name="auto")["replicas"]), 60,
+               "a healthy replica")
+    where = gateway(node)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            get(f"http://{where}/auto/work")
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        shown = wait_until(lambda: (s := node.call("serve.show", name="auto"))["autoscale"]["replicas"] == 3 and s,
+                           60, "the service scaled to 3", detail=lambda: node.call("serve.show", name="auto"))
+        assert shown["autoscale"]["demand"]["in_flight"] >= 4, shown["autoscale"]["demand"]
+        assert shown["autoscale"]["events"] and "in-flight" in shown["autoscale"]["events"][0]["reason"]
+        wait_until(lambda: sum(1 for x in node.call("serve.show", name="auto")["replicas"] if x.get("healthy")) == 3,
+                   60, "three replicas serving")
+        assert node.call("serve.show", name="auto")["autoscale"]["measured_starts"] >= 1
+        text = swarmctl(node, "serve", "show", "auto").stdout
+        assert "1-3 replicas, 2 in flight each" in text and "scaling" in text and "→ 3" in text, text
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+    r = swarmctl(node, "serve", "scale", "auto", "1")
+    assert r.returncode == 0 and "auto: 1 replica(s)" in r.stdout, r.stdout + r.stderr
+    assert node.call("serve.show", name="auto")["autoscale"]["policy"] is None, "a fixed count: autoscaling off"
+    r = swarmctl(node, "serve", "scale", "auto", "1:x")
+    assert r.returncode == 2 and "MIN:MAX" in r.stderr
+    r = swarmctl(node, "serve", "up", "other", "--target-inflight", "2", "--", "true")
+    assert r.returncode == 2 and "--replicas MIN:MAX" in r.stderr
+    swarmctl(node, "serve", "down", "auto")
