@@ -308,3 +308,17 @@ def test_a_replicas_demand_points_read_back_and_a_bad_one_is_refused_naming_it()
                        ([[TRUSTED]], "serve.near[0]"), ([[TRUSTED, 1]] * 9, "at most 8"), ("x", "serve.near")):
         with pytest.raises(SpecError, match=re.escape(words)):
             build({"cmd": ["x"], "serve": {"service": "e", "replica": 0, "near": bad}}, {})
+
+
+def test_grow_is_on_by_default_off_with_false_and_read_back_from_the_wire():
+    spec = build({}, {"cmd": ["python", "train.py"], "nodes": "2:4"})
+    assert spec.grow and spec.to_wire()["grow"] is True
+    off = build(load_yaml("cmd: [python, train.py]\nnodes: '2:4'\ngrow: false\n"), {})
+    assert not off.grow and JobSpec.from_wire(off.to_wire()) == off
+    assert build({"cmd": ["x"], "grow": True}, {"grow": False}).grow is False, "the flag wins over the file"
+
+
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, [], {}])
+def test_grow_must_be_exactly_true_or_false(value):
+    with pytest.raises(SpecError, match="'grow' must be true or false"):
+        JobSpec.from_wire({"cmd": ["x"], "nodes": "2:4", "grow": value})

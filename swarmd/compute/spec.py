@@ -13,6 +13,10 @@ Rules:
 - `nodes` is N or torchrun's MIN:MAX: the job starts on as many hosts as fit up to MAX, at
   least MIN, and after a lost host goes on with the survivors while they are at least MIN
   (coordinator/run.py). `max_restarts` (default 0) is how many times it is started again.
+- `grow` (default true; `--no-grow`): a MIN:MAX job on fewer than MAX hosts grows back
+  toward MAX when hosts are free again, at its next checkpoint, at most once per the
+  coordinator's `job_grow_every` (coordinator/growth.py). A growth costs one restart from
+  that checkpoint but none of `max_restarts`. Exactly true or false: "no" or 0 is refused.
 - `ray: true` runs a Ray cluster for the job alone (one Ray node per host, the command as its
   driver on the first host; host/raynode.py): one process per node, and no restarts (Ray handles
   failures inside its cluster, e.g. Train's FailureConfig), so `procs_per_node` above 1 and
@@ -43,7 +47,7 @@ from ..gossip.registry import MAX_INDEX, check_health, check_name
 from ..gossip.wire import check_labels
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",
-          "env", "workdir", "wait", "python", "ray", "serve", "cmd")
+          "env", "workdir", "wait", "python", "ray", "serve", "grow", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -107,6 +111,7 @@ class JobSpec:
     python: str | None = None  # interpreter replacing a leading python/python3 in cmd
     ray: bool = False  # a Ray cluster for this job, cmd its driver on the first host
     serve: Serve | None = None  # a service's replica (serve/)
+    grow: bool = True  # below `nodes`, grow back toward it at a checkpoint when hosts are free again
 
     @property
     def least_nodes(self) -> int:
@@ -124,7 +129,7 @@ class JobSpec:
                 "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "hosts": list(self.hosts), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
-                "python": self.python, "ray": self.ray, **({"serve": self.serve.to_wire()} if self.serve else {})}
+                "python": self.python, "ray": self.ray, "grow": self.grow, **({"serve": self.serve.to_wire()} if self.serve else {})}
 
     @classmethod
     def from_wire(cls, data: Any) -> JobSpec:
@@ -281,6 +286,9 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
     ray = given.get("ray", False)
     if not isinstance(ray, bool):
         raise _fail("ray", "true or false", ray)
+    grow = given.get("grow", True)
+    if not isinstance(grow, bool):
+        raise _fail("grow", "true or false", grow)
     spec = JobSpec(
         cmd=_cmd(given["cmd"]), name=name, nodes=most, min_nodes=least if least < most else 0,
         max_restarts=_int("max_restarts", given.get("max_restarts", 0), 0, MAX_RESTARTS),
@@ -289,7 +297,7 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
         labels=_labels(given.get("labels", {})), hosts=_hosts(given.get("hosts", [])), env=_env(given.get("env", {})),
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
         wait_s=parse_duration_s(given.get("wait", 0), "wait"),
-        python=None if given.get("python") is None else _text("python", given["python"]), ray=ray,
+        python=None if given.get("python") is None else _text("python", given["python"]), ray=ray, grow=grow,
         serve=None if given.get("serve") is None else serve_from_wire(given["serve"]))
     if ray and spec.procs_per_node != 1:
         raise SpecError(f"spec: a Ray job runs one Ray node per host, so 'procs_per_node' must be 1, got "
