@@ -106,6 +106,9 @@ class Config:
                "512M, 8G"})
     checkpoint_keep: int = field(default=2, metadata={
         "doc": "checkpoints of a job this host keeps (the newest; those its latest start used are kept too)"})
+    job_grow_every: float = field(default=300.0, metadata={
+        "doc": "the least time between two growths of an elastic job this node coordinates (each costs the job "
+               "one restart from its newest checkpoint): seconds, or e.g. 5m"})
     log_level: str = field(default="info", metadata={"doc": "one of " + ", ".join(LOG_LEVELS)})
     log_format: str = field(default="auto", metadata={
         "doc": "json (journald), console, or auto: console on a TTY, json otherwise"})
@@ -387,6 +390,7 @@ _CHECKS: dict[str, Check] = {
     "job_pids": _int_range(16, 1 << 22),
     "checkpoint_max": _bytes(1024**2, 1024**4),
     "checkpoint_keep": _int_range(1, 100),
+    "job_grow_every": _duration(0, 30 * 86400),
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
 }

@@ -14,7 +14,7 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/p2p/signed.p
          "swarmd/gossip/revocation.py", "swarmd/gossip/owner.py",
          "swarmd/wg/address.py", "swarmd/wg/endpoint.py", "swarmd/wg/reconciler.py", "swarmd/compute/spec.py",
          "swarmd/compute/coordinator/placement.py", "swarmd/compute/ledger.py", "swarmd/compute/coordinator/gang.py",
-         "swarmd/compute/coordinator/run.py", "swarmd/compute/succession.py",
+         "swarmd/compute/coordinator/run.py", "swarmd/compute/coordinator/growth.py", "swarmd/compute/succession.py",
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints/rules.py", "swarmd/compute/events.py",
          "swarmd/routing/paths.py", "swarmd/routing/request.py", "swarmd/routing/direct.py", "swarmd/wg/reach.py",
          "swarmd/routing/relay.py", "swarmd/routing/nft.py",

@@ -71,7 +71,8 @@ def from_config(config: Config, gossip: Swarm, mesh: Overlay | None, *, transpor
                        serve_ports=config.serve_ports)
     jobs = Jobs(store=JobStore(state), worker=worker, gossip=gossip, archives=state / "archives",
                 retention=config.job_retention, sandbox=sandbox, path_rtt=path_rtt, reject=reject,
-                transport=transport, replication=writer, handed=JobStore(state / "handed"))
+                transport=transport, replication=writer, handed=JobStore(state / "handed"),
+                grow_every=config.job_grow_every)
     replicas.jobs = jobs  # an origin's log and cancel of a job this node took over
     return jobs
 

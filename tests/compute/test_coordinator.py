@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import trio
 
 from swarmd.compute.coordinator.coordinator import Jobs
@@ -311,3 +312,116 @@ def test_a_one_host_job_on_another_node_gets_the_nearest_member_as_a_witness(tmp
     assert jobs._charter(job, live, (h2,)).replicas == (me, h2, h3)
     assert jobs._charter(job, live, (me,)).replicas == (me,), "its ranks die with this node anyway"
     assert jobs._charter(job, live, (h2, h4)).replicas == (me, h2, h4), "three already"
+
+
+# --- growth (growth.py): a MIN:MAX job below MAX grows back at a checkpoint ----------------
+
+class GrowingHost(FakeHost):
+    """A first attempt's rank 0 writes a checkpoint once `world.free` is set (the test has
+    made a host free by then); every rank of it then runs until stopped (exit 143) or for a
+    second (exit 0: the job ends without growing). A later attempt's ranks exit 0 at once.
+    Reservations and stops are logged in `world.log`; `world.refusing_reserve` refuse."""
+
+    async def reserve(self, job: str, gpus: int, ranks: int, lease: float) -> tuple[int, ...]:
+        self.world.log.append(("reserve", self.peer))
+        if self.peer in self.world.refusing_reserve:
+            raise HostError(f"{self.peer[-8:]}: no free job slot (all 1 in use)")
+        return ()
+
+    async def cancel(self, job: str) -> None:
+        self.world.log.append(("stop", self.peer))
+        self.stop.set()
+
+    async def start(self, req: StartRequest, emit) -> None:
+        self.world.starts.append((self.peer, req))
+        rank = req.role.node_rank
+        await emit({"started": [rank]})
+        if len([s for s in self.world.starts if s[1].role.node_rank == 0]) == 1:  # the first attempt
+            if rank == 0:
+                await self.world.free.wait()
+                await emit({"ckpt": ["e1.pt", SHA, len(DATA)]})
+            with trio.move_on_after(1.0):
+                await self.stop.wait()
+            if self.stop.is_set():
+                await emit({"exit": [[rank, 143]], "first": None})
+                return
+        await emit({"exit": [[rank, 0]], "first": None})
+
+
+def growing(tmp_path: Path, *, refusing_reserve: frozenset[str] = frozenset(), grow_every: float = 300.0):
+    """A swarm of A and B, where C becomes free (a candidate) just before the first checkpoint."""
+    world = World(set())
+    world.log, world.refusing_reserve, world.free = [], refusing_reserve, trio.Event()
+    jobs = jobs_over(tmp_path, world, (A, B, C))
+    hosts = {p: GrowingHost(p, world) for p in (A, B, C)}
+    jobs._host = lambda peer, auth=None: hosts[peer]  # type: ignore[method-assign]
+    free = [A, B]
+    jobs._candidates = lambda view: [candidate(p) for p in free]  # type: ignore[method-assign]
+    jobs.grow_every = grow_every
+
+    async def hosts_free_again() -> None:
+        while not world.starts:
+            await trio.sleep(0.01)
+        free.append(C)
+        world.free.set()
+
+    return jobs, world, hosts_free_again
+
+
+async def grown(jobs: Jobs, spec: JobSpec, free_again, before=None):
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        job = jobs.submit(spec, None, 0)
+        if before is not None:
+            before(jobs.live[job].run)
+        run = jobs.live[job].run
+        nursery.start_soon(free_again)
+        with trio.fail_after(20):
+            while job in jobs.live:
+                await jobs.live[job].changed.wait()
+        nursery.cancel_scope.cancel()
+    return job, run
+
+
+async def test_a_job_below_its_maximum_grows_at_its_next_checkpoint_holding_the_new_host_first(tmp_path):
+    jobs, world, free_again = growing(tmp_path)
+    job, run = await grown(jobs, JobSpec(cmd=("train",), nodes=3, min_nodes=2, max_restarts=0), free_again)
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [set(a.nodes) for a in run.attempts] == [{A, B}, {A, B, C}]
+    assert run.restart_count == 0, "a growth spends no restart (max_restarts is 0 here)"
+    assert run.attempts[0].why == f"growing from 2 to 3 nodes at checkpoint e1.pt ({C[-8:]} free again)"
+    assert run.attempts[1].resumed_from == "e1.pt" and run.grown_at is not None
+    assert world.log.index(("reserve", C)) < min(world.log.index(("stop", A)), world.log.index(("stop", B))), \
+        "the new host is held before any rank is stopped"
+    assert {req.role.restart_count for _, req in world.starts} == {0}, "TORCHELASTIC_RESTART_COUNT stays"
+    lines = [text for _, text in jobs.store.read_log(job)[0]]
+    marker = [t for t in lines if t.startswith("[swarmd] growing from 2 to 3 nodes at checkpoint e1.pt")]
+    assert len(marker) == 1 and ": attempt 2 on 3 host(s)" in marker[0], lines
+    shown = jobs.describe(jobs.store.get(job))
+    assert shown["growth"]["on"] and [e["attempt"] for e in shown["growth"]["events"]] == [1]
+    assert shown["restarts"] == [0, 0]
+
+
+async def test_a_refused_reservation_of_the_new_host_means_no_restart(tmp_path):
+    jobs, world, free_again = growing(tmp_path, refusing_reserve=frozenset({C}))
+    _, run = await grown(jobs, JobSpec(cmd=("train",), nodes=3, min_nodes=2), free_again)
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [set(a.nodes) for a in run.attempts] == [{A, B}], "the job went on as it was"
+    assert ("reserve", C) in world.log and not any(what == "stop" for what, _ in world.log)
+
+
+def _grew_a_minute_ago(run) -> None:
+    import time
+    run.grown_at = time.time() - 60
+
+
+@pytest.mark.parametrize("spec, before", [
+    (JobSpec(cmd=("train",), nodes=3, min_nodes=2, grow=False), None),  # --no-grow
+    (JobSpec(cmd=("train",), nodes=3, min_nodes=2), _grew_a_minute_ago),  # job_grow_every is 300 s
+    (JobSpec(cmd=("train",), nodes=2), None),  # at its maximum
+])
+async def test_no_growth_with_grow_false_nor_sooner_than_grow_every_nor_past_the_maximum(tmp_path, spec, before):
+    jobs, world, free_again = growing(tmp_path, grow_every=300.0)
+    _, run = await grown(jobs, spec, free_again, before)
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [set(a.nodes) for a in run.attempts] == [{A, B}] and ("reserve", C) not in world.log

@@ -14,6 +14,13 @@ restarts left, the survivors are kept (placement's `require`), the lost hosts ex
 gang reserved again, the workdir shipped where it is missing, the job's newest checkpoints
 put on every host (hub.py), and the ranks started with the next restart count.
 
+Growth (growth.py has the rule): right after a new checkpoint of a running MIN:MAX job below
+MAX is recorded, placement is asked for a bigger gang that keeps every running host; the
+hosts it adds are reserved (`_grow`), and only once all of them are held is the attempt
+stopped (`Run.grow`) and the next placed on the survivors and those hosts, exactly as a
+restart, from that checkpoint, spending none of `max_restarts`. A refused reservation leaves
+the job running as it is. A joining host that is gone by the next placement is left out.
+
 A host that refuses its part of an attempt's setup (the workdir ship, a checkpoint put: its
 checkpoint budget, its disk, a broken stream) is treated as a refused reservation: the gang
 is released and the attempt placed again without it (`HostsRefused`), at most
@@ -60,7 +67,7 @@ from ..succession import Record as JobRecord
 from ..torchenv import NodeRole
 from ..workdir import WorkdirError, is_digest, pack
 from . import gang as gangmod
-from . import gc
+from . import gc, growth
 from .hosts import Authority, Host, HostError, LocalHost, RemoteHost
 from .hub import HostsRefused, Hub, Listed
 from .placement import Candidate, NoFit, Placement, Rtt, place
@@ -99,6 +106,8 @@ class _Live:
     ship_total: int = 0
     hosts: dict[str, Host] = dataclasses.field(default_factory=dict)
     setup: trio.CancelScope | None = None  # shipping and checkpoint transfers: a cancel cuts them short
+    checkpointed: trio.Event = dataclasses.field(default_factory=trio.Event)  # set: a new checkpoint recorded
+    joining: dict[str, Host] = dataclasses.field(default_factory=dict)  # held by a growth, not yet placed
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
     addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
     # its replicas (succession.py): the sequence of its last write, what each replica said of
@@ -138,8 +147,9 @@ class Jobs:
                  path_rtt: Callable[[], Rtt] | None = None,
                  reject: Callable[[str, str, str], None] | None = None,
                  transport: Transport | None = None, replication: Writer | None = None,
-                 handed: JobStore | None = None) -> None:
+                 handed: JobStore | None = None, grow_every: float = growth.GROW_EVERY_S) -> None:
         self.store = store
+        self.grow_every = grow_every  # seconds between two growths of a job (growth.py)
         # jobs this node took over from another origin: their rows and output, never listed to
         # this node's users (the owner is a member elsewhere), served to the origin alone
         self.handed = handed or store
@@ -336,11 +346,15 @@ class Jobs:
         ended = row.ended or (time.time() if row.started else None)
         restarts = [live.run.restart_count, live.run.max_restarts] if live else None
         attempts = self.store.attempts(row.id)
+        grew = [a for a in attempts if (a["why"] or "").startswith(growth.PREFIX)]  # a growth ended them
         if restarts is None and attempts:
-            restarts = [len(attempts) - 1, row.spec.get("max_restarts", 0)]
+            restarts = [len(attempts) - 1 - len(grew), row.spec.get("max_restarts", 0)]
         return {
             "id": row.id, "name": row.name, "state": row.state, "cmd": row.spec.get("cmd"),
             "phase": live.run.phase if live else None, "restarts": restarts, "attempts": attempts,
+            "growth": {"on": row.spec.get("grow", True) is True, "every_s": self.grow_every,
+                       "events": [{"attempt": a["n"], "at": a.get("detected"), "why": a["why"]} for a in grew]}
+            if isinstance(row.spec.get("nodes"), str) and not row.spec.get("ray") else None,  # MIN:MAX jobs only
             "checkpoints": live.hub.describe() if live else [],
             "nodes": row.nodes, "node_state": dict(live.run.node_state) if live else {},
             "coordinator": row.coordinator, "created": row.created, "started": row.started,
@@ -425,6 +439,7 @@ class Jobs:
         for peer, host in live.hosts.items():
             if peer not in run.lost:
                 await _quietly(host.release, job)
+        await self._let_go(job, live, live.hosts)
         if not run.over:
             run.fail("the coordinating daemon stopped")
         self._save(job, live)
@@ -474,7 +489,7 @@ class Jobs:
                 run.to("cancelled")
                 return
             run.to("starting")
-            if run.restart_count == 0:
+            if run.restart_count == 0 and run.growth is None:  # the first attempt
                 live.store.update(job, started=time.time())
             self._save(job, live)
             await self._start_all(job, live, peers, port, workdir, installed)
@@ -494,6 +509,8 @@ class Jobs:
         give_up = trio.current_time() + spec.wait_s
         refused: dict[str, str] = {p: "lost in an earlier attempt" for p in run.lost} | left_out
         survivors = tuple(p for p in run.kept if p not in refused) if run.state == "restarting" else ()
+        joining = tuple(p for p in run.joining if p not in refused and p not in survivors)  # a growth's hosts
+        survivors += joining
         attempts = 0
         while True:
             if run.cancelled:
@@ -513,6 +530,11 @@ class Jobs:
                 return chosen
 
             placement = await trio.to_thread.run_sync(choose)
+            if isinstance(placement, NoFit) and set(joining) & set(survivors):
+                # a host a growth held is gone now: the attempt is placed without the growth's hosts
+                survivors = tuple(p for p in survivors if p not in joining)
+                await self._let_go(job, live, ())
+                continue
             if isinstance(placement, NoFit) and left_out:
                 # only hosts that refused this attempt's setup would fit (a job pinned to one host, a
                 # stream that failed once): they are tried again; the setups' count still bounds it
@@ -533,6 +555,7 @@ class Jobs:
             live.hosts = hosts
             outcome = await self._reserve(job, spec, hosts)
             if isinstance(outcome, gangmod.Commit):
+                await self._let_go(job, live, placement.peers)  # a growth's hosts not placed
                 try:
                     return await self._commit(job, hosts, placement.peers, outcome)
                 except HostError as exc:  # a lease lapsed between reserve and commit
@@ -549,6 +572,13 @@ class Jobs:
                 why = "; ".join(outcome.refused.values())
                 run.fail(f"could not reserve {describe(spec)} after {attempts} attempts: {why}")
                 return None
+
+    async def _let_go(self, job: str, live: _Live, placed: Collection[str]) -> None:
+        """The hosts a growth held that the attempt placed on `placed` does not have: released."""
+        for peer, host in list(live.joining.items()):
+            if peer not in placed:
+                await _quietly(host.release, job)
+        live.joining = {}
 
     def _siblings(self, job: str, spec: JobSpec) -> dict[str, str]:
         """The hosts a service replica is placed on only when no other fits: those of the other
@@ -632,6 +662,7 @@ class Jobs:
                                             node=peer, state=state if state != "exited" else "exited",
                                             exit_code=None))
         scopes: dict[str, trio.CancelScope] = {}
+        live.checkpointed = trio.Event()  # only this attempt's checkpoints make it grow
 
         def stop_others(peer: str) -> None:
             for other, host in live.hosts.items():
@@ -690,8 +721,19 @@ class Jobs:
                             stop_others(peer)
                 await trio.sleep(WATCH_EVERY)
 
+        async def grower() -> None:
+            """After each new checkpoint of the attempt: grow, when growth.py says so and the
+            hosts that join are held; then every node is stopped for the next attempt."""
+            while True:
+                await live.checkpointed.wait()
+                live.checkpointed = trio.Event()
+                if await self._grow(job, live, peers):
+                    stop_others("")
+                    return
+
         async with trio.open_nursery() as outer:
             outer.start_soon(watch)
+            outer.start_soon(grower)
             async with trio.open_nursery() as nursery:
                 for i, peer in enumerate(peers):
                     if not attach or run.node_state.get(peer) in ("starting", "running"):
@@ -699,6 +741,49 @@ class Jobs:
                 if attach and run.stop_others:  # the predecessor was stopping them
                     stop_others("")
             outer.cancel_scope.cancel()
+
+    async def _grow(self, job: str, live: _Live, peers: tuple[str, ...]) -> bool:
+        """Right after a new checkpoint of the attempt on `peers`: True when the job grows (the
+        hosts that join are held, in `live.joining`, and the run is stopping for the next
+        attempt); False when growth.py says not now, no more hosts fit, or they were not all held."""
+        run, spec = live.run, live.spec
+        if not live.hub.checkpoints:
+            return False
+        not_now = growth.ready(grow=spec.grow, driver=run.driver, most=spec.nodes, size=len(peers),
+                               running=run.state == "running" and not run.stopping, last=run.grown_at,
+                               now=time.time(), every=self.grow_every)
+        if not_now is not None:
+            log.debug("no growth", job=job, why=not_now)
+            return False
+        view = self.gossip.view()
+        candidates, rtt_ms = self._candidates(view), self._rtt(view)
+        lost = {p: "lost in an earlier attempt" for p in run.lost}
+        placement = await trio.to_thread.run_sync(
+            lambda: place(spec, candidates, rtt_ms, exclude=lost, require=peers))
+        joining = growth.joining(spec.nodes, peers, placement.peers) if isinstance(placement, Placement) else ()
+        if not joining:
+            return False
+        hosts = {p: self._host(p, live.auth) for p in joining}
+        try:
+            outcome = await self._reserve(job, spec, hosts)
+        except trio.Cancelled:  # the attempt ended meanwhile: what was granted goes back now
+            with trio.CancelScope(shield=True):
+                for host in hosts.values():
+                    await _quietly(host.release, job)
+            raise
+        if isinstance(outcome, gangmod.Release) or run.state != "running" or run.stopping:
+            for peer in (outcome.peers if isinstance(outcome, gangmod.Release) else joining):
+                await _quietly(hosts[peer].release, job)
+            why = "; ".join(outcome.refused.values()) if isinstance(outcome, gangmod.Release) else run.state
+            log.info("no growth: the hosts that would join were not all held", job=job, why=why)
+            return False
+        # the newest checkpoint (the hub never empties its list): the one the next attempt resumes from
+        reason = growth.why(peers, joining, live.hub.checkpoints[-1].name)
+        live.joining = hosts
+        run.grow(joining, reason, now=time.time())
+        log.info("job grows", job=job, why=reason)
+        self._save(job, live)
+        return True
 
     def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
         run = live.run
@@ -720,8 +805,8 @@ class Jobs:
             live.store.append_logs(job, [(rank, f"[swarmd] {n} line(s) of this rank were not streamed here (this "
                                                 f"daemon fell behind); {short(peer)} keeps them in its copy of the "
                                                 "job's log".encode()) for rank, n in event["dropped"]])
-        if "ckpt" in event:
-            live.hub.announced(run, peer, *event["ckpt"])
+        if "ckpt" in event and live.hub.announced(run, peer, *event["ckpt"]):
+            live.checkpointed.set()  # the moment a growth is looked at (`grower` in _start_all)
         if "exit" in event:
             codes = event["exit"]
             for rank, code in codes.items():
@@ -745,15 +830,17 @@ class Jobs:
         attempt = run.attempts[-1]
         attempt.checkpoints_ready = time.time()
         attempt.resumed_from = installed[-1][0] if installed else None
-        if run.restart_count:
+        if run.restart_count or run.growth:
             self._marker(job, live, peers, attempt.resumed_from)
         return installed
 
     def _marker(self, job: str, live: _Live, peers: tuple[str, ...], resumed_from: str | None) -> None:
-        """The line in the job's output where a restart begins."""
+        """The line in the job's output where a restart, or a growth, begins (store.py's `_OPENS`
+        knows both)."""
         run = live.run
-        line = (f"[swarmd] restart {run.restart_count}/{run.max_restarts} after {run.reason}: attempt "
-                f"{len(run.attempts)} on {len(peers)} host(s) ({', '.join(short(p) for p in peers)}), "
+        why = run.growth or f"restart {run.restart_count}/{run.max_restarts} after {run.reason}"
+        line = (f"[swarmd] {why}: attempt {len(run.attempts)} on {len(peers)} host(s) "
+                f"({', '.join(short(p) for p in peers)}), "
                 + (f"resuming from checkpoint {resumed_from}" if resumed_from else "from the start (no checkpoint)"))
         live.store.append_logs(job, [(0, line.encode())])
 

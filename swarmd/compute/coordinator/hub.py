@@ -98,24 +98,26 @@ class Hub:
         self.checkpoints = out[-max(self.worker.checkpoint_keep, 1):]
         self.worker.keep_checkpoints(self.job, self.origin, [c.sha for c in self.checkpoints])
 
-    def announced(self, run: Run, peer: str, name: str, sha: str, size: int) -> None:
-        """Host `peer` of the current attempt of `run` announced a complete checkpoint."""
+    def announced(self, run: Run, peer: str, name: str, sha: str, size: int) -> bool:
+        """Host `peer` of the current attempt of `run` announced a complete checkpoint; True when
+        it is a new one, recorded (the moment a growth is looked at: growth.py)."""
         if not run.nodes or peer != run.nodes[0]:
             log.info("checkpoint not from rank 0's host ignored", job=self.job, name=name, host=short(peer))
-            return
+            return False
         if size > self.worker.checkpoint_max:
             log.info("checkpoint over checkpoint_max ignored", job=self.job, name=name, size=size, host=short(peer))
-            return
+            return False
         known = next((c for c in self.checkpoints if c.sha == sha), None)
         if known is not None:
             if known.size == size:
                 known.holders.add(peer)
-            return
+            return False
         self.checkpoints.append(Checkpoint(name=name, sha=sha, size=size, source=peer, holders={peer}))
         del self.checkpoints[:-max(self.worker.checkpoint_keep, 1)]
         self.worker.keep_checkpoints(self.job, self.origin, [c.sha for c in self.checkpoints])
         log.info("checkpoint", job=self.job, name=name, sha=sha[:12], size=size, host=short(peer))
         self._wanted.set()
+        return True
 
     async def replicator(self, run: Run, hosts: Callable[[], Mapping[str, Host]], rtt_ms: Callable[[], Rtt]) -> None:
         """Copies the newest checkpoint off the host that wrote it, one transfer at a time."""

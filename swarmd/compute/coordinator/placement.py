@@ -29,7 +29,9 @@
    are in every set considered (alive or merely suspect is all that is asked of them: a host
    lost in the same moment can make the failure detector suspect a healthy one; their records
    may still count the slot the job's last attempt used, and their reservation answers truly), and
-   the rest is chosen as above, so a replacement is the member nearest the survivors.
+   the rest is chosen as above, so a replacement is the member nearest the survivors. More
+   required hosts than MAX is `NoFit` (a growth's record, a replica's bytes, cannot make a
+   job hold more hosts than its spec allows).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class NoFit:
 
 def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
           exclude: Collection[str] = (), require: Collection[str] = ()) -> Placement | NoFit:
+    if len(set(require)) > spec.nodes:
+        return NoFit(f"need {describe(spec)}; {len(set(require))} hosts were required, over its maximum")
     ordered = sorted(candidates, key=lambda c: c.peer)
     verdicts = [(c, _why_not(spec, c, exclude, required=c.peer in require)) for c in ordered]
     fit = [c for c, why in verdicts if why is None]

@@ -7,6 +7,7 @@ finished job absorbs every late move):
         ↘ (a refused gang: reserving → reserving with other hosts; a host refusing the
            workdir or a checkpoint: shipping → reserving without it)
     starting | running → restarting → … → running     (a loss with restarts left)
+    running → restarting → … → running                (a growth: `grow`, growth.py)
     any live state → failed | cancelled
 
 While `restarting`, the next attempt's placement, reservation, shipping and start are the
@@ -27,6 +28,11 @@ Rules:
   then stopped, and their exits are the stop's echo. Another node exiting or lost does not
   end it (Ray reschedules inside its cluster); the driver's node lost ends it.
 - Cancel stops every node; the job is cancelled unless it had already failed.
+- A growth (`grow`, once the coordinator holds the hosts that join) stops a running attempt
+  like a loss, without being one: no restart is spent, the ended attempt's `why` says why,
+  and the next attempt keeps the survivors and places the `joining` hosts beside them.
+  `growth` says the current attempt began with one (its marker line), `grown_at` when the
+  last was (growth.py's rate limit).
 - Timestamps come from the caller (`now`): each attempt keeps when its loss was detected,
   its gang reserved, its checkpoints were in place and its ranks all ran.
 """
@@ -119,6 +125,9 @@ class Run:
     lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
     kept: tuple[str, ...] = ()  # the ended attempt's surviving hosts, which the next one keeps
     lost_workers: list[str] = field(default_factory=list)  # a driven job's worker hosts lost, and why
+    joining: tuple[str, ...] = ()  # hosts a growth holds for the next attempt, beside `kept`
+    growth: str | None = None  # why the current (or next) attempt grew the job; None: it did not
+    grown_at: float | None = None  # when the job last grew (growth.py: at most once per N s)
 
     def to_wire(self) -> dict[str, Any]:
         """The coordinator's state of the job, as its replicas keep it (succession.py): a
@@ -131,7 +140,8 @@ class Run:
                 "node_state": dict(self.node_state), "exit_codes": sorted([r, c] for r, c in self.exit_codes.items()),
                 "failure": list(self.failure) if self.failure is not None else None, "reason": self.reason,
                 "cancelled": self.cancelled, "stopping": self.stopping, "verdict": self.verdict,
-                "lost": sorted(self.lost), "kept": list(self.kept), "lost_workers": list(self.lost_workers)}
+                "lost": sorted(self.lost), "kept": list(self.kept), "lost_workers": list(self.lost_workers),
+                "joining": list(self.joining), "growth": self.growth, "grown_at": self.grown_at}
 
     @classmethod
     def from_wire(cls, d: Any) -> Run:
@@ -177,7 +187,9 @@ class Run:
                    exit_codes=exit_codes, failure=failure, reason=_text("record.reason", d["reason"]),
                    cancelled=_flag("record.cancelled", d["cancelled"]), stopping=_flag("record.stopping", d["stopping"]),
                    verdict=verdict, lost=set(_peers("record.lost", d["lost"])), kept=_peers("record.kept", d["kept"]),
-                   lost_workers=[_text("record.lost_workers", w) or "" for w in lost_workers])
+                   lost_workers=[_text("record.lost_workers", w) or "" for w in lost_workers],
+                   joining=_peers("record.joining", d["joining"]), growth=_text("record.growth", d["growth"]),
+                   grown_at=_time("record.grown_at", d["grown_at"]))
 
     def to(self, state: str) -> None:
         if state not in STATES and state not in PHASES:
@@ -191,8 +203,10 @@ class Run:
         self.state = after
 
     def placed(self, nodes: tuple[str, ...], now: float | None = None) -> None:
-        """The hosts of the attempt being set up (again, when a gang was refused)."""
+        """The hosts of the attempt being set up (again, when a gang was refused); a growth's
+        `joining` hosts are among them now, or were left out."""
         self.nodes = nodes
+        self.joining = ()
         self.node_state = {n: "starting" for n in nodes}
         if not self.attempts or self.attempts[-1].why is not None:  # the last one ended in a restart
             self.attempts.append(Attempt(n=len(self.attempts) + 1, nodes=nodes, placed=now))
@@ -279,12 +293,28 @@ class Run:
         else:
             self._settle(None)
 
+    def grow(self, joining: tuple[str, ...], why: str, now: float | None = None) -> None:
+        """The coordinator holds `joining` (growth.py): the running attempt ends with `why`, its
+        nodes are stopped, and the next is placed on its survivors and `joining`. No restart is
+        spent: a growth is no failure (torchrun's "membership changes do not count as retries")."""
+        if self.state != "running" or self.stopping or self.cancelled or self.driver or not joining:
+            raise IllegalMove(f"job {self.job}: only a running attempt with no stop under way grows")
+        self.stopping = True
+        attempt = self.attempts[-1]
+        attempt.why, attempt.detected = why, now
+        self.verdict, self.reason = "restart", why
+        self.joining = tuple(p for p in joining if p not in self.nodes and p not in self.lost)
+        self.growth, self.grown_at = why, now
+        self.to("restarting")
+        self.phase = "stopping"
+
     def begin_attempt(self) -> None:
         """The ended attempt's hosts have all reported or are lost: the next may be placed."""
         if self.state != "restarting" or self.verdict != "restart" or not self.settled:
             raise IllegalMove(f"job {self.job}: a new attempt needs a restart whose last attempt is over")
         self.to("placing")
         self.kept = self.survivors
+        self.joining = tuple(p for p in self.joining if p not in self.lost)
         self.nodes, self.node_state, self.exit_codes = (), {}, {}
         self.failure, self.stopping, self.verdict = None, False, None
 
@@ -349,6 +379,7 @@ class Run:
             self.verdict = "restart"
             self.restart_count += 1
             self.reason = why
+            self.growth, self.joining = None, ()  # a failure's restart: none of a growth it cut short
             if self.state != "restarting":  # else the attempt of a restart failed while starting
                 self.to("restarting")
             self.phase = "stopping"
@@ -383,7 +414,7 @@ _ATTEMPT_TIMES = ("started", "ended", "placed", "detected", "reserved", "checkpo
 _ATTEMPT_FIELDS = {"n", "nodes", "why", "resumed_from", *_ATTEMPT_TIMES}
 _RUN_FIELDS = {"job", "procs_per_node", "min_nodes", "max_restarts", "driver", "state", "phase", "restart_count",
                "nodes", "attempts", "node_state", "exit_codes", "failure", "reason", "cancelled", "stopping",
-               "verdict", "lost", "kept", "lost_workers"}
+               "verdict", "lost", "kept", "lost_workers", "joining", "growth", "grown_at"}
 
 
 def _count(name: str, value: Any, low: int, high: int) -> int:

@@ -270,7 +270,7 @@ class JobStore:
 
     def cut_log_at_attempt(self, job_id: str, attempt: int) -> None:
         """Cut the job's log back to where attempt `attempt`'s ranks began: after the line that
-        opens it (a restart's, or a takeover's), or the start for the first attempt. A
+        opens it (a restart's, a growth's or a takeover's), or the start for the first attempt. A
         successor's copy of that attempt, whole, follows (issue 26). Blocking: call in a thread."""
         path = self._log(job_id)
         cut, pos = 0, 0
@@ -311,13 +311,15 @@ class JobStore:
 
 
 _OPENS = re.compile(r"\[swarmd\] (?:restart \d+/\d+ after .*: attempt (\d+) on .*|"
+                    r"growing from \d+ to \d+ nodes at checkpoint .*: attempt (\d+) on .*|"
                     r"\S+ took the job over at epoch \d+ .*: attempt (\d+)'s output from its start)")
 
 
 def _opens(line: str, attempt: int) -> bool:
-    """Whether `line` (rank 0's, from swarmd) opens attempt `attempt`: a restart's marker or a takeover's."""
+    """Whether `line` (rank 0's, from swarmd) opens attempt `attempt`: a restart's or a growth's
+    marker, or a takeover's."""
     m = _OPENS.fullmatch(line)
-    return m is not None and int(m.group(1) or m.group(2)) == attempt
+    return m is not None and int(m.group(1) or m.group(2) or m.group(3)) == attempt
 
 
 def _check_state(state: Any) -> None:
