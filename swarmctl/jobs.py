@@ -37,6 +37,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      "and go on with at least MIN after a loss (default 1)")
     run.add_argument("--max-restarts", metavar="K", help="restart the job up to K times after a lost host or a "
                      "failed rank, from its last checkpoint (default 0)")
+    run.add_argument("--no-grow", action="store_false", dest="grow", default=None,
+                     help="with --nodes MIN:MAX, stay on the hosts it has: by default a job below MAX grows back "
+                          "toward it at its next checkpoint when hosts are free again (one restart from that "
+                          "checkpoint, at most once per the coordinator's job_grow_every, 5 min by default)")
     run.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs on each host (default 0)")
     run.add_argument("--procs-per-node", type=int, metavar="P", help="ranks on each host (default G, or 1)")
     run.add_argument("--cpus", type=float, metavar="C", help="free cores each host must have")
@@ -112,7 +116,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
             file_fields = load_yaml(text, str(args.spec))
         flags = {"nodes": args.nodes, "max_restarts": args.max_restarts, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
                  "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
-                 "workdir": args.workdir, "ray": args.ray, "cmd": cmd or None,
+                 "workdir": args.workdir, "ray": args.ray, "grow": args.grow, "cmd": cmd or None,
                  "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env"),
                  "hosts": None if not args.hosts else [h.strip() for a in args.hosts for h in a.split(",") if h.strip()]}
         return build(file_fields, flags).to_wire()

@@ -83,6 +83,7 @@ def job(j: Mapping[str, Any]) -> None:
         ("wall", None if j["wall_s"] is None else f"{j['wall_s']:.1f} s"),
         ("restarts", None if not j.get("restarts") or not j["restarts"][1] else f"{j['restarts'][0]} of at most "
                                                                                  f"{j['restarts'][1]}"),
+        ("growth", _growth_lines(j, j.get("started") or j.get("created"))),
         ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
         ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
                          for c in j.get("checkpoints") or []]),
@@ -120,6 +121,22 @@ def _ray_line(peer: str, node: Mapping[str, Any], head: bool) -> str:
     gpus = f", {node['gpus']} GPU{'s' if node['gpus'] != 1 else ''}" if node.get("gpus") else ""
     return (f"{_peer(peer)} {node.get('address')}{' (head)' if head else ''}: {node['cpus']} CPU{gpus}, "
             f"memory {size(node['memory'])}, object store {size(node['object_store'])}")
+
+
+def _growth_lines(j: Mapping[str, Any], origin: float | None) -> list[str] | str | None:
+    """An elastic job's growth: off, or when it may grow and each time it did (attempt, when, why)."""
+    g = j.get("growth")
+    if not g:
+        return None
+    if not g.get("on"):
+        return "off (--no-grow)"
+    events = [f"after attempt #{e['attempt']}"
+              + (f" at {e['at'] - origin:+.1f} s" if isinstance(e.get("at"), (int, float)) and origin else "")
+              + f": {e['why']}" for e in g.get("events") or []]
+    every = g.get("every_s")
+    rule = "on: toward its maximum at a checkpoint when hosts are free" + \
+        (f", at most once per {duration(every)}" if isinstance(every, (int, float)) else "")
+    return [rule, *events]
 
 
 def _attempt_line(a: Mapping[str, Any], origin: float | None) -> str:

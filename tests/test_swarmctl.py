@@ -426,3 +426,12 @@ def test_jobs_run_host_flags_make_the_specs_allow_list():
     assert jobs._spec(args)["hosts"] == [a, b]
     with pytest.raises(jobs.UsageError, match=r"'hosts\[0\]' must be a full peer id"):
         jobs._spec(parser().parse_args(["jobs", "run", "--host", "XaN6WKvN", "--", "python"]))
+
+
+def test_jobs_run_no_grow_turns_growth_off_and_without_it_the_spec_grows():
+    from swarmctl import jobs
+    from swarmctl.main import parser
+
+    grows = jobs._spec(parser().parse_args(["jobs", "run", "--nodes", "2:4", "--", "python", "t.py"]))
+    still = jobs._spec(parser().parse_args(["jobs", "run", "--nodes", "2:4", "--no-grow", "--", "python", "t.py"]))
+    assert grows["grow"] is True and still["grow"] is False
