@@ -160,6 +160,40 @@ def test_with_no_spare_host_the_job_shrinks_to_its_survivors(healthy, tmp_path):
     assert accuracy(out) > 0.9
 
 
+def test_a_shrunk_job_grows_back_at_its_next_checkpoint_once_a_host_is_free_again(healthy, tmp_path):
+    """Issue 28: shrunk to its survivors, a 2:3 job takes a revived host back at the first
+    checkpoint after h1 sees it alive: one restart from that checkpoint, not counted as one."""
+    lab = healthy
+    lab.crash("h4")
+    h4 = lab.state.host("h4").peer_id
+
+    def h4_is(state: str) -> bool:
+        return any(p["peer"] == h4 and p["state"] == state for p in call(lab, "h1", "peers")["peers"])
+
+    until(lambda: h4_is("dead"), 30, "h1 sees h4 dead", interval=0.2)
+    epochs = DIGITS.index("--epochs") + 1
+    job = submit(lab, tmp_path, "--nodes", "2:3", "--max-restarts", "1",
+                 *DIGITS[:epochs], "30", *DIGITS[epochs + 1:])
+    until(lambda: a_replicated_checkpoint(lab, job), 120, "a checkpoint on two hosts", interval=0.2)
+    lab.crash(a_job_host_not(lab, job, "h1"))
+    until(lambda: len(show(lab, job)["attempts"]) == 2, 60, "the job shrinks to its survivors", interval=0.2)
+    lab.revive("h4")
+    until(lambda: h4_is("alive"), 30, "h1 sees h4 alive again", interval=0.2)
+    j = wait_end(lab, job)
+    out = logs(lab, job)
+    assert (j["state"], j["exit_code"]) == ("succeeded", 0), (j["reason"], out[-3000:])
+    assert [len(a["nodes"]) for a in j["attempts"]] == [3, 2, 3], j["attempts"]
+    shrunk, grew = j["attempts"][1:]
+    assert shrunk["why"].startswith("growing from 2 to 3 nodes at checkpoint epoch-") and h4[-8:] in shrunk["why"]
+    assert h4 in grew["nodes"] and grew["resumed_from"] and grew["resumed_from"] in shrunk["why"]
+    assert j["restarts"][0] == 1, "the growth spent no restart"
+    assert "[swarmd] growing from 2 to 3 nodes at checkpoint" in out
+    assert "world 3" in out.split("[swarmd] growing from")[1], "the grown attempt has 3 nodes"
+    shown = swarmctl(lab, "h1", "jobs", "show", job).stdout
+    assert "growing from 2 to 3 nodes" in shown and "at most once per 5m" in shown, shown
+    assert accuracy(out) > 0.9
+
+
 def test_a_daemon_killed_with_sigkill_takes_its_ranks_with_it_and_the_job_moves(healthy, tmp_path):
     lab = healthy
     job = submit(lab, tmp_path, "--nodes", "3", "--max-restarts", "1", *DIGITS)
