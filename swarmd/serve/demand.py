@@ -3,10 +3,12 @@ counts it, and the swarm's sum, as a controller reads it from the members' recor
 
 Theory of operation.
 - **This member's share** (``LocalDemand``). The gateway reports its figures every second
-  (``serve.gateway``): per service, the requests per second over its window and the
-  requests in flight at that moment. The in-flight figure is averaged over the last
-  ``WINDOW_S`` (the autoscaler's panic window): a moment's count would make the record
-  change every second. The entries (gossip/registry.py ``DemandEntry``, the busiest
+  (``serve.gateway``): per service, the requests it has answered since it started and the
+  requests in flight at that moment. Both become figures over the last ``WINDOW_S`` (the
+  autoscaler's panic window): the rate from the count's growth (the gateway's own rate is
+  over a minute, too slow to scale on; a count that went down is a restarted gateway, and
+  its window starts over), the in-flight count averaged (a moment's count would make the
+  record change every second). The entries (gossip/registry.py ``DemandEntry``, the busiest
   ``MAX_DEMAND`` services) go into this member's record; ``changed`` says when they moved
   enough to be worth a new record (a gossip round carries every record change to every
   member): a service appearing or going quiet, or a figure moving by more than
@@ -59,8 +61,8 @@ class Demand:
 
 class LocalDemand:
     def __init__(self) -> None:
-        self._in_flight: dict[str, deque[tuple[float, float]]] = {}
-        self._latest: dict[str, tuple[float, float | None]] = {}  # service -> (rate, p99)
+        self._window: dict[str, deque[tuple[float, int, float]]] = {}  # service -> (time, requests, in flight)
+        self._p99: dict[str, float | None] = {}
         self._published: dict[str, DemandEntry] = {}
         self._published_at = float("-inf")
 
@@ -77,27 +79,29 @@ class LocalDemand:
                 continue
             if not isinstance(figures, Mapping):
                 continue
-            rate = _figure(figures.get("rate_per_s"), MAX_RATE)
-            in_flight = _figure(figures.get("in_flight"), MAX_IN_FLIGHT)
-            p99 = _figure(figures.get("p99_ms"), MAX_LATENCY_MS)
-            if rate is None or in_flight is None:
+            requests, in_flight = figures.get("requests"), _figure(figures.get("in_flight"), MAX_IN_FLIGHT)
+            if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0 or in_flight is None:
                 continue
             seen.add(name)
-            window = self._in_flight.setdefault(name, deque())
-            window.append((now, in_flight))
-            while window and window[0][0] < now - WINDOW_S:
+            window = self._window.setdefault(name, deque())
+            if window and (requests < window[-1][1] or now <= window[-1][0]):
+                window.clear()  # the gateway restarted (its count began again), or the clock stepped back
+            window.append((now, requests, in_flight))
+            while len(window) > 1 and window[0][0] < now - WINDOW_S:
                 window.popleft()
-            self._latest[name] = (rate, p99)
-        for name in set(self._in_flight) - seen:  # gone from the gateway's table
-            del self._in_flight[name]
-            self._latest.pop(name, None)
+            self._p99[name] = _figure(figures.get("p99_ms"), MAX_LATENCY_MS)
+        for name in set(self._window) - seen:  # gone from the gateway's table
+            del self._window[name]
+            self._p99.pop(name, None)
 
     def entries(self) -> tuple[DemandEntry, ...]:
         """This member's demand entries now: the busiest services that are not quiet, by name."""
         out = []
-        for name, window in self._in_flight.items():
-            rate, p99 = self._latest[name]
-            in_flight = sum(v for _, v in window) / len(window) if window else 0.0
+        for name, window in self._window.items():
+            span = window[-1][0] - window[0][0]
+            rate = min((window[-1][1] - window[0][1]) / span, MAX_RATE) if span > 0 else 0.0
+            in_flight = sum(v for _, _, v in window) / len(window)
+            p99 = self._p99.get(name)
             if rate >= QUIET or in_flight >= QUIET:
                 out.append(DemandEntry(service=name, rate=round(rate, 2), in_flight=round(in_flight, 2),
                                        p99_ms=None if p99 is None else round(p99, 1)))

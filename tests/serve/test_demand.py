@@ -11,8 +11,17 @@ from swarmd.serve.demand import POOL_PER_REPLICA, PUBLISH_S, WINDOW_S, LocalDema
 
 
 def stats(**services):
-    return {"services": {name: {"rate_per_s": rate, "in_flight": in_flight, "p99_ms": p99, "requests": 1}
-                         for name, (rate, in_flight, p99) in services.items()}}
+    """The gateway's figures: (requests answered so far, in flight, p99) per service."""
+    return {"services": {name: {"rate_per_s": 0.5, "in_flight": in_flight, "p99_ms": p99, "requests": requests}
+                         for name, (requests, in_flight, p99) in services.items()}}
+
+
+def steady(d, start, end, rate, in_flight=1.0, name="embed", p99=None, count=0):
+    """The gateway's polls, one a second, at ``rate`` requests per second; returns the count."""
+    for t in range(start, end):
+        count += rate
+        d.observe(float(t), stats(**{name: (count, in_flight, p99)}))
+    return count
 
 
 @dataclass(frozen=True)
@@ -32,45 +41,56 @@ def member(peer, rate, in_flight=0.0, p99=None, name="embed", in_service=True):
              in_service=in_service)
 
 
-def test_the_in_flight_figure_is_averaged_over_the_window_and_quiet_services_are_left_out():
+def test_the_rate_comes_from_the_count_and_in_flight_is_averaged_over_the_window_quiet_left_out():
     d = LocalDemand()
     for t, n in ((0.0, 2.0), (1.0, 4.0), (2.0, 6.0)):
-        d.observe(t, stats(embed=(30.0, n, 120.0), idle=(0.0, 0.0, None)))
-    assert d.entries() == (DemandEntry(service="embed", rate=30.0, in_flight=4.0, p99_ms=120.0),)
-    d.observe(2.0 + WINDOW_S + 0.5, stats(embed=(30.0, 10.0, 120.0)))
+        d.observe(t, stats(embed=(100 + 30 * int(t), n, 120.0), idle=(7, 0.0, None)))
+    assert d.entries() == (DemandEntry(service="embed", rate=30.0, in_flight=4.0, p99_ms=120.0),), \
+        "30 more answered a second: 30 req/s (the gateway's own minute-long rate is not used)"
+    d.observe(2.0 + WINDOW_S + 0.5, stats(embed=(100 + 60 + 30 * 7, 10.0, 120.0)))
     assert d.entries()[0].in_flight == 10.0, "older figures left the window"
     d.observe(20.0, stats())
     assert d.entries() == (), "a service gone from the gateway's table reports nothing"
 
 
+def test_a_restarted_gateways_count_starts_the_window_over_instead_of_a_negative_rate():
+    d = LocalDemand()
+    count = steady(d, 0, 5, 20)
+    d.observe(5.0, stats(embed=(3, 1.0, None)))
+    assert d.entries()[0].rate == 0.0
+    steady(d, 6, 9, 10, count=3)
+    assert d.entries()[0].rate == 10.0 and count == 100
+
+
 def test_entries_are_published_when_they_move_enough_and_not_more_often_than_the_period():
     d = LocalDemand()
-    d.observe(0.0, stats(embed=(30.0, 4.0, None)))
-    assert d.changed(0.0) is not None
-    d.observe(0.5, stats(embed=(60.0, 4.0, None)))
-    assert d.changed(0.5) is None, "within the period"
-    d.observe(PUBLISH_S, stats(embed=(60.0, 4.0, None)))
-    assert [e.rate for e in d.changed(PUBLISH_S)] == [60.0], "the period over: the move is published"
+    count = steady(d, 0, 3, 30)
+    assert d.changed(2.0) is not None
+    count = steady(d, 3, 4, 150, count=count)
+    assert d.changed(3.0) is None, "within the period"
+    steady(d, 4, 5, 150, count=count)
+    assert [e.rate for e in d.changed(4.0)] == [90.0], "the period over: the move is published"
     d2 = LocalDemand()
-    d2.observe(0.0, stats(embed=(30.0, 4.0, None)))
-    d2.changed(0.0)
-    d2.observe(5.0, stats(embed=(32.0, 4.2, None)))
-    assert d2.changed(5.0) is None, "a small move is not worth a record"
-    d2.observe(10.0, stats(embed=(0.0, 0.0, None)))
-    for t in (10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0):
-        d2.observe(t, stats(embed=(0.0, 0.0, None)))
+    count = steady(d2, 0, 7, 30)
+    d2.changed(6.0)
+    count = steady(d2, 7, 10, 32, in_flight=1.1, count=count)
+    assert d2.changed(9.0) is None, "a small move is not worth a record"
+    steady(d2, 10, 18, 0, in_flight=0.0, count=count)
     assert d2.changed(17.0) == (), "going quiet is published"
 
 
 def test_the_gateways_figures_are_checked_and_the_busiest_services_kept():
     d = LocalDemand()
-    d.observe(0.0, {"services": {"Bad/Name": {"rate_per_s": 5.0, "in_flight": 1.0},
-                                 "nan": {"rate_per_s": float("nan"), "in_flight": 1.0},
-                                 "neg": {"rate_per_s": -1.0, "in_flight": 1.0},
-                                 "list": [1, 2], "ok": {"rate_per_s": 1.0, "in_flight": True}}})
+    for t in (0.0, 1.0):
+        d.observe(t, {"services": {"Bad/Name": {"requests": 5 + int(t), "in_flight": 1.0},
+                                   "nan": {"requests": float("nan"), "in_flight": 1.0},
+                                   "neg": {"requests": -1, "in_flight": 1.0},
+                                   "big": {"requests": 5, "in_flight": 1e12},
+                                   "list": [1, 2], "ok": {"requests": 1, "in_flight": True}}})
     assert d.entries() == ()
-    d.observe(1.0, "not a map")
-    d.observe(2.0, {"services": {f"s{i}": {"rate_per_s": float(i + 1), "in_flight": 1.0} for i in range(40)}})
+    d.observe(1.5, "not a map")
+    for t in (2.0, 3.0):
+        d.observe(t, {"services": {f"s{i}": {"requests": int(t) * (i + 1), "in_flight": 1.0} for i in range(40)}})
     kept = d.entries()
     assert len(kept) == MAX_DEMAND and {e.service for e in kept} == {f"s{i}" for i in range(40 - MAX_DEMAND, 40)}
 

@@ -165,3 +165,26 @@ def test_a_bad_autoscale_request_is_refused_naming_the_field(tmp_path):
         s.scale("fixed", None, owner=0, admin=True, autoscale={"min": 1, "max": 999})
     assert s.scale("fixed", None, owner=0, admin=True, autoscale={"min": 1, "max": 3})["autoscale"]["max"] == 3
     assert s.scale("fixed", 2, owner=0, admin=True)["autoscale"] is None and "fixed" not in s.scalers
+
+
+def test_a_replica_far_from_its_demand_moves_after_two_checks_in_a_row(tmp_path):
+    s, jobs, specs = autoscaled(tmp_path, min=1, max=1, move_s=10.0)
+    s.pair_rtt = lambda a, b: 150.0 if {a, b} == {ASIA, EU} else None
+    real = jobs.submit
+    jobs.submit = lambda spec, workdir, uid: (job := real(spec, workdir, uid), jobs.rows[job].__setattr__(
+        "nodes", [EU]))[0]
+    demand = [member(ASIA, 50.0, 1.0), SimpleNamespace(peer=EU, in_service=True,
+                                                        record=SimpleNamespace(demand=(), jobs=SimpleNamespace(free=0)))]
+    s._members = lambda: demand
+    s.step(0.0)
+    s.step(10.0)
+    assert not any(slot.moving for slot in s.controllers["embed"].slots.values()), "once is not enough"
+    s.step(20.0)
+    assert s.controllers["embed"].slots[0].moving and "moves nearer its demand" in s.events["embed"][-1]["reason"]
+    s.step(21.0)
+    assert specs[-1].serve.replica == 1 and specs[-1].serve.near == ((ASIA, 1000),), "the surge goes near the demand"
+    s2, _, _ = autoscaled(tmp_path / "b", min=1, max=1, move_s=10.0)
+    s2._members = lambda: [member(ASIA, 50.0, 1.0, free=0)]
+    for t in (0.0, 10.0, 20.0, 30.0):
+        s2.step(t)
+    assert not s2.controllers["embed"].slots[0].moving, "nowhere free to go: it stays"
