@@ -18,7 +18,8 @@ CORES = ["swarmd/rpc/framing.py", "swarmd/rpc/protocol.py", "swarmd/p2p/signed.p
          "swarmd/compute/ids.py", "swarmd/compute/checkpoints/rules.py", "swarmd/compute/events.py",
          "swarmd/routing/paths.py", "swarmd/routing/request.py", "swarmd/routing/direct.py", "swarmd/wg/reach.py",
          "swarmd/routing/relay.py", "swarmd/routing/nft.py",
-         "swarmd/vivaldi/coordinates.py", "swarmd/gossip/registry.py", "swarmd/serve/registry.py", "swarmd/serve/control.py", "swarmd/serve/balance.py"]
+         "swarmd/vivaldi/coordinates.py", "swarmd/gossip/registry.py", "swarmd/serve/registry.py", "swarmd/serve/control.py", "swarmd/serve/balance.py",
+         "swarmd/serve/scaler.py", "swarmd/serve/demand.py"]
 FORBIDDEN = {"trio", "socket", "time", "os", "asyncio", "select", "selectors", "libp2p", "psutil", "pynvml",
              "subprocess", "threading"}
 
