@@ -360,3 +360,48 @@ async def test_a_clean_up_step_that_fails_skips_none_of_the_others(tmp_path, mon
     finally:
         for left in temp:
             deep_trees.remove(left)
+
+
+async def test_replicas_started_at_once_get_ports_of_their_own(tmp_path):
+    """Two replicas set up at the same moment on one host (an autoscaler adding two at once)
+    never get one port: a port is the replica's from the moment it is chosen."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import trio
+
+    from swarmd.compute.host.worker import StartRequest
+    from swarmd.compute.spec import Serve
+    from swarmd.compute.torchenv import NodeRole
+
+    jobs = Path(tempfile.mkdtemp(prefix="swarmd-test-ports-"))
+    jobs.chmod(0o711)
+    w = Worker(ledger=Ledger(2), cache=Cache(tmp_path / "cache"), jobs_dir=jobs,
+               user="nobody" if os.geteuid() == 0 else None, serve_ports=(30200, 30209))
+    ports: dict[str, str] = {}
+
+    async def one(job: str, index: int) -> None:
+        w.reserve(job, "coord", 0, 1, 60.0)
+        w.commit(job, "coord")
+        role = NodeRole(job_id=job, node_rank=0, nnodes=1, procs_per_node=1, master_addr="127.0.0.1",
+                        master_port=29500, ifname=None, gpus=(), node_ips=("127.0.0.1",), checkpoint_dir="")
+
+        async def emit(event) -> None:
+            for _, line in event.get("out", ()):
+                ports[job] = line
+
+        await w.start(StartRequest(job=job, coordinator="coord", role=role, env={}, python=None, workdir=None,
+                                   cmd=(sys.executable, "-c", "import os; print(os.environ['PORT'])"),
+                                   serve=Serve(service="embed", replica=index)), emit)
+
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "0123456789aa", 0)
+                nursery.start_soon(one, "0123456789bb", 1)
+    finally:
+        subprocess.run(["rm", "-rf", str(jobs)], check=False)
+    assert len(ports) == 2 and len(set(ports.values())) == 2, ports
+    assert not w.serving and not w.serve_held, "both ports given back once the replicas ended"

@@ -221,6 +221,9 @@ class Worker:
         self.ray_ports = ray_ports or PortBlocks()  # the Ray jobs' port blocks on this host
         self.serve_ports = serve_ports  # service replicas' ports (LOW, HIGH)
         self.serving: dict[tuple[str, str], Serving] = {}  # (origin, job) -> the replica it runs here
+        # every replica given a port here, from the moment it is chosen (starts set up at once
+        # must not choose the same one) until it ended; `serving` is those that run
+        self.serve_held: dict[tuple[str, str], Serving] = {}
         # who may command each job here: its origin, then the highest epoch's coordinator (issue 26)
         self.fence = Fence()
         self.sinks: dict[tuple[str, str], Sink] = {}  # (origin, job) -> where its running ranks' events go
@@ -427,6 +430,8 @@ class Worker:
             send = sink.send
 
             serving = self._serving(req) if req.serve is not None else None
+            if serving is not None:
+                self.serve_held[key] = serving
             async with self._box(req, top, started.gpus, serves=serving.port if serving else None) as box:
                 if box.uid is not None:
                     base |= {"USER": f"job{box.uid}", "LOGNAME": f"job{box.uid}"}
@@ -529,6 +534,7 @@ class Worker:
                         ("flush the output log", out.flush), ("count dropped output", count_dropped),
                         ("forget the ranks", lambda: self.running.pop(key, None)),
                         ("stop announcing the replica", lambda: self.serving.pop(key, None)),
+                        ("give back the replica's port", lambda: self.serve_held.pop(key, None)),
                         ("end the forwards", lambda: self.forwards.ended(key)),
                         ("give back the Ray ports", lambda: self.ray_ports.give_back(key))])
         if req.ray is not None:  # Ray's temp dir outside the sandbox's private /tmp: the job shaped it
@@ -670,13 +676,14 @@ class Worker:
         return True
 
     def _serving(self, req: StartRequest) -> Serving:
-        """A port for a service replica: the lowest of the range no replica here holds and
-        nothing listens on; one replica of a (controller, service, index) at a time here."""
+        """A port for a service replica: the lowest of the range no replica here holds (running or
+        being set up: ``serve_held``) and nothing listens on; one replica of a (controller,
+        service, index) at a time here."""
         assert req.serve is not None
         mine = (req.coordinator, req.serve.service, req.serve.replica)
-        if any((s.origin, s.serve.service, s.serve.replica) == mine for s in self.serving.values()):
+        if any((s.origin, s.serve.service, s.serve.replica) == mine for s in self.serve_held.values()):
             raise WorkerError(f"replica {req.serve.replica} of {req.serve.service} already runs on this host")
-        held = {s.port for s in self.serving.values()}
+        held = {s.port for s in self.serve_held.values()}
         low, high = self.serve_ports
         for port in range(low, high + 1):
             if port not in held and _bindable(port):
