@@ -56,7 +56,7 @@ class Demand:
     in_flight: float
     p99_ms: float | None
     points: tuple[tuple[str, float], ...]  # (member, weight: its requests per second, capped), heaviest first
-    members: int  # members reporting it
+    reporters: int  # members reporting it
 
 
 class LocalDemand:
@@ -145,7 +145,7 @@ def swarm_demand(name: str, members: Iterable[Any], replicas: int) -> Demand:
             points.append((peer, weight))
     points.sort(key=lambda p: (-p[1], p[0]))
     return Demand(rate=rate, in_flight=in_flight, p99_ms=max(p99s) if p99s else None,
-                  points=tuple(points[:MAX_POINTS]), members=len(reports))
+                  points=tuple(points[:MAX_POINTS]), reporters=len(reports))
 
 
 def _figure(value: Any, most: float) -> float | None:

@@ -547,7 +547,7 @@ class Services:
                 "measured_starts": len(c.start_times),
                 "demand": None if demand is None else {
                     "rate_per_s": round(demand.rate, 2), "in_flight": round(demand.in_flight, 2),
-                    "p99_ms": demand.p99_ms, "members": demand.members,
+                    "p99_ms": demand.p99_ms, "members": demand.reporters,
                     "points": [[peer, round(w, 2)] for peer, w in demand.points]},
                 "decision": None if decision is None else {
                     "replicas": decision.replicas, "reason": decision.reason, "mode": decision.mode,

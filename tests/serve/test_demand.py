@@ -99,7 +99,7 @@ def test_the_swarms_demand_sums_the_members_in_service():
     members = [member("a", 30.0, 3.0, 100.0), member("b", 10.0, 1.0, 900.0), member("c", 5.0, name="other"),
                member("gone", 500.0, 50.0, in_service=False), M("quiet")]
     d = swarm_demand("embed", members, replicas=2)
-    assert (d.rate, d.in_flight, d.members) == (40.0, 4.0, 2)
+    assert (d.rate, d.in_flight, d.reporters) == (40.0, 4.0, 2)
     assert d.p99_ms == 900.0, "b carries a quarter of the requests: its p99 counts"
     assert [p for p, _ in d.points] == ["a", "b"]
 
