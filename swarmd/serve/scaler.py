@@ -436,7 +436,8 @@ class Scaler:
             slo = self._slo(now, cur, start)
             if slo is not None and slo[0] > want:
                 want, mode, reason = slo
-        forecast_rate = planned = None
+        want = self._clamp(want)  # the reactive count within the range first: a forecast that only
+        forecast_rate = planned = None  # equals the minimum is no reason of its own
         if self.trusted():
             peak = self._season.peak(now, now + lead)
             if peak is not None:

@@ -415,3 +415,19 @@ def test_the_scaler_is_sans_io():
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     assert imported <= {"__future__", "math", "statistics", "collections", "dataclasses", "typing"}
+
+
+def test_a_scale_down_is_never_put_down_to_the_forecast():
+    """A forecast asking for the minimum while the reactive count falls to it is not the reason."""
+    p = Policy(min_replicas=1, max_replicas=3, target_inflight=1.0, predictive=True, season_s=60.0, stable_s=6.0,
+               panic_s=2.0, down_delay_s=8.0)
+    s = Scaler(p)
+    cur, t, modes = 1, 0.0, []
+    while t < 180:
+        rate = 12.0 if 25 <= t % 60 < 43 else 0.5
+        s.observe(Sample(at=t, rate=rate, in_flight=rate * 0.3))
+        d = s.decide(t, current=cur, ready=cur, start_s=8.0)
+        if d.replicas < cur:
+            modes.append(d.mode)
+        cur, t = d.replicas, t + 0.5
+    assert modes and "forecast" not in modes, modes
