@@ -424,7 +424,7 @@ def test_a_scale_down_is_never_put_down_to_the_forecast():
     s = Scaler(p)
     cur, t, modes = 1, 0.0, []
     while t < 180:
-        rate = 12.0 if 25 <= t % 60 < 43 else 0.5
+        rate = 12.0 if 25 <= t % 60 < 43 else 0.0  # nothing at all between the peaks
         s.observe(Sample(at=t, rate=rate, in_flight=rate * 0.3))
         d = s.decide(t, current=cur, ready=cur, start_s=8.0)
         if d.replicas < cur:
