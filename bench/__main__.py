@@ -19,7 +19,7 @@ from swarmd.rpc.client import Client, DaemonUnreachable
 
 OUT = Path(".bench")
 PARTS = ("foundation", "bounds", "placement", "netlab", "gossip", "mesh", "jobs", "sandbox", "elastic", "ray", "sim",
-         "routing", "reach", "handover", "serve")
+         "routing", "reach", "handover", "serve", "autoscale")
 # SWARMD_BENCH_ONLY=jobs,mesh runs those parts; their figures replace the ones in bench.json
 ONLY = [p for p in os.environ.get("SWARMD_BENCH_ONLY", ",".join(PARTS)).split(",") if p in PARTS]
 IDLE_SETTLE = 30.0  # DESIGN: idle figures after 30 s
@@ -168,6 +168,13 @@ def main() -> None:
             print("ray: a 3-host lab, Ray jobs' start-up (and stock Ray's), idle usage, Tune on 1 and 3 hosts, "
                   "Serve through jobs forward...", file=sys.stderr)
             results |= ray.measure()
+        if "autoscale" in ONLY:
+            from . import autoscale
+
+            print(f"autoscale: a 4-host lab, {autoscale.SEASONS} compressed days of {autoscale.SEASON_S:g} s against "
+                  "a fixed count, our reactive and predictive scalers, Ray Serve's autoscaler (defaults and "
+                  "compressed) in a Ray job; then demand placement for one day...", file=sys.stderr)
+            results |= autoscale.measure()
     else:
         print("netlab figures skipped: they need root (network namespaces)", file=sys.stderr)
     if "sim" in ONLY:
@@ -220,10 +227,16 @@ def main() -> None:
                "reach_rebind_ping_back_max_s": 30.0, "reach_pairs_failed": 1.0, "reach_pairs_not_as_theory": 1.0,
                # issue 27: the gateway's added latency; a crashed replica host under load
                "serve_gateway_added_p50_ms": 1.0, "serve_failover_failed_pct": 0.1,
-               "serve_failover_replacement_s": 10.0}
+               "serve_failover_replacement_s": 10.0,
+               # issue 28: at most 10 % more replica-seconds than Ray Serve's reactive defaults
+               "autoscale_reactive_more_replica_s_than_ray_pct": 10.0,
+               "autoscale_predictive_more_replica_s_than_ray_pct": 10.0}
     floors = {"routing_lab_allreduce_relayed_over_direct": 0.9,
               "routing_lab_allreduce_link_bound_relayed_over_direct": 0.9,
-              "reach_tcp_relayed_over_direct": 0.9, "reach_weighted_direct_pct": 95.0}  # targets a figure must reach, not stay under
+              "reach_tcp_relayed_over_direct": 0.9, "reach_weighted_direct_pct": 95.0,
+              # issue 28: at least 50 % fewer requests over the SLO than Ray Serve's reactive defaults
+              "autoscale_reactive_fewer_violations_than_ray_pct": 50.0,
+              "autoscale_predictive_fewer_violations_than_ray_pct": 50.0}  # targets a figure must reach, not stay under
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()})"
     report = {"machine": machine, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results,
               "targets": targets, "floors": floors}
