@@ -413,6 +413,7 @@ class Scaler:
         p = self.policy
         if not _finite(now):
             return self._last or Decision(self._clamp(current), "no valid clock reading: holding", "hold")
+        now = float(now)  # an int beyond a float's precision compares exactly, and unlike its float
         cur = self._clamp(current)
         ready_n = int(min(max(ready, 0), MAX_REPLICAS)) if _finite(ready) else 0
         start = float(start_s) if _finite(start_s) and 0 <= start_s <= 86_400 else DEFAULT_START_S
@@ -451,7 +452,7 @@ class Scaler:
         while self._wanted and self._wanted[-1][1] <= want:
             self._wanted.pop()
         self._wanted.append((now, want))
-        while self._wanted[0][0] < now - p.down_delay_s:
+        while len(self._wanted) > 1 and self._wanted[0][0] < now - p.down_delay_s:
             self._wanted.popleft()
         replicas = want
         if want < cur and mode not in ("idle", "hold"):

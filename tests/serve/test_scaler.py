@@ -431,3 +431,28 @@ def test_a_scale_down_is_never_put_down_to_the_forecast():
             modes.append(d.mode)
         cur, t = d.replicas, t + 0.5
     assert modes and "forecast" not in modes, modes
+
+
+def test_the_forecast_plans_with_the_peaks_latency_not_the_low_ratio_right_after_it():
+    """Right after a peak the arrival rate (a window's count) lags the requests in flight, which
+    end at once: in flight / rate reads far under the real latency for a few seconds. The quiet
+    hours' own requests (0.3 s each, as at the peak) set it right again, so the next peak's plan
+    starts enough replicas before it."""
+    p = Policy(min_replicas=1, max_replicas=4, target_inflight=1.0, predictive=True, season_s=60.0, stable_s=6.0,
+               panic_s=2.0, down_delay_s=8.0)
+    s = Scaler(p)
+    cur, t, rises = 1, 0.0, []
+    while t < 85:
+        phase = t % 60
+        if 25 <= phase < 43:
+            rate, in_flight = 12.0, 3.6
+        elif 43 <= phase < 51:  # the window still counts the peak; nothing is in flight any more
+            rate, in_flight = 12.0 - 1.4 * (phase - 43), 0.02
+        else:
+            rate, in_flight = 0.5, 0.15
+        s.observe(Sample(at=t, rate=rate, in_flight=in_flight))
+        d = s.decide(t, current=cur, ready=cur, start_s=8.0)
+        if d.replicas > cur and t >= 60:
+            rises.append((t, d.replicas, d.mode))
+        cur, t = d.replicas, t + 0.5
+    assert rises and rises[0][2] == "forecast" and max(n for _, n, _ in rises) >= 3, rises
