@@ -17,7 +17,7 @@ CLAIM = ServiceClaim(name="embed", created=1_700_000_000.0, access="token",
                      token_sha256=hashlib.sha256(b"secret").digest(), health="/healthz",
                      assigned=((0, HOST), (1, ME)))
 REPLICA = ReplicaEntry(service="embed", index=1, controller=ME, port=31000, healthy=True)
-DEMAND = DemandEntry(service="embed", rate=340.5, in_flight=12.25, p99_ms=180.0)
+DEMAND = DemandEntry(service="embed", rate=340.5, in_flight=12.25, p99_ms=180.0, p50_ms=41.5)
 
 
 def test_claims_and_replicas_travel_in_a_record_and_come_back_the_same():
@@ -32,7 +32,7 @@ def test_claims_and_replicas_travel_in_a_record_and_come_back_the_same():
 def test_entries_are_small():
     import msgpack
     assert len(msgpack.packb(REPLICA.to_wire())) <= 64
-    assert len(msgpack.packb(DEMAND.to_wire())) <= 40
+    assert len(msgpack.packb(DEMAND.to_wire())) <= 48
     assert len(msgpack.packb(CLAIM.to_wire())) <= 60 + 40 * len(CLAIM.assigned) + 32  # and the token's hash
 
 
@@ -93,15 +93,18 @@ def test_a_malformed_replica_entry_is_refused_naming_what_is_wrong(data):
 BAD_DEMAND = {
     "not a list": {"service": "embed"},
     "too short": ["embed", 1.0, 1.0],
-    "bad name": ["Embed", 1.0, 1.0, None],
-    "rate negative": ["embed", -1.0, 1.0, None],
-    "rate not finite": ["embed", float("inf"), 1.0, None],
-    "rate NaN": ["embed", float("nan"), 1.0, None],
-    "rate beyond what one gateway may carry": ["embed", 1e9, 1.0, None],
-    "in flight beyond the bound": ["embed", 1.0, 1e7, None],
-    "in flight a bool": ["embed", 1.0, True, None],
-    "p99 a string": ["embed", 1.0, 1.0, "fast"],
-    "p99 negative": ["embed", 1.0, 1.0, -5.0],
+    "bad name": ["Embed", 1.0, 1.0, None, None],
+    "rate negative": ["embed", -1.0, 1.0, None, None],
+    "rate not finite": ["embed", float("inf"), 1.0, None, None],
+    "rate NaN": ["embed", float("nan"), 1.0, None, None],
+    "rate beyond what one gateway may carry": ["embed", 1e9, 1.0, None, None],
+    "in flight beyond the bound": ["embed", 1.0, 1e7, None, None],
+    "in flight a bool": ["embed", 1.0, True, None, None],
+    "p99 a string": ["embed", 1.0, 1.0, "fast", None],
+    "p99 negative": ["embed", 1.0, 1.0, -5.0, None],
+    "p50 not finite": ["embed", 1.0, 1.0, None, float("nan")],
+    "p50 beyond an hour": ["embed", 1.0, 1.0, None, 4e6],
+    "the old four-field form": ["embed", 1.0, 1.0, None],
 }
 
 
@@ -114,7 +117,7 @@ def test_a_malformed_demand_entry_is_refused_naming_what_is_wrong(data):
 
 def test_lists_are_bounded_and_entries_unique():
     with pytest.raises(Invalid, match="at most"):
-        demand_from_wire([[f"s{i}", 1.0, 1.0, None] for i in range(MAX_DEMAND + 1)])
+        demand_from_wire([[f"s{i}", 1.0, 1.0, None, None] for i in range(MAX_DEMAND + 1)])
     with pytest.raises(Invalid, match="twice"):
         demand_from_wire([DEMAND.to_wire(), DEMAND.to_wire()])
     claim = CLAIM.to_wire()
@@ -133,7 +136,7 @@ def test_lists_are_bounded_and_entries_unique():
 
 def test_a_record_with_a_malformed_entry_is_refused_whole():
     for field, value in (("services", [{"n": "x"}]), ("replicas", [["x"]]), ("services", "embed"),
-                         ("replicas", None), ("demand", [["embed", -1, 0, None]]), ("demand", {})):
+                         ("replicas", None), ("demand", [["embed", -1, 0, None, None]]), ("demand", {})):
         with pytest.raises(Invalid) as exc:
             decode(sealed(record_body(**{field: value})))
         assert exc.value.reason == "malformed", (field, value)

@@ -16,7 +16,7 @@ travels to every member on every change):
   their own queue lengths; a host's word on load would be stale by a gossip round.)
 - A **demand** entry, in the record of a member whose gateway carries a service's requests:
   the service's name, the requests per second entering there, the requests in flight there
-  (both averaged over a few seconds) and their p99 latency in ms (or nil). About 30 B. The
+  (both averaged over a few seconds) and their p99 and p50 latency in ms (or nil). About 35 B. The
   service's controller sums them to scale it (serve/scaler.py), and weighs where requests
   enter to place its replicas; each figure is bounded here (``MAX_RATE``, ``MAX_IN_FLIGHT``)
   and again where it is summed.
@@ -149,26 +149,28 @@ class DemandEntry:
     rate: float  # requests per second entering this member's gateway
     in_flight: float  # requests in flight there (averaged)
     p99_ms: float | None = None
+    p50_ms: float | None = None  # the median latency there: what the forecast plans a request's time with
 
     def to_wire(self) -> list[Any]:
         return [self.service, round(self.rate, 2), round(self.in_flight, 2),
-                None if self.p99_ms is None else round(self.p99_ms, 1)]
+                None if self.p99_ms is None else round(self.p99_ms, 1),
+                None if self.p50_ms is None else round(self.p50_ms, 1)]
 
     @classmethod
     def from_wire(cls, data: Any) -> DemandEntry:
         where = "record.demand"
-        if not isinstance(data, list) or len(data) != 4:
-            raise Invalid("malformed", f"{where}: each entry is [service, rate, in_flight, p99_ms]")
-        service, rate, in_flight, p99 = data
+        if not isinstance(data, list) or len(data) != 5:
+            raise Invalid("malformed", f"{where}: each entry is [service, rate, in_flight, p99_ms, p50_ms]")
+        service, rate, in_flight, p99, p50 = data
         check_name(service, f"{where}.service")
         for label, value, most in (("rate", rate, MAX_RATE), ("in_flight", in_flight, MAX_IN_FLIGHT),
-                                   ("p99_ms", p99, MAX_LATENCY_MS)):
-            if label == "p99_ms" and value is None:
+                                   ("p99_ms", p99, MAX_LATENCY_MS), ("p50_ms", p50, MAX_LATENCY_MS)):
+            if label.startswith("p") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= most:
                 raise Invalid("malformed", f"{where}.{service}.{label}: expected 0-{most:g}, got {value!r:.40}")
         return cls(service=service, rate=float(rate), in_flight=float(in_flight),
-                   p99_ms=None if p99 is None else float(p99))
+                   p99_ms=None if p99 is None else float(p99), p50_ms=None if p50 is None else float(p50))
 
 
 def claims_from_wire(data: Any) -> tuple[ServiceClaim, ...]:

@@ -19,7 +19,10 @@ Theory of operation.
   where a member's in-flight counts at most what its gateway can hold for the service (the
   gateway caps its requests in flight at ``POOL_PER_REPLICA`` per replica it routes to),
   and its p99 counts only when it carries at least ``P99_SHARE`` of the requests: one
-  member's slow link or lie cannot alone push the service over its latency SLO.
+  member's slow link or lie cannot alone push the service over its latency SLO. The members'
+  median latencies, weighed by their requests, are a request's typical time, which the
+  forecast turns a rate into replicas with (in flight averaged over a few 1 Hz looks is
+  too coarse for that at a few requests a second).
 - **Demand points.** The same entries, as (member, requests per second), tell placement
   where requests enter (the members' own hosts' RTTs stand for their users'). Each member's
   weight is capped at ``POINT_SHARE`` of the service's total when others report too, so one
@@ -55,6 +58,7 @@ class Demand:
     rate: float  # requests per second entering the gateways
     in_flight: float
     p99_ms: float | None
+    latency_ms: float | None  # the members' p50, weighed by their requests: a request's typical time
     points: tuple[tuple[str, float], ...]  # (member, weight: its requests per second, capped), heaviest first
     reporters: int  # members reporting it
 
@@ -62,7 +66,7 @@ class Demand:
 class LocalDemand:
     def __init__(self) -> None:
         self._window: dict[str, deque[tuple[float, int, float]]] = {}  # service -> (time, requests, in flight)
-        self._p99: dict[str, float | None] = {}
+        self._latency: dict[str, tuple[float | None, float | None]] = {}  # service -> (p99, p50)
         self._published: dict[str, DemandEntry] = {}
         self._published_at = float("-inf")
 
@@ -89,10 +93,11 @@ class LocalDemand:
             window.append((now, requests, in_flight))
             while len(window) > 1 and window[0][0] < now - WINDOW_S:
                 window.popleft()
-            self._p99[name] = _figure(figures.get("p99_ms"), MAX_LATENCY_MS)
+            self._latency[name] = (_figure(figures.get("p99_ms"), MAX_LATENCY_MS),
+                                   _figure(figures.get("p50_ms"), MAX_LATENCY_MS))
         for name in set(self._window) - seen:  # gone from the gateway's table
             del self._window[name]
-            self._p99.pop(name, None)
+            self._latency.pop(name, None)
 
     def entries(self) -> tuple[DemandEntry, ...]:
         """This member's demand entries now: the busiest services that are not quiet, by name."""
@@ -101,10 +106,11 @@ class LocalDemand:
             span = window[-1][0] - window[0][0]
             rate = min((window[-1][1] - window[0][1]) / span, MAX_RATE) if span > 0 else 0.0
             in_flight = sum(v for _, _, v in window) / len(window)
-            p99 = self._p99.get(name)
+            p99, p50 = self._latency.get(name, (None, None))
             if rate >= QUIET or in_flight >= QUIET:
                 out.append(DemandEntry(service=name, rate=round(rate, 2), in_flight=round(in_flight, 2),
-                                       p99_ms=None if p99 is None else round(p99, 1)))
+                                       p99_ms=None if p99 is None else round(p99, 1),
+                                       p50_ms=None if p50 is None else round(p50, 1)))
         out.sort(key=lambda e: (-e.rate, -e.in_flight, e.service))
         return tuple(sorted(out[:MAX_DEMAND], key=lambda e: e.service))
 
@@ -137,6 +143,8 @@ def swarm_demand(name: str, members: Iterable[Any], replicas: int) -> Demand:
     rate = sum(e.rate for _, e in reports)
     in_flight = sum(min(e.in_flight, cap) for _, e in reports)
     p99s = [e.p99_ms for _, e in reports if e.p99_ms is not None and rate > 0 and e.rate >= P99_SHARE * rate]
+    timed = [(e.rate, e.p50_ms) for _, e in reports if e.p50_ms is not None and e.rate > 0]
+    timed_rate = sum(r for r, _ in timed)
     points = []
     for peer, e in reports:
         others = rate - e.rate
@@ -145,6 +153,7 @@ def swarm_demand(name: str, members: Iterable[Any], replicas: int) -> Demand:
             points.append((peer, weight))
     points.sort(key=lambda p: (-p[1], p[0]))
     return Demand(rate=rate, in_flight=in_flight, p99_ms=max(p99s) if p99s else None,
+                  latency_ms=sum(r * ms for r, ms in timed) / timed_rate if timed_rate > 0 else None,
                   points=tuple(points[:MAX_POINTS]), reporters=len(reports))
 
 

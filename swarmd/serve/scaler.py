@@ -46,8 +46,9 @@ Rules:
   one-step forecasts still good and those a lead time ahead far off).
   The lead time is ``max(start_s, 5) + 10`` s (the replica's measured start, submit to
   healthy, plus a margin); ``planned = ceil(peak forecast rate over [now, now + lead] x
-  latency / target_inflight)``, the latency by Little's law (mean in flight / mean rate over
-  the stable window; with no recent traffic the latency last seen, 0.1 s at first). When the
+  latency / target_inflight)``, the latency as the gateways timed their requests (the sample's
+  ``latency_s``, their median), else by Little's law (mean in flight / mean rate over the
+  stable window); with no recent traffic the latency last seen, 0.1 s at first. When the
   forecast is trusted the count is ``max(reactive, planned)``: a forecast only ever raises the
   count; the count falls only on the reactive rules (and after the down-delay).
 - Distrust. When a bin ends, the forecast the model held for it (unchanged since the bin's
@@ -154,6 +155,7 @@ class Sample:
     rate: float  # requests per second entering
     in_flight: float  # requests in flight (concurrency)
     p99_ms: float | None = None
+    latency_s: float | None = None  # a request's typical time as the gateways measured it (their p50)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +364,7 @@ class Scaler:
         self._last_at: float | None = None
         self._quiet_since: float | None = None  # the first sample of the current run without requests
         self._latency = DEFAULT_LATENCY_S
+        self._measured_latency: float | None = None  # the latest the samples carried
         self._panic_last: float | None = None  # when the panic condition last held
         self._slo_step_at: float | None = None
         self._wanted: deque[tuple[float, int]] = deque()  # the down-delay's sliding maximum: counts decrease
@@ -381,6 +384,9 @@ class Scaler:
             return
         if not (_finite(p99) and 0 <= p99 <= MAX_RATE):  # type: ignore[operator]
             p99 = None
+        latency = sample.latency_s
+        if _finite(latency) and MIN_LATENCY_S <= latency <= MAX_LATENCY_S:  # type: ignore[operator]
+            self._measured_latency = float(latency)  # type: ignore[arg-type]
         since = at if self._last_at is None else max(self._last_at, at - MAX_COVER_S)
         self._last_at = at
         self._raw.append(_Raw(float(at), float(since), float(rate), float(in_flight),
@@ -432,7 +438,9 @@ class Scaler:
             want, mode, reason = cur, "hold", f"no load samples {gap}: holding"
         else:
             want, mode, reason = self._reactive(now, cur, ready_n, stable)
-            if stable[0] >= MIN_RATE:  # Little's law: latency = in flight / arrival rate
+            if self._measured_latency is not None:  # as the gateways timed their requests
+                self._latency = self._measured_latency
+            elif stable[0] >= MIN_RATE:  # Little's law: latency = in flight / arrival rate
                 self._latency = min(max(stable[1] / stable[0], MIN_LATENCY_S), MAX_LATENCY_S)
             slo = self._slo(now, cur, start)
             if slo is not None and slo[0] > want:

@@ -115,3 +115,16 @@ def test_a_member_inflating_its_figures_gets_bounded_weight_in_flight_and_latenc
         "a member carrying under a tenth of the requests cannot push the p99 over the SLO alone"
     alone = swarm_demand("embed", [member("a", 40.0, 4.0)], replicas=1)
     assert alone.points == (("a", 40.0),), "a lone entry point weighs what it reports"
+
+
+def test_a_requests_typical_time_is_the_members_median_latency_weighed_by_their_requests():
+    d = LocalDemand()
+    for t in range(3):
+        d.observe(float(t), {"services": {"embed": {"requests": 10 * t, "in_flight": 0.0, "p99_ms": 400.0,
+                                                    "p50_ms": 250.0}}})
+    assert d.entries()[0].p50_ms == 250.0, "the gateway's median goes into the entry"
+    a = M("a", Rec(demand=(DemandEntry(service="embed", rate=30.0, in_flight=0.0, p50_ms=200.0),)))
+    b = M("b", Rec(demand=(DemandEntry(service="embed", rate=10.0, in_flight=0.0, p50_ms=600.0),)))
+    quiet = M("c", Rec(demand=(DemandEntry(service="embed", rate=0.0, in_flight=0.1, p50_ms=9000.0),)))
+    assert swarm_demand("embed", [a, b, quiet], replicas=1).latency_ms == pytest.approx(300.0)
+    assert swarm_demand("embed", [member("x", 5.0)], replicas=1).latency_ms is None

@@ -456,3 +456,21 @@ def test_the_forecast_plans_with_the_peaks_latency_not_the_low_ratio_right_after
             rises.append((t, d.replicas, d.mode))
         cur, t = d.replicas, t + 0.5
     assert rises and rises[0][2] == "forecast" and max(n for _, n, _ in rises) >= 3, rises
+
+
+def test_the_forecast_plans_with_the_gateways_measured_latency_when_in_flight_looks_are_too_coarse():
+    """At half a request a second the in-flight looks (once a second) mostly see nothing: Little's
+    law would say the requests take no time and plan one replica for the peak. The gateways'
+    median latency (0.3 s) plans what the peak needs."""
+    p = Policy(min_replicas=1, max_replicas=4, target_inflight=1.0, predictive=True, season_s=60.0, stable_s=6.0,
+               panic_s=2.0, down_delay_s=8.0)
+    s = Scaler(p)
+    cur, t, rises = 1, 0.0, []
+    while t < 85:
+        peak = 25 <= t % 60 < 43
+        s.observe(Sample(at=t, rate=12.0 if peak else 0.5, in_flight=3.6 if peak else 0.0, latency_s=0.3))
+        d = s.decide(t, current=cur, ready=cur, start_s=8.0)
+        if d.replicas > cur and t >= 60:
+            rises.append((t, d.replicas, d.mode))
+        cur, t = d.replicas, t + 0.5
+    assert rises and rises[0][0] < 85 and rises[0][2] == "forecast" and max(n for _, n, _ in rises) >= 3, rises
