@@ -307,7 +307,8 @@ class Services:
         demand = self.demand[name] = swarm_demand(name, members, replicas=len(assigned))
         scaler = self.scalers.get(name)
         if scaler is not None and spec.replicas > 0:
-            scaler.observe(Sample(at=now, rate=demand.rate, in_flight=demand.in_flight, p99_ms=demand.p99_ms))
+            scaler.observe(Sample(at=now, rate=demand.rate, in_flight=demand.in_flight, p99_ms=demand.p99_ms,
+                                  latency_s=None if demand.latency_ms is None else demand.latency_ms / 1000))
             ready = sum(1 for slot in c.slots.values() if slot.draining_since is None and slot.job is not None
                         and (seen := observed.get(slot.job)) is not None and seen.healthy)
             decision = self.decisions[name] = scaler.decide(now, current=c.replicas, ready=ready, start_s=c.start_s)
@@ -429,13 +430,13 @@ class Services:
             changed = (spec.template, spec.workdir, spec.health) != (before.template, before.workdir, before.health)
             spec = ServiceSpec(**{**spec.to_json(), "owner": before.owner, "created": before.created,
                                   "generation": before.generation + 1 if changed else before.generation})
+            if spec.autoscale is not None and "replicas" not in params:  # the scaler's count stands
+                low, high = spec.autoscale["min"], spec.autoscale["max"]
+                spec = dataclasses.replace(spec, replicas=min(max(before.replicas, low), high))
         elif len(self.specs) >= MAX_CLAIMS:
             raise ServeError(f"this node controls {MAX_CLAIMS} services already")
         if (taken := self.registry.table.get(spec.name)) is not None and taken.controller != self.gossip.me:
             raise ServeError(f"the name {spec.name} is taken: another member ({taken.controller}) controls it")
-            if spec.autoscale is not None and "replicas" not in params:  # the scaler's count stands
-                low, high = spec.autoscale["min"], spec.autoscale["max"]
-                spec = dataclasses.replace(spec, replicas=min(max(before.replicas, low), high))
         c = self.controllers.get(spec.name) or Controller(replicas=spec.replicas, generation=spec.generation)
         c.replicas, c.generation = spec.replicas, spec.generation
         self.specs[spec.name], self.controllers[spec.name] = spec, c
@@ -547,7 +548,7 @@ class Services:
                 "measured_starts": len(c.start_times),
                 "demand": None if demand is None else {
                     "rate_per_s": round(demand.rate, 2), "in_flight": round(demand.in_flight, 2),
-                    "p99_ms": demand.p99_ms, "members": demand.reporters,
+                    "p99_ms": demand.p99_ms, "latency_ms": demand.latency_ms, "members": demand.reporters,
                     "points": [[peer, round(w, 2)] for peer, w in demand.points]},
                 "decision": None if decision is None else {
                     "replicas": decision.replicas, "reason": decision.reason, "mode": decision.mode,

@@ -188,3 +188,15 @@ def test_a_replica_far_from_its_demand_moves_after_two_checks_in_a_row(tmp_path)
     for t in (0.0, 10.0, 20.0, 30.0):
         s2.step(t)
     assert not s2.controllers["embed"].slots[0].moving, "nowhere free to go: it stays"
+
+
+def test_deploying_an_autoscaled_service_again_keeps_the_count_its_scaler_reached(tmp_path):
+    s, jobs, specs = autoscaled(tmp_path)
+    s._members = lambda: [member(ASIA, 90.0, 6.0)]
+    for t in range(5):
+        s.step(float(t))
+    assert s.controllers["embed"].replicas == 3
+    s.up({"name": "embed", "template": {"cmd": ["python", "app.py", "--v2"]},
+          "autoscale": {"min": 1, "max": 4, "target_inflight": 2.0}}, owner=0, admin=True)
+    assert s.controllers["embed"].replicas == 3 and s.specs["embed"].generation == 2, \
+        "a roll-out of a service scaled to 3 rolls 3, not the minimum"
