@@ -20,6 +20,13 @@ Rules:
   a tier is at the cap does traffic spill over to the next (Envoy's locality priorities, with
   RTT standing in for the zone). With every tier at the cap ``pick`` returns None
   (``saturated``): a replica with that many requests queued serves none of them well.
+- Spill by expected time. The tier's choice is kept unless a replica of a later tier should
+  answer sooner: its RTT plus its requests in flight times its typical latency (an EWMA of
+  its answers' times), against the same for the choice (``spilled`` counts them). A local
+  replica taking 250 ms a request therefore hands the next request to one 40 ms away as soon
+  as it has one in flight, while one answering in 1 ms keeps its requests until 40 are queued:
+  a replica placed where the demand enters (the autoscaler's placement) takes what it answers
+  fastest, not everything.
 - Least busy of two within a tier (Mitzenmacher, "The Power of Two Choices in Randomized
   Load Balancing", IEEE TPDS 2001): two distinct members drawn at random, the one with fewer
   requests in flight wins, a tie goes to the nearer. It needs no global ordering of load,
@@ -68,6 +75,7 @@ MAX_SERVICES: Final = 1024
 MAX_REPLICAS: Final = 256  # per service
 TIER_RATIO: Final = 0.25  # a replica 25 % farther than the nearest is still "as near": estimates jitter that much
 TIER_MIN_MS: Final = 1.0  # below a few ms (one data centre) RTT differences are noise, not distance
+LATENCY_EWMA: Final = 0.2  # weight of a replica's newest answer time in its typical latency
 RATE_WINDOW_S: Final = 60
 REPLICA_SAMPLES: Final = 128  # 1 KiB of doubles; p99 of 128 samples is the second largest: a rough figure, as meant
 SERVICE_SAMPLES: Final = 1024
@@ -147,7 +155,7 @@ def _rank(ordered: Sequence[float], q: float) -> float:
 
 class _ReplicaState:
     __slots__ = ("replica", "in_flight", "streak", "ejections", "until", "last_until", "probation", "requests",
-                 "failures", "window")
+                 "failures", "window", "typical_ms")
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -160,10 +168,20 @@ class _ReplicaState:
         self.requests = 0
         self.failures = 0
         self.window = _Window(REPLICA_SAMPLES)
+        self.typical_ms: float | None = None  # its latency, an EWMA (LATENCY_EWMA) of its answers' times
+
+    def expected_ms(self) -> float:
+        """When a request sent now should get its answer: the path's RTT plus the requests ahead
+        of it, each taking the replica's typical time (pessimistic for a server that answers many
+        at once; an unknown RTT is worse than any)."""
+        rtt = self.replica.rtt_ms
+        if rtt is None:
+            return math.inf
+        return rtt + self.in_flight * (self.typical_ms or 0.0)
 
 
 class _ServiceState:
-    __slots__ = ("order", "requests", "failures", "panics", "saturated", "window")
+    __slots__ = ("order", "requests", "failures", "panics", "saturated", "spilled", "window")
 
     def __init__(self) -> None:
         self.order: list[_ReplicaState] = []  # by RTT (unknown last), then key: tiers are runs of it
@@ -171,6 +189,7 @@ class _ServiceState:
         self.failures = 0
         self.panics = 0
         self.saturated = 0
+        self.spilled = 0  # requests sent past their tier to a replica expected to answer sooner
         self.window = _Window(SERVICE_SAMPLES)
 
 
@@ -285,10 +304,19 @@ class Balancer:
                 return None
             live = pool
             state.panics += 1
-        for tier in _tiers(live):
+        tiers = list(_tiers(live))
+        for i, tier in enumerate(tiers):
             free = [rs for rs in tier if rs.in_flight < self._max_in_flight]
-            if free:
-                return self._two_choices(free).replica
+            if not free:
+                continue
+            chosen = self._two_choices(free)
+            if chosen.in_flight and chosen.typical_ms:
+                later = [rs for t in tiers[i + 1:] for rs in t if rs.in_flight < self._max_in_flight]
+                sooner = min(later, key=lambda rs: (rs.expected_ms(), rs.replica.key), default=None)
+                if sooner is not None and sooner.expected_ms() < chosen.expected_ms():
+                    state.spilled += 1
+                    return sooner.replica
+            return chosen.replica
         state.saturated += 1
         return None
 
@@ -325,6 +353,10 @@ class Balancer:
         service.requests += 1
         state.window.record(now, latency_s)
         service.window.record(now, latency_s)
+        if latency_s is not None:
+            ms = latency_s * 1000.0
+            state.typical_ms = ms if state.typical_ms is None else \
+                state.typical_ms + LATENCY_EWMA * (ms - state.typical_ms)
         if ok:
             state.streak = 0
             if state.probation:
@@ -383,13 +415,15 @@ class Balancer:
                     "probation": rs.probation, "ejections": rs.ejections,
                     "requests": rs.requests, "failures": rs.failures, "in_flight": rs.in_flight,
                     "rate_per_s": _round(rs.window.rate(now)), "p50_ms": _round(p50), "p99_ms": _round(p99),
+                    "typical_ms": _round(rs.typical_ms),
                 }
             p50, p99 = service.window.quantiles()
             services[name] = {
                 "requests": service.requests, "failures": service.failures,
                 "in_flight": sum(rs.in_flight for rs in service.order),
                 "rate_per_s": _round(service.window.rate(now)), "p50_ms": _round(p50), "p99_ms": _round(p99),
-                "panics": service.panics, "saturated": service.saturated, "replicas": replicas,
+                "panics": service.panics, "saturated": service.saturated, "spilled": service.spilled,
+                "replicas": replicas,
             }
         return {"services": services, "dropped": dict(self._dropped)}
 

@@ -102,6 +102,30 @@ def test_a_saturated_tier_spills_over_to_the_next():
     assert b.pick("llm", 2.0).key == "near/1"
 
 
+def test_a_slow_local_replica_with_a_request_in_flight_hands_the_next_to_a_farther_one():
+    """Requests taking 250 ms: one already at the local replica means the next one's answer is
+    ~250 ms away there, and ~40 ms from an idle replica 40 ms away, so it goes there; a replica
+    answering in 1 ms keeps its requests until the 40 ms are worth it."""
+    b = balancer(rep("local/1", 0.0), rep("far/1", 40.0), rep("far/2", 41.0))
+    succeed(b, "local/1", 1.0, latency_s=0.25)
+    assert b.pick("llm", 1.0).key == "local/1", "idle: the nearest"
+    b.started("local/1")
+    assert b.pick("llm", 1.0).key == "far/1", "busy and slow: the replica expected to answer sooner"
+    assert b.stats(1.0)["services"]["llm"]["spilled"] == 1
+    fast = balancer(rep("local/1", 0.0), rep("far/1", 40.0))
+    succeed(fast, "local/1", 1.0, latency_s=0.001)
+    for _ in range(39):
+        fast.started("local/1")
+    assert fast.pick("llm", 1.0).key == "local/1", "39 ahead at 1 ms each still beat 40 ms"
+    fast.started("local/1")
+    fast.started("local/1")
+    assert fast.pick("llm", 1.0).key == "far/1"
+    unknown = balancer(rep("local/1", 0.0), rep("far/1", None))
+    succeed(unknown, "local/1", 1.0, latency_s=5.0)
+    unknown.started("local/1")
+    assert unknown.pick("llm", 1.0).key == "local/1", "a replica of unknown RTT is not expected sooner"
+
+
 def test_unhealthy_and_excluded_replicas_are_not_picked():
     b = balancer(rep("a/1", 1.0, healthy=False), rep("b/1", 2.0), rep("c/1", 90.0))
     assert set(picks(b, 50, start=True)) == {"b/1"}
