@@ -336,7 +336,7 @@ class GrowingHost(FakeHost):
         self.world.starts.append((self.peer, req))
         rank = req.role.node_rank
         await emit({"started": [rank]})
-        if len([s for s in self.world.starts if s[1].role.node_rank == 0]) == 1:  # the first attempt
+        if not any(what == "stop" for what, _ in self.world.log):  # the first attempt (its hosts start in any order)
             if rank == 0:
                 await self.world.free.wait()
                 await emit({"ckpt": ["e1.pt", SHA, len(DATA)]})
@@ -425,3 +425,25 @@ async def test_no_growth_with_grow_false_nor_sooner_than_grow_every_nor_past_the
     _, run = await grown(jobs, spec, free_again, before)
     assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
     assert [set(a.nodes) for a in run.attempts] == [{A, B}] and ("reserve", C) not in world.log
+
+
+async def test_replicas_of_one_service_placed_at_once_still_land_apart(tmp_path):
+    """Two replicas submitted in one round (an autoscaler adding two) are chosen at the same
+    moment, each before the other holds a host: the second sees the first placed since and
+    chooses again, so one host's death takes one replica, not two."""
+    from swarmd.compute.spec import Serve
+
+    world = World(refusing=set())
+    world.hold = trio.Event()
+    jobs = jobs_over(tmp_path, world, (A, B, C))
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        for index in (0, 1):
+            jobs.submit(JobSpec(cmd=("serve",), nodes=1, serve=Serve(service="embed", replica=index)), None, 0)
+        with trio.fail_after(20):
+            while len(world.starts) < 2:
+                await trio.sleep(0.01)
+        world.hold.set()
+        nursery.cancel_scope.cancel()
+    hosts = [peer for peer, _ in world.starts]
+    assert len(set(hosts)) == 2, hosts

@@ -530,6 +530,9 @@ class Jobs:
                 return chosen
 
             placement = await trio.to_thread.run_sync(choose)
+            placed_since = set(self._siblings(job, spec)) - set(siblings)
+            if not isinstance(placement, NoFit) and set(placement.peers) & placed_since:
+                continue  # a sibling replica was placed there while this one was chosen: choose again
             if isinstance(placement, NoFit) and set(joining) & set(survivors):
                 # a host a growth held is gone now: the attempt is placed without the growth's hosts
                 survivors = tuple(p for p in survivors if p not in joining)
