@@ -28,7 +28,9 @@ Rules:
 - Idle. No requests at all (rate 0 and nothing in flight) for ``idle_s``: down to
   ``min_replicas`` at once ("idle 10 min"), without waiting for the down-delay.
 - Latency SLO. With ``slo_p99_ms`` set, a p99 over it (the latest reported in the last quarter
-  of the stable window) while requests arrive asks for ``current + 1``; one step per
+  of the stable window) while the replicas are busy (at least ``SLO_BUSY`` of the target in
+  flight each, over the stable window: a gateway's p99 spans minutes of requests, and in a
+  trough it is the last peak's) asks for ``current + 1``; one step per
   ``max(stable_s / 4, start_s)`` (the new replica must start and show its effect first), and no
   step down meanwhile.
 - Predictive (AWS EC2 Auto Scaling predictive scaling: a forecast from at least a season of
@@ -101,6 +103,7 @@ FLOOR_RATE = 1.0  # req/s: a bin where forecast and arrival are both under it is
 DISTRUST_ABOVE, TRUST_BELOW = 0.5, 0.3
 RECENT_CHECKS_MIN = 12
 SLO_STEP_STABLE_FRACTION = 0.25
+SLO_BUSY = 0.5  # of the target in flight per replica: busier than that, a p99 over the SLO adds a replica
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -498,7 +501,11 @@ class Scaler:
             return None
         recent = [r for r in self._raw if r.at >= now - p.stable_s * SLO_STEP_STABLE_FRACTION and r.at <= now]
         p99 = next((r.p99_ms for r in reversed(recent) if r.p99_ms is not None), None)
-        loaded = bool(recent) and (recent[-1].rate > 0 or recent[-1].in_flight > 0)
+        # busy: at least half the target in flight per replica. A gateway's p99 spans its last
+        # thousand requests (minutes at a few a second): over the SLO in a trough it is the last
+        # peak's, and a replica more would not bring it down
+        stable = self._mean(now, p.stable_s)
+        loaded = stable is not None and stable[1] >= SLO_BUSY * p.target_inflight * max(cur, 1)
         if p99 is None or p99 <= p.slo_p99_ms or not loaded:
             return None
         reason = f"p99 {p99:.0f} ms over the {p.slo_p99_ms:g} ms SLO"

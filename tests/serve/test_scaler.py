@@ -156,16 +156,19 @@ def test_no_samples_holds_the_count():
 
 def test_a_p99_over_the_slo_with_load_adds_one_replica_per_start_time():
     sim = Sim(policy(slo_p99_ms=500), start_s=20.0, current=2)
-    d = sim.step(0, 10.0, 2.0, p99=620)
+    d = sim.step(0, 10.0, 6.0, p99=620)
     assert (d.replicas, d.mode, d.reason) == (3, "slo", "p99 620 ms over the 500 ms SLO")
-    sim.run(1, 20, lambda t: (10.0, 2.0), dt=1.0)
+    sim.run(1, 20, lambda t: (10.0, 6.0), dt=1.0)
     assert sim.current == 3, "the new replica starts first (no p99 since: the last one holds)"
-    sim.scaler.observe(Sample(20.5, 10.0, 2.0, 620))
+    sim.scaler.observe(Sample(20.5, 10.0, 6.0, 620))
     d = sim.scaler.decide(20.5, current=3, ready=3, start_s=20)
     assert d.replicas == 4
     quiet = Sim(policy(slo_p99_ms=500), current=2)
     d = quiet.step(0, 0.0, 0.0, p99=900)
     assert d.replicas == 2 and d.mode != "slo", "no load: a stale p99 adds nothing"
+    trough = Sim(policy(slo_p99_ms=500), current=3)
+    d = trough.step(0, 3.0, 0.5, p99=900)
+    assert d.mode != "slo", "a trough (0.5 in flight for 3 replicas of 4 each): the p99 is the last peak's"
     under = Sim(policy(slo_p99_ms=500), current=2)
     assert under.step(0, 10.0, 2.0, p99=400).mode != "slo"
 
