@@ -49,7 +49,7 @@ import structlog
 import trio
 
 from ..atomic import write_atomically
-from ..compute.coordinator.placement import UNKNOWN_MS
+from ..compute.coordinator.placement import demand_rtt
 from ..compute.spec import MAX_NEAR, MAX_NEAR_WEIGHT, MAX_RESTARTS, JobSpec, Serve, SpecError
 from ..gossip.registry import (ACCESS, MAX_ASSIGNED, MAX_CLAIMS, MAX_REPLICAS, DemandEntry, ReplicaEntry,
                                ServiceClaim, check_health, check_name)
@@ -315,15 +315,19 @@ class Services:
             if decision.replicas != c.replicas:
                 log.info("service scaled", service=name, replicas=decision.replicas, before=c.replicas,
                          reason=decision.reason, mode=decision.mode)
-                events = self.events.setdefault(name, [])
-                events.append({"at": now, "from": c.replicas, "to": decision.replicas, "reason": decision.reason,
-                               "mode": decision.mode})
-                del events[:-MAX_EVENTS]
+                self._event(name, now, c.replicas, decision.replicas, decision.mode, decision.reason)
                 c.replicas = decision.replicas
                 self.specs[name] = spec = dataclasses.replace(spec, replicas=decision.replicas)
-        self._weigh_placement(name, now, assigned)
+        self._weigh_placement(name, now, assigned, members)
 
-    def _weigh_placement(self, name: str, now: float, assigned: tuple[tuple[int, str], ...]) -> None:
+    def _event(self, name: str, now: float, before: int, after: int, mode: str, reason: str) -> None:
+        """A scaling event kept for `serve show` (the last MAX_EVENTS)."""
+        events = self.events.setdefault(name, [])
+        events.append({"at": now, "from": before, "to": after, "mode": mode, "reason": reason})
+        del events[:-MAX_EVENTS]
+
+    def _weigh_placement(self, name: str, now: float, assigned: tuple[tuple[int, str], ...],
+                         members: list[Any]) -> None:
         """Every move_s: the replica whose host is farthest from the demand moves when a free
         member would be much nearer, found so twice in a row (module docstring)."""
         spec, c, demand = self.specs[name], self.controllers[name], self.demand[name]
@@ -343,7 +347,7 @@ class Services:
             return
         cost = {host: self._demand_rtt(host, demand.points) for _, host in assigned}
         index, host = max(movable, key=lambda pair: (cost[pair[1]], pair[0]))
-        free = [m.peer for m in self._members() if m.in_service and m.peer not in hosts and _has_slot(m)]
+        free = [m.peer for m in members if m.in_service and m.peer not in hosts and _has_slot(m)]
         if not free:
             return
         best = min(self._demand_rtt(peer, demand.points) for peer in free)
@@ -352,21 +356,14 @@ class Services:
                 log.info("replica moves nearer its demand", service=name, index=index, host=host,
                          demand_rtt_ms=round(cost[host], 1), could_be_ms=round(best, 1))
                 c.relocate(index)
-                events = self.events.setdefault(name, [])
-                events.append({"at": now, "from": c.replicas, "to": c.replicas, "mode": "move",
-                               "reason": f"replica {index} moves nearer its demand ({cost[host]:.0f} ms -> "
-                                         f"{best:.0f} ms demand-weighted)"})
-                del events[:-MAX_EVENTS]
+                self._event(name, now, c.replicas, c.replicas, "move", f"replica {index} moves nearer its demand "
+                            f"({cost[host]:.0f} ms -> {best:.0f} ms demand-weighted)")
             else:
                 self._moves[name] = (now, index)
 
     def _demand_rtt(self, host: str, points: tuple[tuple[str, float], ...]) -> float:
-        total = sum(w for _, w in points) or 1.0
-        out = 0.0
-        for peer, weight in points:
-            rtt = 0.0 if peer == host else self.pair_rtt(host, peer)
-            out += weight * (rtt if rtt is not None and math.isfinite(rtt) and rtt >= 0 else UNKNOWN_MS)
-        return out / total
+        """The mean RTT from ``host`` to where the requests enter, weighed by them."""
+        return demand_rtt(host, points, self.pair_rtt) / (sum(w for _, w in points) or 1.0)
 
     def _near(self, name: str, index: int) -> tuple[tuple[str, int], ...]:
         """The demand points a new replica is placed by: none for the lowest index of several

@@ -93,7 +93,7 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
                    if p not in {c.peer for c in ordered}]
         return NoFit(_explain(spec, fit, others))
     if n == 1 and spec.serve is not None and spec.serve.near:
-        return Placement((min(fit, key=lambda c: (_demand_rtt(c.peer, spec.serve.near, rtt_ms), c.load,
+        return Placement((min(fit, key=lambda c: (demand_rtt(c.peer, spec.serve.near, rtt_ms), c.load,
                                                   c.peer)).peer,), 0.0)
     if n == 1:
         return Placement((min(fit, key=lambda c: (c.load, c.peer)).peer,), 0.0)
@@ -115,9 +115,10 @@ def place(spec: JobSpec, candidates: Sequence[Candidate], rtt_ms: Rtt, *,
     return Placement(tuple(fit[i].peer for i in order), None if unknown else worst)
 
 
-def _demand_rtt(peer: str, near: Sequence[tuple[str, int]], rtt_ms: Rtt) -> float:
+def demand_rtt(peer: str, near: Sequence[tuple[str, float]], rtt_ms: Rtt) -> float:
     """The RTT from ``peer`` to where a service's requests enter, weighed by each entry point's
-    requests; a pair nobody measured counts as ``UNKNOWN_MS``."""
+    requests (a sum: divide by the weights for a mean); a pair nobody measured counts as
+    ``UNKNOWN_MS``."""
     total = 0.0
     for point, weight in near:
         value = 0.0 if point == peer else rtt_ms(peer, point)
