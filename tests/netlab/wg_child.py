@@ -17,6 +17,7 @@ re-pushes the last peers it was given, as the reconciler does. EOF on stdin clos
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import trio
@@ -28,7 +29,9 @@ from swarmd.wg.userspace import UserspaceBackend
 
 async def main(iface: str) -> None:
     log.configure("debug", "json")
-    backend = UserspaceBackend(iface, verbose=True)
+    # quiet: wireguard-go logs errors only, as a daemon's does by default (a verbose one writes a
+    # line every few seconds, and the first after its daemon was killed ends it with SIGPIPE)
+    backend = UserspaceBackend(iface, verbose=os.environ.get("WG_CHILD_QUIET") != "1")
     peers: list[PeerConfig] = []
 
     async def repush() -> None:
