@@ -1513,6 +1513,87 @@ async def test_a_write_of_another_peer_proves_nothing_against_this_one_and_a_roa
     assert await reading(300, "203.0.113.7:9", written=15, roamed=True) == ("203.0.113.7", 9)
 
 
+
+async def test_after_a_move_back_packets_at_the_endpoint_wireguard_roamed_to_prove_the_direct_path(autojump_clock):
+    """A member behind a symmetric NAT, not yet measured, announces only its private addresses. In
+    CI its start-up pairs with both public hosts went relayed; moved back, the session made through
+    the relay needed no new handshake and its packets came from its NAT's address: neither an
+    address it announces nor an attested reflexive one, so the path was never proven, stayed
+    relayed, and an observer on a relayed pair attests nothing: it was never measured either.
+    Packets at the endpoint WireGuard roamed to prove the path; at another member's address (a
+    relay's) they do not."""
+    mesh = FakeMesh()
+    routing = make_routing(HostGossip(A, mview(a=State.ALIVE, b=State.ALIVE)), mesh)
+
+    async def reading(rx: int, **row) -> bool:
+        await trio.sleep(1.0)
+        mesh.rows = [{"peer": B, "rx_bytes": rx, "tx_bytes": 0, "endpoint": "203.0.113.9:40001", "direct": False,
+                      "reflexive": False, "roamed": True, "elsewhere": False, "handshake_age_s": 30.0, **row}]
+        await routing._read_traffic()
+        return B not in routing._unshaken
+
+    routing._direct_since[B] = time.time()  # back from a relay: its handshake 30 s ago was the relay's
+    assert not await reading(100) and not await reading(200, elsewhere=True), "roamed onto a relay proves nothing"
+    assert not await reading(200), "no packet since"
+    assert not await reading(300, roamed=False), "at an endpoint we wrote, from its record: its claim"
+    assert await reading(400)
+    assert B not in routing._direct_since
+
+
+async def test_each_evaluation_echoes_the_peers_whose_direct_path_is_unproven(monkeypatch, autojump_clock):
+    """One overlay echo per evaluation to each peer on an unproven direct path: an idle pair's
+    keepalives are 25 s apart, longer than the grace its path is judged in. None to a proven or a
+    relayed peer, at most NUDGES at once, and none at all where no raw ICMP socket can be had."""
+    from swarmd.routing import icmp, service
+
+    view = mview(a=State.ALIVE, b=State.ALIVE, c=State.ALIVE, r=State.ALIVE)
+    for peer, address in OVERLAY.items():
+        if peer in view.members:
+            view.members[peer].record.wg.addr4 = address
+    mesh = FakeMesh()
+    mesh.rows = [{"peer": B, "rx_bytes": 1, "tx_bytes": 0, "endpoint": "198.51.100.2:51821", "direct": True,
+                  "handshake_age_s": None},
+                 {"peer": C, "rx_bytes": 1, "tx_bytes": 0, "endpoint": "198.51.100.3:51822", "direct": True,
+                  "handshake_age_s": 4.0},
+                 {"peer": R, "rx_bytes": 1, "tx_bytes": 0, "endpoint": "192.0.2.100:51900", "handshake_age_s": None}]
+    routing = make_routing(HostGossip(A, view), mesh)
+    routing._relayed = {R: "192.0.2.200:51830"}
+    sent = []
+
+    async def echo(address, timeout=1.0):
+        sent.append(address)
+        await trio.sleep(timeout / 2)
+        return 0.01
+
+    monkeypatch.setattr(icmp, "echo", echo)
+    await evaluations(routing, 1)
+    assert sent == [OVERLAY[B]], "C is proven, R relayed"
+    del mesh.rows[2]  # (the evaluation let R's relayed path go: no session holds it)
+    await evaluations(routing, 2)
+    assert sent == [OVERLAY[B]] * 3 and routing.status()["direct_echoes"] == {"sent": 3, "off": None}
+
+    monkeypatch.setattr(service, "NUDGES", 1)
+    many = []
+
+    async def slow(address, timeout=1.0):
+        many.append(address)
+        await trio.sleep(10)
+
+    monkeypatch.setattr(icmp, "echo", slow)
+    mesh.rows[1]["handshake_age_s"] = None
+    await evaluations(routing, 3)
+    assert len(many) == 1, "one under way at most, and never two to one peer"
+
+    async def refused(address, timeout=1.0):
+        raise icmp.Unavailable("no raw ICMP socket (PermissionError)")
+
+    monkeypatch.setattr(icmp, "echo", refused)
+    await evaluations(routing, 2)
+    assert routing.nudge_off is not None and routing.status()["direct_echoes"]["off"].startswith("no raw ICMP")
+    count = routing.nudges
+    await evaluations(routing, 2)
+    assert routing.nudges == count
+
 def make_routing(gossip: FakeGossip, mesh=None):
     from swarmd.routing.service import Routing
 

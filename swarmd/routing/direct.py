@@ -189,6 +189,11 @@ class DirectWatch:
             return reason(*self._nats.get(peer, (None, None)))
         return FASTER
 
+    def reason_now(self, peer: str) -> str:
+        """Why a pair that lacks a direct path lacks it, by both ends' NATs as last observed (a
+        follower's reason was taken when it began to follow, maybe before a verdict came)."""
+        return reason(*self._nats.get(peer, (None, None)))
+
     def row(self, now: float, peer: str) -> dict:
         """Plain data for `swarmctl route`."""
         lack, since = self._lack.get(peer), self._since.get(peer)

@@ -274,7 +274,8 @@ class Paths:
             return None
         if peer in self._chosen:
             return self.direct.lacking(peer) or dp.FASTER
-        return self._reasons.get(peer, dp.FASTER)
+        why = self._reasons.get(peer, dp.FASTER)
+        return why if why == dp.FASTER else self.direct.reason_now(peer)
 
     def held(self, now: float) -> dict[str, float]:
         """Relays held down after a failure -> seconds left."""

@@ -129,7 +129,8 @@ class Readout:
                 "relayed_paths": {p: r for p, r in self.paths.paths().items() if p in self._snap.path_ms},
                 "errors": self.errors, "last_error": self._last_error, "unchecked": self.sessions.unchecked,
                 "relay_answers_rejected": dict(self.sessions.rejected),
-                "relay_unproven_asks": self.sessions.unproven, "relay": relay}
+                "relay_unproven_asks": self.sessions.unproven, "relay": relay,
+                "direct_echoes": {"sent": self.nudges, "off": self.nudge_off}}
 
 
 def _r(ms: float | None) -> float | None:

@@ -38,7 +38,7 @@ from ..p2p.transport import Transport
 from ..gossip.wire import MAX_RTTS
 from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
-from . import direct, exchange
+from . import direct, exchange, icmp
 from . import request as rq
 from .paths import AskLegs, Measure, Paths, PathView, UsePath
 from .readout import Readout, Snap, estimator
@@ -63,6 +63,13 @@ CARRIED_FRESH = 1.5  # seconds a reading of where a peer's packets arrive from i
 # Seconds a proven WireGuard endpoint (Routing.proven) stays good without being proven again: an idle
 # peer's packets are its keepalives (reconciler.DEFAULT_KEEPALIVE, 25 s), so a few chances to renew
 PROVEN_FOR = 120.0
+# A direct path is judged within direct.GRACE_S on its handshakes or the peer's packets arriving,
+# but an idle pair sends nothing but keepalives (25 s apart for a member not yet found behind a
+# NAT), and after a move back from a relay the session made through it needs no new handshake. So
+# each evaluation sends one overlay echo to each peer whose direct path is unproven (its reply, or
+# the peer's own echo, is the proof; a first packet makes the handshake), at most this many at once.
+NUDGES = 16
+NUDGE_TIMEOUT = 1.0
 
 
 class Routing(Readout):
@@ -93,6 +100,10 @@ class Routing(Readout):
         self._switched: dict[str, float] = {}  # peer -> when its endpoint last changed (relayed or back)
         self._direct_since: dict[str, float] = {}  # peer -> wall time it went back to direct, until proven there
         self._unshaken: frozenset[str] = frozenset()  # peers whose direct path shows no handshake (PathView)
+        self._nudging: set[str] = set()  # peers an echo is under way to (_nudge)
+        self._nudged: dict[str, float] = {}  # peer -> when it was last sent one
+        self.nudges = 0  # counter: echoes sent to unproven direct paths
+        self.nudge_off: str | None = None  # why none can be sent here (no raw ICMP socket)
         self._wake = trio.Event()
         self.errors = 0
         self._last_error: str | None = None
@@ -369,17 +380,43 @@ class Routing(Readout):
         self._unshaken = frozenset(unshaken)
         self._direct_since = {p: t for p, t in self._direct_since.items() if p in seen}
 
+    def _nudge(self, nursery: trio.Nursery) -> None:
+        """One overlay echo to each peer whose direct path is unproven (``NUDGES``, the longest
+        unnudged first; none to a peer one is still under way to)."""
+        if self.nudge_off is not None:
+            return
+        self._nudged = {p: t for p, t in self._nudged.items() if p in self._traffic}
+        due = sorted((p for p in self._unshaken if p not in self._relayed and p not in self._nudging),
+                     key=lambda p: self._nudged.get(p, float("-inf")))
+        for peer in due[:max(0, NUDGES - len(self._nudging))]:
+            address = self.overlay_address(peer)
+            if address is not None:
+                self._nudging.add(peer)
+                self._nudged[peer] = trio.current_time()
+                nursery.start_soon(self._nudge_one, peer, address)
+
+    async def _nudge_one(self, peer: str, address: str) -> None:
+        try:
+            self.nudges += 1
+            await icmp.echo(address, NUDGE_TIMEOUT)
+        except icmp.Unavailable as exc:  # then handshakes come with traffic and keepalives alone
+            self.nudge_off = str(exc)
+        finally:
+            self._nudging.discard(peer)
+
     def _shaken(self, peer: str, row: Mapping[str, Any], last: tuple | None, wall: float) -> bool:
         """``peer``'s direct WireGuard path has shown that it works since it was set up
         (direct.shaken); a relayed one is not judged: True. After a move back from a relay
         (``_direct_since``) its packets arriving at its direct or reflexive endpoint count too
         (WireGuard counts, and roams to, authenticated packets only; a session made through the
-        relay is kept across the move, so its handshake proves nothing of the direct path)."""
+        relay is kept across the move, so its handshake proves nothing of the direct path), or at
+        the endpoint WireGuard roamed to when that is no other member's: a NATed member not yet
+        measured announces only its private addresses, and its packets come from its NAT's."""
         if peer in self._relayed:
             return True
         since = self._direct_since.get(peer)
         arrived = last is not None and row.get("rx_bytes", 0) > last[2] and row.get("endpoint") == last[3] \
-            and bool(row.get("direct") or row.get("reflexive"))
+            and bool(row.get("direct") or row.get("reflexive") or (row.get("roamed") and not row.get("elsewhere")))
         if not direct.shaken(row, since=since, wall=wall, arrived=arrived):
             return False
         self._direct_since.pop(peer, None)
@@ -430,6 +467,7 @@ class Routing(Readout):
             self.exchange.forget(peer)
         own = {p: min(s) for p, s in self._samples.items()}
         await self._read_traffic()
+        self._nudge(nursery)
         pv = self._path_view(view, own)
         for action in self.paths.evaluate(trio.current_time(), pv):
             match action:

@@ -175,7 +175,8 @@ def test_the_tune_example_spreads_its_trials_over_every_node(rl):
     text = "\n".join(t for texts in rank_lines(r.stdout).values() for t in texts)
     by_node = dict(kv.split("=") for kv in text.split("trials by node: ", 1)[1].splitlines()[0].split(", "))
     overlay = {call(rl, h.name, "status")["mesh"]["address"] for h in rl.state.hosts}
-    assert set(by_node) == overlay and sum(map(int, by_node.values())) == 6, (by_node, text[-3000:])
+    # a str, not a tuple: pytest prints a message whole only then (CI's failure showed 200 characters)
+    assert set(by_node) == overlay and sum(map(int, by_node.values())) == 6, f"{by_node}\n{text[-4000:]}"
     accuracy = float(text.split("best test accuracy: ", 1)[1].split()[0])
     assert accuracy > 0.85, text[-2000:]
 
