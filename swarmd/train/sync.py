@@ -1,0 +1,206 @@
+"""How ranks keep their models together: every step (DDP), or every H steps (local SGD,
+DiLoCo), inside latency groups every step and across them every H (hierarchical).
+
+``plan(spec)`` reads the spec a script takes on its command line and the swarm's groups
+from the environment (env.py), and builds the process groups:
+
+- ``ddp``: DistributedDataParallel over all ranks; nothing else.
+- ``local:H``: local SGD. Each rank steps on its own; every H steps the parameters are
+  averaged over all ranks (torch's ``PeriodicModelAverager``, fp32).
+- ``diloco:H``: DiLoCo (Douillard et al. 2023). Each rank takes H inner steps; then the
+  outer gradient (the round's start minus where the inner steps took this rank) is averaged
+  over all ranks, sent as fp16 or int8 (compress.py), and an outer SGD with Nesterov
+  momentum (lr 0.7, momentum 0.9: the paper's) moves the round's start, from which every
+  rank continues. Only the outer step is ours; the optimiser is torch's.
+
+With ``SWARM_GROUPS`` (swarmd's ``--groups auto``) and more than one group, the ranks of a
+group also all-reduce gradients every step (DDP over the group's subgroup: a region's cheap
+links), so H-step syncs cross only the slow links (as torch's ``HierarchicalModelAverager``,
+whose groups must be equal runs of consecutive ranks: latency groups are not). One group:
+the plan is plain DDP, whatever the spec (nothing is slow to sync over).
+
+Elastic restarts: ``state_dict``/``load_state_dict`` carry the outer state (the round's start,
+the outer optimiser's momentum, the counts); a rank resuming continues from the round's start,
+so a crash loses at most the inner steps of one round, never an outer step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import compress
+from .env import Layout, layout
+
+MAX_EVERY = 1_000_000
+_SPEC = re.compile(r"(ddp)|(local|diloco):([1-9]\d{0,6})")
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    kind: str  # "ddp", "local" or "diloco"
+    every: int = 1  # H: inner steps between syncs across groups
+
+
+def parse(text: str) -> Spec:
+    """``ddp``, ``local:H`` or ``diloco:H`` (1 <= H <= 1,000,000)."""
+    m = _SPEC.fullmatch(text or "")
+    if m is None or (m.group(3) and int(m.group(3)) > MAX_EVERY):
+        raise ValueError(f"sync {text[:40]!r}: expected ddp, local:H or diloco:H with 1 <= H <= {MAX_EVERY}")
+    return Spec("ddp") if m.group(1) else Spec(m.group(2), int(m.group(3)))
+
+
+class DiLoCo:
+    """The outer loop: call ``step()`` after each inner optimiser step."""
+
+    def __init__(self, params: list[nn.Parameter], *, every: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 compression: str = "fp16", group: dist.ProcessGroup | None = None) -> None:
+        if every < 1:
+            raise ValueError("every must be at least 1")
+        self.params = [p for p in params if p.requires_grad]
+        self.every, self.compression, self.group = every, compress.check_kind(compression), group
+        # the round's start, the same on every rank: rank 0's (as DDP does at construction)
+        self.start = [p.detach().clone() for p in self.params]
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            for t in self.start:
+                dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        self._restart_round()
+        self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=True)
+        self.steps = 0  # inner steps taken
+        self.rounds = 0  # outer steps taken
+        self.sent = 0  # bytes this rank sent for them
+
+    def _restart_round(self) -> None:
+        with torch.no_grad():
+            for p, s in zip(self.params, self.start):
+                p.copy_(s)
+
+    def step(self) -> bool:
+        """Count an inner step; every ``every`` of them take the outer step (True then)."""
+        self.steps += 1
+        if self.steps % self.every:
+            return False
+        with torch.no_grad():
+            outer_grads = [s - p.detach() for s, p in zip(self.start, self.params)]
+        self.sent += compress.average_(outer_grads, self.compression, self.group)
+        for s, g in zip(self.start, outer_grads):
+            s.grad = g
+        self.outer.step()
+        self.outer.zero_grad(set_to_none=True)
+        self._restart_round()
+        self.rounds += 1
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "rounds": self.rounds, "start": [s.detach().clone() for s in self.start],
+                "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        start = state["start"]
+        if len(start) != len(self.start) or any(a.shape != b.shape for a, b in zip(start, self.start)):
+            raise ValueError("the checkpoint's DiLoCo state is for another model")
+        with torch.no_grad():
+            for s, saved in zip(self.start, start):
+                s.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+        self.steps, self.rounds = int(state["steps"]), int(state["rounds"])
+        self.steps -= self.steps % self.every  # the round the checkpoint was taken in starts again
+        self._restart_round()
+
+
+@dataclass
+class Plan:
+    """What ``plan`` built: wrap the model with ``wrap``, call ``step`` after each optimiser step.
+
+    ``mode``: ``ddp`` (every step over all ranks: the spec says so, or the swarm found all the
+    hosts near each other), ``flat`` (no per-step sync; local or DiLoCo across all ranks) or
+    ``hierarchical`` (DDP inside this rank's group every step, ``inner``; local or DiLoCo across
+    all every H)."""
+
+    spec: Spec
+    layout: Layout
+    mode: str
+    inner: dist.ProcessGroup | None = None
+    compression: str = "fp16"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    diloco: DiLoCo | None = None
+    syncs: int = 0
+    _averager: Any = None
+    _params: list[nn.Parameter] = field(default_factory=list)
+
+    def describe(self) -> str:
+        groups = " | ".join(",".join(map(str, g)) for g in self.layout.groups)
+        if self.mode == "ddp":
+            return f"ddp every step over all ranks (node groups {groups})"
+        how = "parameter averaging" if self.spec.kind == "local" else f"DiLoCo outer step ({self.compression})"
+        inside = "ddp every step inside each group, " if self.mode == "hierarchical" else ""
+        return f"{inside}{how} every {self.spec.every} steps over all ranks (node groups {groups})"
+
+    def wrap(self, model: nn.Module, **ddp: Any) -> nn.Module:
+        """The module for the forward pass: DDP over what syncs every step, or the model itself.
+        Averaging or DiLoCo binds to the model's parameters here."""
+        if self.mode == "ddp":
+            return nn.parallel.DistributedDataParallel(model, **ddp)
+        wrapped: nn.Module = model
+        if self.mode == "hierarchical":
+            wrapped = nn.parallel.DistributedDataParallel(model, process_group=self.inner, **ddp)
+        self._params = list(model.parameters())
+        if self.spec.kind == "local":
+            from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+            self._averager = PeriodicModelAverager(period=self.spec.every, warmup_steps=0)
+        else:
+            self.diloco = DiLoCo(self._params, every=self.spec.every, outer_lr=self.outer_lr,
+                                 outer_momentum=self.outer_momentum, compression=self.compression)
+        return wrapped
+
+    def step(self) -> bool:
+        """After each optimiser step: whether a sync across groups happened."""
+        if self._averager is not None:
+            # torch's rule: it averages when its step count (from 0) is a multiple of the period
+            synced = self._averager.step % self.spec.every == 0
+            self._averager.average_parameters(self._params)
+        elif self.diloco is not None:
+            synced = self.diloco.step()
+        else:
+            return False
+        self.syncs += synced
+        return synced
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"diloco": self.diloco.state_dict() if self.diloco is not None else None,
+                "averager_step": self._averager.step if self._averager is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.diloco is not None and state.get("diloco") is not None:
+            self.diloco.load_state_dict(state["diloco"])
+        if self._averager is not None and state.get("averager_step") is not None:
+            self._averager.step = int(state["averager_step"])
+
+
+def plan(spec: str, *, compression: str = "fp16", outer_lr: float = 0.7, outer_momentum: float = 0.9,
+         env: Mapping[str, str] | None = None) -> Plan:
+    """The sync plan for ``spec`` in this job. Every rank calls it, at the same point: building
+    the groups' subgroups is a collective."""
+    parsed = parse(spec)
+    compress.check_kind(compression)
+    env = os.environ if env is None else env
+    where = layout(env)
+    grouped = bool(env.get("SWARM_GROUPS"))
+    if parsed.kind == "ddp" or (grouped and len(where.groups) == 1):
+        mode, inner = "ddp", None
+    elif grouped:
+        mode = "hierarchical"
+        inner, _ = dist.new_subgroups_by_enumeration([where.ranks(i) for i in range(len(where.groups))])
+    else:
+        mode, inner = "flat", None
+    return Plan(spec=parsed, layout=where, mode=mode, inner=inner, compression=compression, outer_lr=outer_lr,
+                outer_momentum=outer_momentum)
