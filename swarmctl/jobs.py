@@ -41,6 +41,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="with --nodes MIN:MAX, stay on the hosts it has: by default a job below MAX grows back "
                           "toward it at its next checkpoint when hosts are free again (one restart from that "
                           "checkpoint, at most once per the coordinator's job_grow_every, 5 min by default)")
+    run.add_argument("--groups", metavar="auto|off|MS", help="tell the ranks which hosts are near each other: "
+                     "groups by measured RTT, none spanning a link slower than MS (auto: 30 ms); a script using "
+                     "swarmd.train syncs every step inside a group and every H steps across (default off)")
     run.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs on each host (default 0)")
     run.add_argument("--procs-per-node", type=int, metavar="P", help="ranks on each host (default G, or 1)")
     run.add_argument("--cpus", type=float, metavar="C", help="free cores each host must have")
@@ -116,7 +119,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
             file_fields = load_yaml(text, str(args.spec))
         flags = {"nodes": args.nodes, "max_restarts": args.max_restarts, "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node,
                  "cpus": args.cpus, "mem": args.mem, "name": args.name, "wait": args.wait, "python": args.python,
-                 "workdir": args.workdir, "ray": args.ray, "grow": args.grow, "cmd": cmd or None,
+                 "workdir": args.workdir, "ray": args.ray, "grow": args.grow, "groups": args.groups,
+                 "cmd": cmd or None,
                  "labels": _pairs(args.labels, "--label"), "env": _pairs(args.env, "--env"),
                  "hosts": None if not args.hosts else [h.strip() for a in args.hosts for h in a.split(",") if h.strip()]}
         return build(file_fields, flags).to_wire()

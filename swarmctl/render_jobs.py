@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +84,7 @@ def job(j: Mapping[str, Any]) -> None:
         ("restarts", None if not j.get("restarts") or not j["restarts"][1] else f"{j['restarts'][0]} of at most "
                                                                                  f"{j['restarts'][1]}"),
         ("growth", _growth_lines(j, j.get("started") or j.get("created"))),
+        ("groups", _groups_lines(j.get("groups"))),
         ("attempts", [_attempt_line(a, j.get("started") or j.get("created")) for a in j.get("attempts") or []]),
         ("checkpoints", [f"{c['name']} ({size(c['size'])}) on {', '.join(map(_peer, c['holders']))}"
                          for c in j.get("checkpoints") or []]),
@@ -121,6 +122,43 @@ def _ray_line(peer: str, node: Mapping[str, Any], head: bool) -> str:
     gpus = f", {node['gpus']} GPU{'s' if node['gpus'] != 1 else ''}" if node.get("gpus") else ""
     return (f"{_peer(peer)} {node.get('address')}{' (head)' if head else ''}: {node['cpus']} CPU{gpus}, "
             f"memory {size(node['memory'])}, object store {size(node['object_store'])}")
+
+
+def _groups_lines(g: Any) -> list[str] | None:
+    """A grouped job's latency groups: the cap, each group's nodes and its slowest link, and the
+    fastest link between groups (what keeps them apart). What a coordinator sent: anything
+    malformed is shown as such, never trusted to index with."""
+    if not isinstance(g, Mapping):
+        return None
+    groups, nodes, rtt = g.get("groups"), g.get("nodes"), g.get("rtt_ms")
+    n = len(nodes) if isinstance(nodes, list) else 0
+    if not (isinstance(groups, list) and all(isinstance(x, list) and all(isinstance(i, int) and 0 <= i < n for i in x)
+                                             for x in groups) and isinstance(rtt, list) and len(rtt) == n
+            and all(isinstance(row, list) and len(row) == n for row in rtt)):
+        return ["(malformed)"]
+
+    def link(a: int, b: int) -> float | None:
+        ms = rtt[a][b]
+        return float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None
+
+    def ms_text(values: list[float | None], pick) -> str:
+        known = [v for v in values if v is not None]
+        if not known:
+            return "unknown"
+        return f"{pick(known):.1f} ms" + (" (some unknown)" if len(known) < len(values) else "")
+
+    cap = g.get("max_rtt_ms")
+    lines = [f"{len(groups)} group{'s' if len(groups) != 1 else ''}, none spanning a link over "
+             f"{cap:g} ms" if isinstance(cap, (int, float)) else f"{len(groups)} groups"]
+    for k, members in enumerate(groups, 1):
+        inside = [link(a, b) for a in members for b in members if a < b]
+        lines.append(f"group {k}: node{'s' if len(members) != 1 else ''} {', '.join(map(str, members))} "
+                     f"({', '.join(_peer(str(nodes[i])) for i in members)})"
+                     + (f", slowest link {ms_text(inside, max)}" if inside else ""))
+    across = [link(a, b) for x, y in itertools.combinations(groups, 2) for a in x for b in y]
+    if across:
+        lines.append(f"between groups: fastest link {ms_text(across, min)}")
+    return lines
 
 
 def _growth_lines(j: Mapping[str, Any], origin: float | None) -> list[str] | str | None:

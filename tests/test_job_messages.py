@@ -4,6 +4,8 @@ refused naming the field (test_job_protocol.py drives the same through the handl
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from swarmd.compute.messages import CkptGet, CkptPut, Commit, Forward, Reserve, Start, Workdir
@@ -66,3 +68,18 @@ def test_a_start_a_member_changed_is_refused_naming_the_field(change, field):
         Start.from_wire(wire(good | change), checkpoint_max=1 << 20)
     with pytest.raises(ValueError, match="must be a map"):
         Start.from_wire(wire(["not", "a", "map"]), checkpoint_max=1 << 20)
+
+
+def test_a_roles_latency_groups_read_back_and_a_member_cannot_bend_them():
+    """The coordinator names each node's latency group (compute/groups.py); the host checks the
+    list names each node rank once before a rank's environment carries it (SWARM_GROUPS)."""
+    grouped = Start(role=dataclasses.replace(ROLE, groups=((1,), (0,))), cmd=("x",), env={})
+    assert Start.from_wire(wire(grouped.to_wire()), checkpoint_max=0) == grouped
+    plain = Start(role=ROLE, cmd=("x",), env={})
+    assert Start.from_wire(wire(plain.to_wire()), checkpoint_max=0).role.groups == ()
+    for bad in ([[0]], [[0, 1, 1]], [[0], [2]], [[0], []], [[0, True]], [["0", "1"]], [[0, 1], [1]], "0,1", [0, 1],
+                [[0]] * 3):
+        role = {**plain.to_wire()["role"], "groups": bad}
+        with pytest.raises(ValueError, match="role.groups"):
+            Start.from_wire(wire(plain.to_wire() | {"role": role}), checkpoint_max=0)
+

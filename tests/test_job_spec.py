@@ -322,3 +322,22 @@ def test_grow_is_on_by_default_off_with_false_and_read_back_from_the_wire():
 def test_grow_must_be_exactly_true_or_false(value):
     with pytest.raises(SpecError, match="'grow' must be true or false"):
         JobSpec.from_wire({"cmd": ["x"], "nodes": "2:4", "grow": value})
+
+
+@pytest.mark.parametrize("given, cap", [(None, None), ("off", None), (False, None), ("auto", 30.0), (True, 30.0),
+                                        ("50ms", 50.0), (" 7.5 ms ", 7.5), (120, 120.0)])
+def test_groups_are_off_by_default_auto_at_30_ms_or_a_cap_and_read_back_from_the_wire(given, cap):
+    spec = build({"cmd": ["python", "train.py"], "nodes": 6, **({"groups": given} if given is not None else {})}, {})
+    assert spec.groups == cap and JobSpec.from_wire(spec.to_wire()) == spec
+    assert ("groups" in spec.to_wire()) == (cap is not None), "a spec without groups sends none (older peers)"
+
+
+@pytest.mark.parametrize("value", ["0", 0, -5, "fast", "30s", "1e3", 10_001, float("nan"), [30], {"ms": 30}])
+def test_a_bad_groups_cap_is_refused_naming_what_it_must_be(value):
+    with pytest.raises(SpecError, match="'groups' must be auto, off, or the slowest RTT"):
+        JobSpec.from_wire({"cmd": ["x"], "groups": value})
+
+
+def test_a_ray_job_takes_no_groups():
+    with pytest.raises(SpecError, match="leave groups off with ray"):
+        JobSpec.from_wire({"cmd": ["x"], "ray": True, "groups": "auto"})

@@ -45,3 +45,21 @@ def test_show_says_who_coordinates_and_where_the_record_is_kept(capsys, monkeypa
     assert "on 2 of 3 replicas (epoch 0, write 7); not on host0003: [red]timeout" in out
     render_jobs.job(job())  # a job whose record is not replicated (an older daemon): no such lines
     assert "replicas" not in capsys.readouterr().out
+
+
+def test_show_lists_a_grouped_jobs_groups_with_the_links_that_made_them(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    nodes = ["12D3KooWaaaaaaa1", "12D3KooWbbbbbbb2", "12D3KooWccccccc3", "12D3KooW[red]ddd"]
+    rtt = [[None, 150.0, 4.0, 151.0], [150.0, None, 149.0, 5.5], [4.0, 149.0, None, None], [151.0, 5.5, None, None]]
+    render_jobs.job(job(groups={"groups": [[0, 2], [1, 3]], "max_rtt_ms": 30.0, "nodes": nodes, "rtt_ms": rtt}))
+    out = capsys.readouterr().out
+    assert "2 groups, none spanning a link over 30 ms" in out
+    assert "group 1: nodes 0, 2 (aaaaaaa1, ccccccc3), slowest link 4.0 ms" in out
+    assert "group 2: nodes 1, 3 (bbbbbbb2, [red]ddd), slowest link 5.5 ms" in out
+    assert "between groups: fastest link 149.0 ms (some unknown)" in out
+    for bad in ({"groups": [[0, 9]], "nodes": nodes, "rtt_ms": rtt}, {"groups": "0,1", "nodes": nodes, "rtt_ms": rtt},
+                {"groups": [[0]], "nodes": nodes, "rtt_ms": [[1.0]]}):
+        render_jobs.job(job(groups=bad))
+        assert "(malformed)" in capsys.readouterr().out
+    render_jobs.job(job())
+    assert "group 1" not in capsys.readouterr().out

@@ -435,3 +435,16 @@ def test_jobs_run_no_grow_turns_growth_off_and_without_it_the_spec_grows():
     grows = jobs._spec(parser().parse_args(["jobs", "run", "--nodes", "2:4", "--", "python", "t.py"]))
     still = jobs._spec(parser().parse_args(["jobs", "run", "--nodes", "2:4", "--no-grow", "--", "python", "t.py"]))
     assert grows["grow"] is True and still["grow"] is False
+
+
+def test_jobs_run_groups_auto_a_cap_or_a_bad_value_named():
+    from swarmctl import jobs
+    from swarmctl.main import parser
+
+    def spec(*flags):
+        return jobs._spec(parser().parse_args(["jobs", "run", "--nodes", "6", *flags, "--", "python", "t.py"]))
+
+    assert spec("--groups", "auto")["groups"] == 30.0 and spec("--groups", "50ms")["groups"] == 50.0
+    assert "groups" not in spec() and "groups" not in spec("--groups", "off")
+    with pytest.raises(jobs.UsageError, match="'groups' must be auto, off"):
+        spec("--groups", "near")

@@ -116,3 +116,11 @@ def test_a_restart_sets_the_contract_afresh_for_the_new_attempt():
     assert again["SWARM_NODE_IPS"] == "10.7.0.2,10.7.0.3"
     assert rank_env(role(max_restarts=3), 0, {}, BASE)["TORCHELASTIC_MAX_RESTARTS"] == "3"
     assert again["SWARM_CHECKPOINT_DIR"] == first["SWARM_CHECKPOINT_DIR"]  # the same place on a host
+
+
+def test_a_grouped_job_tells_its_ranks_the_groups_and_an_ungrouped_one_says_nothing():
+    env = rank_env(role(groups=((0,), (1,))), 0, {}, BASE)
+    assert env["SWARM_GROUPS"] == "0;1"
+    assert "SWARM_GROUPS" not in rank_env(role(), 0, {}, BASE)
+    assert rank_env(role(groups=((0,), (1,))), 0, {"SWARM_GROUPS": "0,1"}, BASE)["SWARM_GROUPS"] == "0;1", \
+        "the contract wins over the user's env"

@@ -62,12 +62,14 @@ def form(nodes: Sequence[str], rtt_ms: Callable[[str, str], float | None],
     return tuple(tuple(members[g]) for g in sorted(members))
 
 
+def known(r: object) -> bool:
+    """An RTT reading ``form`` takes: a finite number of ms, at least 0."""
+    return isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r >= 0
+
+
 def _pair(there: float | None, back: float | None) -> float:
-    readings = [r for r in (there, back) if _valid(r)]
+    readings = [r for r in (there, back) if known(r)]
     if not readings:
         return math.inf
     return max(readings)
 
-
-def _valid(r: object) -> bool:
-    return isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r >= 0

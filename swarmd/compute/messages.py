@@ -247,7 +247,20 @@ def role_from_wire(v: Any) -> NodeRole:
                     master_port=integer("master_port", 1, 65535), ifname=None, gpus=(),
                     node_ips=tuple(ip(x, "node_ips") for x in ips), checkpoint_dir="",
                     restart_count=integer("restart_count", 0, 1_000_000),
-                    max_restarts=integer("max_restarts", 0, 1_000_000) if "max_restarts" in v else 0)
+                    max_restarts=integer("max_restarts", 0, 1_000_000) if "max_restarts" in v else 0,
+                    groups=_groups(v.get("groups", []), nnodes))
+
+
+def _groups(value: Any, nnodes: int) -> tuple[tuple[int, ...], ...]:
+    """A role's latency groups: lists of node ranks naming each of 0..nnodes-1 exactly once, or
+    none (a coordinator is a member like any other: a malformed list must not reach the ranks)."""
+    if value == []:
+        return ()
+    if not isinstance(value, list) or not 0 < len(value) <= nnodes or not all(
+            isinstance(g, list) and g and all(isinstance(n, int) and not isinstance(n, bool) for n in g)
+            for g in value) or sorted(n for g in value for n in g) != list(range(nnodes)):
+        raise ValueError(f"'role.groups' must list groups of node ranks naming each of 0..{nnodes - 1} once")
+    return tuple(tuple(g) for g in value)
 
 
 def _ray_token(v: Any) -> str | None:
@@ -284,4 +297,6 @@ def limits_from_wire(v: Any) -> dict[str, Any]:
 
 
 def role_to_wire(role: NodeRole) -> dict[str, Any]:
-    return {k: (list(x) if isinstance(x, tuple) else x) for k, x in dataclasses.asdict(role).items()}
+    out = {k: (list(x) if isinstance(x, tuple) else x) for k, x in dataclasses.asdict(role).items()}
+    out["groups"] = [list(g) for g in role.groups]  # (asdict leaves the inner ones tuples)
+    return out

@@ -17,6 +17,10 @@ Rules:
   toward MAX when hosts are free again, at its next checkpoint, at most once per the
   coordinator's `job_grow_every` (coordinator/growth.py). A growth costs one restart from
   that checkpoint but none of `max_restarts`. Exactly true or false: "no" or 0 is refused.
+- `groups` (`--groups auto` or a cap such as `50ms`; default off): the coordinator puts the
+  placed hosts in groups by their measured RTTs, no group spanning a link slower than the cap
+  (30 ms for auto; compute/groups.py), and tells the ranks (SWARM_GROUPS): a script using
+  swarmd.train then syncs every step inside a group and every H steps across groups.
 - `ray: true` runs a Ray cluster for the job alone (one Ray node per host, the command as its
   driver on the first host; host/raynode.py): one process per node, and no restarts (Ray handles
   failures inside its cluster, e.g. Train's FailureConfig), so `procs_per_node` above 1 and
@@ -45,9 +49,10 @@ from typing import Any
 from ..p2p.signed import Invalid, peer_bytes
 from ..gossip.registry import MAX_INDEX, check_health, check_name
 from ..gossip.wire import check_labels
+from .groups import MAX_RTT_MS as GROUP_RTT_MS
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",
-          "env", "workdir", "wait", "python", "ray", "serve", "grow", "cmd")
+          "env", "workdir", "wait", "python", "ray", "serve", "grow", "groups", "cmd")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 MAX_ENV = 128
@@ -60,10 +65,12 @@ MAX_NODES = 1024
 MAX_RESTARTS = 1000
 MAX_HOSTS = 4096  # peer ids in a job's allow list
 MAX_PEER_ID = 64  # characters: an Ed25519 peer id is 52
+MAX_GROUP_RTT_MS = 10_000.0  # a latency group's cap: above any RTT on Earth
 MAX_NEAR, MAX_NEAR_WEIGHT = 8, 1000  # a service replica's demand points (serve/demand.py)
 _INT = re.compile(r"\s*[0-9]{1,9}\s*")  # Python refuses int() on more than 4300 digits
 _RANGE = re.compile(r"\s*([0-9]{1,9})\s*:\s*([0-9]{1,9})\s*")  # torchrun's --nnodes MIN:MAX
 _SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,3})\s*")
+_MS = re.compile(r"\s*([0-9]{1,6}(?:\.[0-9]{1,6})?)\s*(ms)?\s*")
 _DURATION = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([smhd]?)\s*")
 _MB_PER = {"": 1, "m": 1, "mb": 1, "mi": 1, "mib": 1, "g": 1024, "gb": 1024, "gi": 1024, "gib": 1024,
            "t": 1024 ** 2, "tb": 1024 ** 2, "ti": 1024 ** 2, "tib": 1024 ** 2}
@@ -112,6 +119,7 @@ class JobSpec:
     ray: bool = False  # a Ray cluster for this job, cmd its driver on the first host
     serve: Serve | None = None  # a service's replica (serve/)
     grow: bool = True  # below `nodes`, grow back toward it at a checkpoint when hosts are free again
+    groups: float | None = None  # latency groups: the slowest RTT (ms) a group may span; None: off
 
     @property
     def least_nodes(self) -> int:
@@ -129,7 +137,9 @@ class JobSpec:
                 "gpus_per_node": self.gpus_per_node,
                 "procs_per_node": self.procs_per_node, "cpus": self.cpus, "mem": self.mem_mb,
                 "labels": dict(self.labels), "hosts": list(self.hosts), "env": dict(self.env), "workdir": self.workdir, "wait": self.wait_s,
-                "python": self.python, "ray": self.ray, "grow": self.grow, **({"serve": self.serve.to_wire()} if self.serve else {})}
+                "python": self.python, "ray": self.ray, "grow": self.grow,
+                **({"groups": self.groups} if self.groups is not None else {}),
+                **({"serve": self.serve.to_wire()} if self.serve else {})}
 
     @classmethod
     def from_wire(cls, data: Any) -> JobSpec:
@@ -210,6 +220,24 @@ def parse_duration_s(text: str | int | float, field: str) -> float:
     if m is None:
         raise _fail(field, "a duration such as 30s, 10m or 2h", text)
     return _number(field, float(m.group(1)) * _S_PER[m.group(2)], MAX_WAIT_S)
+
+
+def parse_groups(value: Any) -> float | None:
+    """The cap of ``groups``: "auto" (compute/groups.py's default), "off", or milliseconds
+    ("50ms", 50); None when off."""
+    if value is None or value is False or value == "off":
+        return None
+    if value is True or value == "auto":
+        return GROUP_RTT_MS
+    number = float("nan")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and (m := _MS.fullmatch(value)):
+        number = float(m.group(1))
+    if not 0 < number <= MAX_GROUP_RTT_MS:
+        raise _fail("groups", f"auto, off, or the slowest RTT a group may span, above 0 and at most "
+                              f"{MAX_GROUP_RTT_MS:g} ms (such as 50ms)", value)
+    return number
 
 
 def _env(value: Any) -> dict[str, str]:
@@ -298,10 +326,14 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
         workdir=None if given.get("workdir") is None else _text("workdir", given["workdir"]),
         wait_s=parse_duration_s(given.get("wait", 0), "wait"),
         python=None if given.get("python") is None else _text("python", given["python"]), ray=ray, grow=grow,
+        groups=parse_groups(given.get("groups")),
         serve=None if given.get("serve") is None else serve_from_wire(given["serve"]))
     if ray and spec.procs_per_node != 1:
         raise SpecError(f"spec: a Ray job runs one Ray node per host, so 'procs_per_node' must be 1, got "
                         f"{spec.procs_per_node}: give the node its GPUs with gpus_per_node and Ray places the work")
+    if ray and spec.groups is not None:
+        raise SpecError("spec: 'groups' tells a torch job's ranks which hosts are near each other; a Ray job "
+                        "places its own work (leave groups off with ray)")
     if ray and spec.max_restarts:
         raise SpecError("spec: a Ray job is not restarted by swarmd ('max_restarts' must be 0): Ray handles failures "
                         "inside its cluster (Tune's and Train's FailureConfig)")

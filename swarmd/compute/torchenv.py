@@ -1,7 +1,8 @@
 """The environment a rank starts with: torchrun's contract, so a script that works under
 `torchrun` works unchanged. Names and values are those torch 2.x's elastic agent gives its
 workers (torch/distributed/elastic/agent/server/local_elastic_agent.py, `_start_workers`,
-and torch/distributed/run.py), plus NODE_RANK and SWARM_* for swarm-aware scripts.
+and torch/distributed/run.py), plus NODE_RANK and SWARM_* for swarm-aware scripts
+(SWARM_GROUPS: the nodes by latency group, when the job asked for groups).
 
 Rules:
 - The contract wins over the user's `env`, which wins over `base_env`: a job that set RANK
@@ -38,6 +39,7 @@ class NodeRole:
     checkpoint_dir: str
     restart_count: int = 0
     max_restarts: int = 0
+    groups: tuple[tuple[int, ...], ...] = ()  # node ranks by latency group (compute/groups.py); (): none asked
 
 
 def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
@@ -60,6 +62,8 @@ def rank_env(role: NodeRole, local_rank: int, user_env: Mapping[str, str],
         "SWARM_JOB_ID": role.job_id, "SWARM_NODE_IPS": ",".join(role.node_ips),
         "SWARM_CHECKPOINT_DIR": role.checkpoint_dir,
     }
+    if role.groups:  # swarmd.train's format (train/env.py): "0,1,2;3,4,5"
+        env["SWARM_GROUPS"] = ";".join(",".join(map(str, g)) for g in role.groups)
     if role.ifname:
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = role.ifname
     return env

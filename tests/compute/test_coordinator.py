@@ -447,3 +447,35 @@ async def test_replicas_of_one_service_placed_at_once_still_land_apart(tmp_path)
         nursery.cancel_scope.cancel()
     hosts = [peer for peer, _ in world.starts]
     assert len(set(hosts)) == 2, hosts
+
+
+async def test_a_job_asking_for_groups_tells_each_host_its_latency_groups_and_shows_the_rtts(tmp_path):
+    """Four hosts as two regions (A, C 5 ms apart; B, D 5 ms apart; 150 ms across): every role
+    carries the groups by node rank, `jobs show` has them with the RTT matrix that made them,
+    and a job that asked for none gets none."""
+    world = World(set())
+    jobs = jobs_over(tmp_path, world, (A, B, C, D))
+    region = {A: 0, B: 1, C: 0, D: 1}
+    jobs._rtt = lambda view: (lambda a, b: 5.0 if region[a] == region[b] else 150.0)  # type: ignore[method-assign]
+    world.hold = trio.Event()
+    async with trio.open_nursery() as nursery:
+        jobs._nursery = nursery
+        job = jobs.submit(JobSpec.from_wire({"cmd": ["true"], "nodes": 4, "groups": "auto"}), None, 0)
+        with trio.fail_after(20):
+            while len(world.starts) < 4:
+                await trio.sleep(0.01)
+        shown = jobs.describe(jobs.store.get(job))["groups"]
+        jobs.cancel(job)
+        world.hold.set()
+        nursery.cancel_scope.cancel()
+    nodes = shown["nodes"]
+    first = region[nodes[0]]  # node 0's region is group 1
+    want = [[i for i, p in enumerate(nodes) if region[p] == r] for r in (first, 1 - first)]
+    assert shown["groups"] == want and shown["max_rtt_ms"] == 30.0
+    assert {req.role.groups for _, req in world.starts} == {tuple(map(tuple, want))}
+    assert shown["rtt_ms"][0][0] is None and shown["rtt_ms"][want[0][0]][want[1][0]] == 150.0
+
+    world.starts.clear()
+    world.hold = None
+    await finished(jobs, JobSpec.from_wire({"cmd": ["true"], "nodes": 1}))
+    assert [req.role.groups for _, req in world.starts] == [()]

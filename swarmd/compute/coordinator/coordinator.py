@@ -55,6 +55,7 @@ from ...gossip.wire import JobSlots, Record
 from ...p2p import multiaddrs
 from ...p2p.signed import Invalid, short
 from ...p2p.transport import Transport
+from .. import groups as latency
 from ..events import checked_event
 from ..host.sandbox.box import Sandbox, Settings
 from ..host.worker import StartRequest, Worker, stop_orphans
@@ -110,6 +111,7 @@ class _Live:
     joining: dict[str, Host] = dataclasses.field(default_factory=dict)  # held by a growth, not yet placed
     ray: str | None = None  # a Ray job's auth token, given to its hosts with the start
     addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # the attempt's hosts' addresses in the job
+    grouping: dict[str, Any] | None = None  # the attempt's latency groups and the RTTs that made them (_grouping)
     # its replicas (succession.py): the sequence of its last write, what each replica said of
     # it, and since when this node coordinates the job (its submission, or its takeover)
     seq: int = 0
@@ -362,10 +364,24 @@ class Jobs:
             "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
             "shipped": [live.shipped, live.ship_total] if live else None,
             "replicas": self._replicas_row(live),
+            "groups": live.grouping if live else None,
             "handover": self._handover_row(row.id, live),
             "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
             "hosts": self.store.hosts(row.id),
         }
+
+    def _grouping(self, job: str, spec: JobSpec, peers: tuple[str, ...]) -> dict[str, Any] | None:
+        """The attempt's hosts (node-rank order) in groups by latency when the job asked for them
+        (compute/groups.py, capped at ``spec.groups`` ms), with the RTTs that made them."""
+        if spec.groups is None:
+            return None
+        rtt = self._rtt(self.gossip.view())
+        ms = {(a, b): rtt(a, b) for a in peers for b in peers if a != b}
+        found = latency.form(peers, lambda a, b: ms[(a, b)], spec.groups)
+        log.info("latency groups", job=job, groups=[list(g) for g in found], max_rtt_ms=spec.groups)
+        return {"groups": [list(g) for g in found], "max_rtt_ms": spec.groups, "nodes": list(peers),
+                "rtt_ms": [[None if a == b or not latency.known(ms[(a, b)]) else round(ms[(a, b)], 2) for b in peers]
+                           for a in peers]}
 
     def _handover_row(self, job: str, live: _Live | None) -> dict[str, Any] | None:
         """Who coordinates the job now, at which epoch, since when: this node, or the replica
@@ -658,6 +674,9 @@ class Jobs:
         run, spec = live.run, live.spec
         addrs = [self._address(p) if not attach else self._address_or(p) for p in peers]
         live.addresses = dict(zip(peers, addrs))
+        if not attach:  # a job taken over runs with the groups its ranks were started with
+            live.grouping = self._grouping(job, spec, peers)
+        grouped = tuple(tuple(g) for g in live.grouping["groups"]) if live.grouping else ()
         for peer in peers:
             state = run.node_state.get(peer, "starting") if attach else "starting"
             for i in range(spec.procs_per_node):
@@ -676,7 +695,7 @@ class Jobs:
             role = NodeRole(job_id=job, node_rank=i, nnodes=len(peers), procs_per_node=spec.procs_per_node,
                             master_addr=addrs[0], master_port=port, ifname=None, gpus=(),
                             node_ips=tuple(addrs), checkpoint_dir="", restart_count=run.restart_count,
-                            max_restarts=run.max_restarts)
+                            max_restarts=run.max_restarts, groups=grouped)
             req = StartRequest(job=job, coordinator=live.auth.origin, role=role, cmd=spec.cmd, env=spec.env,
                                python=spec.python, workdir=workdir, cpus=spec.cpus, mem_mb=spec.mem_mb,
                                checkpoints=checkpoints, ray=live.ray, serve=spec.serve)
