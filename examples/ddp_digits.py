@@ -16,6 +16,15 @@ rank 0 prints `first step` (the benchmark times a restart by it). So a job that 
 host resumes where it was:
 
     swarmctl jobs run --nodes 2:3 --max-restarts 3 --workdir examples -- python ddp_digits.py
+
+Across the internet (`--sync`, swarmd.train): `ddp` all-reduces every step (the default);
+`local:H` averages the models every H steps (torch's PeriodicModelAverager); `diloco:H`
+takes H inner steps, then DiLoCo's outer step on the averaged outer gradient, sent as
+`--compression fp16` or `int8`. With `jobs run --groups auto` the hosts near each other sync
+every step and only the groups sync every H steps. The sync state (DiLoCo's outer
+momentum and the round's start) is in the checkpoint: a restart loses no outer step.
+
+    swarmctl jobs run --nodes 3 --groups auto --workdir examples -- python ddp_digits.py --sync diloco:16
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ import torch.distributed as dist
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+from swarmd import train as swarm_train
 
 
 def data(seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -56,11 +66,13 @@ def newest_checkpoint(directory: Path | None) -> Path | None:
     return max(found)[1] if found else None
 
 
-def save_checkpoint(directory: Path, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def save_checkpoint(directory: Path, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    sync: dict) -> None:
     """Write to a temporary name, then rename: the contract swarmd replicates by."""
     final = directory / f"epoch-{epoch:04d}.pt"
     temporary = directory / f".{final.name}.tmp"
-    torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, temporary)
+    torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "sync": sync},
+               temporary)
     os.replace(temporary, final)
     for old in sorted(p for p in directory.iterdir() if CHECKPOINT.fullmatch(p.name))[:-KEEP]:
         old.unlink(missing_ok=True)
@@ -73,6 +85,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=5, help="print the loss every this many epochs")
+    p.add_argument("--sync", default="ddp", help="ddp (every step), local:H or diloco:H (every H steps)")
+    p.add_argument("--compression", default="fp16", choices=("fp32", "fp16", "int8"),
+                   help="how diloco sends its outer gradient")
     p.add_argument("--min-epoch-s", type=float, default=0.0,
                    help="pace each epoch to at least this long (a demo's time to crash a host mid-run)")
     args = p.parse_args()
@@ -88,8 +103,9 @@ def main() -> None:
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=max(1, args.global_batch // world), sampler=sampler)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    sync = swarm_train.plan(args.sync, compression=args.compression)
+    ddp = sync.wrap(model, device_ids=[device.index] if cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     first_epoch = 0
     if (newest := newest_checkpoint(ckpt_dir)) is not None:
@@ -97,6 +113,8 @@ def main() -> None:
         state = torch.load(newest, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if state.get("sync"):
+            sync.load_state_dict(state["sync"])
         first_epoch = state["epoch"] + 1
         if rank == 0:
             print(f"resumed from epoch {state['epoch'] + 1} ({newest.name}, restart "
@@ -104,7 +122,7 @@ def main() -> None:
 
     if rank == 0:
         print(f"world {world} ({os.environ.get('SWARM_NODE_IPS', 'local')}), {len(train)} train / "
-              f"{len(test)} test samples, global batch {args.global_batch}", flush=True)
+              f"{len(test)} test samples, global batch {args.global_batch}; sync: {sync.describe()}", flush=True)
     started, seen, stepped = time.perf_counter(), 0, False
     for epoch in range(first_epoch, args.epochs):
         epoch_started = time.perf_counter()
@@ -116,6 +134,7 @@ def main() -> None:
             loss = loss_fn(ddp(x), y)
             loss.backward()
             optimizer.step()
+            sync.step()
             total += torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)), device=device)])
             if not stepped and rank == 0:
                 print(f"first step at {time.time():.3f}", flush=True)
@@ -125,9 +144,10 @@ def main() -> None:
         if rank == 0 and (epoch % args.log_every == args.log_every - 1 or epoch == first_epoch):
             print(f"epoch {epoch + 1:3d}  loss {total[0].item() / total[1].item():.4f}", flush=True)
         if rank == 0 and ckpt_dir is not None:
-            save_checkpoint(ckpt_dir, epoch, model, optimizer)
+            save_checkpoint(ckpt_dir, epoch, model, optimizer, sync.state_dict())
         if (rest := args.min_epoch_s - (time.perf_counter() - epoch_started)) > 0:
             time.sleep(rest)
+    sync.finish()  # local/diloco: every rank ends with the one model (a cut-short round's sync)
     elapsed = max(time.perf_counter() - started, 1e-9)
 
     model.eval()
@@ -141,7 +161,7 @@ def main() -> None:
     if rank == 0:
         print(f"test accuracy {correct[0].item() / correct[1].item():.4f} "
               f"({int(correct[0].item())}/{int(correct[1].item())}); "
-              f"{seen / elapsed:.0f} samples/s over {world} rank(s)", flush=True)
+              f"{seen / elapsed:.0f} samples/s over {world} rank(s); {sync.syncs} syncs across groups", flush=True)
     dist.barrier()  # every rank done with its collectives
     # No destroy_process_group(): gloo's teardown aborts (SIGABRT, "terminate called without an
     # active exception") a rank whose peers closed their sockets first, even after a barrier (two

@@ -98,6 +98,14 @@ class DiLoCo:
         self.rounds += 1
         return True
 
+    def finish(self) -> bool:
+        """The outer step for a round cut short (training ends mid-round): every rank leaves with
+        the one model. True when there was one to take."""
+        if self.steps % self.every == 0:
+            return False
+        self.steps += self.every - self.steps % self.every - 1
+        return self.step()
+
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "rounds": self.rounds, "start": [s.detach().clone() for s in self.start],
                 "outer": self.outer.state_dict()}
@@ -174,6 +182,17 @@ class Plan:
             return False
         self.syncs += synced
         return synced
+
+    def finish(self) -> None:
+        """At the end of training: one model on every rank (the last round's outer step, or one
+        more averaging), whatever step training stopped at. Every rank calls it."""
+        if self.diloco is not None:
+            self.syncs += self.diloco.finish()
+        elif self._averager is not None and self._averager.step % self.spec.every != 1 % self.spec.every:
+            from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+            average_parameters(iter(self._params), self._averager.process_group)
+            self.syncs += 1
 
     def state_dict(self) -> dict[str, Any]:
         return {"diloco": self.diloco.state_dict() if self.diloco is not None else None,

@@ -31,6 +31,17 @@ def test_the_outer_step_against_a_hand_computed_example():
     assert d.step() is True and p.item() == pytest.approx(0.4876) and d.rounds == 2
 
 
+def test_training_that_ends_mid_round_takes_that_rounds_outer_step():
+    p = nn.Parameter(torch.tensor([1.0]))
+    d = train.DiLoCo([p], every=4)
+    assert d.finish() is False, "nothing taken since the last outer step"
+    with torch.no_grad():
+        p.fill_(0.8)
+    d.step()
+    assert d.finish() is True and p.item() == pytest.approx(0.734) and d.rounds == 1 and d.steps == 4
+    assert d.finish() is False
+
+
 def test_a_resumed_diloco_keeps_the_outer_momentum_and_restarts_the_round():
     p = nn.Parameter(torch.tensor([1.0]))
     d = train.DiLoCo([p], every=2)
@@ -160,7 +171,12 @@ def _hierarchical(rank, world):
         gathered = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(gathered, flat)
         seen.append([torch.equal(gathered[i], gathered[j]) for i, j in ((0, 2), (1, 3), (0, 1))])
-    return {"mode": plan.mode, "seen": seen, "describe": plan.describe()}
+    plan.finish()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return {"mode": plan.mode, "seen": seen, "describe": plan.describe(), "syncs": plan.syncs,
+            "one_model": all(torch.equal(g, gathered[0]) for g in gathered)}
 
 
 def test_hierarchical_groups_agree_every_step_and_all_ranks_every_h(tmp_path):
@@ -173,3 +189,4 @@ def test_hierarchical_groups_agree_every_step_and_all_ranks_every_h(tmp_path):
     assert results[0]["mode"] == "hierarchical" and "inside each group" in results[0]["describe"]
     assert all(s[0] and s[1] for s in seen), "each group together every step"
     assert [s[2] for s in seen] == [True, False, False, True, False], "all together right after each sync"
+    assert results[0]["one_model"] and results[0]["syncs"] == 3, "finish: one more averaging, one model"
