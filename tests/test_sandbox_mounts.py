@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import swarmd
+import swarmd.train
 from swarmd.compute.host.sandbox import mounts
 
 UID = GID = 64999  # a job uid for these tests (nothing here depends on who else has it)
@@ -313,6 +315,8 @@ def test_the_interpreter_stays_reachable_when_its_directory_is_hidden(layout):
     """)
     assert out["prefix"] == sys.prefix
     beside = {layout.root.name} if layout.root.parent == venv.parent else set()
+    package = Path(swarmd.__file__).resolve().parent  # the jobs' library, in a checkout's editable install
+    beside |= {package.name} if package.parent == venv.parent else set()
     assert set(out["siblings"]) == {venv.name, *beside}  # the rest of its directory stays hidden
 
 
@@ -372,10 +376,12 @@ def test_mounts_are_ordered_parents_first_and_the_job_directory_last():
                           "-all", "--inh-caps", "-all", "--no-new-privs", "--"]
 
 
-def test_interpreter_paths_name_the_venv_and_its_base():
+def test_interpreter_paths_name_the_venv_and_its_base_and_the_swarmd_package():
     paths = mounts.interpreter_paths()
     assert Path(sys.prefix) in paths
     assert any(Path(os.path.realpath(sys.executable)).is_relative_to(p) for p in paths)
+    assert any(Path(swarmd.train.__file__).resolve().is_relative_to(p) for p in paths), "ranks import swarmd.train"
+    assert Path(swarmd.__file__).resolve().parent.parent not in paths, "not the whole checkout"
 
 
 @real

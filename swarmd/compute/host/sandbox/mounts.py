@@ -28,7 +28,8 @@ Rules:
   executes can gain a privilege back (setuid binaries included).
 - /etc/resolv.conf keeps resolving: where it links under a hidden path (systemd-resolved
   keeps it in /run) its target is exposed. The interpreter the daemon runs jobs with
-  stays reachable: `interpreter_paths()` names its prefixes, for the caller's `expose`.
+  stays reachable: `interpreter_paths()` names its prefixes and the swarmd package (ranks
+  import its jobs' library, swarmd.train), for the caller's `expose`.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:
 
 def interpreter_paths() -> list[Path]:
     """The directories the daemon's Python lives in (its venv and the installation the venv
-    was made from, as named and with links resolved): what a job needs exposed to run
-    `sys.executable` when one of them lies under a hidden path."""
+    was made from, as named and with links resolved) and the swarmd package's: what a job
+    needs exposed to run `sys.executable` and import swarmd.train when one of them lies
+    under a hidden path."""
     found: list[Path] = []
     names = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
     for name in names:
@@ -124,6 +126,11 @@ def interpreter_paths() -> list[Path]:
     exe = _real(Path(sys.executable)).parent
     if exe.exists() and not any(_under(exe, p) for p in found):
         found.append(exe)
+    # the swarmd package, for its jobs' library (swarmd.train): in the venv when installed, beside
+    # it in a checkout's editable install (only the package: the rest of the checkout stays hidden)
+    package = _real(Path(__file__)).parents[3]
+    if package.is_dir() and not any(_under(package, p) for p in found):
+        found.append(package)
     return found
 
 
