@@ -341,3 +341,11 @@ def test_a_bad_groups_cap_is_refused_naming_what_it_must_be(value):
 def test_a_ray_job_takes_no_groups():
     with pytest.raises(SpecError, match="leave groups off with ray"):
         JobSpec.from_wire({"cmd": ["x"], "ray": True, "groups": "auto"})
+
+
+def test_groups_are_refused_for_more_nodes_than_grouping_takes():
+    from swarmd.compute.groups import MAX_NODES
+
+    assert JobSpec.from_wire({"cmd": ["x"], "nodes": MAX_NODES, "groups": "auto"}).groups == 30.0
+    with pytest.raises(SpecError, match=f"at most {MAX_NODES} nodes"):
+        JobSpec.from_wire({"cmd": ["x"], "nodes": f"2:{MAX_NODES + 1}", "groups": "auto"})

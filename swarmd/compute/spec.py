@@ -49,6 +49,7 @@ from typing import Any
 from ..p2p.signed import Invalid, peer_bytes
 from ..gossip.registry import MAX_INDEX, check_health, check_name
 from ..gossip.wire import check_labels
+from .groups import MAX_NODES as GROUP_MAX_NODES
 from .groups import MAX_RTT_MS as GROUP_RTT_MS
 
 FIELDS = ("name", "nodes", "max_restarts", "gpus_per_node", "procs_per_node", "cpus", "mem", "labels", "hosts",
@@ -331,6 +332,9 @@ def build(file_fields: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
     if ray and spec.procs_per_node != 1:
         raise SpecError(f"spec: a Ray job runs one Ray node per host, so 'procs_per_node' must be 1, got "
                         f"{spec.procs_per_node}: give the node its GPUs with gpus_per_node and Ray places the work")
+    if spec.groups is not None and spec.nodes > GROUP_MAX_NODES:
+        raise SpecError(f"spec: 'groups' are formed for at most {GROUP_MAX_NODES} nodes; this job asks for "
+                        f"{spec.nodes}")
     if ray and spec.groups is not None:
         raise SpecError("spec: 'groups' tells a torch job's ranks which hosts are near each other; a Ray job "
                         "places its own work (leave groups off with ray)")

@@ -393,7 +393,7 @@ class Routing(Readout):
             if address is not None:
                 self._nudging.add(peer)
                 self._nudged[peer] = trio.current_time()
-                nursery.start_soon(self._nudge_one, peer, address)
+                nursery.start_soon(self.contained, self._nudge_one, peer, address)
 
     async def _nudge_one(self, peer: str, address: str) -> None:
         try:
