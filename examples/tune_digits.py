@@ -30,6 +30,7 @@ import torch
 from optuna.samplers import TPESampler
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -85,24 +86,26 @@ def train_digits(config: dict, data: dict[str, torch.Tensor], max_epochs: int) -
         })
 
 
-def wait_for_nodes(timeout: float = 60.0) -> None:
-    """Until every node of the job offers a CPU to Ray. A node counts as alive in Ray's tables a
-    moment before its raylet's resources reach the scheduler: trials placed in that moment
-    pile onto the nodes already there (seen once: 12 trials, 6 + 6 on two of three nodes)."""
+def wait_for_nodes(timeout: float = 60.0) -> int:
+    """Until every node of the job offers a CPU to Ray; the CPUs they offer. A node counts as
+    alive in Ray's tables a moment before its raylet's resources reach the scheduler: trials
+    placed in that moment pile onto the nodes already there (seen once: 12 trials, 6 + 6 on two
+    of three nodes)."""
     want = len([ip for ip in os.environ.get("SWARM_NODE_IPS", "").split(",") if ip]) or 1
     deadline = time.monotonic() + timeout
     while True:
         ready = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
         if len(ready) >= want or time.monotonic() > deadline:
-            print(f"{len(ready)} of {want} nodes offer CPUs: {sum(n['Resources']['CPU'] for n in ready):g} in all")
-            return
+            cpus = int(sum(n["Resources"]["CPU"] for n in ready))
+            print(f"{len(ready)} of {want} nodes offer CPUs: {cpus} in all")
+            return cpus
         time.sleep(0.2)
 
 
 def main() -> None:
     args = parse_args()
     ray.init()  # RAY_ADDRESS (set by the swarm) names the cluster; without it, a local Ray starts
-    wait_for_nodes()
+    cpus = wait_for_nodes()
 
     search_space = {
         "hidden": tune.lograndint(16, 512),
@@ -128,7 +131,11 @@ def main() -> None:
             num_samples=args.trials,
             # TPE models good and bad configurations once it has 4 results (Optuna's
             # default waits for 10, most of a 12-trial budget, sampling at random until then).
-            search_alg=OptunaSearch(sampler=TPESampler(n_startup_trials=4, seed=args.seed)),
+            # Limited to the CPUs, so Tune asks for that many trials at once: with a searcher of
+            # its own and no limit, Tune keeps one trial pending at a time, and a short trial's CPU
+            # came free before the next was placed (seen: 3 + 3 of 6 trials on two of three nodes).
+            search_alg=ConcurrencyLimiter(OptunaSearch(sampler=TPESampler(n_startup_trials=4, seed=args.seed)),
+                                          max_concurrent=max(1, cpus)),
             # Stop a trial at epoch 2, 6, 18, ... when it is not in the top third there.
             scheduler=ASHAScheduler(max_t=args.max_epochs, grace_period=2, reduction_factor=3),
         ),
