@@ -21,10 +21,12 @@ Rules:
   observation, and is tried again only when a record's NAT or reflexive endpoint changes.
 - No flapping: a pair that lacks a direct path tries it again (``trying``: paths.py moves it
   direct) once after ``quick_s`` (an end may have lagged: both must send to punch), then after
-  ``retry_s``, doubling after each failed try up to ``retry_max_s``, and at
-  once (then once more after ``quick_s``) when either end's (nat, reflexive) changes (a new mapping, a new verdict) or the endpoint
-  we send its direct packets to does (its reflexive endpoint attested at last): ``fingerprint``. A try that
-  shows a handshake ends it; one unshaken for ``grace_s`` on the direct path is a failure.
+  ``retry_s``, doubling after each failed try up to ``retry_max_s`` (but every ``quick_s``, for
+  ``UNMEASURED_TRIES`` tries, while an end is not yet measured: its record has no NAT kind), and
+  at once (then once more after ``quick_s``) when either end's (nat, reflexive) changes (a new
+  mapping, a new verdict) or the endpoint we send its direct packets to does (its reflexive
+  endpoint attested at last): ``fingerprint``. A try that shows a handshake ends it; one
+  unshaken for ``grace_s`` on the direct path is a failure.
 - What a member can do: its record's ``nat`` only picks a reason and whether a pairing is
   tried at once; a handshake is WireGuard's (authenticated), so no member can make a working
   pair look broken, or a broken one work. A member changing its record often makes its own
@@ -53,6 +55,12 @@ QUICK_S = 30.0  # the first try after a pair is found lacking, or after a change
 RETRY_S = 300.0  # a pair relayed for lack of a direct path tries it again after this (5 min) ...
 RETRY_MAX_S = 1800.0  # ... doubling after each failed try, up to 30 min: each try costs up to GRACE_S
 SESSION_S = 180.0  # WireGuard's REJECT_AFTER_TIME: a handshake older than this holds no session
+# A pair with an end whose record says no NAT kind yet (not measured: reach's verdict is unknown) tries
+# again every QUICK_S for this many failed tries before backing off: a member is measured by public
+# members that see its WireGuard packets on a direct path (a relayed observer attests nothing), so a
+# pair relayed at a loaded start-up and tried rarely kept a symmetric NAT unmeasured, and so relayed
+# to everyone, for good (CI: h5 unknown for the whole reach lab, every pair with it relayed).
+UNMEASURED_TRIES = 10
 
 
 def nated(kind: object) -> bool:
@@ -161,6 +169,8 @@ class DirectWatch:
                 else:
                     lack.failures += 1
                     delay = min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
+                    if None in nats and lack.failures <= UNMEASURED_TRIES:
+                        delay = self.quick_s  # an end not yet measured: its measurement may need this path
                 lack.since, lack.trying_since, lack.reason, lack.quick = now, None, reason(*nats), False
                 lack.retry_at = None if impossible(*nats) else now + delay
 

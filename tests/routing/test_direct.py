@@ -59,24 +59,47 @@ def test_a_pairing_theory_rules_out_is_relayed_at_once_and_not_retried_on_a_time
         assert w.lacking("b") == dp.SYMMETRIC and not w.trying("b")
 
 
+def tries_of(w: dp.DirectWatch, nats: tuple, until: float) -> list[float]:
+    """When each try of the direct path began, every try failing (no handshake), from t=10."""
+    tries, t, on_direct = [], 10.0, False
+    while t < until:
+        t += 1.0
+        w.observe(t, "b", on_direct=on_direct, unshaken=True, fingerprint=FP, nats=nats)
+        if w.trying("b") and not on_direct:
+            tries.append(t)
+        on_direct = w.trying("b")  # paths.py moves the pair direct for a try, to a relay otherwise
+    return tries
+
+
 def test_retries_are_rare_and_back_off():
     w = watch()
     w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
     w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
     assert w.lacking("b") == dp.SYMMETRIC
-    tries = []
-    t = 10.0
-    on_direct = False
-    while t < 4000:
-        t += 1.0
-        w.observe(t, "b", on_direct=on_direct, unshaken=True, fingerprint=FP, nats=("edm", "eim"))
-        if w.trying("b") and not on_direct:
-            tries.append(t)
-        on_direct = w.trying("b")  # paths.py moves the pair direct for a try, to a relay otherwise
+    tries = tries_of(w, ("edm", "eim"), 4000)
     gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
     assert tries[0] == 40.0, "the first try soon (an end may have lagged), the next after 2 x retry_s"
     assert gaps[:3] == [611, 1211, 1211], "doubling (plus the try's grace), capped at retry_max_s"
     assert w.lacking("b") in (None, dp.SYMMETRIC) and w.tries == len(tries)
+
+
+def test_a_pair_with_an_unmeasured_end_keeps_trying_soon_then_backs_off():
+    # CI: a symmetric NAT relayed to both public members at a loaded start-up was never measured
+    # (a relayed observer attests nothing), so it stayed unknown and relayed for the whole lab
+    w = watch()
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", None))
+    w.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", None))
+    assert w.lacking("b") == dp.NO_DIRECT
+    tries = tries_of(w, ("public", None), 4000)
+    gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
+    assert tries[0] == 40.0 and gaps[:dp.UNMEASURED_TRIES] == [41] * dp.UNMEASURED_TRIES, \
+        "every quick_s (plus the try's grace) while an end is unmeasured"
+    assert gaps[dp.UNMEASURED_TRIES] == 1211, "then the back-off, at its cap"
+    measured = watch()
+    measured.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", "edm"))
+    measured.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", "edm"))
+    both = tries_of(measured, ("public", "edm"), 2000)
+    assert round(both[1] - both[0]) == 611, "a measured pair backs off at once"
 
 
 def test_a_try_that_shakes_hands_ends_the_lack():
