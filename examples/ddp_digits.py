@@ -88,6 +88,9 @@ def main() -> None:
     p.add_argument("--sync", default="ddp", help="ddp (every step), local:H or diloco:H (every H steps)")
     p.add_argument("--compression", default="fp16", choices=("fp32", "fp16", "int8"),
                    help="how diloco sends its outer gradient")
+    p.add_argument("--outer-lr", type=float, default=swarm_train.OUTER_LR, help="diloco's outer learning rate")
+    p.add_argument("--outer-momentum", type=float, default=swarm_train.OUTER_MOMENTUM,
+                   help="diloco's outer Nesterov momentum")
     p.add_argument("--min-epoch-s", type=float, default=0.0,
                    help="pace each epoch to at least this long (a demo's time to crash a host mid-run)")
     args = p.parse_args()
@@ -103,7 +106,8 @@ def main() -> None:
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=max(1, args.global_batch // world), sampler=sampler)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    sync = swarm_train.plan(args.sync, compression=args.compression)
+    sync = swarm_train.plan(args.sync, compression=args.compression, outer_lr=args.outer_lr,
+                            outer_momentum=args.outer_momentum)
     ddp = sync.wrap(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

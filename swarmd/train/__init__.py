@@ -12,6 +12,6 @@ See sync.py (the modes), compress.py (what goes on the wire), env.py (what is re
 """
 
 from .env import EnvError, Layout, layout
-from .sync import DiLoCo, Plan, Spec, parse, plan
+from .sync import OUTER_LR, OUTER_MOMENTUM, DiLoCo, Plan, Spec, parse, plan
 
-__all__ = ["DiLoCo", "EnvError", "Layout", "Plan", "Spec", "layout", "parse", "plan"]
+__all__ = ["OUTER_LR", "OUTER_MOMENTUM", "DiLoCo", "EnvError", "Layout", "Plan", "Spec", "layout", "parse", "plan"]

@@ -10,6 +10,8 @@ from swarmd.train import EnvError, sync
 
 from .ranks import run
 
+PAPER = {"outer_lr": 0.7, "outer_momentum": 0.9}  # DiLoCo's own outer step, the hand-computed examples'
+
 
 def test_the_outer_step_against_a_hand_computed_example():
     """One parameter at 1.0; the inner steps take it to 0.8, then (next round) 0.634 - 0.1 lower.
@@ -17,7 +19,7 @@ def test_the_outer_step_against_a_hand_computed_example():
     round 1: g = 0.2, buf = 0.2, step 0.38, start 1 - 0.266 = 0.734;
     round 2: g = 0.1, buf = 0.28, step 0.352, start 0.734 - 0.2464 = 0.4876."""
     p = nn.Parameter(torch.tensor([1.0]))
-    d = train.DiLoCo([p], every=2)
+    d = train.DiLoCo([p], every=2, **PAPER)
     with torch.no_grad():
         p.fill_(0.9)
     assert d.step() is False and p.item() == pytest.approx(0.9), "an inner step: nothing happens"
@@ -31,9 +33,20 @@ def test_the_outer_step_against_a_hand_computed_example():
     assert d.step() is True and p.item() == pytest.approx(0.4876) and d.rounds == 2
 
 
+def test_outer_lr_1_without_momentum_is_parameter_averaging_and_bad_outer_values_are_refused():
+    p = nn.Parameter(torch.tensor([1.0]))
+    d = train.DiLoCo([p], every=1, outer_lr=1.0, outer_momentum=0.0)  # Nesterov needs momentum: plain SGD
+    with torch.no_grad():
+        p.fill_(0.8)
+    assert d.step() is True and p.item() == pytest.approx(0.8), "the start moves all the way: the average"
+    for lr, momentum in ((0.0, 0.9), (-1.0, 0.9), (11.0, 0.9), (0.7, 1.0), (0.7, -0.1), (float("nan"), 0.9)):
+        with pytest.raises(ValueError, match="outer_lr"):
+            train.DiLoCo([p], every=1, outer_lr=lr, outer_momentum=momentum)
+
+
 def test_training_that_ends_mid_round_takes_that_rounds_outer_step():
     p = nn.Parameter(torch.tensor([1.0]))
-    d = train.DiLoCo([p], every=4)
+    d = train.DiLoCo([p], every=4, **PAPER)
     assert d.finish() is False, "nothing taken since the last outer step"
     with torch.no_grad():
         p.fill_(0.8)
@@ -44,7 +57,7 @@ def test_training_that_ends_mid_round_takes_that_rounds_outer_step():
 
 def test_a_resumed_diloco_keeps_the_outer_momentum_and_restarts_the_round():
     p = nn.Parameter(torch.tensor([1.0]))
-    d = train.DiLoCo([p], every=2)
+    d = train.DiLoCo([p], every=2, **PAPER)
     with torch.no_grad():
         p.fill_(0.8)
     d.step(), d.step()
@@ -54,7 +67,7 @@ def test_a_resumed_diloco_keeps_the_outer_momentum_and_restarts_the_round():
     state = d.state_dict()
 
     q = nn.Parameter(torch.tensor([123.0]))
-    resumed = train.DiLoCo([q], every=2)
+    resumed = train.DiLoCo([q], every=2, **PAPER)
     resumed.load_state_dict(state)
     assert q.item() == pytest.approx(0.734), "from the round's start: the crashed round's inner steps are redone"
     assert resumed.rounds == 1 and resumed.steps == 2, "no outer step lost"
