@@ -44,13 +44,14 @@ def in_netns(lab, host: str, *argv: str, timeout: float = 60) -> subprocess.Comp
 
 
 @contextlib.contextmanager
-def three_hosts(prefix: str, *, mesh: bool, daemon_args: Sequence[str] = ()) -> Iterator[labmod.Lab]:
-    """A formed 3-host lab on uniform 10 ms links, for a module's tests; always torn down.
+def three_hosts(prefix: str, *, mesh: bool, daemon_args: Sequence[str] = (), rtt_ms: float = 10.0
+                ) -> Iterator[labmod.Lab]:
+    """A formed 3-host lab on uniform links (`rtt_ms`), for a module's tests; always torn down.
     `daemon_args`: extra swarmd flags for every host."""
     if os.geteuid() != 0:
         pytest.skip("netlab needs root (network namespaces); CI runs as root")
     name = f"{prefix}{uuid.uuid4().hex[:6]}"
-    hosts, links = topology.plan(3, topology.uniform(10.0))
+    hosts, links = topology.plan(3, topology.uniform(rtt_ms))
     lab = labmod.Lab.up(name, hosts, links, mesh=mesh, daemon_args=daemon_args)
     try:
         lab.wait_formed()
