@@ -20,13 +20,14 @@ Rules:
 - A pair theory rules out (``impossible``) lacks a direct path at the first unshaken
   observation, and is tried again only when a record's NAT or reflexive endpoint changes.
 - No flapping: a pair that lacks a direct path tries it again (``trying``: paths.py moves it
-  direct) once after ``quick_s`` (an end may have lagged: both must send to punch), then after
+  direct) ``CHANGE_TRIES - 1`` times ``quick_s`` apart (an end may have lagged: both must send
+  to punch, and the follower moves when the chooser's record reaches it), then after
   ``retry_s``, doubling after each failed try up to ``retry_max_s`` (but every ``quick_s``, for
   ``UNMEASURED_TRIES`` tries, while an end is not yet measured: its record has no NAT kind), and
-  at once (then once more after ``quick_s``) when either end's (nat, reflexive) changes (a new
-  mapping, a new verdict) or the endpoint we send its direct packets to does (its reflexive
-  endpoint attested at last): ``fingerprint``. A try that shows a handshake ends it; one
-  unshaken for ``grace_s`` on the direct path is a failure.
+  at once (then ``CHANGE_TRIES - 1`` times more, ``quick_s`` apart) when either end's (nat,
+  reflexive) changes (a new mapping, a new verdict) or the endpoint we send its direct packets
+  to does (its reflexive endpoint attested at last): ``fingerprint``. A try that shows a
+  handshake ends it; one unshaken for ``grace_s`` on the direct path is a failure.
 - What a member can do: its record's ``nat`` only picks a reason and whether a pairing is
   tried at once; a handshake is WireGuard's (authenticated), so no member can make a working
   pair look broken, or a broken one work. A member changing its record often makes its own
@@ -61,6 +62,12 @@ SESSION_S = 180.0  # WireGuard's REJECT_AFTER_TIME: a handshake older than this 
 # pair relayed at a loaded start-up and tried rarely kept a symmetric NAT unmeasured, and so relayed
 # to everyone, for good (CI: h5 unknown for the whole reach lab, every pair with it relayed).
 UNMEASURED_TRIES = 10
+# Tries, ``quick_s`` apart, that a pair gets from the moment it is found lacking or either end changes,
+# before the back-off. A punch with a symmetric NAT's end as the chooser needs the follower behind an
+# address-restricted cone to send first, within one grace of the chooser's move: on a loaded host the
+# chooser's record can reach it late, so two tries failed in CI (a pair theory allows stayed relayed for
+# the 10 minutes of the back-off). Each failed try costs the pair up to ``grace_s`` without a path.
+CHANGE_TRIES = 3
 
 
 def nated(kind: object) -> bool:
@@ -117,7 +124,7 @@ class _Lacking:
     failures: int = 0  # tries that failed in a row
     retry_at: float | None = None  # None: only when a record changes (impossible by theory)
     trying_since: float | None = None  # a try of the direct path is under way
-    quick: bool = False  # a failure of the try under way is retried after quick_s (it followed a change)
+    quick: int = 0  # failures from now on retried after quick_s, not backed off (CHANGE_TRIES)
 
 
 class DirectWatch:
@@ -143,7 +150,7 @@ class DirectWatch:
         if lack is not None and lack.trying_since is None and (
                 lack.fingerprint != fingerprint or (lack.retry_at is not None and now >= lack.retry_at)):
             if lack.fingerprint != fingerprint:  # a new mapping or verdict: try at once, back-off anew
-                lack.fingerprint, lack.failures, lack.quick = fingerprint, 0, True
+                lack.fingerprint, lack.failures, lack.quick = fingerprint, 0, CHANGE_TRIES - 1
             lack.trying_since = now
             self.tries += 1
         if on_direct and unshaken:
@@ -158,20 +165,22 @@ class DirectWatch:
         if lack is None:
             if since is not None and (now - since >= self.grace_s or impossible(*nats)):
                 self._lack[peer] = _Lacking(since=now, fingerprint=fingerprint, reason=reason(*nats),
-                                            retry_at=None if impossible(*nats) else now + self.quick_s)
+                                            retry_at=None if impossible(*nats) else now + self.quick_s,
+                                            quick=CHANGE_TRIES - 2)  # this was a try; the next is quick
                 self.declared += 1
         elif lack.trying_since is not None and on_direct:
             if not unshaken:
                 del self._lack[peer]  # a handshake on the direct path: it works now
             elif since is not None and now - since >= self.grace_s:
-                if lack.quick:
+                if lack.quick > 0:
                     delay = self.quick_s
+                    lack.quick -= 1
                 else:
                     lack.failures += 1
                     delay = min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
                     if None in nats and lack.failures <= UNMEASURED_TRIES:
                         delay = self.quick_s  # an end not yet measured: its measurement may need this path
-                lack.since, lack.trying_since, lack.reason, lack.quick = now, None, reason(*nats), False
+                lack.since, lack.trying_since, lack.reason = now, None, reason(*nats)
                 lack.retry_at = None if impossible(*nats) else now + delay
 
     def forget(self, keep: Iterable[str]) -> None:

@@ -101,6 +101,23 @@ def as_expected(lab) -> tuple[bool, dict]:
     return not wrong, wrong
 
 
+def why_not(lab) -> dict:
+    """A failed wait's evidence: for each pair off theory's path, both ends' direct-path state (tries,
+    failures, the next try) and WireGuard row (endpoint, handshake age), as `swarmctl route` and
+    `mesh` tell them."""
+    out = {}
+    for pair in as_expected(lab)[1]:
+        host, other = pair.split("->")
+        try:
+            route = call(lab, host, "route", peer=lab.state.host(other).peer_id)
+            row = paths(lab, host).get(other, {})
+            out[pair] = {"role": route["role"], "reason": route["reason"], "direct_path": route["direct_path"],
+                         "row": {k: row.get(k) for k in ("path", "endpoint", "handshake_age_s", "reflexive")}}
+        except Exception as exc:  # evidence only: the wait has failed already
+            out[pair] = repr(exc)
+    return out
+
+
 def overlay(lab, host: str) -> str:
     return call(lab, host, "status")["mesh"]["address"]
 
@@ -129,7 +146,7 @@ def test_each_host_learns_from_members_how_it_is_reached(nl):
 
 def test_every_pair_meshes_directly_where_theory_allows_and_through_a_member_otherwise(nl):
     until(lambda: as_expected(nl)[0], CONVERGE_S, "every pair on the path theory says",
-          interval=2.0, detail=lambda: as_expected(nl)[1])
+          interval=2.0, detail=lambda: why_not(nl))
     # the endpoint h3 punched to comes with h4's record, which can trail the handshake by a round
     until(lambda: paths(nl, "h3")["h4"]["reflexive"], 30, "h3 knowing h4's reflexive endpoint", interval=1.0,
           detail=lambda: paths(nl, "h3")["h4"])
@@ -232,7 +249,7 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
     took = until(lambda: announced() not in (None, before), 150, "h4's record naming its new mapping", interval=1.0,
                  detail=observations)
     print(f"new mapping {announced()} announced {took:.1f} s later")
-    until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: as_expected(nl)[1])
+    until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: why_not(nl))
     # the job trained on through it (or, had it lost a host, resumed from its checkpoint)
     until(lambda: call(nl, "h3", "jobs.show", id=job)["state"] in ("succeeded", "failed", "cancelled"), 240,
           "the job ended", interval=2.0)
@@ -301,4 +318,4 @@ def test_members_lying_about_reachability_change_nothing(nl):
     assert refused.get("ask_rate", 0) >= 5, (refused, flood)
     # and everyone is still reached as before, on the paths theory says
     assert call(nl, "h5", "status")["reach"]["nat"] == "edm"
-    until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: as_expected(nl)[1])
+    until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: why_not(nl))

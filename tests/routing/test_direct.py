@@ -78,8 +78,10 @@ def test_retries_are_rare_and_back_off():
     assert w.lacking("b") == dp.SYMMETRIC
     tries = tries_of(w, ("edm", "eim"), 4000)
     gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
-    assert tries[0] == 40.0, "the first try soon (an end may have lagged), the next after 2 x retry_s"
-    assert gaps[:3] == [611, 1211, 1211], "doubling (plus the try's grace), capped at retry_max_s"
+    assert tries[0] == 40.0 and gaps[0] == 41, \
+        "CHANGE_TRIES in all soon (an end may have lagged: the first was the set-up), the next after 2 x retry_s"
+    assert dp.CHANGE_TRIES == 3 and gaps[1:4] == [611, 1211, 1211], \
+        "doubling (plus the try's grace), capped at retry_max_s"
     assert w.lacking("b") in (None, dp.SYMMETRIC) and w.tries == len(tries)
 
 
@@ -92,14 +94,16 @@ def test_a_pair_with_an_unmeasured_end_keeps_trying_soon_then_backs_off():
     assert w.lacking("b") == dp.NO_DIRECT
     tries = tries_of(w, ("public", None), 4000)
     gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
-    assert tries[0] == 40.0 and gaps[:dp.UNMEASURED_TRIES] == [41] * dp.UNMEASURED_TRIES, \
+    quick = dp.UNMEASURED_TRIES + dp.CHANGE_TRIES - 2
+    assert tries[0] == 40.0 and gaps[:quick] == [41] * quick, \
         "every quick_s (plus the try's grace) while an end is unmeasured"
-    assert gaps[dp.UNMEASURED_TRIES] == 1211, "then the back-off, at its cap"
+    assert gaps[quick] == 1211, "then the back-off, at its cap"
     measured = watch()
     measured.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", "edm"))
     measured.observe(10.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("public", "edm"))
     both = tries_of(measured, ("public", "edm"), 2000)
-    assert round(both[1] - both[0]) == 611, "a measured pair backs off at once"
+    assert [round(b - a) for a, b in zip(both, both[1:])][:2] == [41, 611], \
+        "a measured pair backs off after its quick tries"
 
 
 def test_a_try_that_shakes_hands_ends_the_lack():
@@ -129,13 +133,17 @@ def test_a_changed_mapping_or_verdict_retries_at_once():
     w.observe(52.0, "b", on_direct=False, unshaken=False, fingerprint=moved, nats=("eim", "eim"))
     w.observe(53.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
     w.observe(63.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
-    assert w.lacking("b") == dp.NO_DIRECT and w.row(63.0, "b")["retry_in_s"] == 600, "then the back-off"
+    assert w.lacking("b") == dp.NO_DIRECT and w.row(63.0, "b")["retry_in_s"] == 30, "CHANGE_TRIES in all soon"
+    w.observe(93.0, "b", on_direct=False, unshaken=False, fingerprint=moved, nats=("eim", "eim"))
+    w.observe(94.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
+    w.observe(104.0, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=("eim", "eim"))
+    assert w.lacking("b") == dp.NO_DIRECT and w.row(104.0, "b")["retry_in_s"] == 600, "then the back-off"
     edm = ((("edm", "1.1.1.1:1"), ("edm", "2.2.2.2:3")))
-    w.observe(64.0, "b", on_direct=False, unshaken=False, fingerprint=edm, nats=("edm", "edm"))
+    w.observe(105.0, "b", on_direct=False, unshaken=False, fingerprint=edm, nats=("edm", "edm"))
     assert w.trying("b"), "a change is tried even where theory rules it out: the records may be wrong"
-    w.observe(65.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
-    w.observe(75.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
-    assert w.lacking("b") == dp.SYMMETRIC and w.row(75.0, "b")["retry_in_s"] is None
+    w.observe(106.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
+    w.observe(116.0, "b", on_direct=True, unshaken=True, fingerprint=edm, nats=("edm", "edm"))
+    assert w.lacking("b") == dp.SYMMETRIC and w.row(116.0, "b")["retry_in_s"] is None
 
 
 def test_forget_and_bad_config():

@@ -75,10 +75,13 @@ def test_relayed_for_lack_of_a_direct_path_retries_rarely_and_stays_when_it_work
     assert run(p, w, 40, 40) == [UsePath(peer="b", relay=None)], "the first try soon: the other end may have lagged"
     assert run(p, w, 41, 50) == [], "the try's grace (from its first observation on the direct path)"
     assert run(p, w, 51, 51) == [UsePath(peer="b", relay="r")], "failed: back on the relay"
-    assert run(p, w, 52, 650) == [], "the next try after twice retry_s"
-    assert run(p, w, 651, 652) == [UsePath(peer="b", relay=None)]
+    assert run(p, w, 52, 80) == [] and run(p, w, 81, 81) == [UsePath(peer="b", relay=None)], \
+        "CHANGE_TRIES in all soon (the first was the set-up)"
+    assert run(p, w, 82, 92) == [UsePath(peer="b", relay="r")]
+    assert run(p, w, 93, 691) == [], "the next try after twice retry_s"
+    assert run(p, w, 692, 693) == [UsePath(peer="b", relay=None)]
     w.unshaken = set()  # the punch worked this time
-    assert run(p, w, 923, 2000, step=5) == [] and p.path("b") is None and p.reason("b") is None
+    assert run(p, w, 964, 2000, step=5) == [] and p.path("b") is None and p.reason("b") is None
 
 
 def test_a_new_reflexive_endpoint_retries_direct_at_once():
@@ -105,13 +108,13 @@ def test_a_symmetric_nats_port_per_observer_retries_nothing():
     # an edm end's reflexive port is the one its last observers saw: it changes every reach round
     w, p = nat_world("eim", "edm"), Paths("a")
     w.unshaken = {"b"}
-    run(p, w, 0, 60)  # found lacking, and the first try failed
-    assert p.path("b") == "r"
-    for t, port in ((61, 31813), (81, 49113), (101, 2000)):
+    run(p, w, 0, 100)  # found lacking, and its quick tries failed
+    assert p.path("b") == "r" and p.direct.row(100, "b")["retry_in_s"] > 500
+    for t, port in ((101, 31813), (121, 49113), (141, 2000)):
         w.nat["b"] = ("edm", f"203.0.113.2:{port}")
         assert run(p, w, t, t + 19) == [], "a new port of the same symmetric NAT is no new mapping"
     w.nat["b"] = ("edm", "192.0.2.7:2000")  # a new public IP is
-    assert run(p, w, 121, 121) == [UsePath(peer="b", relay=None)]
+    assert run(p, w, 161, 161) == [UsePath(peer="b", relay=None)]
 
 
 def test_without_a_public_relay_the_pair_stays_direct_and_asks_for_legs():
