@@ -7,6 +7,9 @@ train, the base stays frozen); the forward and backward passes run under bf16 au
 inner optimiser is torch's AdamW on the adapters. Only the adapters cross the network: `--sync
 diloco:H` (the default) sends their outer gradient every H steps (`--compression` fp16 or int8),
 `ddp` all-reduces their gradients every step, `local:H` averages them every H steps (swarmd.train).
+`--qlora` quantises the frozen base to 4-bit NF4 first (bitsandbytes' `Linear4bit`, computing
+in bf16; its CPU backend here, CUDA's on a GPU): QLoRA, the adapters trained over a base a
+quarter of its bf16 size.
 
     swarmctl jobs run --nodes 2 --max-restarts 2 --workdir examples -- python lora_smollm2.py
     torchrun --nproc-per-node 2 examples/lora_smollm2.py        # the same script, locally
@@ -79,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", type=Path, help="rank 0 writes the adapter here at the end")
     p.add_argument("--export-int8", action="store_true", help="with --save: also the merged model, int8 Linear")
+    p.add_argument("--qlora", action="store_true", help="the frozen base in 4-bit NF4 (bitsandbytes)")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "rank", "threads"):
         if getattr(args, name) < 1:
@@ -89,7 +93,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--lr: between 0 and 1")
     if args.export_int8 and args.save is None:
         p.error("--export-int8 needs --save")
+    if args.export_int8 and args.qlora:
+        p.error("--export-int8 merges into the full-precision base, --qlora has a 4-bit one: "
+                "save the adapter (--save) and merge it into the model without --qlora")
     return args
+
+
+def nf4(model: torch.nn.Module, keep: tuple[str, ...] = ("lm_head",)) -> torch.nn.Module:
+    """QLoRA's base: every ``nn.Linear`` of ``model`` (but those named in ``keep``: the output
+    head shares the embedding's weights) replaced in place by bitsandbytes' 4-bit NF4
+    ``Linear4bit`` holding the same weights, frozen, computing in bf16. transformers'
+    ``quantization_config`` cannot be used: it refuses a GGUF-loaded model (DESIGN)."""
+    import bitsandbytes as bnb
+
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) is torch.nn.Linear and name not in keep]
+    for parent, name, child in linears:
+        q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                              compute_dtype=torch.bfloat16, quant_type="nf4", device="meta")
+        q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
+        if child.bias is not None:
+            q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+        setattr(parent, name, q.to(child.weight.device))  # the move quantises
+    return model
 
 
 def encode(tokenizer, pairs: list[tuple[str, str]]) -> list[list[int]]:
@@ -161,12 +187,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     loaded = time.perf_counter()
     tokenizer, _, base = load(gguf_path())
+    if args.qlora:
+        nf4(base)
     config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                         task_type="CAUSAL_LM")
     model = get_peft_model(base, config)  # the adapters start the same on every rank (the seed; DiLoCo
     # and DDP also take rank 0's at the start)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    everything = sum(p.numel() for p in model.parameters())
+    everything = sum(p.numel() * (2 if p.dtype == torch.uint8 else 1) for p in model.parameters())  # NF4: 2 a byte
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     examples = encode(tokenizer, CORPUS)
     mine = examples[rank::world] or examples  # this rank's shard (more ranks than examples: all)
@@ -187,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     before = corpus_loss(model, examples, pad)
     if rank == 0:
         print(f"{MODEL_NAME}: {trainable:,} of {everything:,} parameters train ({100 * trainable / everything:.2f} %), "
-              f"loaded in {time.perf_counter() - loaded:.1f} s; world {world}; sync: {sync.describe()}", flush=True)
+              f"loaded in {time.perf_counter() - loaded:.1f} s{'; base in 4-bit NF4' if args.qlora else ''}; world {world}; "
+              f"sync: {sync.describe()}", flush=True)
         print(f"loss before {before:.4f}", flush=True)
 
     model.train()

@@ -1,5 +1,6 @@
 """examples/lora_smollm2.py's own parts, without the model: its arguments, its batches (padding is
-never learnt), its checkpoints (the newest whole one; a half-written or foreign file is not one)."""
+never learnt), its checkpoints (the newest whole one; a half-written or foreign file is not one),
+and its QLoRA path on a small Llama of the same architecture (bitsandbytes' CPU backend)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_defaults_fine_tune_with_diloco_on_the_adapters():
     (["--steps", "0"], "--steps"), (["--batch", "0"], "--batch"), (["--rank", "-1"], "--rank"),
     (["--threads", "0"], "--threads"), (["--lr", "0"], "--lr"), (["--lr", "2"], "--lr"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"), (["--export-int8"], "--save"),
-    (["--compression", "int4"], "--compression")])
+    (["--compression", "int4"], "--compression"), (["--qlora", "--save", "x", "--export-int8"], "--qlora")])
 def test_bad_arguments_are_refused_naming_them(argv, says, capsys):
     with pytest.raises(SystemExit) as exc:
         lora.parse_args(argv)
@@ -54,3 +55,62 @@ def test_the_newest_whole_checkpoint_is_resumed(tmp_path):
 def test_the_corpus_is_question_and_answer_text():
     assert len(lora.CORPUS) >= 8
     assert all(isinstance(q, str) and isinstance(a, str) and q.endswith("?") and a for q, a in lora.CORPUS)
+
+
+def small_llama():
+    """SmolLM2's architecture at a size a unit test trains in a second."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+def fine_tune(model, ids: torch.Tensor, steps: int = 30) -> list[float]:
+    """LoRA adapters on every projection (a random model learns slowly through q and v alone),
+    trained as the example does (bf16 autocast, AdamW): the loss at each step."""
+    from peft import LoraConfig, get_peft_model
+
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=every, task_type="CAUSAL_LM"))
+    trained = [p for p in peft_model.parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n, p in peft_model.named_parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(trained, lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = peft_model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is in the models extra")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft 0.21 asks
+def test_qlora_trains_adapters_over_a_frozen_4_bit_base_as_lora_does_over_the_full_one():
+    import bitsandbytes as bnb
+
+    ids = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
+    model = small_llama()
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+    full_bytes = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
+    lora.nf4(model)
+    quantised = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(quantised) == 2 * 7 and not isinstance(model.lm_head, bnb.nn.Linear4bit), \
+        "every projection of both layers, not the head tied to the embedding"
+    assert all(m.weight.dtype == torch.uint8 and m.weight.quant_type == "nf4" for m in quantised)
+    assert sum(m.weight.numel() for m in quantised) * 8 <= full_bytes, "two 4-bit weights a byte: an 8th of fp32"
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        close = model(input_ids=ids).logits.float()
+    assert (close - full).abs().mean() < 0.1 * full.abs().mean(), "NF4 keeps the model's outputs"
+
+    base = [m.weight.data.clone() for m in quantised]
+    qlora = fine_tune(model, ids)
+    plain = fine_tune(small_llama(), ids)
+    assert qlora[-1] < 0.85 * qlora[0], [round(v, 2) for v in qlora]
+    assert abs(qlora[-1] - plain[-1]) < 0.15, ("QLoRA learns as LoRA does", qlora[-1], plain[-1])
+    assert all(torch.equal(m.weight.data, b) for m, b in zip(quantised, base)), "the 4-bit base stays frozen"
