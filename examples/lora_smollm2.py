@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     before = corpus_loss(model, examples, pad)
     if rank == 0:
         print(f"{MODEL_NAME}: {trainable:,} of {everything:,} parameters train ({100 * trainable / everything:.2f} %), "
-              f"loaded in {time.perf_counter() - loaded:.1f} s{'; base in 4-bit NF4' if args.qlora else ''}; world {world}; "
-              f"sync: {sync.describe()}", flush=True)
+              f"loaded in {time.perf_counter() - loaded:.1f} s{'; base in 4-bit NF4' if args.qlora else ''}; "
+              f"world {world}; sync: {sync.describe()}", flush=True)
         print(f"loss before {before:.4f}", flush=True)
 
     model.train()
