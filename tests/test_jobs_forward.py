@@ -179,17 +179,14 @@ def test_a_job_that_is_not_running_and_bad_ports_are_refused_before_listening(no
 
 
 @root_only()
-def test_another_users_job_cannot_be_forwarded(make_daemon, tmp_path):
-    from test_rpc_access import MEMBER, OTHER_MEMBER, _group, as_user
+def test_another_users_job_cannot_be_forwarded(make_daemon):
+    from test_rpc_access import MEMBER, OTHER_MEMBER, _group, as_user, let_others_reach
 
     from sim.netlab.lab import job_user
 
     group = _group()
     d = make_daemon(args=["--job-user", job_user(), "--socket-group", group.gr_name])
-    for parent in d.socket.parents:
-        parent.chmod(parent.stat().st_mode | 0o001)
-        if parent == tmp_path.parent.parent:
-            break
+    let_others_reach(d.socket)
     d.call("swarm.init")
     wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
     outcome = as_user(d, MEMBER, [group.gr_gid], "jobs.run", spec={"cmd": ["sleep", "600"]}, detach=True)

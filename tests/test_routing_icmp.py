@@ -33,7 +33,8 @@ def test_checksum_is_the_internet_checksum():
     assert icmp.checksum(b"\x00\x01" * 40_000) == ~40_000 & 0xFFFF
 
 
-@pytest.mark.parametrize("ident, seq", [(0, 0), (1, 2), (0xFFFF, 0xFFFF), (os.getpid() & 0xFFFF, 4242)])
+@pytest.mark.parametrize("ident, seq", [(0, 0), (1, 2), (0xFFFF, 0xFFFF), (os.getpid() & 0xFFFF, 4242)],
+                         ids=["zero", "small", "top", "our-pid"])  # named: the pid differs per process
 def test_an_echo_request_is_well_formed(ident, seq):
     packet = icmp.echo_request(ident, seq)
     kind, code, _, got_ident, got_seq = struct.unpack("!BBHHH", packet[:8])

@@ -58,18 +58,25 @@ def as_user(d, uid: int, groups: list[int], method: str, stream: bool = False, *
     return pickle.loads(data)
 
 
+def let_others_reach(path: Path) -> None:
+    """Other uids may pass through pytest's 0700 directories to ``path`` (searched, not listed),
+    every one of them up to the system's temporary directory (xdist's workers nest one more)."""
+    top = Path(tempfile.gettempdir()).resolve()
+    for parent in path.resolve().parents:
+        if parent == top or top not in parent.parents:
+            break
+        parent.chmod(parent.stat().st_mode | 0o001)
+
+
 @pytest.fixture
-def node(make_daemon, tmp_path):
+def node(make_daemon):
     from sim.netlab.lab import job_user
 
     group = _group()
     jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))
     jobs_dir.chmod(0o711)
     d = make_daemon(args=["--jobs-dir", str(jobs_dir), "--job-user", job_user(), "--socket-group", group.gr_name])
-    for parent in d.socket.parents:  # let other uids reach the socket through pytest's 0700 dirs
-        parent.chmod(parent.stat().st_mode | 0o001)
-        if parent == tmp_path.parent.parent:
-            break
+    let_others_reach(d.socket)
     d.call("swarm.init")
     wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
     d.gid = group.gr_gid

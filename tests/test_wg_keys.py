@@ -202,7 +202,8 @@ PROOF = keys.prove(PAIR.private, MESSAGE)
     ((2**255 - 20).to_bytes(32, "little"), MESSAGE, PROOF),  # u = -1: no Edwards point
     ((2**255 - 1).to_bytes(32, "little"), MESSAGE, PROOF),  # not canonical
     (bytes(32), MESSAGE, PROOF),  # a low-order point
-])
+], ids=["wrong-key", "wrong-message", "R-tampered", "s-tampered", "short", "another-key's", "short-key", "no-point",
+        "not-canonical", "low-order"])  # named: a proof has a fresh nonce, each collection its own bytes
 def test_proof_refused(public, message, proof):
     assert not keys.verify_proof(public, message, proof)
 
