@@ -61,6 +61,7 @@ from ..host.sandbox.box import Sandbox, Settings
 from ..host.worker import StartRequest, Worker, stop_orphans
 from ..ids import host_dir
 from ..messages import TOKEN
+from ..nursery import lone_error
 from ..ports import Swarm
 from ..spec import MAX_TEXT, JobSpec, SpecError, describe
 from ..succession import Charter, check_removed, quorum, spec_digest, takeover
@@ -407,7 +408,7 @@ class Jobs:
         run = live.run
         superseded: Superseded | None = None
         try:
-            async with trio.open_nursery() as nursery:
+            async with lone_error(), trio.open_nursery() as nursery:  # a HostError or Superseded as itself
                 nursery.start_soon(live.hub.replicator, run, lambda: live.hosts,
                                    lambda: self._rtt(self.gossip.view()))
                 if resume:

@@ -59,7 +59,7 @@ import pwd
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,7 @@ from ..checkpoints.rules import KEEP as CHECKPOINT_KEEP, is_sha256
 from ..forward import Forwards
 from ..ids import check_job_id, host_dir
 from ..ledger import Cancel, Grant, Ledger, Refusal
+from ..nursery import lone_error
 from ..output import RankOutput
 from ..spec import Serve
 from ..succession import Charter, Fence
@@ -462,7 +463,7 @@ class Worker:
                 if serving is not None:
                     self.serving[key] = serving
                 self.changed()
-                async with _unwrapped(), trio.open_nursery() as nursery:
+                async with lone_error(), trio.open_nursery() as nursery:
                     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                         codes.update(await executor.run(task_status=task_status))
                         wake.set()
@@ -814,24 +815,6 @@ async def _flusher(out: RankOutput) -> None:
     while True:
         await trio.sleep(OUTPUT_BATCH)
         out.flush()
-
-
-@contextlib.asynccontextmanager
-async def _unwrapped() -> AsyncIterator[None]:
-    """A nursery's lone error as itself (an ExecutorError, the coordinator's stream breaking),
-    so callers handle it by its type rather than as an ExceptionGroup."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        yield from _leaves(exc) if isinstance(exc, BaseExceptionGroup) else (exc,)
 
 
 def stop_orphans(jobs_dir: Path) -> list[int]:
