@@ -25,6 +25,10 @@ every step and only the groups sync every H steps. The sync state (DiLoCo's oute
 momentum and the round's start) is in the checkpoint: a restart loses no outer step.
 
     swarmctl jobs run --nodes 3 --groups auto --workdir examples -- python ddp_digits.py --sync diloco:16
+
+`--sync torch-postlocal:H` is the anchor `make bench` sets beside them: torch's own
+PostLocalSGDOptimizer (DDP for the first H steps, then each rank alone, the models averaged
+every H steps; no resume of its state, and no groups).
 """
 
 from __future__ import annotations
@@ -53,6 +57,54 @@ def data(seed: int) -> tuple[TensorDataset, TensorDataset]:
     y = torch.tensor(digits.target, dtype=torch.long)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
     return TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
+
+
+class TorchPostLocalSGD:
+    """torch's PostLocalSGDOptimizer behind the few calls the script makes of a swarmd.train
+    plan: DDP with torch's post-local-SGD hook (a global all-reduce for the first H steps, then
+    within each rank's subgroup, here the rank alone: gloo needs one given), the optimiser
+    wrapped to average the models every H steps after that."""
+
+    def __init__(self, every: int) -> None:
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        self.every, self.syncs, self.params = every, 0, []
+        self.averager = PeriodicModelAverager(period=every, warmup_steps=every)
+
+    def describe(self) -> str:
+        return f"torch's PostLocalSGDOptimizer: ddp for {self.every} steps, then averaging every {self.every}"
+
+    def wrap(self, model: nn.Module, **ddp) -> nn.Module:
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+
+        self.params = list(model.parameters())
+        alone, _ = dist.new_subgroups_by_enumeration([[r] for r in range(dist.get_world_size())])
+        wrapped = nn.parallel.DistributedDataParallel(model, **ddp)
+        wrapped.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=alone,
+                                                     start_localSGD_iter=self.every), post_localSGD_hook)
+        return wrapped
+
+    def optimizer(self, inner: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        return PostLocalSGDOptimizer(optim=inner, averager=self.averager)
+
+    def step(self) -> bool:
+        done = self.averager.step - 1  # the step just taken: averaged from H on, every H (torch's rule)
+        synced = done >= self.every and done % self.every == 0
+        self.syncs += synced
+        return synced
+
+    def finish(self) -> None:
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        average_parameters(iter(self.params), dist.group.WORLD)  # one model to test, as the others end with
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 CHECKPOINT = re.compile(r"epoch-(\d+)\.pt")
@@ -106,10 +158,15 @@ def main() -> None:
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=max(1, args.global_batch // world), sampler=sampler)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    sync = swarm_train.plan(args.sync, compression=args.compression, outer_lr=args.outer_lr,
-                            outer_momentum=args.outer_momentum)
+    if (anchor := re.fullmatch(r"torch-postlocal:([1-9]\d{0,3})", args.sync)) is not None:
+        sync = TorchPostLocalSGD(int(anchor.group(1)))
+    else:
+        sync = swarm_train.plan(args.sync, compression=args.compression, outer_lr=args.outer_lr,
+                                outer_momentum=args.outer_momentum)
     ddp = sync.wrap(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if anchor is not None:
+        optimizer = sync.optimizer(optimizer)
     loss_fn = nn.CrossEntropyLoss()
     first_epoch = 0
     if (newest := newest_checkpoint(ckpt_dir)) is not None:

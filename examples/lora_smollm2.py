@@ -22,10 +22,11 @@ outer step).
 
 Elastic: every --checkpoint-every steps rank 0 saves the adapters, the optimiser, the step and
 the sync state (DiLoCo's round start and outer momentum) into $SWARM_CHECKPOINT_DIR (a
-temporary name, then a rename); a restart loads the newest and prints `resumed from step N`,
-so it loses at most the inner steps since, never an outer step. `--save DIR` writes the
-fine-tuned adapter (peft's format) at the end, and with `--export-int8` the merged model's
-weights with its Linear layers quantised to int8 (torch's dynamic quantisation).
+temporary name, then a rename); a restart loads the newest and prints `resumed from step N`
+with the outer steps taken before it, so it loses at most the inner steps since, never an
+outer step (the last line counts them all). `--save DIR` writes the fine-tuned adapter (peft's
+format) at the end, and with `--export-int8` the merged model's weights with its Linear layers
+quantised to int8 (torch's dynamic quantisation).
 """
 
 from __future__ import annotations
@@ -210,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         sync.load_state_dict(state["sync"])
         first = state["step"]
         if rank == 0:
+            done = f", {sync.rounds} outer steps done" if sync.rounds is not None else ""
             print(f"resumed from step {first} ({newest.name}, restart "
-                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
+                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}{done})", flush=True)
     before = corpus_loss(model, examples, pad)
     if rank == 0:
         print(f"{MODEL_NAME}: {trainable:,} of {everything:,} parameters train ({100 * trainable / everything:.2f} %), "
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
 
     model.train()
     started, busy, generator = time.perf_counter(), 0.0, torch.Generator().manual_seed(args.seed * 1000 + rank)
+    tokens = torch.zeros(1)  # this rank's tokens trained on (padding aside), summed over the ranks at the end
     for step in range(first, args.steps):
         order = torch.randperm(len(mine), generator=generator)[:args.batch].tolist()
         ids, mask, labels = batch_of([mine[i] for i in order], pad)
@@ -231,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         loss.backward()
         optimizer.step()
         busy += time.perf_counter() - began  # forward, backward and the inner step: compute
+        tokens += mask.sum()
         synced = sync.step()
         if rank == 0:
             print(f"step {step + 1:3d}  loss {loss.item():.4f}{'  (synced)' if synced else ''}", flush=True)
@@ -240,11 +244,16 @@ def main(argv: list[str] | None = None) -> None:
                                                  "optimizer": optimizer.state_dict(), "sync": sync.state_dict()})
     sync.finish()  # every rank leaves with the one model
     elapsed = max(time.perf_counter() - started, 1e-9)
+    dist.all_reduce(tokens)
     model.eval()
     after = corpus_loss(model, examples, pad)
     if rank == 0:
+        steps = max(args.steps - first, 1)
+        sent = f"; {sync.diloco.sent / steps:.0f} bytes sent per step" if sync.diloco is not None else ""
         print(f"loss after {after:.4f}: fell {100 * (before - after) / before:.1f} %; "
-              f"compute {100 * busy / elapsed:.0f} % of {elapsed:.1f} s; {sync.syncs} syncs", flush=True)
+              f"compute {100 * busy / elapsed:.0f} % of {elapsed:.1f} s; {tokens.item() / elapsed:.0f} tokens/s; "
+              f"{sync.syncs} syncs" + (f"; {sync.rounds} outer steps in all" if sync.rounds is not None else "")
+              + sent, flush=True)
         if args.save is not None:
             export(model, tokenizer, args.save, args.export_int8)
             print(f"saved to {args.save}", flush=True)

@@ -154,6 +154,11 @@ class Plan:
     _averager: Any = None
     _params: list[nn.Parameter] = field(default_factory=list)
 
+    @property
+    def rounds(self) -> int | None:
+        """DiLoCo's outer steps since the job began (a checkpoint's carry on), else None."""
+        return self.diloco.rounds if self.diloco is not None else None
+
     def describe(self) -> str:
         groups = " | ".join(",".join(map(str, g)) for g in self.layout.groups)
         if self.mode == "ddp":

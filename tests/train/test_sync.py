@@ -152,14 +152,15 @@ def _train(rank, world):
             dist.all_gather(gathered, flat)
             agree.append(all(torch.equal(g, gathered[0]) for g in gathered))
         losses.append(loss.item())
-    return {"mode": plan.mode, "synced": synced, "agree": agree, "sent": plan.diloco.sent, "losses": losses}
+    return {"mode": plan.mode, "synced": synced, "agree": agree, "sent": plan.diloco.sent, "losses": losses,
+            "rounds": plan.rounds}
 
 
 def test_three_ranks_agree_after_every_outer_step(tmp_path):
     results = run(_train, 3, tmp_path, env_of=lambda r: {"GROUP_WORLD_SIZE": "3", "GROUP_RANK": str(r),
                                                           "LOCAL_WORLD_SIZE": "1"})
     for r in results:
-        assert r["mode"] == "flat" and r["synced"] == [3, 7, 11] and all(r["agree"]), r
+        assert r["mode"] == "flat" and r["synced"] == [3, 7, 11] and r["rounds"] == 3 and all(r["agree"]), r
         assert r["losses"][-1] < r["losses"][0]
         fp32 = 3 * train.compress.wire_bytes(18, "fp32", 3)
         assert 0 < r["sent"] < fp32 / 2, "int8: under half what three fp32 ring all-reduces of 18 values send"
