@@ -20,9 +20,11 @@ host resumes where it was:
 Across the internet (`--sync`, swarmd.train): `ddp` all-reduces every step (the default);
 `local:H` averages the models every H steps (torch's PeriodicModelAverager); `diloco:H`
 takes H inner steps, then DiLoCo's outer step on the averaged outer gradient, sent as
-`--compression fp16` or `int8`. With `jobs run --groups auto` the hosts near each other sync
-every step and only the groups sync every H steps. The sync state (DiLoCo's outer
-momentum and the round's start) is in the checkpoint: a restart loses no outer step.
+`--compression fp16` or `int8`; `--fragments F --overlap T` streams it (Streaming DiLoCo: F
+parts in turn, each sync overlapped with T inner steps). With `jobs run --groups auto` the
+hosts near each other sync every step and only the groups sync every H steps. The sync
+state (DiLoCo's outer momentum and the round's start) is in the checkpoint: a restart loses
+no outer step.
 
     swarmctl jobs run --nodes 3 --groups auto --workdir examples -- python ddp_digits.py --sync diloco:16
 
@@ -143,6 +145,9 @@ def main() -> None:
     p.add_argument("--outer-lr", type=float, default=swarm_train.OUTER_LR, help="diloco's outer learning rate")
     p.add_argument("--outer-momentum", type=float, default=swarm_train.OUTER_MOMENTUM,
                    help="diloco's outer Nesterov momentum")
+    p.add_argument("--fragments", type=int, default=1,
+                   help="diloco: sync the model in this many parts in turn (Streaming DiLoCo)")
+    p.add_argument("--overlap", type=int, default=0, help="diloco: each sync overlapped with this many inner steps")
     p.add_argument("--min-epoch-s", type=float, default=0.0,
                    help="pace each epoch to at least this long (a demo's time to crash a host mid-run)")
     args = p.parse_args()
@@ -161,8 +166,11 @@ def main() -> None:
     if (anchor := re.fullmatch(r"torch-postlocal:([1-9]\d{0,3})", args.sync)) is not None:
         sync = TorchPostLocalSGD(int(anchor.group(1)))
     else:
-        sync = swarm_train.plan(args.sync, compression=args.compression, outer_lr=args.outer_lr,
-                                outer_momentum=args.outer_momentum)
+        try:
+            sync = swarm_train.plan(args.sync, compression=args.compression, outer_lr=args.outer_lr,
+                                    outer_momentum=args.outer_momentum, fragments=args.fragments, delay=args.overlap)
+        except ValueError as exc:
+            p.error(str(exc))
     ddp = sync.wrap(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if anchor is not None:
@@ -188,7 +196,7 @@ def main() -> None:
     for epoch in range(first_epoch, args.epochs):
         epoch_started = time.perf_counter()
         sampler.set_epoch(epoch)
-        total = torch.zeros(2, device=device)  # summed loss, samples
+        total = torch.zeros(2, device=device)  # summed loss, samples (this rank's)
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
@@ -200,10 +208,11 @@ def main() -> None:
             if not stepped and rank == 0:
                 print(f"first step at {time.time():.3f}", flush=True)
             stepped = True
-        dist.all_reduce(total)
         seen += int(total[1].item())
-        if rank == 0 and (epoch % args.log_every == args.log_every - 1 or epoch == first_epoch):
-            print(f"epoch {epoch + 1:3d}  loss {total[0].item() / total[1].item():.4f}", flush=True)
+        if epoch % args.log_every == args.log_every - 1 or epoch == first_epoch:  # the same epochs on every rank
+            dist.all_reduce(total)  # a collective only when logged: over a WAN each costs round trips
+            if rank == 0:
+                print(f"epoch {epoch + 1:3d}  loss {total[0].item() / total[1].item():.4f}", flush=True)
         if rank == 0 and ckpt_dir is not None:
             save_checkpoint(ckpt_dir, epoch, model, optimizer, sync.state_dict())
         if (rest := args.min_epoch_s - (time.perf_counter() - epoch_started)) > 0:
@@ -218,7 +227,10 @@ def main() -> None:
         for x, y in DataLoader(shard, batch_size=256):
             correct += torch.tensor([(model(x.to(device)).argmax(1) == y.to(device)).sum().item(), len(y)],
                                     dtype=torch.float32, device=device)
+    counted = torch.tensor([float(seen)], device=device)
     dist.all_reduce(correct)
+    dist.all_reduce(counted)
+    seen = int(counted.item())  # every rank's samples
     if rank == 0:
         print(f"test accuracy {correct[0].item() / correct[1].item():.4f} "
               f"({int(correct[0].item())}/{int(correct[1].item())}); "

@@ -18,9 +18,13 @@ as fp16 without loss. Here:
 
 Every rank gets the identical average (each computes it from the same gathered bytes in the
 same order), so the models stay in step. ``pack``/``unpack`` are the sans-IO halves.
+``start_average`` issues the collectives and returns at once (Streaming DiLoCo's overlap: the
+next inner steps run while the bytes travel); ``average_`` waits for them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,29 +89,62 @@ def wire_bytes(numel: int, kind: str, world: int) -> int:
     return int(2 * (world - 1) / world * numel * size)
 
 
-def average_(tensors: list[torch.Tensor], kind: str = "fp32", group: dist.ProcessGroup | None = None) -> int:
-    """Replace each tensor by its average over ``group``; returns the bytes this rank sent."""
+class Pending:
+    """An average under way (``start_average``): ``wait()`` writes it into the tensors. Every
+    collective is issued at the start, in the same order on every rank, so ranks may wait at
+    different moments; the result is the same on each."""
+
+    def __init__(self, tensors: list[torch.Tensor], kind: str, world: int, flat: torch.Tensor,
+                 works: list[Any], gathered: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+                 half: torch.Tensor | None = None) -> None:
+        self.tensors, self.kind, self.world, self.flat = tensors, kind, world, flat
+        self._works, self._gathered, self._half = works, gathered, half
+        self.sent = wire_bytes(sum(t.numel() for t in tensors), kind, world) if world > 1 else 0
+        self.done = not works
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        for work in self._works:
+            work.wait()
+        flat = self.flat
+        if self.kind == "fp32":
+            flat = flat / self.world
+        elif self.kind == "fp16":
+            flat = self._half.to(torch.float32) / self.world
+        else:
+            qs, scales = self._gathered
+            total = torch.zeros(qs[0].numel(), dtype=torch.float32, device=flat.device)
+            for q_r, s_r in zip(qs, scales):  # rank order: every rank sums in the same order
+                total += unpack_int8(q_r, s_r, q_r.numel())
+            flat = total[:flat.numel()] / self.world
+        unflatten_into(flat, self.tensors)
+        self.done = True
+
+
+def start_average(tensors: list[torch.Tensor], kind: str = "fp32", group: dist.ProcessGroup | None = None) -> Pending:
+    """Begin replacing each tensor by its average over ``group`` (asynchronous collectives; the
+    tensors are read now and written at ``wait()``)."""
     check_kind(kind)
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    if world <= 1 or not tensors:
-        return 0
     flat = flatten(tensors)
+    if world <= 1 or not tensors:
+        return Pending(tensors, kind, world, flat, [])
     if kind == "fp32":
-        dist.all_reduce(flat, group=group)
-        flat /= world
-    elif kind == "fp16":
+        return Pending(tensors, kind, world, flat, [dist.all_reduce(flat, group=group, async_op=True)])
+    if kind == "fp16":
         half = torch.clamp(torch.nan_to_num(flat), -FP16_MAX / world, FP16_MAX / world).to(torch.float16)
-        dist.all_reduce(half, group=group)
-        flat = half.to(torch.float32) / world
-    else:
-        q, scale = pack_int8(flat)
-        qs = [torch.empty_like(q) for _ in range(world)]
-        scales = [torch.empty_like(scale) for _ in range(world)]
-        dist.all_gather(qs, q, group=group)
-        dist.all_gather(scales, scale, group=group)
-        total = torch.zeros(q.numel(), dtype=torch.float32, device=flat.device)
-        for q_r, s_r in zip(qs, scales):  # rank order: every rank sums in the same order
-            total += unpack_int8(q_r, s_r, q.numel())
-        flat = total[:flat.numel()] / world
-    unflatten_into(flat, tensors)
-    return wire_bytes(sum(t.numel() for t in tensors), kind, world)
+        return Pending(tensors, kind, world, flat, [dist.all_reduce(half, group=group, async_op=True)], half=half)
+    q, scale = pack_int8(flat)
+    qs = [torch.empty_like(q) for _ in range(world)]
+    scales = [torch.empty_like(scale) for _ in range(world)]
+    works = [dist.all_gather(qs, q, group=group, async_op=True), dist.all_gather(scales, scale, group=group,
+                                                                                  async_op=True)]
+    return Pending(tensors, kind, world, flat, works, gathered=(qs, scales))
+
+
+def average_(tensors: list[torch.Tensor], kind: str = "fp32", group: dist.ProcessGroup | None = None) -> int:
+    """Replace each tensor by its average over ``group``; returns the bytes this rank sent."""
+    pending = start_average(tensors, kind, group)
+    pending.wait()
+    return pending.sent

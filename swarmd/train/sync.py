@@ -11,7 +11,9 @@ from the environment (env.py), and builds the process groups:
   outer gradient (the round's start minus where the inner steps took this rank) is averaged
   over all ranks, sent as fp16 or int8 (compress.py), and an outer SGD with Nesterov
   momentum (``OUTER_LR``, ``OUTER_MOMENTUM``) moves the round's start, from which every rank
-  continues. Only the outer step is ours; the optimiser is torch's.
+  continues. Only the outer step is ours; the optimiser is torch's. ``fragments``/``delay``:
+  Streaming DiLoCo (Douillard et al. 2025): the model synced in F parts in turn (1/F of the
+  bytes per sync), each sync overlapped with τ inner steps (DiLoCo's class).
 
 With ``SWARM_GROUPS`` (swarmd's ``--groups auto``) and more than one group, the ranks of a
 group also all-reduce gradients every step (DDP over the group's subgroup: a region's cheap
@@ -46,6 +48,7 @@ MAX_EVERY = 1_000_000
 # 0.960-0.962, and 0.958-0.971 with 0.5 at H = 4, 8 and 16 (int8 too). Pass 0.9 for long rounds.
 OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.5
+MIX = 0.5  # Streaming DiLoCo's merge of an overlapped fragment: local = MIX local + (1 - MIX) global
 _SPEC = re.compile(r"(ddp)|(local|diloco):([1-9]\d{0,6})")
 
 
@@ -64,18 +67,29 @@ def parse(text: str) -> Spec:
 
 
 class DiLoCo:
-    """The outer loop: call ``step()`` after each inner optimiser step."""
+    """The outer loop: call ``step()`` after each inner optimiser step.
+
+    ``fragments`` F > 1 is Streaming DiLoCo (Douillard et al. 2025): the parameters are cut
+    into F runs of about equal size, and fragment p syncs at steps (p + 1) H / F of each round
+    of H, so each sync sends 1/F of the model and the link's peak falls F times. ``delay`` τ
+    > 0 overlaps the sync with compute: the fragment's average is started at its step and
+    waited for τ steps later (the inner steps run meanwhile), and the fragment then takes the
+    outer step and mixes: local = MIX local + (1 - MIX) global (the paper's merge, 0.5)."""
 
     def __init__(self, params: list[nn.Parameter], *, every: int, outer_lr: float = OUTER_LR,
-                 outer_momentum: float = OUTER_MOMENTUM,
-                 compression: str = "fp16", group: dist.ProcessGroup | None = None) -> None:
+                 outer_momentum: float = OUTER_MOMENTUM, compression: str = "fp16",
+                 group: dist.ProcessGroup | None = None, fragments: int = 1, delay: int = 0) -> None:
         if every < 1:
             raise ValueError("every must be at least 1")
         if not 0 < outer_lr <= 10 or not 0 <= outer_momentum < 1:
             raise ValueError(f"outer_lr {outer_lr!r}, outer_momentum {outer_momentum!r}: need 0 < lr <= 10 and "
                              "0 <= momentum < 1")
+        if not 1 <= fragments <= every or not 0 <= delay < every // fragments:
+            raise ValueError(f"fragments {fragments!r}, delay {delay!r}: need 1 <= fragments <= H ({every}) and "
+                             f"0 <= delay < H / fragments")
         self.params = [p for p in params if p.requires_grad]
         self.every, self.compression, self.group = every, compress.check_kind(compression), group
+        self.delay = delay
         # the round's start, the same on every rank: rank 0's (as DDP does at construction)
         self.start = [p.detach().clone() for p in self.params]
         if dist.is_initialized() and dist.get_world_size(group) > 1:
@@ -83,44 +97,89 @@ class DiLoCo:
                 dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         self._restart_round()
         self.outer = torch.optim.SGD(self.start, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+        self.fragments = split(self.params, min(fragments, max(1, len(self.params))))
+        # fragment p's turn within each round of H (the last at H, where a round without fragments syncs)
+        self.turns = [(p + 1) * every // len(self.fragments) % every for p in range(len(self.fragments))]
+        self._pending: dict[int, tuple[int, compress.Pending, list[torch.Tensor]]] = {}  # p -> (due, sync, grads)
+        self._clean_at: list[int | None] = [0] * len(self.fragments)  # the step fragment p was at its start
         self.steps = 0  # inner steps taken
-        self.rounds = 0  # outer steps taken
+        self.rounds = 0  # outer steps taken (a fragment's counts 1/F)
+        self.syncs = 0  # fragment syncs completed
         self.sent = 0  # bytes this rank sent for them
 
-    def _restart_round(self) -> None:
+    def _restart_round(self, indices: list[int] | None = None) -> None:
         with torch.no_grad():
-            for p, s in zip(self.params, self.start):
-                p.copy_(s)
+            for i in range(len(self.params)) if indices is None else indices:
+                self.params[i].copy_(self.start[i])
 
     def step(self) -> bool:
-        """Count an inner step; every ``every`` of them take the outer step (True then)."""
+        """Count an inner step; take the outer step of the fragments whose turn (or whose
+        overlapped sync's end) it is. True when one was taken."""
         self.steps += 1
-        if self.steps % self.every:
-            return False
+        took = False
+        for p, (due, _, _) in sorted(self._pending.items()):
+            if self.steps >= due:
+                self._land(p, mix=True)
+                took = True
+        for p, turn in enumerate(self.turns):
+            if self.steps % self.every == turn:
+                self._begin(p)
+                if not self.delay:
+                    self._land(p, mix=False)
+                    took = True
+        return took
+
+    def _begin(self, p: int) -> None:
         with torch.no_grad():
-            outer_grads = [s - p.detach() for s, p in zip(self.start, self.params)]
-        self.sent += compress.average_(outer_grads, self.compression, self.group)
-        for s, g in zip(self.start, outer_grads):
-            s.grad = g
-        self.outer.step()
+            grads = [self.start[i] - self.params[i].detach() for i in self.fragments[p]]
+        pending = compress.start_average(grads, self.compression, self.group)
+        self.sent += pending.sent
+        self._pending[p] = (self.steps + self.delay, pending, grads)
+
+    def _land(self, p: int, *, mix: bool) -> None:
+        """Fragment p's averaged outer gradient in: the outer step moves its start, and its
+        parameters go there (mixed with where they went meanwhile, for an overlapped sync)."""
+        _, pending, grads = self._pending.pop(p)
+        pending.wait()
+        indices = self.fragments[p]
+        for i, g in zip(indices, grads):
+            self.start[i].grad = g
+        self.outer.step()  # only tensors with a gradient move (and only their momentum)
         self.outer.zero_grad(set_to_none=True)
-        self._restart_round()
-        self.rounds += 1
-        return True
+        if mix:
+            with torch.no_grad():
+                for i in indices:
+                    self.params[i].mul_(MIX).add_(self.start[i], alpha=1 - MIX)
+        else:
+            self._restart_round(indices)
+        self._clean_at[p] = None if mix else self.steps
+        self.syncs += 1
+        if self.syncs % len(self.fragments) == 0:
+            self.rounds += 1
 
     def finish(self) -> bool:
-        """The outer step for a round cut short (training ends mid-round): every rank leaves with
-        the one model. True when there was one to take."""
-        if self.steps % self.every == 0:
-            return False
-        self.steps += self.every - self.steps % self.every - 1
-        return self.step()
+        """The outer step for a round cut short (training ends mid-round, or an overlapped sync
+        in flight): every rank leaves with the one model. True when there was one to take."""
+        if len(self.fragments) == 1 and not self.delay:
+            if self.steps % self.every == 0:
+                return False
+            self.steps += self.every - self.steps % self.every - 1
+            return self.step()
+        for p in sorted(self._pending):
+            self._land(p, mix=True)
+        moved = [p for p, at in enumerate(self._clean_at) if at != self.steps]  # the same on every rank
+        for p in moved:  # once more, at once: one model
+            self._begin(p)
+            self._land(p, mix=False)
+        return bool(moved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "rounds": self.rounds, "start": [s.detach().clone() for s in self.start],
                 "outer": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The outer state a checkpoint carries: every fragment restarts from its start (a sync
+        in flight then had not moved it: its round's inner steps are lost, no outer step)."""
         start = state["start"]
         if len(start) != len(self.start) or any(a.shape != b.shape for a, b in zip(start, self.start)):
             raise ValueError("the checkpoint's DiLoCo state is for another model")
@@ -130,7 +189,31 @@ class DiLoCo:
         self.outer.load_state_dict(state["outer"])
         self.steps, self.rounds = int(state["steps"]), int(state["rounds"])
         self.steps -= self.steps % self.every  # the round the checkpoint was taken in starts again
+        self._pending.clear()
+        self._clean_at = [self.steps] * len(self.fragments)
         self._restart_round()
+
+
+def split(params: list[nn.Parameter], n: int) -> list[list[int]]:
+    """Indices of ``params`` in ``n`` runs of consecutive tensors of about equal size, each at
+    least one tensor (at most one run per tensor): Streaming DiLoCo's fragments."""
+    sizes = [p.numel() for p in params]
+    n = max(1, min(n, len(sizes)))
+    before = [0]
+    for size in sizes:
+        before.append(before[-1] + size)
+    cuts, lo = [0], 1
+    for k in range(1, n):
+        i = lo
+        target = k * before[-1] / n
+        while i < len(sizes) - (n - k) and before[i] < target:
+            i += 1
+        if i > lo and target - before[i - 1] < before[i] - target:  # the nearer boundary
+            i -= 1
+        cuts.append(i)
+        lo = i + 1
+    cuts.append(len(sizes))
+    return [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
 
 
 @dataclass
@@ -149,6 +232,8 @@ class Plan:
     compression: str = "fp16"
     outer_lr: float = OUTER_LR
     outer_momentum: float = OUTER_MOMENTUM
+    fragments: int = 1  # Streaming DiLoCo: the model synced in this many parts, in turn
+    delay: int = 0  # ... each part's sync overlapped with this many inner steps
     diloco: DiLoCo | None = None
     syncs: int = 0
     _averager: Any = None
@@ -164,6 +249,8 @@ class Plan:
         if self.mode == "ddp":
             return f"ddp every step over all ranks (node groups {groups})"
         how = "parameter averaging" if self.spec.kind == "local" else f"DiLoCo outer step ({self.compression})"
+        if self.spec.kind == "diloco" and (self.fragments > 1 or self.delay):
+            how = f"streaming {how[:-1]}, {self.fragments} fragments in turn, each overlapped with {self.delay} steps)"
         inside = "ddp every step inside each group, " if self.mode == "hierarchical" else ""
         return f"{inside}{how} every {self.spec.every} steps over all ranks (node groups {groups})"
 
@@ -182,7 +269,8 @@ class Plan:
             self._averager = PeriodicModelAverager(period=self.spec.every, warmup_steps=0)
         else:
             self.diloco = DiLoCo(self._params, every=self.spec.every, outer_lr=self.outer_lr,
-                                 outer_momentum=self.outer_momentum, compression=self.compression)
+                                 outer_momentum=self.outer_momentum, compression=self.compression,
+                                 fragments=self.fragments, delay=self.delay)
         return wrapped
 
     def step(self) -> bool:
@@ -221,10 +309,16 @@ class Plan:
 
 
 def plan(spec: str, *, compression: str = "fp16", outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
-         env: Mapping[str, str] | None = None) -> Plan:
+         fragments: int = 1, delay: int = 0, env: Mapping[str, str] | None = None) -> Plan:
     """The sync plan for ``spec`` in this job. Every rank calls it, at the same point: building
-    the groups' subgroups is a collective."""
+    the groups' subgroups is a collective. ``fragments`` and ``delay``: Streaming DiLoCo
+    (DiLoCo's class), for ``diloco:H`` only."""
     parsed = parse(spec)
+    if (fragments != 1 or delay != 0) and parsed.kind != "diloco":
+        raise ValueError(f"fragments and delay are Streaming DiLoCo's: the sync {spec!r} is not diloco:H")
+    if not 1 <= fragments <= parsed.every or not 0 <= delay < parsed.every // fragments:
+        raise ValueError(f"fragments {fragments!r}, delay {delay!r}: need 1 <= fragments <= H ({parsed.every}) "
+                         "and 0 <= delay < H / fragments")
     compress.check_kind(compression)
     env = os.environ if env is None else env
     where = layout(env)
@@ -237,4 +331,4 @@ def plan(spec: str, *, compression: str = "fp16", outer_lr: float = OUTER_LR, ou
     else:
         mode, inner = "flat", None
     return Plan(spec=parsed, layout=where, mode=mode, inner=inner, compression=compression, outer_lr=outer_lr,
-                outer_momentum=outer_momentum)
+                outer_momentum=outer_momentum, fragments=fragments, delay=delay)

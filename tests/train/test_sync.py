@@ -204,3 +204,98 @@ def test_hierarchical_groups_agree_every_step_and_all_ranks_every_h(tmp_path):
     assert all(s[0] and s[1] for s in seen), "each group together every step"
     assert [s[2] for s in seen] == [True, False, False, True, False], "all together right after each sync"
     assert results[0]["one_model"] and results[0]["syncs"] == 3, "finish: one more averaging, one model"
+
+
+# --- Streaming DiLoCo: fragments in turn, overlapped -----------------------------------------
+
+def test_fragments_are_runs_of_about_equal_size():
+    ps = [nn.Parameter(torch.zeros(n)) for n in (100, 10, 10, 100, 5, 200)]
+    assert sync.split(ps, 1) == [[0, 1, 2, 3, 4, 5]]
+    assert sync.split(ps, 2) == [[0, 1, 2, 3], [4, 5]], "220 and 205 of 425 values"
+    assert sync.split(ps, 3) == [[0, 1, 2], [3, 4], [5]]
+    assert sync.split(ps, 9) == [[i] for i in range(6)], "never more fragments than tensors, none empty"
+
+
+def test_each_fragment_takes_its_outer_step_at_its_turn_with_its_own_momentum():
+    """Two parameters, two fragments, H = 4: fragment 0 syncs at steps 2, 6, ...; fragment 1 at
+    4, 8, ... (the step a round without fragments syncs at). Each fragment's outer step is the
+    hand-computed one of its own outer gradient; the other stays where its inner steps took it."""
+    a, b = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
+    d = train.DiLoCo([a, b], every=4, fragments=2, **PAPER)
+    assert d.turns == [2, 0] and d.fragments == [[0], [1]]
+    with torch.no_grad():
+        a.fill_(0.8), b.fill_(0.9)
+    assert d.step() is False and d.step() is True, "fragment 0's turn at step 2"
+    assert a.item() == pytest.approx(0.734) and b.item() == pytest.approx(0.9) and d.rounds == 0
+    with torch.no_grad():
+        b.fill_(0.8)
+    assert d.step() is False and d.step() is True and b.item() == pytest.approx(0.734) and d.rounds == 1
+    with torch.no_grad():
+        a.fill_(0.634)
+    d.step(), d.step()
+    assert a.item() == pytest.approx(0.4876), "fragment 0's second outer step: its momentum, not b's"
+    assert d.finish() is True and d.finish() is False, "fragment 1 had two steps since its turn; then neither"
+
+
+def test_an_overlapped_sync_lands_delay_steps_later_and_mixes():
+    """delay 1: the outer gradient is taken at the fragment's turn, the outer step lands one
+    inner step later, and the parameter is mixed half and half with where it went meanwhile."""
+    p = nn.Parameter(torch.tensor([1.0]))
+    d = train.DiLoCo([p], every=2, delay=1, **PAPER)
+    with torch.no_grad():
+        p.fill_(0.8)
+    d.step()
+    assert d.step() is False and p.item() == pytest.approx(0.8), "started at step 2, not landed"
+    with torch.no_grad():
+        p.fill_(0.7)  # the inner step that ran while the bytes travelled
+    assert d.step() is True and d.start[0].item() == pytest.approx(0.734), "the outer gradient of step 2: 0.2"
+    assert p.item() == pytest.approx(0.5 * 0.7 + 0.5 * 0.734)
+    assert d.finish() is True and p.item() == pytest.approx(d.start[0].item()), "finish: one model again"
+
+
+@pytest.mark.parametrize("kwargs", [{"fragments": 0}, {"fragments": 5}, {"delay": -1}, {"fragments": 2, "delay": 2}])
+def test_bad_fragments_or_delay_are_refused(kwargs):
+    with pytest.raises(ValueError, match="fragments"):
+        train.DiLoCo([nn.Parameter(torch.zeros(1))], every=4, **kwargs)
+    with pytest.raises(ValueError, match="fragments"):
+        train.plan("diloco:4", env={"GROUP_WORLD_SIZE": "1", "GROUP_RANK": "0"}, **kwargs)
+    with pytest.raises(ValueError, match="Streaming DiLoCo"):
+        train.plan("local:4", fragments=2, env={"GROUP_WORLD_SIZE": "1", "GROUP_RANK": "0"})
+
+
+def _stream(rank, world):
+    """diloco:8 in 4 fragments, each overlapped with one step, on 3 ranks: the loss falls, each
+    sync sends a quarter of the model, and finish leaves one model."""
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    plan = train.plan("diloco:8", compression="fp16", fragments=4, delay=1)
+    net = plan.wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 8), torch.randn(64, 2)
+    losses, landed = [], []
+    for step in range(24):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        if plan.step():
+            landed.append(step + 1)
+        losses.append(loss.item())
+    plan.finish()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return {"landed": landed, "losses": losses, "sent": plan.diloco.sent, "syncs": plan.diloco.syncs,
+            "describe": plan.describe(), "one_model": all(torch.equal(g, gathered[0]) for g in gathered)}
+
+
+def test_streaming_diloco_on_three_ranks(tmp_path):
+    results = run(_stream, 3, tmp_path, env_of=lambda r: {"GROUP_WORLD_SIZE": "3", "GROUP_RANK": str(r),
+                                                           "LOCAL_WORLD_SIZE": "1"})
+    for r in results:
+        assert r["landed"] == [3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23], "a fragment every 2 steps, 1 step late"
+        assert r["one_model"] and r["losses"][-1] < r["losses"][0] and "4 fragments" in r["describe"], r
+        whole = train.compress.wire_bytes(8 * 16 + 16 + 16 * 2 + 2, "fp16", 3)
+        assert r["sent"] <= (r["syncs"] / 4) * whole * 1.1, "a sync sends about a quarter of the model"
