@@ -9,8 +9,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,20 +45,26 @@ def in_netns(lab, host: str, *argv: str, timeout: float = 60) -> subprocess.Comp
 
 
 @contextlib.contextmanager
-def three_hosts(prefix: str, *, mesh: bool, daemon_args: Sequence[str] = (), rtt_ms: float = 10.0
-                ) -> Iterator[labmod.Lab]:
-    """A formed 3-host lab on uniform links (`rtt_ms`), for a module's tests; always torn down.
-    `daemon_args`: extra swarmd flags for every host."""
+def formed(prefix: str, n: int, rtt_ms: Callable[[Any, Any], float], *, mesh: bool,
+           daemon_args: Sequence[str] = ()) -> Iterator[labmod.Lab]:
+    """A formed lab of ``n`` hosts, links by ``rtt_ms(a, b)``, for a module's tests; always torn
+    down. `daemon_args`: extra swarmd flags for every host."""
     if os.geteuid() != 0:
         pytest.skip("netlab needs root (network namespaces); CI runs as root")
     name = f"{prefix}{uuid.uuid4().hex[:6]}"
-    hosts, links = topology.plan(3, topology.uniform(rtt_ms))
+    hosts, links = topology.plan(n, rtt_ms)
     lab = labmod.Lab.up(name, hosts, links, mesh=mesh, daemon_args=daemon_args)
     try:
         lab.wait_formed()
         yield lab
     finally:
         labmod.down(name)
+
+
+def three_hosts(prefix: str, *, mesh: bool, daemon_args: Sequence[str] = (), rtt_ms: float = 10.0
+                ) -> contextlib.AbstractContextManager[labmod.Lab]:
+    """A formed 3-host lab on uniform links (`rtt_ms`)."""
+    return formed(prefix, 3, topology.uniform(rtt_ms), mesh=mesh, daemon_args=daemon_args)
 
 
 def swarmctl(lab, host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
