@@ -3,6 +3,7 @@ and idle RSS/CPU. Each is measured against a real swarmd started for the purpose
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -49,6 +50,16 @@ def start(base: Path, extra: list[str] = ()) -> tuple[subprocess.Popen[bytes], P
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     proc.wait(10)
+
+
+def _lab_part(part: str, what: str, function: str) -> dict[str, float]:
+    """A part that is all lab (root: network namespaces): bench/<part>.py's ``function``'s
+    figures, or none and why."""
+    if os.geteuid() != 0:
+        print(f"{part} figures skipped: they need root (network namespaces)", file=sys.stderr)
+        return {}
+    print(f"{part}: {what}...", file=sys.stderr)
+    return getattr(importlib.import_module(f".{part}", __package__), function)()
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -195,23 +206,12 @@ def main() -> None:
         else:
             print("routing lab figures skipped: they need root (network namespaces)", file=sys.stderr)
     if "reach" in ONLY:
-        if os.geteuid() == 0:
-            from . import reach
-
-            print("reach: a 6-host lab behind NAT routers: the pair matrix, relayed vs direct TCP, a rebinding, "
-                  "restarts behind rebound routers, the census-weighted direct share...", file=sys.stderr)
-            results |= reach.lab_figures()
-        else:
-            print("reach figures skipped: they need root (network namespaces)", file=sys.stderr)
+        results |= _lab_part("reach", "a 6-host lab behind NAT routers: the pair matrix, relayed vs direct TCP, a "
+                             "rebinding, restarts behind rebound routers, the census-weighted direct share",
+                             "lab_figures")
     if "wan" in ONLY:
-        if os.geteuid() == 0:
-            from . import wan
-
-            print("wan: the demo on 3 hosts at 10 and 100 ms, by DDP, torch's PostLocalSGD, local SGD and DiLoCo; "
-                  "the LoRA fine-tune on 2 hosts at 100 ms, 100 Mbit/s...", file=sys.stderr)
-            results |= wan.measure()
-        else:
-            print("wan figures skipped: they need root (network namespaces)", file=sys.stderr)
+        results |= _lab_part("wan", "the demo on 3 hosts at 10 and 100 ms, by DDP, torch's PostLocalSGD, local SGD "
+                             "and DiLoCo; the LoRA fine-tune on 2 hosts at 100 ms, 100 Mbit/s", "measure")
 
     targets = {"status_rtt_p50_ms": 2.0, "swarmctl_help_p50_ms": 300.0, "idle_rss_mb": 120.0, "idle_cpu_pct": 1.0,
                "rtt_error_max_pct": 20.0, "change_excess_p99_ms": 100.0, "kill_detected_by_all_p99_s": 5.0,

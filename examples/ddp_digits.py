@@ -164,6 +164,8 @@ def main() -> None:
     loader = DataLoader(train, batch_size=max(1, args.global_batch // world), sampler=sampler)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
     if (anchor := re.fullmatch(r"torch-postlocal:([1-9]\d{0,3})", args.sync)) is not None:
+        if args.fragments != 1 or args.overlap:
+            p.error("--fragments and --overlap are Streaming DiLoCo's (diloco:H), not torch's anchor")
         sync = TorchPostLocalSGD(int(anchor.group(1)))
     else:
         try:

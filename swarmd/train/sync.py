@@ -84,9 +84,7 @@ class DiLoCo:
         if not 0 < outer_lr <= 10 or not 0 <= outer_momentum < 1:
             raise ValueError(f"outer_lr {outer_lr!r}, outer_momentum {outer_momentum!r}: need 0 < lr <= 10 and "
                              "0 <= momentum < 1")
-        if not 1 <= fragments <= every or not 0 <= delay < every // fragments:
-            raise ValueError(f"fragments {fragments!r}, delay {delay!r}: need 1 <= fragments <= H ({every}) and "
-                             f"0 <= delay < H / fragments")
+        check_streaming(every, fragments, delay)
         self.params = [p for p in params if p.requires_grad]
         self.every, self.compression, self.group = every, compress.check_kind(compression), group
         self.delay = delay
@@ -192,6 +190,15 @@ class DiLoCo:
         self._pending.clear()
         self._clean_at = [self.steps] * len(self.fragments)
         self._restart_round()
+
+
+def check_streaming(every: int, fragments: int, delay: int) -> None:
+    """Streaming DiLoCo's values: 1 <= fragments <= H, and each sync lands before its fragment's
+    next turn (0 <= delay < H / fragments)."""
+    if not (isinstance(fragments, int) and isinstance(delay, int) and 1 <= fragments <= every
+            and 0 <= delay < every // fragments):
+        raise ValueError(f"fragments {fragments!r}, delay {delay!r}: need whole numbers, 1 <= fragments <= H "
+                         f"({every}) and 0 <= delay < H / fragments")
 
 
 def split(params: list[nn.Parameter], n: int) -> list[list[int]]:
@@ -316,9 +323,7 @@ def plan(spec: str, *, compression: str = "fp16", outer_lr: float = OUTER_LR, ou
     parsed = parse(spec)
     if (fragments != 1 or delay != 0) and parsed.kind != "diloco":
         raise ValueError(f"fragments and delay are Streaming DiLoCo's: the sync {spec!r} is not diloco:H")
-    if not 1 <= fragments <= parsed.every or not 0 <= delay < parsed.every // fragments:
-        raise ValueError(f"fragments {fragments!r}, delay {delay!r}: need 1 <= fragments <= H ({parsed.every}) "
-                         "and 0 <= delay < H / fragments")
+    check_streaming(parsed.every, fragments, delay)  # before the collectives: a clear error in every rank
     compress.check_kind(compression)
     env = os.environ if env is None else env
     where = layout(env)

@@ -129,10 +129,23 @@ def test_the_mode_follows_the_spec_and_the_groups():
         train.plan("diloco:8", compression="zip", env=one)
 
 
-def _train(rank, world):
-    """diloco:4 on 3 ranks, each its own data: after every round the models agree."""
+def _everyones(model, world) -> list[torch.Tensor]:
+    """Every rank's parameters, flat, in rank order (a collective: every rank calls it)."""
     import torch.distributed as dist
 
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return gathered
+
+
+def _one_model(model, world) -> bool:
+    gathered = _everyones(model, world)
+    return all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def _train(rank, world):
+    """diloco:4 on 3 ranks, each its own data: after every round the models agree."""
     torch.manual_seed(rank)  # different initial weights: DiLoCo starts every rank from rank 0's
     model = nn.Linear(8, 2)
     plan = train.plan("diloco:4", compression="int8")
@@ -147,10 +160,7 @@ def _train(rank, world):
         opt.step()
         if plan.step():
             synced.append(step)
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            gathered = [torch.empty_like(flat) for _ in range(world)]
-            dist.all_gather(gathered, flat)
-            agree.append(all(torch.equal(g, gathered[0]) for g in gathered))
+            agree.append(_one_model(model, world))
         losses.append(loss.item())
     return {"mode": plan.mode, "synced": synced, "agree": agree, "sent": plan.diloco.sent, "losses": losses,
             "rounds": plan.rounds}
@@ -167,8 +177,6 @@ def test_three_ranks_agree_after_every_outer_step(tmp_path):
 
 
 def _hierarchical(rank, world):
-    import torch.distributed as dist
-
     torch.manual_seed(rank)
     model = nn.Linear(4, 1)
     plan = train.plan("local:3")
@@ -181,16 +189,11 @@ def _hierarchical(rank, world):
         nn.functional.mse_loss(net(x), y).backward()
         opt.step()
         plan.step()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        gathered = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(gathered, flat)
+        gathered = _everyones(model, world)
         seen.append([torch.equal(gathered[i], gathered[j]) for i, j in ((0, 2), (1, 3), (0, 1))])
     plan.finish()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     return {"mode": plan.mode, "seen": seen, "describe": plan.describe(), "syncs": plan.syncs,
-            "one_model": all(torch.equal(g, gathered[0]) for g in gathered)}
+            "one_model": _one_model(model, world)}
 
 
 def test_hierarchical_groups_agree_every_step_and_all_ranks_every_h(tmp_path):
@@ -253,7 +256,8 @@ def test_an_overlapped_sync_lands_delay_steps_later_and_mixes():
     assert d.finish() is True and p.item() == pytest.approx(d.start[0].item()), "finish: one model again"
 
 
-@pytest.mark.parametrize("kwargs", [{"fragments": 0}, {"fragments": 5}, {"delay": -1}, {"fragments": 2, "delay": 2}])
+@pytest.mark.parametrize("kwargs", [{"fragments": 0}, {"fragments": 5}, {"delay": -1}, {"fragments": 2, "delay": 2},
+                                    {"fragments": 2.0}, {"delay": 0.5}])
 def test_bad_fragments_or_delay_are_refused(kwargs):
     with pytest.raises(ValueError, match="fragments"):
         train.DiLoCo([nn.Parameter(torch.zeros(1))], every=4, **kwargs)
@@ -266,8 +270,6 @@ def test_bad_fragments_or_delay_are_refused(kwargs):
 def _stream(rank, world):
     """diloco:8 in 4 fragments, each overlapped with one step, on 3 ranks: the loss falls, each
     sync sends a quarter of the model, and finish leaves one model."""
-    import torch.distributed as dist
-
     torch.manual_seed(rank)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     plan = train.plan("diloco:8", compression="fp16", fragments=4, delay=1)
@@ -284,11 +286,8 @@ def _stream(rank, world):
             landed.append(step + 1)
         losses.append(loss.item())
     plan.finish()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     return {"landed": landed, "losses": losses, "sent": plan.diloco.sent, "syncs": plan.diloco.syncs,
-            "describe": plan.describe(), "one_model": all(torch.equal(g, gathered[0]) for g in gathered)}
+            "describe": plan.describe(), "one_model": _one_model(model, world)}
 
 
 def test_streaming_diloco_on_three_ranks(tmp_path):
