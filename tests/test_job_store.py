@@ -223,3 +223,29 @@ def test_attempts_survive_a_restart_and_the_one_going_is_ended_by_recover(tmp_pa
     assert again.attempts(done.id) == got  # a finished job's history is kept as it was
     again.update(done.id, ended=1.0)
     assert again.prune(ended_before=time.time()) and again.attempts(done.id) == []
+
+
+def test_an_attempts_groups_outlive_its_rewrites_and_a_restart_and_a_store_from_before_groups_opens(tmp_path):
+    import sqlite3
+
+    from swarmd.compute.coordinator.run import Attempt
+
+    old = sqlite3.connect(tmp_path / "jobs.sqlite3")  # the attempts table as it was before latency groups
+    old.execute("CREATE TABLE attempts (job_id TEXT NOT NULL, n INTEGER NOT NULL, nodes TEXT NOT NULL, started REAL, "
+                "ended REAL, why TEXT, resumed_from TEXT, times TEXT NOT NULL, PRIMARY KEY (job_id, n))")
+    old.execute("INSERT INTO attempts VALUES ('j0', 1, '[\"a\"]', 1.0, 2.0, NULL, NULL, '{}')")
+    old.commit()
+    old.close()
+    store = JobStore(tmp_path)
+    assert store.attempts("j0")[0]["nodes"] == ["a"] and store.groups("j0") is None
+    job = row(store)
+    grouping = {"groups": [[0], [1]], "max_rtt_ms": 30.0, "nodes": ["a", "b"], "rtt_ms": [[None, 150.0], [150.0, None]]}
+    first = Attempt(n=1, nodes=("a", "b"), placed=1.0)
+    store.set_attempt(job.id, first.to_dict())
+    store.set_groups(job.id, 1, grouping)
+    first.ended, first.why = 5.0, "host b lost"
+    store.set_attempt(job.id, first.to_dict())  # the attempt written again as it ends
+    store.set_attempt(job.id, Attempt(n=2, nodes=("a", "c"), placed=6.0).to_dict())  # a restart without groups
+    store.close()
+    again = JobStore(tmp_path)
+    assert again.groups(job.id) == grouping and again.attempts(job.id)[0]["why"] == "host b lost"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import root_only, wait_until
+from swarmd.compute.coordinator.run import TERMINAL
 from test_jobs_local import node, swarmctl  # noqa: F401 - the fixture
 
 SERVER = """
@@ -99,7 +100,13 @@ def start_server(daemon, tmp_path: Path, port: int) -> str:
     r = swarmctl(daemon, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    wait_until(lambda: "serving" in swarmctl(daemon, "jobs", "logs", job).stdout, 60, "the job's server up")
+
+    def up() -> bool:
+        shown = daemon.call("jobs.show", id=job)
+        assert shown["state"] not in TERMINAL, shown  # it ended: why, not a minute's wait
+        return "serving" in swarmctl(daemon, "jobs", "logs", job).stdout
+
+    wait_until(up, 60, "the job's server up", detail=lambda: daemon.call("jobs.show", id=job))
     return job
 
 

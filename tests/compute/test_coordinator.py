@@ -467,7 +467,11 @@ async def test_a_job_asking_for_groups_tells_each_host_its_latency_groups_and_sh
         shown = jobs.describe(jobs.store.get(job))["groups"]
         jobs.cancel(job)
         world.hold.set()
+        with trio.fail_after(20):
+            while job in jobs.live:
+                await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
+    assert jobs.describe(jobs.store.get(job))["groups"] == shown  # kept once the job ended
     nodes = shown["nodes"]
     first = region[nodes[0]]  # node 0's region is group 1
     want = [[i for i, p in enumerate(nodes) if region[p] == r] for r in (first, 1 - first)]

@@ -365,7 +365,7 @@ class Jobs:
             "wall_s": None if not row.started or not ended else round(ended - row.started, 3),
             "shipped": [live.shipped, live.ship_total] if live else None,
             "replicas": self._replicas_row(live),
-            "groups": live.grouping if live else None,
+            "groups": live.grouping if live else self.store.groups(row.id),
             "handover": self._handover_row(row.id, live),
             "ranks": [dataclasses.asdict(r) for r in self.store.ranks(row.id)],
             "hosts": self.store.hosts(row.id),
@@ -677,6 +677,9 @@ class Jobs:
         live.addresses = dict(zip(peers, addrs))
         if not attach:  # a job taken over runs with the groups its ranks were started with
             live.grouping = self._grouping(job, spec, peers)
+            if live.grouping is not None:  # kept with the attempt: shown after the job ended
+                live.store.set_attempt(job, run.attempts[-1].to_dict())
+                live.store.set_groups(job, run.attempts[-1].n, live.grouping)
         grouped = tuple(tuple(g) for g in live.grouping["groups"]) if live.grouping else ()
         for peer in peers:
             state = run.node_state.get(peer, "starting") if attach else "starting"

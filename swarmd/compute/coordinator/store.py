@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS ranks (
 );
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, n INTEGER NOT NULL, nodes TEXT NOT NULL, started REAL, ended REAL, why TEXT,
-    resumed_from TEXT, times TEXT NOT NULL, PRIMARY KEY (job_id, n)
+    resumed_from TEXT, times TEXT NOT NULL, groups TEXT, PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS hosts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, sandbox TEXT, peak_memory INTEGER, cpu_seconds REAL,
@@ -108,6 +108,8 @@ class JobStore:
         self.db.executescript(_SCHEMA)
         if "ray" not in {r[1] for r in self.db.execute("PRAGMA table_info(hosts)")}:  # a store from before Ray jobs
             self.db.execute("ALTER TABLE hosts ADD COLUMN ray TEXT")
+        if "groups" not in {r[1] for r in self.db.execute("PRAGMA table_info(attempts)")}:  # from before groups
+            self.db.execute("ALTER TABLE attempts ADD COLUMN groups TEXT")
         self._last = 0  # ids only grow: two jobs in one millisecond still differ
         self._trimmed: dict[str, int] = {}  # job -> bytes trimmed from its log's head in this run
 
@@ -174,11 +176,25 @@ class JobStore:
         return [RankRow(job_id=r[0], rank=r[1], node=r[2], state=r[3], exit_code=r[4]) for r in rows]
 
     def set_attempt(self, job_id: str, attempt: dict[str, Any]) -> None:
-        """An attempt as run.Attempt.to_dict gives it; written again as it changes."""
+        """An attempt as run.Attempt.to_dict gives it; written again as it changes (its groups kept)."""
         times = {k: attempt.get(k) for k in _ATTEMPT_TIMES}
-        self.db.execute("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        self.db.execute("INSERT INTO attempts (job_id, n, nodes, started, ended, why, resumed_from, times) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, n) DO UPDATE SET nodes = excluded.nodes, "
+                        "started = excluded.started, ended = excluded.ended, why = excluded.why, "
+                        "resumed_from = excluded.resumed_from, times = excluded.times",
                         (job_id, attempt["n"], json.dumps(list(attempt["nodes"])), attempt.get("started"),
                          attempt.get("ended"), attempt.get("why"), attempt.get("resumed_from"), json.dumps(times)))
+
+    def set_groups(self, job_id: str, n: int, groups: dict[str, Any] | None) -> None:
+        """Attempt `n`'s latency groups (the coordinator's ``_grouping``), once its attempt row is written."""
+        self.db.execute("UPDATE attempts SET groups = ? WHERE job_id = ? AND n = ?",
+                        (None if groups is None else json.dumps(groups), job_id, n))
+
+    def groups(self, job_id: str) -> dict[str, Any] | None:
+        """The latency groups of the job's latest attempt that had them: shown after it ended."""
+        row = self.db.execute("SELECT groups FROM attempts WHERE job_id = ? AND groups IS NOT NULL "
+                              "ORDER BY n DESC LIMIT 1", (job_id,)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def attempts(self, job_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT n, nodes, started, ended, why, resumed_from, times FROM attempts "
