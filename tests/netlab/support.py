@@ -25,6 +25,16 @@ def call(lab, host: str, method: str, **params):
         return c.call(method, **params)
 
 
+def job_logs(lab, host: str, job: str) -> str:
+    """A job's output as `swarmctl jobs logs` prints it (``[rank K] text`` lines), read over the
+    host's socket in this process: what a wait polls, for a poll by a swarmctl process (Python's
+    start-up, half a core while a wait lasts) takes a core from the lab's ranks. The text is
+    swarmctl's (test_jobs_local.py and the lab's job tests read swarmctl's own)."""
+    with Client(lab.state.host(host).socket, timeout=30) as c:
+        return "".join(f"[rank {r}] {text}\n" for event in c.stream("jobs.logs", id=job, follow=False)
+                       for r, text in event.get("out", ()))
+
+
 def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=None) -> float:
     """Seconds until ``predicate()`` holds; fails naming ``what`` (and ``detail()``, if given).
     Between looks it waits ``interval``, or as long as the look itself took if that is longer:

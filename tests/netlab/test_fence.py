@@ -13,7 +13,7 @@ import pytest
 
 from sim.netlab.lab import netns_pids
 
-from .support import rank_lines, swarmctl, three_hosts, until
+from .support import job_logs, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 GONE_WITHIN = 5.0
@@ -56,7 +56,7 @@ def test_a_daemon_killed_with_sigkill_takes_its_ranks_with_it(fl, tmp_path):
     r = swarmctl(fl, "h1", "jobs", "run", "--detach", "--nodes", "3", "--workdir", str(work), "--", "python", script)
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    until(lambda: len(rank_lines(swarmctl(fl, "h1", "jobs", "logs", job).stdout)) == 3, 60, "all 3 ranks ready")
+    until(lambda: len(rank_lines(job_logs(fl, "h1", job))) == 3, 60, "all 3 ranks ready")
     until(lambda: any(b"time.sleep(600)" in argv for argv in job_processes(fl, "h2", script).values()), 10,
           "the rank's setsid'd child on h2")
 

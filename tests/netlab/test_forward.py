@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from .support import call, swarmctl, three_hosts, until
+from .support import call, job_logs, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ def test_a_forward_reaches_a_job_on_another_host_and_ends_with_it(fl, tmp_path):
                  "python", "server.py")
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    until(lambda: "serving" in swarmctl(fl, "h1", "jobs", "logs", job).stdout, 90, "the job's server up")
+    until(lambda: "serving" in job_logs(fl, "h1", job), 90, "the job's server up")
     h2 = call(fl, "h2", "status")["peer_id"]
     assert call(fl, "h1", "jobs.show", id=job)["nodes"] == [h2]
 

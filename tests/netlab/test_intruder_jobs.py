@@ -16,7 +16,7 @@ import pytest
 
 from sim.netlab.lab import SWARMD_PORT
 
-from .support import call, swarmctl, three_hosts, until
+from .support import call, job_logs, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def steady_job(lab, seconds: float) -> str:
     r = swarmctl(lab, "h2", "jobs", "run", "--detach", "--nodes", "3", "--", "python", "-c", STEADY.format(s=seconds))
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    until(lambda: swarmctl(lab, "h2", "jobs", "logs", job).stdout.count("ready") == 3, 60, "all 3 ranks ready")
+    until(lambda: job_logs(lab, "h2", job).count("ready") == 3, 60, "all 3 ranks ready")
     return job
 
 

@@ -14,7 +14,7 @@ from sim.netlab import lab as labmod
 from sim.netlab.lab import SWARMD_PORT
 from swarmd.rpc.client import Client, RemoteError
 
-from .support import call, rank_lines, swarmctl, three_hosts, until, workdir
+from .support import call, job_logs, rank_lines, swarmctl, three_hosts, until, workdir
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -99,7 +99,7 @@ def test_cancel_stops_every_rank(jl, tmp_path):
                  str(workdir(tmp_path, SLEEPER)), "--", "python", "job.py")
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
-    until(lambda: len(rank_lines(swarmctl(jl, "h1", "jobs", "logs", job).stdout)) == 3, 60, "all 3 ranks ready")
+    until(lambda: len(rank_lines(job_logs(jl, "h1", job))) == 3, 60, "all 3 ranks ready")
 
     def replicated() -> bool:  # the job's record is on its origin and every host (issue 26)
         shown = call(jl, "h1", "jobs.show", id=job)
@@ -161,7 +161,7 @@ def test_logs_and_states_survive_a_daemon_restart(jl, tmp_path):
     r = swarmctl(jl, "h1", "jobs", "run", "--detach", "--nodes", "3", "--workdir",
                  str(workdir(tmp_path, SLEEPER)), "--", "python", "job.py")
     lost = r.stdout.strip()
-    until(lambda: len(rank_lines(swarmctl(jl, "h1", "jobs", "logs", lost).stdout)) == 3, 60, "all 3 ranks ready")
+    until(lambda: len(rank_lines(job_logs(jl, "h1", lost))) == 3, 60, "all 3 ranks ready")
 
     jl.kill("h1", __import__("signal").SIGKILL)  # its own ranks of the job die with it (killed at its start)
     jl.start("h1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until, workdir
+from .support import call, in_netns, job_logs, rank_lines, swarmctl, three_hosts, until, workdir
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -116,7 +116,7 @@ def test_a_ray_cluster_is_its_jobs_alone_and_cancel_leaves_nothing(rl, tmp_path)
                  "--workdir", str(workdir(tmp_path, HOLD)), "--", "python", "job.py")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.split()[-1]
-    until(lambda: "RESULT " in swarmctl(rl, "h1", "jobs", "logs", job).stdout, 90, "the driver connected", interval=1)
+    until(lambda: "RESULT " in job_logs(rl, "h1", job), 90, "the driver connected", interval=1)
     got = result(swarmctl(rl, "h1", "jobs", "logs", job).stdout)
     shown = call(rl, "h1", "jobs.show", id=job)
     addresses = {h.name: call(rl, h.name, "status")["mesh"]["address"] for h in rl.state.hosts}
@@ -208,9 +208,9 @@ def test_the_serve_example_answers_through_jobs_forward_with_replicas_on_several
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.split()[-1]
     try:
-        until(lambda: "serving on port 8000" in swarmctl(rl, "h1", "jobs", "logs", job).stdout, 240,
+        until(lambda: "serving on port 8000" in job_logs(rl, "h1", job), 240,
               "the Serve app deployed", interval=2,
-              detail=lambda: swarmctl(rl, "h1", "jobs", "logs", job).stdout[-3000:])
+              detail=lambda: job_logs(rl, "h1", job)[-3000:])
         text = swarmctl(rl, "h1", "jobs", "logs", job).stdout
         by_node = dict(kv.split("=") for kv in text.split("replicas by node: ", 1)[1].splitlines()[0].split(", "))
         assert len(by_node) >= 2, by_node

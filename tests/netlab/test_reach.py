@@ -28,7 +28,7 @@ from sim.netlab import lab as labmod
 from sim.netlab import topology
 from sim.netlab.lab import SWARMD_PORT
 
-from .support import call, rank_lines, swarmctl, until, workdir
+from .support import call, job_logs, rank_lines, swarmctl, until, workdir
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -191,7 +191,8 @@ def test_a_forward_reaches_a_job_behind_a_symmetric_nat_through_a_relayed_pair(n
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split()[-1]
     try:
-        until(lambda: "serving" in swarmctl(nl, "h4", "jobs", "logs", job).stdout, 90, "the job's server up")
+        until(lambda: "serving" in job_logs(nl, "h4", job), 90, "the job's server up",
+              interval=1.0, detail=lambda: job_detail(nl, "h4", job))
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             local = probe.getsockname()[1]
@@ -224,7 +225,7 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
                  "--log-every", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.strip().split()[-1]
-    until(lambda: "epoch   1" in swarmctl(nl, "h3", "jobs", "logs", job).stdout, 120, "the job training",
+    until(lambda: "epoch   1" in job_logs(nl, "h3", job), 120, "the job training",
           interval=1.0, detail=lambda: job_detail(nl, "h3", job))
     before = call(nl, "h4", "status")["reach"]["reflexive"]
     nl.rebind("h4")  # mid-job, h4's home router forgets every mapping and maps from new ports
@@ -262,7 +263,7 @@ def job_detail(lab, host: str, job: str) -> dict:
     """What a failed wait on a job prints: its state, phase, hosts' states, and its log's tail."""
     j = call(lab, host, "jobs.show", id=job)
     return {"state": j["state"], "phase": j["phase"], "reason": j["reason"], "node_state": j["node_state"],
-            "attempts": j["attempts"], "log": swarmctl(lab, host, "jobs", "logs", job).stdout[-1500:],
+            "attempts": j["attempts"], "log": job_logs(lab, host, job)[-1500:],
             "paths": as_expected(lab)[1], "daemons": daemon_words(lab, job)}
 
 

@@ -24,7 +24,7 @@ import pytest
 from sim.netlab import lab as labmod
 from sim.netlab.lab import SWARMD_PORT
 
-from .support import call, in_netns, rank_lines, swarmctl, three_hosts, until
+from .support import call, in_netns, job_logs, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 ESCAPE_JOB = Path(__file__).with_name("escape_job.py")
@@ -194,7 +194,7 @@ def victim(sl):
     job = r.stdout.strip()
 
     def ready() -> list[str]:
-        return [t for ts in rank_lines(swarmctl(sl, "h1", "jobs", "logs", job).stdout).values() for t in ts
+        return [t for ts in rank_lines(job_logs(sl, "h1", job)).values() for t in ts
                 if t.startswith("ready ")]
 
     until(lambda: len(ready()) == 3, 60, "the victim's 3 ranks wrote their checkpoints",

@@ -17,7 +17,7 @@ import pytest
 
 import psutil
 
-from .support import call, rank_lines, swarmctl, three_hosts, until
+from .support import call, job_logs, rank_lines, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -77,12 +77,12 @@ def kill_rank(job: str, rank: int) -> int:
                     reason="the models extra or the SmolLM2 wheel is not installed (make setup installs them)")
 def test_a_lora_fine_tune_on_two_hosts_learns_in_30_steps_through_a_rank_killed_mid_round(wl):
     r = swarmctl(wl, "h1", "jobs", "run", "--detach", "--nodes", "2", "--max-restarts", "1", "--workdir",
-                 str(EXAMPLES), "--", "python", "lora_smollm2.py", "--steps", "30")
+                 str(EXAMPLES), "--", "python", "lora_smollm2.py", "--steps", "30", "--batch", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.strip().split()[-1]
 
     def logs() -> str:
-        return swarmctl(wl, "h1", "jobs", "logs", job).stdout
+        return job_logs(wl, "h1", job)
 
     # the checkpoint at step 10 holds the first outer step; the kill lands in the second round
     until(lambda: "step  13" in logs(), 300, "the fine-tune past its first checkpoint", interval=0.5,
