@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,22 @@ from swarmd.rpc.client import Client, DaemonUnreachable
 
 SWARMD = [sys.executable, "-m", "swarmd.main"]
 START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-core machine
+
+
+def port_to_give() -> int:
+    """A TCP port on 127.0.0.1 for a process a test starts to listen on: free now, and below the
+    kernel's ephemeral range (32768 up), so no process's outgoing connection takes it before the
+    listener binds (a port bound to 0 and let go returns to that pool: under two workers a job's
+    server then failed to bind). The serve ports a host hands its replicas are below it too."""
+    for _ in range(200):
+        port = random.randrange(20_000, 32_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02, detail=None):

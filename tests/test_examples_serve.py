@@ -16,7 +16,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import port_to_give
 from test_examples_load import EXAMPLES, example
 
 embed = example("serve_embed")
@@ -34,18 +34,12 @@ generate = example("serve_generate")
 LOAD_DEADLINE = 150.0  # seconds for a server to answer its health check: 25 s here, alone
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Server:
     name: str
     argv: list[str]
     log: Path
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=port_to_give)
     process: subprocess.Popen | None = None
     health: list[int] = field(default_factory=list)  # what its health check answered, from the start
     watched: threading.Event = field(default_factory=threading.Event)  # healthy, exited or out of time
@@ -326,7 +320,7 @@ def tuned(servers, tmp_path_factory) -> Server:
     pytest.importorskip("peft", reason="the models extra is not installed (make setup installs it)")
     folder = tmp_path_factory.mktemp("tuned") / "export"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                           f"--master-port={free_port()}", str(EXAMPLES / "lora_smollm2.py"), "--steps", "10",
+                           f"--master-port={port_to_give()}", str(EXAMPLES / "lora_smollm2.py"), "--steps", "10",
                            "--checkpoint-every", "0", "--save", str(folder), "--export-int8"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

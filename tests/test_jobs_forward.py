@@ -7,6 +7,7 @@ uid's connection is closed unread), and an address another program has is an err
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import root_only, wait_until
+from conftest import port_to_give, root_only, wait_until
 from swarmd.compute.coordinator.run import TERMINAL
 from test_jobs_local import node, swarmctl  # noqa: F401 - the fixture
 
@@ -29,16 +30,10 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
     def log_message(self, *a): pass
-s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-print("serving", flush=True)
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print("serving", s.server_address[1], flush=True)
 s.serve_forever()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Forward:
@@ -86,33 +81,36 @@ def refused_through(port: int) -> bytes:
 
 @pytest.fixture
 def server_job(node, tmp_path):  # noqa: F811
-    port = free_port()
-    job = start_server(node, tmp_path, port)
+    job, port = start_server(node, tmp_path)
     yield job, port
     node.call("jobs.cancel", id=job)
 
 
-def start_server(daemon, tmp_path: Path, port: int) -> str:
-    """A detached job serving HTTP on `port` of its host, once it says it serves; its id."""
+def start_server(daemon, tmp_path: Path) -> tuple[str, int]:
+    """A detached job serving HTTP on a port of its host, once it says it serves: its id and the
+    port. The job picks the port (bound to 0): a port a test found free may be another test's
+    connection's by the time the job binds it (seen under two workers: the job failed)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "server.py").write_text(SERVER)
-    r = swarmctl(daemon, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py", str(port))
+    r = swarmctl(daemon, "jobs", "run", "--detach", "--workdir", str(work), "--", "python", "server.py")
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip()
 
-    def up() -> bool:
+    def up() -> int | None:
         shown = daemon.call("jobs.show", id=job)
-        assert shown["state"] not in TERMINAL, shown  # it ended: why, not a minute's wait
-        return "serving" in swarmctl(daemon, "jobs", "logs", job).stdout
+        out = swarmctl(daemon, "jobs", "logs", job).stdout
+        assert shown["state"] not in TERMINAL, (shown["state"], shown["reason"], out[-2000:])  # not a minute's wait
+        said = re.search(r"serving (\d+)", out)
+        return int(said.group(1)) if said else None
 
-    wait_until(up, 60, "the job's server up", detail=lambda: daemon.call("jobs.show", id=job))
-    return job
+    port = wait_until(up, 60, "the job's server up", detail=lambda: daemon.call("jobs.show", id=job))
+    return job, port
 
 
 def test_a_jobs_http_server_answers_through_the_forward(node, server_job):  # noqa: F811
     job, port = server_job
-    local = free_port()
+    local = port_to_give()
     fw = Forward(node, job[:6], f"{local}:{port}")
     try:
         line = fw.first_line()
@@ -135,7 +133,7 @@ def test_a_jobs_http_server_answers_through_the_forward(node, server_job):  # no
 def test_a_port_the_job_does_not_own_is_refused_and_the_forward_keeps_serving(node, server_job):  # noqa: F811
     job, port = server_job
     daemon_port = next(int(a.split("/")[4]) for a in node.call("status")["listen_addrs"] if "/tcp/" in a)
-    local = free_port()
+    local = port_to_give()
     fw = Forward(node, job, f"{local}:{daemon_port}")
     try:
         assert fw.first_line().startswith(f"forwarding 127.0.0.1:{local} -> job {job}")
@@ -263,8 +261,8 @@ def test_without_the_sandbox_the_job_users_listener_is_forwarded_and_never_roots
     d = make_daemon(args=["--sandbox", "off", "--jobs-dir", str(jobs_dir)] + (["--job-user", user] if user else []))
     d.call("swarm.init")
     wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
-    port, local = free_port(), free_port()
-    job = start_server(d, tmp_path, port)
+    local = port_to_give()
+    job, port = start_server(d, tmp_path)
     try:
         fw = Forward(d, job, f"{local}:{port}")
         try:
@@ -335,7 +333,7 @@ def test_a_connection_of_another_uid_is_told_apart_from_the_users_own():
 @root_only()
 def test_another_users_connection_to_the_local_port_is_refused_and_the_users_own_served(node, server_job):  # noqa: F811
     job, port = server_job
-    local = free_port()
+    local = port_to_give()
     fw = Forward(node, job, f"{local}:{port}")
     try:
         assert fw.first_line().startswith(f"forwarding 127.0.0.1:{local} -> job {job}")
