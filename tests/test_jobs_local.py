@@ -87,9 +87,11 @@ def test_logs_follow_streams_until_the_job_ends(node):
     job = r.stdout.strip()
     r = swarmctl(node, "jobs", "logs", "-f", job)
     assert r.returncode == 0, r.stderr
+    shown = node.call("jobs.show", id=job)  # once -f returned with nothing (-n 3): why the job ended, if it did
     for rank in (0, 1):
         assert [line for line in r.stdout.splitlines() if line.startswith(f"[rank {rank}]")] == \
-            [f"[rank {rank}] tick {i}" for i in range(4)], r.stdout
+            [f"[rank {rank}] tick {i}" for i in range(4)], (r.stdout, r.stderr, {k: shown[k] for k in (
+                "state", "reason", "exit_code", "node_state", "attempts")})
     assert node.call("jobs.show", id=job)["state"] == "succeeded", "-f returned because the job ended"
 
 
