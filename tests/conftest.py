@@ -22,19 +22,27 @@ START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-cor
 
 
 def port_to_give() -> int:
-    """A TCP port on 127.0.0.1 for a process a test starts to listen on: free now, and below the
-    kernel's ephemeral range (32768 up), so no process's outgoing connection takes it before the
-    listener binds (a port bound to 0 and let go returns to that pool: under two workers a job's
-    server then failed to bind). The serve ports a host hands its replicas are below it too."""
+    """A TCP port on 127.0.0.1 for a process a test starts to listen on: free now, and below both
+    the kernel's ephemeral range (ip_local_port_range, 32768 up by default), so no process's
+    outgoing connection takes it before the listener binds (a port bound to 0 and let go returns
+    to that pool: under two workers a job's server then failed to bind), and the serve ports a
+    daemon hands its replicas (30000-30999 by default), which another worker's daemon may use."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = min(30_000, low)
+    if top <= 10_000:
+        raise RuntimeError(f"the ephemeral range starts at {low}: no room below it for a port to give")
     for _ in range(200):
-        port = random.randrange(20_000, 32_000)
+        port = random.randrange(10_000, top)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port in 20000-31999")
+    raise RuntimeError(f"no free port in 10000-{top - 1}")
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02, detail=None):
