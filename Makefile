@@ -49,11 +49,13 @@ demo-elastic: setup
 # Two passes: the tests without a lab on two workers (pytest-xdist, a module to a worker: most of
 # them wait on daemons, not on a core), then the labs one at a time (their timers need the cores).
 # Both run whatever the first gives; either failing fails the target.
+# The failures of both passes are said again at the end, where a log's tail shows them.
 test: setup
-	@status=0; \
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not netlab" --durations=10 || status=1; \
-	$(BIN)/python -m pytest -q -m netlab --durations=15 || status=1; \
-	exit $$status
+	@set -o pipefail; status=0; log=$$(mktemp); \
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not netlab" --durations=10 2>&1 | tee $$log || status=1; \
+	$(BIN)/python -m pytest -q -m netlab --durations=15 2>&1 | tee -a $$log || status=1; \
+	if [ $$status != 0 ]; then echo "== what failed:"; grep -E '^(FAILED|ERROR) ' $$log; fi; \
+	rm -f $$log; exit $$status
 
 # The edit-run loop: every test but the labs and the slow daemon runs (minutes, not 40).
 test-fast: setup

@@ -73,6 +73,29 @@ def test_a_rebound_nats_new_port_outvotes_the_old_ones_still_in_the_window():
     assert v.kind == "eim" and v.reflexive == "203.0.113.5:40000"
 
 
+@pytest.mark.parametrize("stale_last", [True, False])
+def test_observers_that_never_see_the_rebound_port_do_not_outvote_two_that_did(stale_last):
+    """What the reach lab showed: after h4's NAT rebound, the public observers saw its new port,
+    while members behind port-filtering NATs kept naming the old one in fresh answers (each
+    round asks one of them): three of those outnumbered the two that saw the move, and the
+    verdict went back and forth with the order the answers came in, for minutes."""
+    core = reach.Reach(wg_port=51820)
+    public, filtered = [(A, SIGN_A), (B, SIGN_B)], [(C, SIGN_C), member(5), member(6)]
+    for o, sign in public + filtered:
+        core.observed(seen(o, sign, wg="203.0.113.5:40000", at=NOW - 100))
+    assert core.verdict(NOW).reflexive == "203.0.113.5:40000"
+    for round_, (o, sign) in enumerate(filtered):  # a round: both public observers and one filtered one
+        at = NOW - 30 + 10 * round_
+        moved = [seen(p, psign, wg="203.0.113.5:2222", at=at + i) for i, (p, psign) in enumerate(public)]
+        stale = seen(o, sign, wg="203.0.113.5:40000", at=at + (5 if stale_last else -5))
+        for s in ([*moved, stale] if stale_last else [stale, *moved]):
+            core.observed(s)
+        v = core.verdict(at + 5)
+        assert v.kind == "eim" and v.reflexive == "203.0.113.5:2222" and set(v.confirmed_by) == {A, B}, round_
+    core.observed(seen(C, SIGN_C, wg="203.0.113.5:2222", at=NOW))  # and one that moved late agrees
+    assert core.verdict(NOW).reflexive == "203.0.113.5:2222"
+
+
 def test_one_liar_naming_another_port_of_the_nat_is_outvoted():
     v = verdict(seen(A, SIGN_A, wg="203.0.113.5:40000", at=NOW - 2), seen(B, SIGN_B, wg="203.0.113.5:40000",
                                                                            at=NOW - 1),

@@ -21,8 +21,11 @@ The verdict (``Reach.verdict``), from the latest observation of each observer wi
   endpoint is its reflexive one, punched like a NAT's;
 - ``eim``: behind a NAT whose mapping is endpoint-independent: the observers see the same
   reflexive endpoint (a home router, most cloud NAT gateways). Members punch it. The two
-  newest observations agreeing decide (a rebound NAT's new port outvotes the old ones still in
-  the window), else ``quorum`` observations of one port (one liar naming another is outvoted);
+  newest observations agreeing decide, else ``quorum`` observations of one port (one liar
+  naming another is outvoted). Newest is by when an observer's endpoint for us last changed,
+  then by when it answered: after a NAT rebinds, observers behind port-filtering NATs never
+  see the new mapping and keep naming the old one in fresh answers (outnumbering the public
+  observers that saw the move, until the window ends), so two that saw us move decide;
 - ``edm``: endpoint-dependent mapping (a symmetric NAT): the observers see one address
   but different ports. The last one seen is announced as a hint (an address-restricted NAT
   on the other side opens for the address), but a port-restricted or symmetric peer needs
@@ -164,6 +167,10 @@ class Reach:
         self.quorum = quorum
         self.window = window
         self._seen: dict[str, Seen] = {}  # observer -> its latest
+        # observer -> when its endpoint for us last changed (0: never, in what we hold of it). An
+        # observer behind a NAT that filters by port never sees a rebound mapping and keeps naming
+        # the old one in fresh answers: the observers that saw us move are the newest news.
+        self._moved: dict[str, float] = {}
 
     def set_local_ips(self, ips: Iterable[str]) -> None:
         self.local_ips = {str(ipaddress.ip_address(ip)) for ip in ips}
@@ -177,14 +184,19 @@ class Reach:
                 seen = dataclasses.replace(old, dial=old.dial if seen.dial is None else seen.dial)
             elif seen.dial is None and old is not None and old.dial is not None:
                 seen = dataclasses.replace(seen, dial=old.dial)  # dial-backs are rationed: the last one stands
+            if old is None:
+                self._moved[seen.observer] = 0.0
+            elif seen.wg is not None and old.wg is not None and seen.wg != old.wg:
+                self._moved[seen.observer] = seen.at
             self._seen[seen.observer] = seen
 
     def forget(self, observer: str) -> None:
         self._seen.pop(observer, None)
+        self._moved.pop(observer, None)
 
     def observations(self, now: float) -> list[Seen]:
         for observer in [o for o, s in self._seen.items() if now - s.at > self.window]:
-            del self._seen[observer]
+            self.forget(observer)
         return sorted(self._seen.values(), key=lambda s: (-s.at, s.observer))
 
     def verdict(self, now: float) -> Verdict:
@@ -211,9 +223,10 @@ class Reach:
         ports: dict[int, list[Seen]] = {}
         for s in agreeing:  # newest first
             ports.setdefault(split_endpoint(s.wg)[1], []).append(s)
-        newest = [split_endpoint(s.wg)[1] for s in agreeing[:self.quorum]]
+        moved = sorted(agreeing, key=lambda s: (-self._moved.get(s.observer, 0.0), -s.at, s.observer))
+        newest = [split_endpoint(s.wg)[1] for s in moved[:self.quorum]]
         if len(set(newest)) == 1:
-            return _verdict("eim", format_endpoint(ip, newest[0]), agreeing[:self.quorum])
+            return _verdict("eim", format_endpoint(ip, newest[0]), moved[:self.quorum])
         port, same = max(ports.items(), key=lambda item: (len(item[1]), max(s.at for s in item[1])))
         if len(same) >= self.quorum:
             return _verdict("eim", format_endpoint(ip, port), same[:self.quorum])
