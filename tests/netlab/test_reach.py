@@ -221,7 +221,7 @@ def test_a_forward_reaches_a_job_behind_a_symmetric_nat_through_a_relayed_pair(n
 def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
     hosts = [arg for h in ("h3", "h4", "h5") for arg in ("--host", nl.state.host(h).peer_id)]
     r = swarmctl(nl, "h3", "jobs", "run", "--detach", "--nodes", "3", *hosts, "--max-restarts", "2", "--workdir",
-                 str(EXAMPLES), "--name", "rebound", "--", "python", "ddp_digits.py", "--epochs", "12",
+                 str(EXAMPLES), "--name", "rebound", "--", "python", "ddp_digits.py", "--epochs", "8",
                  "--log-every", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     job = r.stdout.strip().split()[-1]
@@ -232,6 +232,8 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
     took = until(lambda: ping(nl, "h3", "h4") and ping(nl, "h1", "h4"), 30, "h4 reachable again over the overlay",
                  interval=0.5)
     print(f"connectivity back {took:.1f} s after the rebind; reflexive endpoint before: {before}")
+    # the job is across it (here: 7 of its 8 epochs, ~2.3 s each, were still to come)
+    assert call(nl, "h3", "jobs.show", id=job)["state"] == "running", job_detail(nl, "h3", job)
     # its record names the new mapping soon (the next reach round: two observers agreeing)
     h4 = nl.state.host("h4").peer_id
 
@@ -244,10 +246,11 @@ def test_a_rebound_nat_heals_within_30_s_and_a_job_across_it_goes_on(nl):
                          if r["peer"] == h4), None) for h in ("h1", "h2")}
         return json.dumps({"h4": call(nl, "h4", "status")["reach"], "rows": rows}, default=str)[:4000]
 
-    # Usually 10-50 s; about 120 s once here and over 60 s in CI, why is not known yet: an observer
-    # that cannot prove h4's endpoint leaves its last observation (the old port) standing. The
-    # detail shows what each observer last told h4, and how h1 and h2 see h4's WireGuard.
-    took = until(lambda: announced() not in (None, before), 150, "h4's record naming its new mapping", interval=1.0,
+    # 0 s after the heal here (the round that heals it sees the move). It took 10-170 s while the
+    # members behind port-filtering NATs, which never see the new port, outvoted the public
+    # observers that did (wg/reach.py now lets the two that saw the move decide). The detail
+    # shows what each observer last told h4, and how h1 and h2 see h4's WireGuard.
+    took = until(lambda: announced() not in (None, before), 60, "h4's record naming its new mapping", interval=1.0,
                  detail=observations)
     print(f"new mapping {announced()} announced {took:.1f} s later")
     until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: why_not(nl))
