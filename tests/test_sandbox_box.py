@@ -71,14 +71,14 @@ async def test_a_box_runs_its_command_as_its_uid_and_leaves_nothing(tmp_path):
             uid, procs, started = out.read_text().split()
             assert int(uid) == box.uid and int(procs) <= 4 and started == "started"
             assert box.cgroup is not None and box.cgroup.pids(), "the setsid'd sleep is still in the cgroup"
-            chains = subprocess.run(["nft", "list", "chain", "inet", "swarmd_jobs", f"job_{box.uid}"],
+            chains = subprocess.run(["nft", "list", "chain", "inet", sb.policy.table, f"job_{box.uid}"],
                                     capture_output=True)
             assert chains.returncode == 0
         assert box.usage is not None and box.usage.peak_memory and box.usage.oom_kills == 0
         assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _uid(p) == box.uid], \
             "no process of the job's uid survives its box"
         assert (top / "work" / "mine").stat().st_uid == os.geteuid(), "its files are handed back"
-        assert subprocess.run(["nft", "list", "chain", "inet", "swarmd_jobs", f"job_{box.uid}"],
+        assert subprocess.run(["nft", "list", "chain", "inet", sb.policy.table, f"job_{box.uid}"],
                               capture_output=True).returncode != 0, "its firewall chain is gone"
         assert sb.pool is not None and sb.pool.holder(box.uid) is None, "the uid is free again"
     finally:

@@ -218,8 +218,13 @@ class Sandbox:
                                      resolvers=_resolvers(), mesh_ifname=settings.mesh_ifname,
                                      daemon=None if settings.daemon_port is None else (os.geteuid(),
                                                                                          settings.daemon_port),
-                                     serve_ports=settings.serve_ports if settings.mesh_ifname else None)
+                                     serve_ports=settings.serve_ports if settings.mesh_ifname else None,
+                                     table=firewall.table_for(os.getpid()))
             try:
+                left = firewall.stale(await firewall.tables("inet"), firewall.is_swarmd)
+                if left:  # a killed daemon's chains would judge the next job handed their uids
+                    await firewall.apply(firewall.sweep(left))
+                    log.info("job firewall tables of daemons gone removed", tables=left)
                 await firewall.apply(firewall.base(policy))
                 parts["firewall"] = f"nftables: egress {settings.egress}" + (
                     f" + {', '.join(settings.egress_allow)}" if settings.egress_allow else "")

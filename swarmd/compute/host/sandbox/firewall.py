@@ -75,13 +75,18 @@ Rules of this module:
   (replies to what U opened), reached through the verdict maps `jobs` and `opened`.
   The set `job_uids` names the uids that have chains (for the mesh rule). `remove_job`
   deletes the map and set entries and both chains in one transaction.
-- `base` deletes the table if present and creates it again: a daemon restart starts from
-  a clean table (the previous run's job uids have no chain, and are no job's any more).
-  Several daemons in different network namespaces each have their own table (nftables
-  state is per namespace); in one namespace they need different `table` names and
-  disjoint uid ranges (the conntrack mark is the namespace's: one table's `opened` check
-  would apply to the other's job of the same uid), and every `base` there wipes that
-  daemon's own jobs' chains.
+- Each daemon has a table of its own, named by its pid (`table_for`): nftables state is per
+  network namespace, and several daemons may share one (a test suite's, two swarms on one
+  host). With one shared name, a daemon that stopped deleted the table another one's jobs
+  were confined by: they ran unconfined from then on, and its next job failed to start
+  (seen: "add chain inet swarmd_jobs job_61223: No such file or directory"). Their job
+  uids never overlap (uids.py's locks hand a uid to one daemon at a time), so the tables
+  judge disjoint uids; a packet passes only if every table accepts it, and a table leaves
+  the uids it has no chain for alone.
+- `base` deletes the table if present and creates it again; before it, a daemon deletes
+  the job tables no running swarmd owns (`stale`: a killed daemon's, whose pid is gone or
+  is no swarmd's now, and the shared `swarmd_jobs` of versions before): a chain left there
+  for a uid would judge the next job handed that uid.
 - Everything written into a script is validated first (addresses through `ipaddress`,
   names against a strict pattern): no value can add a statement.
 - The `conntrack mark` is ours: nothing else on a swarmd host should set it on connections
@@ -95,10 +100,10 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ....nft import NftError, apply  # noqa: F401 (apply: part of this module's interface, box.py calls it)
+from ....nft import NftError, apply, tables  # noqa: F401 (apply, tables: this module's interface to box.py)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -142,6 +147,8 @@ NEVER_V6 = (
 EGRESS = ("mesh", "internet")
 REFUSE = "reject with tcp reset"  # connect() fails now (ECONNREFUSED), not after its SYN retries
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+TABLE = "swarmd_jobs"  # the shared name of versions before: always stale now
+_OWNED = re.compile(r"swarmd_jobs_([1-9][0-9]{0,9})")  # table_for's names: the owner's pid
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # IFNAMSIZ - 1
 
 
@@ -161,7 +168,7 @@ class Policy:
     # the TCP ports service replicas listen on (serve/): no job reaches them over the mesh, a
     # replica's own port answers any member there (its gateway); with `mesh_ifname` only
     serve_ports: tuple[int, int] | None = None
-    table: str = "swarmd_jobs"
+    table: str = TABLE  # the daemon's is table_for(its pid)
 
     def __post_init__(self) -> None:
         low, high = self.uids
@@ -193,6 +200,45 @@ class Policy:
     @property
     def range(self) -> str:
         return f"{self.uids[0]}-{self.uids[1]}"
+
+
+def table_for(pid: int) -> str:
+    """The job table of the daemon with process id `pid` (module header)."""
+    return f"{TABLE}_{pid}"
+
+
+def stale(tables: Iterable[str], is_swarmd: Callable[[int], bool]) -> list[str]:
+    """Of the inet tables `tables`, the job tables no running daemon owns: the shared name of
+    versions before, and those of pids that `is_swarmd` says are no swarmd now."""
+    out = []
+    for name in tables:
+        owner = _OWNED.fullmatch(name)
+        if name == TABLE or (owner is not None and not is_swarmd(int(owner.group(1)))):
+            out.append(name)
+    return out
+
+
+def sweep(tables: Iterable[str]) -> str:
+    """The script that deletes `tables` (from `stale`), present or not: a daemon starting
+    beside this one may be deleting the same ones."""
+    lines = []
+    for name in tables:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"bad nftables table name {name!r}")
+        lines += [f"add table inet {name}", f"delete table inet {name}"]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def is_swarmd(pid: int) -> bool:
+    """Whether process `pid` runs swarmd (`swarmd ...`, `python /usr/bin/swarmd ...` or
+    `python -m swarmd.main ...`): a job table's owner is alive. A pid reused by another
+    program is not."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read(4096).split(b"\0")[:3]
+    except OSError:
+        return False
+    return any(a == b"swarmd.main" or os.path.basename(a) == b"swarmd" for a in args)
 
 
 def base(policy: Policy) -> str:
