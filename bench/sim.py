@@ -65,7 +65,11 @@ def _membership(key: str, report: dict) -> dict[str, float]:
         f"sim_{key}_bytes_sent_per_node_s": traffic["bytes_sent_per_s"]["mean"],
         f"sim_{key}_bytes_recv_per_node_s": traffic["bytes_recv_per_s"]["mean"],
         f"sim_{key}_msgs_recv_per_node_s": traffic["msgs_recv_per_s"]["mean"],
+        f"sim_{key}_bytes_recv_p99_per_node_s": traffic["bytes_recv_per_s"]["p99"],
     }
+    for kind, f in traffic.get("bytes_recv_by_kind_per_s", {}).items():  # the mean and the p99 node, by kind
+        out |= {f"sim_{key}_bytes_recv_{kind}_per_node_s": f["mean"],
+                f"sim_{key}_bytes_recv_{kind}_p99_per_node_s": f["p99"]}
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -27,7 +27,9 @@ Definitions (each figure in the report means exactly this):
 - **traffic**: per node and second, messages and bytes sent and received, over the
   seconds the node was up from start to end; ``mean``/``p99`` across nodes of each node's
   rate over the run after ``from_s`` (the first bootstrap syncs left out), and a series of
-  the per-second mean and p99 across nodes.
+  the per-second mean and p99 across nodes. The bytes received are also split by message
+  kind (``bytes_recv_by_kind_per_s``: probes, gossip, duplicates, ihave, syncs; the
+  network's KINDS), each with its series (``recv_KIND_mean``/``_p99``).
 
 Percentiles are the bench's (``statistics.quantiles(n=100, method="inclusive")``), so the
 lab's figures and these compare like with like.
@@ -104,6 +106,9 @@ class Cut:
         return (x in self.a and y in self.b) or (x in self.b and y in self.a)
 
 
+TRAFFIC = ("msgs_sent", "bytes_sent", "msgs_recv", "bytes_recv")  # the network's per-node counters
+
+
 class Metrics:
     def __init__(self, nodes: Mapping[Node, Country], *, seconds: float, grace: float,
                  from_s: float = 0.0, far: Callable[[Node], float] = lambda node: 0.0) -> None:
@@ -129,11 +134,10 @@ class Metrics:
                        "congested": 0}
         self._last: tuple[list[np.ndarray], np.ndarray] | None = None  # counters, running at the last sample
         self._seconds: np.ndarray | None = None  # per node: seconds counted (after from_s)
-        self._sums: list[np.ndarray | None] = [None] * 4  # per node: msgs/bytes sent/received in them
+        self._sums: dict[str, np.ndarray] = {}  # per node and counter (TRAFFIC, recv_KIND): its sum in them
         self._t_prev: float | None = None
         self.series: dict[str, list[float]] = {k: [] for k in (
-            "t", "up", "msgs_sent_mean", "msgs_sent_p99", "bytes_sent_mean", "bytes_sent_p99",
-            "msgs_recv_mean", "msgs_recv_p99", "bytes_recv_mean", "bytes_recv_p99")}
+            "t", "up", *(f"{name}_{q}" for name in TRAFFIC for q in ("mean", "p99")))}  # and recv_KIND_...
         self.core: dict[str, int] = {}
         self.end: float | None = None
 
@@ -236,12 +240,15 @@ class Metrics:
 
     # --- traffic ----------------------------------------------------------------------
 
-    def traffic(self, now: float, counters: Sequence[np.ndarray], running: np.ndarray) -> None:
+    def traffic(self, now: float, counters: Sequence[np.ndarray], running: np.ndarray,
+                kinds: Mapping[str, np.ndarray] | None = None) -> None:
         """Once a simulated second: the network's cumulative per-node (msgs sent, bytes sent,
-        msgs received, bytes received) arrays and a bool array of the nodes running now. A
-        node counts for a second only when it ran at both of its ends."""
+        msgs received, bytes received) arrays, the bytes received by message kind (``kinds``:
+        kind -> array), and a bool array of the nodes running now. A node counts for a second
+        only when it ran at both of its ends."""
+        named = dict(zip(TRAFFIC, counters)) | {f"recv_{k}": v for k, v in (kinds or {}).items()}
         prev, self._t_prev = self._t_prev, now
-        last, self._last = self._last, ([c.copy() for c in counters], running.copy())
+        last, self._last = self._last, ({k: c.copy() for k, c in named.items()}, running.copy())
         if last is None or prev is None or now <= prev:
             return
         span = now - prev
@@ -253,14 +260,14 @@ class Metrics:
         s = self.series
         s["t"].append(now)
         s["up"].append(int(running.sum()))
-        for i, name in enumerate(("msgs_sent", "bytes_sent", "msgs_recv", "bytes_recv")):
-            delta = counters[i] - last[0][i]
+        for name, counter in named.items():
+            delta = counter - last[0].get(name, 0.0)
             if counted:
                 add = np.where(both, delta, 0.0)
-                self._sums[i] = add if self._sums[i] is None else self._sums[i] + add
+                self._sums[name] = self._sums[name] + add if name in self._sums else add
             column = delta[both] / span
-            s[f"{name}_mean"].append(float(column.mean()) if column.size else 0.0)
-            s[f"{name}_p99"].append(float(np.percentile(column, 99)) if column.size else 0.0)
+            s.setdefault(f"{name}_mean", []).append(float(column.mean()) if column.size else 0.0)
+            s.setdefault(f"{name}_p99", []).append(float(np.percentile(column, 99)) if column.size else 0.0)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -288,12 +295,18 @@ class Metrics:
         secs = self._seconds if self._seconds is not None else np.zeros(0)
         counted = secs > 0
         traffic: dict = {"from_s": self.from_s, "nodes": int(counted.sum())}
-        for i, name in enumerate(("msgs_sent", "bytes_sent", "msgs_recv", "bytes_recv")):
-            total = self._sums[i]
+
+        def per_s(name: str) -> dict:
+            total = self._sums.get(name)
             per_node = total[counted] / secs[counted] if total is not None else np.zeros(0)
-            traffic[f"{name}_per_s"] = {"mean": float(per_node.mean()) if per_node.size else None,
-                                        "p99": float(np.percentile(per_node, 99)) if per_node.size else None,
-                                        "max": float(per_node.max()) if per_node.size else None}
+            return {"mean": float(per_node.mean()) if per_node.size else None,
+                    "p99": float(np.percentile(per_node, 99)) if per_node.size else None,
+                    "max": float(per_node.max()) if per_node.size else None}
+
+        for name in TRAFFIC:
+            traffic[f"{name}_per_s"] = per_s(name)
+        # bytes received per node per second by message kind (they add up to bytes_recv_per_s's mean)
+        traffic["bytes_recv_by_kind_per_s"] = {name[5:]: per_s(name) for name in self._sums if name.startswith("recv_")}
         traffic["series"] = self.series
         suspicions = {"declared": len(self.suspect_times), "refuted": self.core.get("refutations"),
                       "cleared": self.core.get("accusations_cleared")}

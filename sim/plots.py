@@ -147,8 +147,31 @@ def bandwidth(o: Outcome, path: Path) -> Path:
     return _save(fig, path)
 
 
+def bandwidth_by_kind(o: Outcome, path: Path) -> Path:
+    """What a node receives, by message kind, stacked: the mean across nodes of each second."""
+    s = o.metrics.series
+    fig, ax = _figure()
+    t = np.asarray(s["t"], dtype=float)
+    window = max(1, round(o.scenario.seconds / 60))
+    kernel = np.ones(window) / window
+    kinds = [k[5:-5] for k in s if k.startswith("recv_") and k.endswith("_mean")]
+    ys = [np.asarray(s[f"recv_{k}_mean"], dtype=float) / 1e3 for k in kinds]
+    if kinds and t.size >= window:
+        ax.stackplot(t[window - 1:], *(np.convolve(y, kernel, mode="valid") for y in ys), labels=kinds, alpha=0.8)
+        fig.legend(loc="outside lower center", ncols=len(kinds), fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no traffic by kind recorded", transform=ax.transAxes, ha="center")
+    ax.set_xlabel(f"simulated seconds (each point: the {window} s before it)" if window > 1 else "simulated seconds")
+    ax.set_ylabel("kB received per node per second (mean)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(_title(o, "traffic per node by message kind"), fontsize=10)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 def write_all(o: Outcome, out: Path) -> list[Path]:
     if o.metrics is None:
         return [convergence(o, out / "dissemination.png")]
     return [detection_cdf(o, out / "detection_cdf.png"), convergence(o, out / "convergence.png"),
-            false_positives(o, out / "false_positives.png"), bandwidth(o, out / "bandwidth.png")]
+            false_positives(o, out / "false_positives.png"), bandwidth(o, out / "bandwidth.png"),
+            bandwidth_by_kind(o, out / "bandwidth_by_kind.png")]

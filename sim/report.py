@@ -130,6 +130,9 @@ def rows(report: Mapping) -> list[tuple[str, str, str]]:
         f = tr[f"{name}_per_s"]
         out.append((f"{label} /node/s", f"{_s(f['mean'], '')} (p99 {_s(f['p99'], '')})",
                     f"mean across nodes, from {tr['from_s']:g} s"))
+    for kind, f in tr.get("bytes_recv_by_kind_per_s", {}).items():
+        out.append((f"  of which {kind}", f"{_s(f['mean'], '')} (p99 {_s(f['p99'], '')})",
+                    "bytes received /node/s of this kind"))
     core = report["core"]
     shown = ", ".join(f"{k} {v:,}" for k, v in sorted(core.items()) if v)
     out.append(("core counters", shown or "-", "summed over every core"))

@@ -158,7 +158,7 @@ def _membership(s: sc.Scenario, progress: Progress | None, wall0: float) -> Outc
         running[:] = False
         running[swarm.running_nodes()] = True
         tr = swarm.traffic
-        metrics.traffic(now, (tr.msgs_sent, tr.bytes_sent, tr.msgs_recv, tr.bytes_recv), running)
+        metrics.traffic(now, (tr.msgs_sent, tr.bytes_sent, tr.msgs_recv, tr.bytes_recv), running, tr.recv_by_kind)
         if progress is not None:
             progress(now)
 

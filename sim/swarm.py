@@ -83,21 +83,35 @@ class SimRumor:
         self.incarnation = incarnation
 
 
+# What a node receives, by message kind: probes (direct, via and their acks), gossip (the first
+# copy of a record or rumor), duplicates (every further copy the mesh delivers), ihave (the
+# lazy gossip of message ids each heartbeat) and syncs (push-pull requests and payloads).
+KINDS = ("probes", "gossip", "duplicates", "ihave", "syncs")
+
+
 class Traffic:
-    """Cumulative per node since t=0 (numpy float64 arrays, one entry per node)."""
+    """Cumulative per node since t=0 (numpy float64 arrays, one entry per node); the bytes
+    received also by kind (``recv_by_kind``, KINDS: they add up to ``bytes_recv``)."""
 
     def __init__(self, n: int) -> None:
         self.msgs_sent = np.zeros(n)
         self.msgs_recv = np.zeros(n)
         self.bytes_sent = np.zeros(n)
         self.bytes_recv = np.zeros(n)
+        self.recv_by_kind = {kind: np.zeros(n) for kind in KINDS}
 
-    def one(self, a: int, b: int, size: float) -> None:
+    def one(self, a: int, b: int, size: float, kind: str) -> None:
         """One message from a to b."""
         self.msgs_sent[a] += 1
         self.bytes_sent[a] += size
-        self.msgs_recv[b] += 1
-        self.bytes_recv[b] += size
+        self.received(b, 1, size, kind)
+
+    def received(self, nodes, msgs, size, kind: str) -> None:
+        """``msgs`` messages of ``size`` bytes in all, of ``kind``, at ``nodes`` (a node, or an
+        array of distinct nodes with arrays of counts and sizes)."""
+        self.msgs_recv[nodes] += msgs
+        self.bytes_recv[nodes] += size
+        self.recv_by_kind[kind][nodes] += size
 
 
 ChangedFn = Callable[[float, int, int, "State | None", "State | None", str], None]
@@ -412,11 +426,11 @@ class Swarm:
         tr = self.traffic
         if net.reachable(v, p):
             rtt = net.delay(v, p) + net.delay(p, v)
-            tr.one(v, p, PROBE_BYTES)
-            tr.one(p, v, PROBE_BYTES)
+            tr.one(v, p, PROBE_BYTES, "probes")
+            tr.one(p, v, PROBE_BYTES, "probes")
             eng.at(eng.now + rtt, self._probe_done, (v, c, a.id, True, rtt))
         elif net.refuses(v, p):
-            tr.one(v, p, PROBE_BYTES)
+            tr.one(v, p, PROBE_BYTES, "probes")
             eng.at(eng.now + net.delay(v, p) + net.delay(p, v), self._probe_done, (v, c, a.id, False, None))
         elif net.power[v] == UP:
             tr.msgs_sent[v] += 1
@@ -438,23 +452,22 @@ class Swarm:
         tr.bytes_sent[v] += PROBE_BYTES
         if not net.reachable(v, h):
             return
-        tr.msgs_recv[h] += 1
-        tr.bytes_recv[h] += PROBE_BYTES
+        tr.received(h, 1, PROBE_BYTES, "probes")
         there = net.delay(v, h)
         if net.reachable(h, t):
             rtt = net.delay(h, t) + net.delay(t, h)
-            tr.one(h, t, PROBE_BYTES)
-            tr.one(t, h, PROBE_BYTES)
+            tr.one(h, t, PROBE_BYTES, "probes")
+            tr.one(t, h, PROBE_BYTES, "probes")
             ok = rtt <= a.timeout
             wait = rtt if ok else a.timeout
         elif net.refuses(h, t):
-            tr.one(h, t, PROBE_BYTES)
+            tr.one(h, t, PROBE_BYTES, "probes")
             ok, wait = False, net.delay(h, t) + net.delay(t, h)
         else:
             tr.msgs_sent[h] += 1
             tr.bytes_sent[h] += PROBE_BYTES
             ok, wait = False, a.timeout
-        tr.one(h, v, PROBE_BYTES)
+        tr.one(h, v, PROBE_BYTES, "probes")
         eng = self.engine
         eng.at(eng.now + there + wait + net.delay(h, v), self._via_done, (v, c, a.id, a.via, ok))
 
@@ -483,8 +496,8 @@ class Swarm:
         tr.msgs_sent[reached] += copies
         tr.bytes_sent[reached] += size * copies
         got = np.maximum(copies, 1)
-        tr.msgs_recv[reached] += got
-        tr.bytes_recv[reached] += size * got
+        tr.received(reached, 1, size, "gossip")
+        tr.received(reached, got - 1, size * (got - 1), "duplicates")
         ticks = np.ceil(arrivals[reached] / QUANTUM - 1e-6)
         order = np.argsort(ticks, kind="stable")
         ticks = ticks[order]
@@ -563,8 +576,7 @@ class Swarm:
             tr = self.traffic
             tr.msgs_sent[up] += D_LAZY
             tr.bytes_sent[up] += size
-            tr.msgs_recv[up] += D_LAZY
-            tr.bytes_recv[up] += size
+            tr.received(up, D_LAZY, size, "ihave")
         self.engine.at(self.engine.now + HEARTBEAT, self._heartbeat)
 
     # --- sync -----------------------------------------------------------------------------
@@ -574,7 +586,7 @@ class Swarm:
         if not net.reachable(v, p):
             return
         eng = self.engine
-        self.traffic.one(v, p, CONTROL_BYTES)
+        self.traffic.one(v, p, CONTROL_BYTES, "syncs")
         eng.at(eng.now + net.delay(v, p), self._sync_respond, (v, c, p))
 
     def _payload(self, v: int, c: Membership) -> tuple[np.ndarray, list]:
@@ -609,7 +621,7 @@ class Swarm:
 
     def _count_payload(self, a: int, b: int, held: np.ndarray, claims: list) -> None:
         self.traffic.one(a, b, RECORD_BYTES * int(np.count_nonzero(held >= 0)) + CLAIM_BYTES * len(claims)
-                         + CONTROL_BYTES)
+                         + CONTROL_BYTES, "syncs")
 
     def _merge(self, v: int, c: Membership, by: int, theirs: np.ndarray, claims: list) -> None:
         mine = self._held[v]

@@ -28,11 +28,12 @@ def test_run_small_prints_a_summary_and_writes_the_report_and_plots(tmp_path):
     assert r.returncode == 0, r.stderr
     assert took < 30, f"the CI scenario took {took:.1f} s"
     for figure in ("detection p50 / p99 / max", "false dead", "change reached 100 %", "bytes sent /node/s",
-                   "core counters"):
+                   "of which syncs", "of which duplicates", "core counters"):
         assert figure in r.stdout
     assert "60 simulated s in" in r.stdout and "wall" in r.stdout
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["bandwidth.png", "convergence.png", "detection_cdf.png", "false_positives.png", "report.json"]
+    assert names == ["bandwidth.png", "bandwidth_by_kind.png", "convergence.png", "detection_cdf.png",
+                     "false_positives.png", "report.json"]
     data = json.loads((out / "report.json").read_text())
     assert data["scenario"]["name"] == "small" and data["scenario"]["seed"] == 2
     assert data["detection"]["crashes"] == 2

@@ -118,6 +118,21 @@ def test_traffic_counts_a_node_for_the_seconds_it_ran_at_both_ends():
     assert tr["series"]["up"] == [2, 3]
 
 
+def test_traffic_by_kind_is_counted_as_the_totals_are():
+    m = Metrics({0: None, 1: None}, seconds=2, grace=1.0, from_s=0.0)
+    zero, run = np.zeros(2), np.array([True, True])
+    m.traffic(0.0, (zero, zero, zero, zero), run, {"probes": zero, "syncs": zero})
+    probes, syncs = np.array([100.0, 300.0]), np.array([0.0, 5000.0])
+    m.traffic(2.0, (zero, zero, zero, probes + syncs), run, {"probes": probes, "syncs": syncs})
+    m.finish(2.0, {})
+    tr = m.report()["traffic"]
+    assert tr["bytes_recv_by_kind_per_s"]["probes"]["mean"] == pytest.approx((50 + 150) / 2)
+    assert tr["bytes_recv_by_kind_per_s"]["syncs"]["max"] == pytest.approx(2500)
+    assert tr["series"]["recv_syncs_mean"] == [pytest.approx(1250.0)]
+    by_kind = tr["bytes_recv_by_kind_per_s"].values()
+    assert tr["bytes_recv_per_s"]["mean"] == pytest.approx(sum(k["mean"] for k in by_kind))
+
+
 def test_percentiles_are_the_benchs():
     assert pct([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert pct([5.0], 99) == 5.0
@@ -189,6 +204,12 @@ def test_a_small_scenarios_figures_sit_inside_hand_computed_bounds(small_outcome
     assert 0 < tr["bytes_sent_per_s"]["mean"] < 50_000  # probes, refreshes and gossip of 50 nodes
     assert tr["msgs_sent_per_s"]["mean"] >= 1 / t.probe_interval  # at least its own probes
     assert r["core"]["probes"] > 0 and r["core"]["deaths"] >= 2 * 48
+    kinds = tr["bytes_recv_by_kind_per_s"]
+    assert list(kinds) == ["probes", "gossip", "duplicates", "ihave", "syncs"]
+    assert sum(k["mean"] for k in kinds.values()) == pytest.approx(tr["bytes_recv_per_s"]["mean"])
+    assert all(k["mean"] > 0 for k in kinds.values()), kinds  # 50 nodes probe, gossip, resend and sync
+    assert kinds["duplicates"]["mean"] < kinds["gossip"]["mean"] * 8  # gossipsub's D = 8: at most D - 1 more
+    assert tr["series"]["recv_syncs_mean"] and len(tr["series"]["recv_syncs_mean"]) == len(tr["series"]["t"])
 
 
 def _one_ways(outcome) -> list[float]:
@@ -209,7 +230,7 @@ def test_the_plots_are_pngs(small_outcome, tmp_path):
 
     paths = plots.write_all(small_outcome, tmp_path)
     assert [p.name for p in paths] == ["detection_cdf.png", "convergence.png", "false_positives.png",
-                                       "bandwidth.png"]
+                                       "bandwidth.png", "bandwidth_by_kind.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000
 
@@ -233,7 +254,7 @@ def test_plots_from_a_hand_made_run_and_a_dissemination(tmp_path):
                 sim_events=10)
     (tmp_path / "a").mkdir()
     paths = plots.write_all(o, tmp_path / "a")
-    assert len(paths) == 4 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    assert len(paths) == 5 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
     again = plots.write_all(o, tmp_path)
     assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]  # no date or version inside
     d = Outcome(scenario=s, figures={}, metrics=None, arrivals=np.array([0.0, 0.1, 0.2, np.inf]),
