@@ -102,3 +102,19 @@ def test_a_pid_is_a_swarmds_only_while_swarmd_runs_there():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@root_only()
+def test_a_local_user_naming_a_process_swarmd_does_not_keep_a_dead_daemons_table():
+    """exec -a swarmd: argv[0] is the name a user chose, the process is still the user's."""
+    impostor = subprocess.Popen(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "bash", "-c",
+                                 "exec -a swarmd sleep 60"])
+    try:
+        wait_until(lambda: Path(f"/proc/{impostor.pid}/cmdline").read_bytes().startswith(b"swarmd\0"), 10,
+                   "the impostor's command line")
+        assert not firewall.is_swarmd(impostor.pid)
+        assert firewall.stale([firewall.table_for(impostor.pid)], firewall.is_swarmd) == \
+            [firewall.table_for(impostor.pid)]
+    finally:
+        impostor.kill()
+        impostor.wait()

@@ -231,9 +231,12 @@ def sweep(tables: Iterable[str]) -> str:
 
 def is_swarmd(pid: int) -> bool:
     """Whether process `pid` runs swarmd (`swarmd ...`, `python /usr/bin/swarmd ...` or
-    `python -m swarmd.main ...`): a job table's owner is alive. A pid reused by another
-    program is not."""
+    `python -m swarmd.main ...`) as root (only root has a job firewall): a job table's owner
+    is alive. A pid reused by another program is not, nor a local user's process that names
+    itself swarmd to keep a dead daemon's chains in place."""
     try:
+        if os.stat(f"/proc/{pid}").st_uid != 0:
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read(4096).split(b"\0")[:3]
     except OSError:
