@@ -27,6 +27,7 @@ import pytest
 from sim.netlab import lab as labmod
 from sim.netlab import topology
 from sim.netlab.lab import SWARMD_PORT
+from swarmd.mesh import reach as reach_driver
 
 from .support import call, job_logs, rank_lines, swarmctl, until, workdir
 
@@ -320,7 +321,11 @@ def test_members_lying_about_reachability_change_nothing(nl):
     assert flood["dialled"] <= 2 and flood["not_dialled"] >= 5, flood  # answered, but dialled back once or twice
     refused = rejected(nl, "h1")  # refused and counted: rationed dial-backs and answers, streams beyond 4 at once
     assert refused.get("dial_rate", 0) >= 3 and refused.get("too_many_streams", 0) >= 10, (refused, flood)
-    assert refused.get("ask_rate", 0) >= 5, (refused, flood)
+    # answers are rationed, whichever refusal comes first: the ask rate, or the streams beyond 4
+    # at once (which of the two varies with the timing: ask_rate was 1 once, too_many_streams 36)
+    answered = flood["dialled"] + flood["not_dialled"]
+    assert answered <= reach_driver.ASK_BURST + reach_driver.ASKS_PER_S * 4 + 1, (refused, flood)
+    assert refused.get("ask_rate", 0) + refused.get("too_many_streams", 0) >= 40 - answered - 10, (refused, flood)
     # and everyone is still reached as before, on the paths theory says
     assert call(nl, "h5", "status")["reach"]["nat"] == "edm"
     until(lambda: as_expected(nl)[0], 60, "the paths as before", interval=2.0, detail=lambda: why_not(nl))
