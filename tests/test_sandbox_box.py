@@ -301,3 +301,16 @@ async def test_a_failing_step_of_the_boxs_close_skips_none_of_the_others(tmp_pat
         assert uid not in sb.pool._given, "the uid went back to the pool"
     finally:
         await sb.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's parts need root")
+async def test_a_failing_sweep_of_dead_daemons_tables_still_puts_the_firewall_up(tmp_path, monkeypatch):
+    async def refuse(family):
+        raise boxmod.firewall.FirewallError("nft -j list tables: unreadable output")
+
+    monkeypatch.setattr(boxmod.firewall, "tables", refuse)
+    sb = await Sandbox.start(settings(tmp_path))
+    try:
+        assert sb.parts["firewall"].startswith("nftables"), sb.parts
+    finally:
+        await sb.close()

@@ -4,16 +4,17 @@ startable; a dead daemon's table goes when a daemon next starts (sandbox/firewal
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+import trio
 
 from conftest import root_only, wait_until
 from sim.netlab.lab import job_user
+from swarmd import nft
 from swarmd.compute.host.sandbox import firewall
 from test_jobs_local import swarmctl
 
@@ -49,8 +50,7 @@ def boxed(make_daemon):
 
 
 def inet_tables() -> list[str]:
-    out = subprocess.run(["nft", "-j", "list", "tables", "inet"], capture_output=True, text=True, check=True).stdout
-    return [t["table"]["name"] for t in json.loads(out)["nftables"] if "table" in t]
+    return trio.run(nft.tables, "inet")
 
 
 @root_only()

@@ -220,11 +220,14 @@ class Sandbox:
                                                                                          settings.daemon_port),
                                      serve_ports=settings.serve_ports if settings.mesh_ifname else None,
                                      table=firewall.table_for(os.getpid()))
-            try:
+            try:  # a killed daemon's chains would judge the next job handed their uids; failing, ours still go up
                 left = firewall.stale(await firewall.tables("inet"), firewall.is_swarmd)
-                if left:  # a killed daemon's chains would judge the next job handed their uids
+                if left:
                     await firewall.apply(firewall.sweep(left))
                     log.info("job firewall tables of daemons gone removed", tables=left)
+            except firewall.FirewallError as exc:
+                log.warning("job firewall tables of daemons gone not removed", error=str(exc))
+            try:
                 await firewall.apply(firewall.base(policy))
                 parts["firewall"] = f"nftables: egress {settings.egress}" + (
                     f" + {', '.join(settings.egress_allow)}" if settings.egress_allow else "")
