@@ -15,11 +15,12 @@ Theory of operation:
   ``Sync``: a push-pull, ``merge_sync`` on both sides with the other's records and
   ``sync_claims()``; ``Changed``: reported to ``on_changed``, and a peer held dead or left
   leaves the node's mesh.
-- A sync carries every record the sender holds; the receiving driver drops those
-  byte-identical to the one it holds (``syncmerge.select_sync_records``). The swarm keeps,
-  per node and peer, which of the peer's records the node's core holds (``_held``, an
-  int32 matrix kept from the cores' own results), so a sync costs one numpy comparison
-  plus the records that differ, not a Python loop over the view.
+- A sync runs as the daemon's (gossip/sync.py): the responder's digest (``[peer, seq]`` of
+  every record it holds), the requester's records the digest lacks or holds older and the
+  peers it wants, then the wanted records. The swarm keeps, per node and peer, which of the
+  peer's records the node's core holds (``_held``, an int32 matrix kept from the cores' own
+  results; a later record has a higher index), so a sync costs numpy comparisons plus the
+  records that differ, not a Python loop over the view.
 - Start: the nodes given start as a formed swarm (each holds every other's first record,
   as after bootstrap); a node that joins later syncs with ``BOOTSTRAP`` random running
   nodes, as ``swarmd`` does with its bootstrap peers.
@@ -50,6 +51,7 @@ from .network import CRASHED, STOPPED, UP, Latency, Network
 INF = float("inf")
 BOOTSTRAP = 3  # peers a joining node syncs with first
 CLAIM_BYTES = 50
+DIGEST_BYTES = 64  # a digest's [peer, seq], msgpack: a 52-character peer id and a 64-bit seq
 
 
 class SimRecord:
@@ -589,39 +591,48 @@ class Swarm:
         self.traffic.one(v, p, CONTROL_BYTES, "syncs")
         eng.at(eng.now + net.delay(v, p), self._sync_respond, (v, c, p))
 
-    def _payload(self, v: int, c: Membership) -> tuple[np.ndarray, list]:
-        return self._held[v].copy(), c.sync_claims()
-
     def _sync_respond(self, arg: tuple) -> None:
+        """The responder's digest: ``[peer, seq]`` of every record it holds, and its claims."""
         v, c, p = arg
         cp = self.cores[p]
         if cp is None or not self.net.reachable(p, v):
             return
-        held, claims = self._payload(p, cp)
-        self._count_payload(p, v, held, claims)
+        held, claims = self._held[p].copy(), cp.sync_claims()
+        self.traffic.one(p, v, DIGEST_BYTES * int(np.count_nonzero(held >= 0)) + CLAIM_BYTES * len(claims)
+                         + CONTROL_BYTES, "syncs")
         eng = self.engine
         eng.at(eng.now + self.net.delay(p, v), self._sync_requester, (v, c, p, cp, held, claims))
 
     def _sync_requester(self, arg: tuple) -> None:
-        v, c, p, cp, held, claims = arg
-        if self.cores[v] is not c:
+        """The requester's offer: the records the digest lacks or holds older, the peers it wants."""
+        v, c, p, cp, theirs, claims = arg
+        if self.cores[v] is not c or self.cores[p] is not cp or not self.net.reachable(v, p):
             return
-        self._merge(v, c, p, held, claims)
-        if self.cores[p] is not cp or not self.net.reachable(v, p):
-            return
-        mine, my_claims = self._payload(v, c)
-        self._count_payload(v, p, mine, my_claims)
+        mine, my_claims = self._held[v].copy(), c.sync_claims()
+        offer = np.where(mine > theirs, mine, -1)
+        want = theirs > mine
+        self.traffic.one(v, p, RECORD_BYTES * int(np.count_nonzero(offer >= 0))
+                         + DIGEST_BYTES * int(np.count_nonzero(want)) + CLAIM_BYTES * len(my_claims) + CONTROL_BYTES,
+                         "syncs")
         eng = self.engine
-        eng.at(eng.now + self.net.delay(v, p), self._sync_responder, (p, cp, v, mine, my_claims))
+        eng.at(eng.now + self.net.delay(v, p), self._sync_responder, (p, cp, v, c, offer, want, my_claims, claims))
 
     def _sync_responder(self, arg: tuple) -> None:
-        p, cp, v, held, claims = arg
-        if self.cores[p] is cp:
-            self._merge(p, cp, v, held, claims)
+        """The responder sends the wanted records it holds now, then merges the offer."""
+        p, cp, v, c, offer, want, my_claims, claims = arg
+        if self.cores[p] is not cp:
+            return
+        answer = np.where(want, self._held[p], -1)
+        if self.cores[v] is c and self.net.reachable(p, v):
+            self.traffic.one(p, v, RECORD_BYTES * int(np.count_nonzero(answer >= 0)) + CONTROL_BYTES, "syncs")
+            eng = self.engine
+            eng.at(eng.now + self.net.delay(p, v), self._sync_answered, (v, c, p, answer, claims))
+        self._merge(p, cp, v, offer, my_claims)
 
-    def _count_payload(self, a: int, b: int, held: np.ndarray, claims: list) -> None:
-        self.traffic.one(a, b, RECORD_BYTES * int(np.count_nonzero(held >= 0)) + CLAIM_BYTES * len(claims)
-                         + CONTROL_BYTES, "syncs")
+    def _sync_answered(self, arg: tuple) -> None:
+        v, c, p, answer, claims = arg
+        if self.cores[v] is c:
+            self._merge(v, c, p, answer, claims)
 
     def _merge(self, v: int, c: Membership, by: int, theirs: np.ndarray, claims: list) -> None:
         mine = self._held[v]

@@ -41,7 +41,9 @@ def test_members_see_each_other_with_their_capacity(swarm):
     for p in peers:
         assert p["resources"]["cpu_count"] >= 1
         assert p["resources"]["memory_total_mb"] > 0
-        assert 0 < p["rtt_min_ms"] <= p["rtt_ms"] < 1000
+        # two measurements: the membership's probes (their minimum) and routing's own (its latest
+        # smoothed RTT, or a coordinate estimate): either may be the lower one on a busy machine
+        assert 0 < p["rtt_min_ms"] < 1000 and 0 < p["rtt_ms"] < 1000, p
     status = swarm[1].call("status")
     assert status["swarm"]["id"] == swarm[0].call("status")["swarm"]["id"]
 

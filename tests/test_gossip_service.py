@@ -394,6 +394,36 @@ async def test_within_one_sync_the_first_holder_of_a_wireguard_key_keeps_it():
         nursery.cancel_scope.cancel()
 
 
+async def test_a_digest_gets_only_the_records_its_sender_lacks_and_asks_only_for_newer_ones():
+    """Sync protocol 3 on the driver: a member's digest names OTHER at seq 5 (we hold 5) and a
+    third member at seq 9 (we hold 3): we send nothing of OTHER, want the third, and send our
+    own record (the digest lacks it). Its hostile entries are counted, not obeyed."""
+    g = gossip(cert_for(issued=time.time() - 10, ttl=3600), peerstore=PeerStore())
+    third = SigningKey(b"\x03" * 32)
+    third_peer, other = peer_str(peer_from_key(bytes(third.verify_key))), peer_str(OTHER_PEER)
+    async with trio.open_nursery() as nursery:
+        await running(g, nursery)
+        flush(g, 1.0)
+        third_record = make_record(signer(third), swarm=SWARM, peer=third_peer, seq=3, issued=time.time(), ttl=120.0,
+                                   addrs=[], resources=RES, labels={}, wg=None,
+                                   cert=cert_for(peer_from_key(bytes(third.verify_key)), issued=time.time() - 10,
+                                                 ttl=3600))
+        g.syncs.merge({"records": [other_record(5, []), third_record], "claims": []}, ID.from_base58(other))
+        assert sorted(m.peer for m in g.view()) == sorted([other, third_peer])
+        digest = [[other, 5], [third_peer, 9], ["../etc", 1], [other, True]]
+        offer = g.syncs.offer({"digest": digest, "claims": []}, ID.from_base58(other))
+        own = g.syncs.held()[-1]
+        assert own.peer == ME and offer["records"] == [own.blob]
+        assert offer["want"] == [third_peer]
+        assert g.rejected == {"sync_digest": 1}
+
+        answer = g.syncs.answer({"want": [third_peer, third_peer, "nobody", 7] + [other] * 50},
+                                ID.from_base58(other))
+        assert answer == {"records": [third_record]}
+        assert g.rejected == {"sync_digest": 1, "sync_want": 1}
+        nursery.cancel_scope.cancel()
+
+
 # --- what the floors above read of Gossip exists on it ---------------------------------------
 
 def test_what_routing_and_the_jobs_read_of_gossip_is_there_on_the_real_driver():

@@ -153,7 +153,7 @@ async def _attack(args: argparse.Namespace, tmp: Path) -> str:
                 await trio.sleep(0.2)
 
             async def sync(payload: dict) -> object:
-                """A sync as a member runs it (protocol 2): certificate first, then our records."""
+                """A sync as a member runs it (protocol 3): certificate first, then our records."""
                 from .intruder_gossip import sync_exchange
 
                 with trio.fail_after(30):

@@ -38,8 +38,10 @@ GOSSIP_ATTACKS = ("incarnation", "false-dead", "presync-oversize", "streams")
 
 async def sync_exchange(host: IHost, peer: ID, hello: dict[str, Any],
                         payload: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """A sync as protocol 2 runs it (service.py): our certificate, theirs, their view, ours.
-    Returns (their first answer, their view or None when they refused)."""
+    """A sync as protocol 3 runs it (sync.py): our certificate, theirs, their digest, our
+    records and the peers we want (by default every one their digest names), their records.
+    Returns (their first answer, their digest's frame with the records they sent, or None
+    when they refused)."""
     stream = await open_stream(host, peer, SYNC_PROTOCOL)
     try:
         await write_frame(stream, hello)
@@ -47,12 +49,17 @@ async def sync_exchange(host: IHost, peer: ID, hello: dict[str, Any],
         if not isinstance(answer, dict) or "error" in answer:
             return answer, None
         theirs = await read_frame(stream, MAX_SYNC_FRAME)
-        await write_frame(stream, payload if payload is not None else {"records": [], "claims": []})
-        with trio.move_on_after(2):  # until the target hangs up: it has read our view then
+        digest = theirs.get("digest") if isinstance(theirs, dict) else None
+        want = [e[0] for e in digest if isinstance(e, list) and e] if isinstance(digest, list) else []
+        await write_frame(stream, {"records": [], "claims": [], "want": want, **(payload or {})})
+        sent = await read_frame(stream, MAX_SYNC_FRAME)
+        with trio.move_on_after(2):  # until the target hangs up: it has read our records then
             try:
                 await stream.read(1)
             except Exception:
                 pass
+        if isinstance(theirs, dict) and isinstance(sent, dict):
+            theirs = {**theirs, "records": sent.get("records", [])}
         return answer, theirs
     finally:
         await close_quietly(stream)

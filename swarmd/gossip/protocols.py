@@ -6,6 +6,6 @@ certificate); only a sync's views, after both certificates were checked, may be 
 """
 
 PROBE_PROTOCOL = "/swarmd/probe/1.0.0"  # probes.py: an indirect probe through a helper member
-SYNC_PROTOCOL = "/swarmd/sync/2.0.0"  # sync.py; 2: certificates first, views only to members
+SYNC_PROTOCOL = "/swarmd/sync/3.0.0"  # sync.py; 2: certificates first, views only to members; 3: digests first
 JOIN_PROTOCOL = "/swarmd/join/1.0.0"  # join.py and admission.py: joins and renewals, on the owner
 MAX_SYNC_FRAME = 16 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Push-pull sync (anti-entropy): two members exchange everything they hold.
+"""Push-pull sync (anti-entropy): two members trade digests, then what the other lacks.
 
 The core decides with whom (``Sync``: a random alive member every sync_interval, a dead one
 every reconnect_interval); a new connection and a bootstrap address start one too.
@@ -6,15 +6,22 @@ Nothing is given to a peer before it proves membership, and nothing large is rea
 before that: the first frame either way is read with a small limit and must hold a valid
 certificate for the stream's peer id. On the sync protocol:
 
-    requester -> responder  {cert}                  (read with a 64 KiB limit)
-    responder -> requester  {cert}                  (or {error}; 64 KiB limit)
-    responder -> requester  {records, claims}       (16 MiB; sent only after the check)
-    requester -> responder  {records, claims}       (16 MiB; read only after the check)
+    requester -> responder  {cert}                            (read with a 64 KiB limit)
+    responder -> requester  {cert}                            (or {error}; 64 KiB limit)
+    responder -> requester  {digest, claims, revoked}         (16 MiB; sent only after the check)
+    requester -> responder  {records, want, claims, revoked}  (16 MiB; read only after the check)
+    responder -> requester  {records}                         (16 MiB)
+
+``digest`` is ``[peer, seq]`` of every record the responder holds; the requester sends the
+records it holds newer or the responder lacks, and ``want``s the peers whose records it
+lacks or holds older, which the responder then sends (syncmerge.py). So a converged pair
+trades about 60 bytes a member, not every record (about a kilobyte each).
 
 A payload also carries ``revoked``, the revocations its sender knows. A hello may instead
 carry ``{cert, revoked, bye: true}``: a member that just revoked us tells us so and goes.
 
-A payload is hostile input. Its records are filtered first (syncmerge.py: ones we hold,
+A payload is hostile input. A digest and a want are checked entry by entry and capped by
+our view's size (``read_digest``, ``read_want``); its records are filtered first (syncmerge.py: ones we hold,
 duplicates, more than the view can explain are not even verified), then verified and
 checked by admission one by one, each refusal counted; its claims (``[peer, state, inc]``
 about members the sender holds down) are type-checked, at most ``MAX_CLAIMS``. Only then
@@ -43,7 +50,7 @@ from .membership import REFUSED
 from .protocols import MAX_SYNC_FRAME, SYNC_PROTOCOL
 from .revocation import Revocation
 from .state import Shared
-from .syncmerge import max_records, select_sync_records
+from .syncmerge import digest, max_records, newer, read_digest, read_want, select_sync_records, wanted
 from .wire import Record, Rumor
 
 log = structlog.get_logger("swarmd.gossip")
@@ -91,15 +98,42 @@ class Syncs:
         else:
             self.s.start_soon(self.sync, peer)
 
-    def payload(self) -> dict[str, Any]:
-        """What a sync sends once the other side proved membership: every record we hold, our
-        claims about members down, and the revocations we know."""
+    def held(self) -> list[Record]:
+        """Every record we hold: the view's and our own newest."""
         s, own = self.s, self._own_record()
         assert s.core is not None
-        records = [m.record.blob for m in s.view()]
+        records = [m.record for m in s.view()]
         if own is not None:
-            records.append(own.blob)
-        return {"records": records, "claims": s.core.sync_claims(), "revoked": self._revocations()}
+            records.append(own)
+        return records
+
+    def summary(self) -> dict[str, Any]:
+        """The responder's first payload, once the requester proved membership: the digest of
+        what we hold, our claims about members down, and the revocations we know."""
+        assert self.s.core is not None
+        return {"digest": digest(self.held()), "claims": self.s.core.sync_claims(), "revoked": self._revocations()}
+
+    def offer(self, summary: Any, peer: ID) -> dict[str, Any]:
+        """The requester's answer to a responder's ``summary``: the records it lacks or holds
+        older, the peers we want its records of, our claims and revocations."""
+        s = self.s
+        assert s.core is not None
+        held = self.held()
+        raw = summary.get("digest") if isinstance(summary, dict) else None
+        theirs, problem = read_digest(raw, len(held))
+        if problem is not None:
+            s.reject("sync_digest", str(peer), problem)
+        want = wanted({r.peer: r.seq for r in held}, theirs, skip=s.excluded)
+        return {"records": newer(held, theirs), "want": want, "claims": s.core.sync_claims(),
+                "revoked": self._revocations()}
+
+    def answer(self, offer: Any, peer: ID) -> dict[str, Any]:
+        """The responder's last frame: the records of the peers the requester ``want``s that we hold."""
+        held = {r.peer: r for r in self.held()}
+        want, problem = read_want(offer.get("want", []) if isinstance(offer, dict) else [], len(held))
+        if problem is not None:
+            self.s.reject("sync_want", str(peer), problem)
+        return {"records": [held[p].blob for p in want if p in held]}
 
     def merge(self, payload: Any, peer: ID) -> bool:
         """Merge a member's payload through the core; True when it made us refute (the core
@@ -158,10 +192,13 @@ class Syncs:
             await write_frame(stream, {"cert": s.swarm.cert.blob})
             if not self._hello_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):
                 return "refused"
-            theirs = await read_frame(stream, MAX_SYNC_FRAME)
-            await write_frame(stream, self.payload())
+            summary = await read_frame(stream, MAX_SYNC_FRAME)
+            await write_frame(stream, self.offer(summary, pid))
+            answer = await read_frame(stream, MAX_SYNC_FRAME)
         finally:
             await close_quietly(stream)
+        theirs = dict(summary) if isinstance(summary, dict) else {}
+        theirs["records"] = answer.get("records") if isinstance(answer, dict) else answer
         return "refuted" if self.merge(theirs, pid) else "done"
 
     async def sync(self, peer: str) -> None:
@@ -216,8 +253,10 @@ class Syncs:
                     self._merge_revocations(hello.get("revoked"), str(peer))
                     return
                 await write_frame(stream, {"cert": s.swarm.cert.blob})  # type: ignore[union-attr]
-                await write_frame(stream, self.payload())
-                self.merge(await read_frame(stream, MAX_SYNC_FRAME), peer)  # a refute: the core asks for a sync back
+                await write_frame(stream, self.summary())
+                offer = await read_frame(stream, MAX_SYNC_FRAME)
+                await write_frame(stream, self.answer(offer, peer))
+                self.merge(offer, peer)  # a refute: the core asks for a sync back
         except FrameTooLarge as exc:
             s.reject("too_large", str(peer), f"sync request: {exc}")
         except Exception as exc:
