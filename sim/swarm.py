@@ -41,6 +41,7 @@ import numpy as np
 
 from swarmd.gossip.membership import (Changed, Counters, Membership, Probe, ProbeVia, PublishRecord, PublishRumor,
                                       State, Sync, Timing)
+from swarmd.gossip.protocols import KINDS  # what a node receives, by message kind: as the daemon counts it
 
 from . import gossipsub
 from .engine import Engine
@@ -85,10 +86,6 @@ class SimRumor:
         self.incarnation = incarnation
 
 
-# What a node receives, by message kind: probes (direct, via and their acks), gossip (the first
-# copy of a record or rumor), duplicates (every further copy the mesh delivers), ihave (the
-# lazy gossip of message ids each heartbeat) and syncs (push-pull requests and payloads).
-KINDS = ("probes", "gossip", "duplicates", "ihave", "syncs")
 
 
 class Traffic:

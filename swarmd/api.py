@@ -184,6 +184,7 @@ def swarm_status(node: Node) -> dict[str, Any]:
                   **node.gossip.admission.status()},
         "gossip": {**{k: node.gossip.traffic.counts[k] for k in ("messages_in", "messages_out", "bytes_in",
                                                                   "bytes_out", "dropped")},
+                   "received_by_kind": node.gossip.traffic.by_kind(),
                    "rejected": dict(node.rejects.rejected)},  # every subsystem's, by reason
         "rejected": {subsystem: dict(counts) for subsystem, counts in node.rejects.by_subsystem.items()},
         "record": None if own is None else {

@@ -35,6 +35,10 @@ class Metrics:
                                        ["direction"], registry=self.registry)
         self.gossip_bytes = Counter("swarmd_gossip_bytes", "Bytes of records and rumors on the swarm topic",
                                     ["direction"], registry=self.registry)
+        self.gossip_received_bytes = Counter(
+            "swarmd_gossip_received_bytes", "Bytes the membership received, by kind: probes, gossip (a record's or "
+            "rumor's first copy), duplicates (its further copies), ihave (lazy gossip), syncs", ["kind"],
+            registry=self.registry)
         self.rejected = Counter("swarmd_rejected", "Peer input refused, by subsystem and reason",
                                 ["subsystem", "reason"], registry=self.registry)
         self.gossip_dropped = Counter("swarmd_gossip_dropped", "Outbound gossip RPCs dropped by a full queue",

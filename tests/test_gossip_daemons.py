@@ -52,6 +52,11 @@ def test_members_see_each_other_with_their_capacity(swarm):
         return ids[2] in rows[ids[1]]["rtts_ms"] and rows[ids[1]]["jobs"]["slots"] >= 1
     wait_until(relayed, 15, "b's record carrying its RTT to c and its job slots")
     assert status["swarm"]["members"] == {"alive": 2, "suspect": 0, "dead": 0, "left": 0}
+    # what the membership received, by kind, as the simulator counts it: b's record came by
+    # gossip, the joins synced, the probes echoed
+    got = swarm[0].call("status")["gossip"]["received_by_kind"]
+    assert set(got) == {"probes", "gossip", "duplicates", "ihave", "syncs"}, got
+    assert got["probes"] > 0 and got["gossip"] > 0 and got["syncs"] > 0, got
 
 
 def test_a_label_change_reaches_the_others(swarm):

@@ -43,6 +43,9 @@ class Probes:
         self._connect, self._ping, self._acted = connect, ping, acted
         self._rtt_observed, self._check_member = rtt_observed, check_member
 
+    def _counted(self, size: int) -> None:
+        self.s.traffic.received("probes", size)
+
     async def ping(self, peer: str, timeout: float) -> float | None:
         """The RTT to ``peer`` in seconds, or None if it did not answer within ``timeout``."""
         pid = ID.from_base58(peer)
@@ -70,7 +73,8 @@ class Probes:
                 pid = ID.from_base58(via)
                 await self._connect(pid)
                 reply = await request(s.host, pid, PROBE_PROTOCOL, {
-                    "cert": s.swarm.cert.blob, "target": peer_bytes(target), "timeout": timeout})
+                    "cert": s.swarm.cert.blob, "target": peer_bytes(target), "timeout": timeout},
+                    counted=self._counted)
                 ack = bool(reply.get("ack")) if isinstance(reply, dict) else None
             except PeerError:
                 pass
@@ -83,7 +87,7 @@ class Probes:
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(10):
-                req = await read_frame(stream, 4096)
+                req = await read_frame(stream, 4096, self._counted)
                 if not await self._check_member(req, peer, stream):
                     return
                 target = peer_str(req["target"])

@@ -63,6 +63,7 @@ class GatedPubsub(Pubsub):
         self.gated = gated  # False: py-libp2p's behaviour (the lab's intruder plays an attacker with it)
         self.admitted: set[ID] = set()
         self.quiet_drop: Callable[[ID, rpc_pb2.Message], bool] | None = None
+        self.received: Callable[[str, int], None] = lambda kind, size: None  # state.Traffic.received
         self._waiting: set[ID] = set()  # connected, no pubsub stream opened to them yet
         self._held: dict[ID, set[str]] = {}  # their subscriptions, applied on admission
 
@@ -121,7 +122,10 @@ class GatedPubsub(Pubsub):
                 raise
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
-        if self.quiet_drop is not None and not self._is_msg_seen(msg) and self.quiet_drop(msg_forwarder, msg):
+        seen = self._is_msg_seen(msg)
+        if msg_forwarder != self.my_id:  # a copy from a peer, not our own publish
+            self.received("duplicates" if seen else "gossip", len(msg.data))
+        if self.quiet_drop is not None and not seen and self.quiet_drop(msg_forwarder, msg):
             return
         await super().push_msg(msg_forwarder, msg)
 
@@ -131,8 +135,11 @@ class GatedGossipSub(GossipSub):
     pubsub has not admitted: a GRAFT would put it in the topic's mesh."""
 
     async def handle_rpc(self, rpc: rpc_pb2.RPC, sender_peer_id: ID) -> None:
-        if isinstance(self.pubsub, GatedPubsub) and not self.pubsub.is_admitted(sender_peer_id):
-            return
+        if isinstance(self.pubsub, GatedPubsub):
+            if not self.pubsub.is_admitted(sender_peer_id):
+                return
+            if rpc.control.ihave:
+                self.pubsub.received("ihave", sum(ihave.ByteSize() for ihave in rpc.control.ihave))
         await super().handle_rpc(rpc, sender_peer_id)
 
 

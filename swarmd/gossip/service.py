@@ -42,7 +42,7 @@ from libp2p.peer.id import ID
 
 from ..p2p.rejects import Refusals, Rejects
 from ..p2p.signed import Signer
-from ..p2p.streams import Pinger
+from ..p2p.streams import Pinger, count_pings
 from ..p2p.transport import guarded
 from . import pubsub as ps
 from .admission import Admission
@@ -254,6 +254,9 @@ class Gossip:
         ``timeout``: what routing measures its legs with."""
         return await self.probes.ping(peer, timeout)
 
+    def _probe_bytes(self, size: int) -> None:
+        self.traffic.received("probes", size)
+
     def is_member(self, peer: str) -> bool:
         """Whether ``peer`` (authenticated by its connection) showed a valid certificate of the
         swarm: in a sync's hello, or in a record of the view; not revoked nor excluded."""
@@ -272,6 +275,8 @@ class Gossip:
                                                            per_peer=STREAMS_PER_PEER))
         self.host.get_network().register_notifee(Notifee(self.peers.events_send))
         ps.count_drops(self.traffic.dropped)
+        self.pinger.received = self._probe_bytes
+        count_pings(self.host, self._probe_bytes)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.pinger.start(nursery)
@@ -294,6 +299,7 @@ class Gossip:
         pubsub, router = ps.make_pubsub(self.host)
         pubsub.set_topic_validator(topic, self.inbound.validate, False)
         pubsub.quiet_drop = self.inbound.quiet_drop
+        pubsub.received = self.traffic.received
         self.shared.pubsub = pubsub
         async with background_trio_service(pubsub), background_trio_service(router):
             await pubsub.wait_until_ready()

@@ -25,13 +25,16 @@ from libp2p.abc import IHost
 from ..p2p.rejects import Refusals
 from ..p2p.signed import Signer
 from .membership import Membership, View
+from .protocols import KINDS
 from .swarmstate import SwarmMembership
 from .wire import Verifier
 
 
 class Traffic:
     """The swarm topic's messages and bytes each way, and what pubsub dropped for a slow peer:
-    in ``swarmd_gossip_{messages,bytes,dropped}_total`` and in ``counts`` (`swarmctl status`)."""
+    in ``swarmd_gossip_{messages,bytes,dropped}_total`` and in ``counts`` (`swarmctl status`).
+    Also the bytes the membership received by kind (protocols.KINDS, as the simulator counts
+    them): ``recv_KIND`` in ``counts``, ``swarmd_gossip_received_bytes_total{kind}``."""
 
     def __init__(self, metrics: Any) -> None:
         self.metrics = metrics
@@ -42,6 +45,14 @@ class Traffic:
         self.counts[f"bytes_{direction}"] += size
         self.metrics.gossip_messages.labels(direction).inc()
         self.metrics.gossip_bytes.labels(direction).inc(size)
+
+    def received(self, kind: str, size: int) -> None:
+        self.counts[f"recv_{kind}"] += size
+        self.metrics.gossip_received_bytes.labels(kind).inc(size)
+
+    def by_kind(self) -> dict[str, int]:
+        """Bytes received so far, by kind (every kind, zero or not)."""
+        return {kind: self.counts[f"recv_{kind}"] for kind in KINDS}
 
     def dropped(self, peer: Any) -> None:
         self.counts["dropped"] += 1

@@ -87,6 +87,9 @@ class Syncs:
         self._syncing: set[str] = set()  # peers we are syncing with, as the requester
         self._again: set[str] = set()  # ... and that the core wants synced once more after it
 
+    def _counted(self, size: int) -> None:
+        self.s.traffic.received("syncs", size)
+
     def busy(self, peer: str) -> bool:
         return peer in self._syncing
 
@@ -190,11 +193,11 @@ class Syncs:
         stream = await open_stream(s.host, pid, SYNC_PROTOCOL)
         try:
             await write_frame(stream, {"cert": s.swarm.cert.blob})
-            if not self._hello_is_member(await read_frame(stream, MAX_SMALL_FRAME), pid):
+            if not self._hello_is_member(await read_frame(stream, MAX_SMALL_FRAME, self._counted), pid):
                 return "refused"
-            summary = await read_frame(stream, MAX_SYNC_FRAME)
+            summary = await read_frame(stream, MAX_SYNC_FRAME, self._counted)
             await write_frame(stream, self.offer(summary, pid))
-            answer = await read_frame(stream, MAX_SYNC_FRAME)
+            answer = await read_frame(stream, MAX_SYNC_FRAME, self._counted)
         finally:
             await close_quietly(stream)
         theirs = dict(summary) if isinstance(summary, dict) else {}
@@ -246,7 +249,7 @@ class Syncs:
         peer = stream.muxed_conn.peer_id
         try:
             with trio.fail_after(SYNC_TIMEOUT * 2):
-                hello = await read_frame(stream, MAX_SMALL_FRAME)  # nothing large before the certificate
+                hello = await read_frame(stream, MAX_SMALL_FRAME, self._counted)  # nothing large before the certificate
                 if not await self._check_member(hello, peer, stream):
                     return
                 if hello.get("bye") is True:  # a member that just revoked us tells us so, and goes
@@ -254,7 +257,7 @@ class Syncs:
                     return
                 await write_frame(stream, {"cert": s.swarm.cert.blob})  # type: ignore[union-attr]
                 await write_frame(stream, self.summary())
-                offer = await read_frame(stream, MAX_SYNC_FRAME)
+                offer = await read_frame(stream, MAX_SYNC_FRAME, self._counted)
                 await write_frame(stream, self.answer(offer, peer))
                 self.merge(offer, peer)  # a refute: the core asks for a sync back
         except FrameTooLarge as exc:

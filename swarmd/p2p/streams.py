@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -55,11 +56,14 @@ async def _read_exactly(stream: INetStream, n: int) -> bytes:
     return bytes(buf)
 
 
-async def read_frame(stream: INetStream, limit: int) -> Any:
+async def read_frame(stream: INetStream, limit: int, counted: Callable[[int], None] | None = None) -> Any:
+    """One frame, decoded; ``counted`` is told its size in bytes, header included, once read."""
     (length,) = HEADER.unpack(await _read_exactly(stream, HEADER.size))
     if length > limit:
         raise FrameTooLarge(f"a {length}-byte frame; the limit is {limit}")
     body = await _read_exactly(stream, length)
+    if counted is not None:
+        counted(HEADER.size + length)
     try:
         if length <= THREAD_DECODE:
             return decode(body, strict_map_key=True)
@@ -84,12 +88,13 @@ async def open_stream(host: IHost, peer: ID, protocol: str) -> INetStream:
         raise PeerError(f"cannot open {protocol} ({exc.__class__.__name__}: {exc})") from None
 
 
-async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = MAX_SMALL_FRAME) -> Any:
+async def request(host: IHost, peer: ID, protocol: str, obj: Any, limit: int = MAX_SMALL_FRAME,
+                  counted: Callable[[int], None] | None = None) -> Any:
     """Open a stream, send one frame, read one frame, close. Callers bound it with a timeout."""
     stream = await open_stream(host, peer, protocol)
     try:
         await write_frame(stream, obj)
-        return await read_frame(stream, limit)
+        return await read_frame(stream, limit, counted)
     finally:
         await close_quietly(stream)
 
@@ -130,6 +135,7 @@ class Pinger:
 
     def __init__(self, host: IHost) -> None:
         self.host = host
+        self.received: Callable[[int], None] = lambda size: None  # the bytes of each echo read
         self._streams: dict[ID, INetStream] = {}
         self._locks: dict[ID, trio.Lock] = {}
         self._opening: dict[ID, trio.Event] = {}
@@ -191,6 +197,7 @@ class Pinger:
                 ok = echo == payload
                 if not ok:
                     raise PeerError("ping echo mismatch")
+                self.received(PING_SIZE)
                 return time.monotonic() - started
             finally:
                 if not ok:  # also on cancellation: a half-read stream is useless
@@ -205,6 +212,34 @@ class Pinger:
                     await stream.reset()
                 except Exception:
                     pass
+
+
+class _CountedReads:
+    """A stream whose reads are counted (``received(size)``); everything else is the stream's."""
+
+    def __init__(self, stream: INetStream, received: Callable[[int], None]) -> None:
+        self._stream, self._received = stream, received
+
+    async def read(self, n: int | None = None) -> bytes:
+        data = await self._stream.read(n)
+        self._received(len(data))
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def count_pings(host: IHost, received: Callable[[int], None]) -> None:
+    """Tell ``received`` the bytes of every ping a peer sends us: libp2p's own handler still
+    answers them, reading through a stream that counts (``_CountedReads``)."""
+    answer = host.get_mux().handlers.get(PING_PROTOCOL)
+    if answer is None:
+        return
+
+    async def counted(stream: INetStream) -> None:
+        await answer(_CountedReads(stream, received))  # type: ignore[arg-type]
+
+    host.set_stream_handler(PING_PROTOCOL, counted)
 
 
 async def write_frame_raw(stream: INetStream, data: bytes) -> None:
