@@ -53,6 +53,7 @@ INF = float("inf")
 BOOTSTRAP = 3  # peers a joining node syncs with first
 CLAIM_BYTES = 50
 DIGEST_BYTES = 64  # a digest's [peer, seq], msgpack: a 52-character peer id and a 64-bit seq
+HELLO_BYTES = 210  # a sync's first frame each way: the sender's certificate (measured: 207 B)
 
 
 class SimRecord:
@@ -491,10 +492,14 @@ class Swarm:
         tr.bytes_sent[v] += size * float(deg[v])
         if not reached.size:
             return
-        copies = np.maximum(deg[reached] - 1, 0)
+        copies = np.maximum(deg[reached] - 1, 0)  # to its mesh peers but the one it came from
         tr.msgs_sent[reached] += copies
         tr.bytes_sent[reached] += size * copies
-        got = np.maximum(copies, 1)
+        # a node gets a copy from each mesh peer but those it gave their first copy to (and the
+        # publisher none): on average one fewer, but none fewer where the publisher reached
+        # every node itself (a small swarm's full mesh: every receiver gets deg copies)
+        fewer = max(reached.size - int(deg[v]), 0) / reached.size
+        got = np.maximum(deg[reached] - fewer, 1.0)
         tr.received(reached, 1, size, "gossip")
         tr.received(reached, got - 1, size * (got - 1), "duplicates")
         ticks = np.ceil(arrivals[reached] / QUANTUM - 1e-6)
@@ -571,11 +576,13 @@ class Swarm:
         ids = sum(self._recent)
         if ids:
             up = self.net.up
-            size = D_LAZY * (CONTROL_BYTES + MSG_ID_BYTES * ids)
+            # to D_LAZY peers outside its mesh (none in a swarm its mesh covers), as gossipsub does
+            peers = np.clip(int(np.count_nonzero(up)) - 1 - self.mesh.deg[up], 0, D_LAZY)
+            size = peers * (CONTROL_BYTES + MSG_ID_BYTES * ids)
             tr = self.traffic
-            tr.msgs_sent[up] += D_LAZY
+            tr.msgs_sent[up] += peers
             tr.bytes_sent[up] += size
-            tr.received(up, D_LAZY, size, "ihave")
+            tr.received(up, peers, size, "ihave")
         self.engine.at(self.engine.now + HEARTBEAT, self._heartbeat)
 
     # --- sync -----------------------------------------------------------------------------
@@ -585,7 +592,7 @@ class Swarm:
         if not net.reachable(v, p):
             return
         eng = self.engine
-        self.traffic.one(v, p, CONTROL_BYTES, "syncs")
+        self.traffic.one(v, p, HELLO_BYTES, "syncs")
         eng.at(eng.now + net.delay(v, p), self._sync_respond, (v, c, p))
 
     def _sync_respond(self, arg: tuple) -> None:
@@ -595,6 +602,7 @@ class Swarm:
         if cp is None or not self.net.reachable(p, v):
             return
         held, claims = self._held[p].copy(), cp.sync_claims()
+        self.traffic.one(p, v, HELLO_BYTES, "syncs")  # its certificate, then its digest
         self.traffic.one(p, v, DIGEST_BYTES * int(np.count_nonzero(held >= 0)) + CLAIM_BYTES * len(claims)
                          + CONTROL_BYTES, "syncs")
         eng = self.engine
