@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from sim import scenario
-from sim.runner import memory_available_gb, memory_needed_gb
+from sim.runner import fits
 
 from . import core_cost
 
@@ -89,10 +89,11 @@ def measure(lab: dict | None = None) -> dict[str, float]:
     for name in ONLY:
         key = SHORT[name]
         nodes = scenario.load(Path(f"sim/scenarios/{name}.toml"))
-        if nodes.mode == "membership" and memory_needed_gb(nodes.nodes + nodes.joins) > 0.9 * memory_available_gb():
+        ok, need, have = fits(nodes.nodes + nodes.joins) if nodes.mode == "membership" else (True, 0.0, 0.0)
+        if not ok:
             print(f"sim: {name} skipped: {nodes.nodes:,} cores of {nodes.nodes:,} members need about "
-                  f"{memory_needed_gb(nodes.nodes + nodes.joins):.0f} GB, {memory_available_gb():.0f} GB available", file=sys.stderr)
-            results[f"sim_{key}_skipped_needs_gb"] = memory_needed_gb(nodes.nodes + nodes.joins)
+                  f"{need:.0f} GB, {have:.0f} GB available", file=sys.stderr)
+            results[f"sim_{key}_skipped_needs_gb"] = need
             continue
         print(f"sim: swarm-sim run {name}...", file=sys.stderr)
         report, wall, rss = run(name)

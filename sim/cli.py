@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from . import report
-    from .runner import memory_available_gb, memory_needed_gb, place
+    from .runner import fits, place
     from .scenario import ScenarioError, load
 
     if args.seed is not None and not 0 <= args.seed < 2**63:
@@ -230,8 +230,8 @@ def _run(args: argparse.Namespace) -> int:
             scenario = scenario.with_seed(args.seed)
         if scenario.mode == "membership":
             nodes = scenario.nodes + scenario.joins
-            need, have = memory_needed_gb(nodes), memory_available_gb()
-            if need > 0.9 * have:  # refused now, not swapped or killed for memory an hour in
+            ok, need, have = fits(nodes)
+            if not ok:
                 print(f"swarm-sim: {scenario.name}: {nodes:,} nodes, each holding every member, need about "
                       f"{need:.0f} GB of memory; {have:.0f} GB is available", file=sys.stderr)
                 return 2
