@@ -6,9 +6,10 @@ whose records it lacks or holds older (``wanted``); the responder sends those. A
 pair so exchanges ids and numbers, not views: about 60 bytes a member instead of a record's
 thousand. ``read_digest`` and ``read_want`` check the hostile lists where they enter.
 
-A sync carries every record the other member holds. Verifying one costs about 0.3 ms (an
-Ed25519 signature, a certificate, a key proof), so a member that sends 23,000 copies of one
-valid record held the receiver's loop for 6.6 s (review finding 3). Rules:
+The records a sync brings (an offer, an answer) are whatever the other member chose to send,
+not only what the digests called for. Verifying one costs about 0.3 ms (an Ed25519 signature,
+a certificate, a key proof), so a member that sends 23,000 copies of one valid record held the
+receiver's loop for 6.6 s (review finding 3). Rules (``select_sync_records``):
 
 - A blob byte-for-byte equal to one we hold (``known``: the blobs of our view and our own
   record) is news to nobody: skipped, unverified.
