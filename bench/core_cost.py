@@ -5,12 +5,13 @@ can do: an event is ``receive_record`` of a member's new record, then ``handle_t
 ``next_deadline`` (what a driver does after every input); probes the core starts are answered
 at once, as a healthy swarm would. Bytes per member: tracemalloc over building a core that
 holds N members (the records themselves are the driver's, shared, and not counted; nor are
-the list-position ints all cores in a process share). All members got their records at one
-``now``: a driver whose every delivery has its own time adds a float or two (24 B each).
+the ints all cores in a process share), once with its own ``PeerIndex`` (the daemon's) and once
+with one that all cores share (the simulator's, built before: not this core's).
 
 ``python -m bench.core_cost [N ...]`` prints a table; quick (a few seconds at 10,000).
-``BEFORE``: the same measurement on the core before issue 15's refactor (commit 40db257,
-this 2-core machine), for comparison.
+``BEFORE``: the same measurements on earlier cores, on this 2-core machine: a member an object
+of eight slots (commit 42b9b16, issue 30's columns replaced it), and the core before issue
+15's refactor (commit 40db257).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import timeit
 import tracemalloc
 
 from sim.swarm import SimRecord as Rec  # what the core reads of a record (membership.Carried)
-from swarmd.gossip.membership import Membership, Probe, Timing, _index
+from swarmd.gossip.membership import Membership, PeerIndex, Probe, Timing, _index
 
-BEFORE = {1_000: {"event_us": 122.7, "bytes_per_member": 200.0},
-          10_000: {"event_us": 1265.9, "bytes_per_member": 190.0}}
+BEFORE = {1_000: {"event_us": 3.06, "bytes_per_member": 179.0},  # rows of slots (42b9b16)
+          10_000: {"event_us": 3.34, "bytes_per_member": 167.0}}
+BEFORE_ISSUE_15 = {1_000: {"event_us": 122.7, "bytes_per_member": 200.0},  # 40db257
+                   10_000: {"event_us": 1265.9, "bytes_per_member": 190.0}}
 
 
 def build(n: int, seed: int = 1) -> tuple[Membership, list[Rec]]:
@@ -57,13 +60,15 @@ def event_cost(n: int, events: int = 2000) -> float:
     return min(timeit.repeat(one, number=events, repeat=3)) / events * 1e6
 
 
-def bytes_per_member(n: int) -> float:
+def bytes_per_member(n: int, shared: bool = False) -> float:
+    """``shared``: the core's rows come from a PeerIndex all cores share (the simulator's)."""
     recs = [Rec(f"peer-{i:06d}", 10) for i in range(n)]
-    _index(n)  # the list positions every core in the process shares: built once, not this core's
+    _index(n)  # the ints every core in the process shares: built once, not this core's
+    peers = PeerIndex(r.peer for r in recs) if shared else None
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0, peers=peers)
     for r in recs:
         core.receive_record(0.0, r)
     core.take_actions()
@@ -76,23 +81,29 @@ def bytes_per_member(n: int) -> float:
 
 
 def measure(sizes: list[int]) -> list[dict[str, float | None]]:
-    """One row per size: what ``make bench`` records (before: the pre-refactor core, if measured)."""
+    """One row per size: what ``make bench`` records (before: the earlier cores, where measured)."""
     rows = []
     for n in sizes:
-        before = BEFORE.get(n, {})
+        before, older = BEFORE.get(n, {}), BEFORE_ISSUE_15.get(n, {})
         rows.append({"members": n, "event_us": round(event_cost(n), 2),
-                     "bytes_per_member": round(bytes_per_member(n)), "event_us_before": before.get("event_us"),
-                     "bytes_per_member_before": before.get("bytes_per_member")})
+                     "bytes_per_member": round(bytes_per_member(n)),
+                     "bytes_per_member_shared": round(bytes_per_member(n, shared=True)),
+                     "event_us_before": before.get("event_us"), "bytes_per_member_before": before.get("bytes_per_member"),
+                     "event_us_before_issue_15": older.get("event_us"),
+                     "bytes_per_member_before_issue_15": older.get("bytes_per_member")})
     return rows
 
 
 def main(sizes: list[int]) -> None:
     def cell(v: float | None, digits: int) -> str:
         return f"{v:9.{digits}f}" if v is not None else f"{'-':>9}"
-    print(f"{'members':>9} {'us/event':>9} {'before':>9} {'B/member':>9} {'before':>9}")
+    print(f"{'members':>9} {'us/event':>9} {'slots':>9} {'issue 15':>9} {'B/member':>9} {'shared':>9} {'slots':>9} "
+          f"{'issue 15':>9}")
     for r in measure(sizes):
         print(f"{r['members']:9d} {cell(r['event_us'], 1)} {cell(r['event_us_before'], 1)} "
-              f"{cell(r['bytes_per_member'], 0)} {cell(r['bytes_per_member_before'], 0)}")
+              f"{cell(r['event_us_before_issue_15'], 1)} {cell(r['bytes_per_member'], 0)} "
+              f"{cell(r['bytes_per_member_shared'], 0)} {cell(r['bytes_per_member_before'], 0)} "
+              f"{cell(r['bytes_per_member_before_issue_15'], 0)}")
 
 
 if __name__ == "__main__":

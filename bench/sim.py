@@ -86,6 +86,7 @@ def measure(lab: dict | None = None) -> dict[str, float]:
     for row in core_cost.measure([10_000]):
         results["sim_core_event_us_10k"] = row["event_us"]
         results["sim_core_bytes_per_member_10k"] = row["bytes_per_member"]
+        results["sim_core_bytes_per_member_shared_10k"] = row["bytes_per_member_shared"]
     for name in ONLY:
         key = SHORT[name]
         nodes = scenario.load(Path(f"sim/scenarios/{name}.toml"))

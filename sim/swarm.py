@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from swarmd.gossip.membership import (Changed, Counters, Membership, Probe, ProbeVia, PublishRecord, PublishRumor,
-                                      State, Sync, Timing)
+from swarmd.gossip.membership import (Changed, Counters, Membership, PeerIndex, Probe, ProbeVia, PublishRecord,
+                                      PublishRumor, State, Sync, Timing)
 from swarmd.gossip.protocols import KINDS  # what a node receives, by message kind: as the daemon counts it
 
 from . import gossipsub
@@ -131,6 +131,7 @@ class Swarm:
         if len(self.names) != n or len(set(self.names)) != n:
             raise ValueError("one distinct name per node")
         self.index = {name: i for i, name in enumerate(self.names)}
+        self.peers = PeerIndex(self.names)  # every core's rows: node v is row v, in all of them
         self.on_changed = on_changed
         self.on_received = on_received
         self.engine = Engine()
@@ -304,7 +305,8 @@ class Swarm:
     def _new_core(self, v: int, born: float | None = None) -> Membership:
         self.epoch[v] += 1
         rng = random.Random(f"{self.seed}/core/{v}/{self.epoch[v]}")
-        c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now if born is None else born)
+        c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now if born is None else born,
+                       peers=self.peers)
         self.cores[v] = c
         self.net.set_power(v, UP)
         self._held[v] = -1

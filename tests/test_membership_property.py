@@ -9,6 +9,7 @@ action the core emits encodes on the wire (the crash of issue 11 was a refutatio
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import subprocess
@@ -23,7 +24,7 @@ from nacl.signing import SigningKey
 
 from swarmd.gossip.capacity import Resources
 from swarmd.gossip.cert import issue_cert, swarm_id
-from swarmd.gossip.membership import (REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
+from swarmd.gossip.membership import (_TIMED, REFUSED, Changed, Membership, Probe, ProbeVia, PublishRecord, PublishRumor, State,
                                       Sync, Timing)
 from sim.swarm import SimRecord as Rec
 from swarmd.p2p.signed import Invalid, peer_from_key, peer_str
@@ -193,7 +194,7 @@ def check_indexes(core: Membership) -> None:
     counts = {s.value: 0 for s in State}
     for m in core.members.values():
         counts[m.state.value] += 1
-        assert core._in[m.state][m.pos] is m
+        assert core._in[m.state][m.pos] == m.row
     assert core.counts() == counts == core.view().counts()
     assert sum(len(group) for group in core._in.values()) == len(core.members)
     assert sorted(core.sync_claims()) == sorted((m.peer, m.state.value, m.incarnation) for m in core.members.values()
@@ -201,10 +202,14 @@ def check_indexes(core: Membership) -> None:
     assert {peer: p.id for peer, p in core._probing.items()} == {p.target: p.id for p in core._probes.values()}
     assert all(core.members.get(peer) is not None and core.members[peer].state in (State.ALIVE, State.SUSPECT)
                for peer in core._probing)
-    assert set(core._rtt) <= set(core.members) and set(core._certs) <= set(core.members)
+    assert all(math.isnan(core._rtt_ewma[i]) == math.isnan(core._rtt_min[i]) for i in range(len(core._rec)))
+    assert all(math.isnan(core._rtt_ewma[i]) for i, r in enumerate(core._rec) if r is None), "a dropped row's RTT goes"
+    assert set(core._certs) <= set(core.members)
     assert set(core._suspicions) == {p for p, m in core.members.items() if m.state is State.SUSPECT}
-    timers = [m for m in core._timers if core.members.get(m.peer) is m]
-    assert len({id(m) for m in timers}) == len(timers), "a member is in the timer heap at most once"
+    timers = list(core._timers)
+    assert len(set(timers)) == len(timers), "a row is in the timer heap at most once"
+    assert all(core._st[i] & _TIMED for i in timers)
+    assert sum(1 for b in core._st if b & _TIMED) == len(timers), "the flag says which rows are in it"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

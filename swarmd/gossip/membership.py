@@ -58,24 +58,32 @@ hashicorp/memberlist's ``state.go`` and ``suspicion.go``):
 Data structures and their costs (N members; the simulator runs thousands of cores at once, so
 no event may cost O(N), and each member is paid for N times over):
 
-- ``members``: peer -> ``Member``, eight slots and nothing that is usually empty: what only
-  some members have lives in dicts beside it (RTTs once measured, ``_rtt``; a suspicion while
-  suspect, ``_suspicions``; a finite certificate expiry, ``_certs``); list positions are ints
-  shared by all cores. About 170 B a member, indexes included (``bench/core_cost.py``).
-- ``_in``: per state, a list of its members (``Member.pos`` is the index). Counts are lengths;
-  a random alive or dead member is one draw; indirect helpers are k draws with rejection;
-  ``sync_claims`` and forgetting enumerate only the members down; a state change is a
-  swap-remove and an append. All O(1) (O(k), O(members down)).
-- Two heaps of lazy entries. The timer heap holds each member itself (8 B, not a tuple) at most
-  once, at or before its own deadline (record or certificate expiry): a newer record leaves
-  the heap alone and the entry moves to the real time when it comes up or ``next_deadline``
-  peeks at it; a deadline moved earlier (a shorter ttl: rare) gets an event entry. The event
-  heap holds ``(time, kind, key)`` for probe and suspicion deadlines; an entry whose probe or
-  suspicion moved since is skipped. A heap is rebuilt without its stale entries when it grows
-  past twice its size at the last rebuild plus 64. ``next_deadline()``: O(1) plus O(log N) per
-  stale entry it pops; ``handle_timeout``: O(log N) per due thing.
+- Columns, not objects: a member is a row, its peer id interned as a small int by a
+  ``PeerIndex`` (one per core in the daemon; one shared by every core in the simulator, whose
+  n cores of n members then keep no per-core map of names). Per row: the record (a list, 8 B),
+  state and flags (a bytearray, 1 B), since/heard/expires and its timer's time (``array('d')``,
+  32 B), its RTT's EWMA and minimum (16 B, NaN until measured: a core that lives long
+  measures every member), its position in its state's list (4 B); what only some members have
+  lives in dicts beside them (a suspicion while suspect, ``_suspicions``; a finite certificate
+  expiry, ``_certs``). About 75 B a member, indexes included, where a row of slots was 170 B
+  and its RTTs in a dict up to 200 B more (``bench/core_cost.py``). ``members`` is a read-only mapping over the
+  rows for tests and debugging; nothing outside this module reads it.
+- ``_in``: per state, an ``array('i')`` of its rows (``_pos`` is the index). Counts are
+  lengths; a random alive or dead member is one draw; indirect helpers are k draws with
+  rejection; ``sync_claims`` and forgetting enumerate only the members down; a state change
+  is a swap-remove and an append. All O(1) (O(k), O(members down)).
+- Two heaps of lazy entries. The timer heap holds rows (4 B), each at most once (the ``TIMED``
+  flag), keyed by ``_due``, at or before the row's own deadline (record or certificate
+  expiry): a newer record leaves the heap alone and the entry moves to the real time when it
+  comes up or ``next_deadline`` peeks at it; a deadline moved earlier (a shorter ttl, or a
+  member dropped and back while its entry waits: rare) gets an event entry. It is heapq's
+  algorithm on an array, by key. The event heap holds ``(time, kind, key)`` for probe and
+  suspicion deadlines; an entry whose probe or suspicion moved since is skipped. A heap is
+  rebuilt without its stale entries when it grows past twice its size at the last rebuild
+  plus 64. ``next_deadline()``: O(1) plus O(log N) per stale entry it pops;
+  ``handle_timeout``: O(log N) per due thing.
 - Probes by id and by target (one at a time per target); the probe order is a shuffled list
-  of the members up, rebuilt once per round (O(N) per N probes), a newcomer put at a random
+  of the rows up, rebuilt once per round (O(N) per N probes), a newcomer put at a random
   place in O(1). ``view()`` is O(N), only when something changed and someone asks.
 - Deterministic for a given ``rng`` and inputs: nothing iterates a set of str (its order
   changes with PYTHONHASHSEED); every order comes from the inputs and ``rng``.
@@ -96,6 +104,7 @@ import heapq
 import math
 import itertools
 import random
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -338,32 +347,148 @@ _SUSPECT = 1  # key: peer; its suspicion times out
 _EARLY = 2  # key: peer; its own deadline moved before the one its timer entry holds (rare)
 
 
+class PeerIndex:
+    """Peer ids as small ints, the rows of a core's columns. One per core (the daemon's), or one
+    shared by cores that see the same peers (the simulator's). It only grows: a forgotten peer
+    keeps its int (a peer id is a certificate's; a member cannot mint new ones, and a record or
+    rumor about a peer not admitted interns nothing)."""
+
+    __slots__ = ("rows", "names")
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self.rows: dict[str, int] = {}
+        self.names: list[str] = []
+        for name in names:
+            self.of(name)
+
+    def of(self, peer: str) -> int:
+        """``peer``'s int, given one if it has none."""
+        i = self.rows.get(peer)
+        if i is None:
+            i = self.rows[peer] = _index(len(self.names))
+            self.names.append(peer)
+        return i
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+# A row's byte in ``Membership._st``: its state's code (0: not a member) and two flags.
+_STATES: tuple[State | None, ...] = (None, State.ALIVE, State.SUSPECT, State.DEAD, State.LEFT)
+_CODE = {s: i for i, s in enumerate(_STATES) if s is not None}
+_STATE = 7  # the bits of the state's code
+_STALE = 8  # its newest record is past its ttl
+_TIMED = 16  # in the timer heap (at ``_due``); kept while a dropped row's entry waits to come up
+
+
 class Member(Generic[R]):
-    """One member, as compact as Python allows: slots, no per-member dict, nothing that is
-    usually empty (its RTT, suspicion and certificate expiry are in the core's dicts)."""
+    """A member as the core's columns hold it now (``Membership.members``: tests, debugging)."""
 
-    __slots__ = ("record", "state", "since", "heard", "expires", "stale", "pos", "due")
+    __slots__ = ("_core", "row")
 
-    def __init__(self, record: R, state: State, since: float, heard: float, expires: float) -> None:
-        self.record = record
-        self.state = state
-        self.since = since
-        self.heard = heard  # when the newest record arrived
-        self.expires = expires  # monotonic: the newest record's issued + ttl
-        self.stale = False
-        self.pos = 0  # its index in the core's list of members in its state
-        self.due: float | None = None  # its time in the core's timer heap; None: not in it
+    def __init__(self, core: Membership[R], row: int) -> None:
+        self._core, self.row = core, row
 
     @property
     def peer(self) -> str:
-        return self.record.peer
+        return self._core._ix.names[self.row]
+
+    @property
+    def record(self) -> R:
+        return self._core._rec[self.row]  # type: ignore[return-value]
 
     @property
     def incarnation(self) -> int:
         return self.record.seq
 
-    def __lt__(self, other: Member[R]) -> bool:  # the timer heap's order
-        return self.due < other.due  # type: ignore[operator]
+    @property
+    def state(self) -> State:
+        return self._core._state(self.row)
+
+    @property
+    def stale(self) -> bool:
+        return bool(self._core._st[self.row] & _STALE)
+
+    @property
+    def since(self) -> float:
+        return self._core._since[self.row]
+
+    @property
+    def heard(self) -> float:
+        return self._core._heard[self.row]
+
+    @property
+    def expires(self) -> float:
+        return self._core._expires[self.row]
+
+    @property
+    def pos(self) -> int:
+        return self._core._pos[self.row]
+
+
+class _Members(Mapping[str, Member[R]]):
+    """peer -> ``Member``, read-only, over the core's rows (in row order)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Membership[R]) -> None:
+        self._core = core
+
+    def __getitem__(self, peer: str) -> Member[R]:
+        i = self._core._row(peer)
+        if i is None:
+            raise KeyError(peer)
+        return Member(self._core, i)
+
+    def __iter__(self) -> Iterator[str]:
+        names = self._core._ix.names
+        return (names[i] for i, r in enumerate(self._core._rec) if r is not None)
+
+    def __len__(self) -> int:
+        return self._core._count
+
+
+def _sift_down(heap: array, key: array, start: int, pos: int) -> None:
+    """heapq's ``_siftdown`` on an array of rows ordered by ``key[row]``."""
+    item = heap[pos]
+    k = key[item]
+    while pos > start:
+        parent = (pos - 1) >> 1
+        if k < key[heap[parent]]:
+            heap[pos] = heap[parent]
+            pos = parent
+            continue
+        break
+    heap[pos] = item
+
+
+def _sift_up(heap: array, key: array, pos: int) -> None:
+    """heapq's ``_siftup`` (the same comparisons, so the same order among equal keys)."""
+    end, start, item = len(heap), pos, heap[pos]
+    child = 2 * pos + 1
+    while child < end:
+        right = child + 1
+        if right < end and not key[heap[child]] < key[heap[right]]:
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    heap[pos] = item
+    _sift_down(heap, key, start, pos)
+
+
+def _heap_push(heap: array, key: array, row: int) -> None:
+    heap.append(row)
+    _sift_down(heap, key, 0, len(heap) - 1)
+
+
+def _heap_pop(heap: array, key: array) -> int:
+    last = heap.pop()
+    if heap:
+        top, heap[0] = heap[0], last
+        _sift_up(heap, key, 0)
+        return top
+    return last
 
 
 @dataclass(slots=True)
@@ -414,29 +539,40 @@ class SyncMerge:
 
 
 class Membership(Generic[R]):
-    def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float) -> None:
+    def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float,
+                 peers: PeerIndex | None = None) -> None:
+        """``peers``: the peer ids' ints, if shared with other cores (the simulator's); else its own."""
         if not 0 <= seq < MAX_SEQ:
             raise ValueError(f"seq {seq} is outside 0..2^63")
         self.me = me
         self.seq = seq  # the seq of the newest own record; the next one is seq + 1
         self.timing = timing
         self.rng = rng
-        self.members: dict[str, Member[R]] = {}  # this module's own: others read view()
+        self.members: Mapping[str, Member[R]] = _Members(self)  # tests and debugging: others read view()
         self.awareness = Awareness(timing.awareness_limit)
         self.counters = Counters()
         self.leaving = False
         self._actions: list[Action] = []
         self._ids = itertools.count(1)
-        self._in: dict[State, list[Member[R]]] = {s: [] for s in State}  # by state; Member.pos indexes it
-        self._timers: list[Member[R]] = []  # heap by Member.due: record and certificate expiry
+        # the columns, one row per peer id in _ix (rows not in the view: record None, state 0)
+        self._ix = peers if peers is not None else PeerIndex()
+        self._rec: list[R | None] = []
+        self._st = bytearray()  # state code | _STALE | _TIMED
+        self._since, self._heard, self._expires = array("d"), array("d"), array("d")
+        self._due = array("d")  # its time in the timer heap, while _TIMED
+        self._rtt_ewma, self._rtt_min = array("d"), array("d")  # NaN: not measured
+        self._pos = array("i")  # its index in _in[its state]
+        self._count = 0
+        self._grow()
+        self._in: dict[State, array] = {s: array("i") for s in State}  # rows by state
+        self._timers = array("i")  # heap of rows by _due: record and certificate expiry
         self._events: list[tuple[float, int, int | str]] = []  # heap: probe and suspicion deadlines
         self._timers_limit = self._events_limit = 64  # rebuild a heap when it grows past this
         self._probes: dict[int, _Probe] = {}
         self._probing: dict[str, _Probe] = {}  # target -> its probe (one at a time)
-        self._rtt: dict[str, tuple[float, float]] = {}  # peer -> (ewma, min), measured members only
         self._suspicions: dict[str, Suspicion] = {}  # suspect members only
         self._certs: dict[str, float] = {}  # peer -> when its certificate runs out (monotonic), if ever
-        self._order: list[str] = []
+        self._order = array("i")  # rows: this round's probe order
         self._buckets: dict[str, _Bucket] = {}
         self._excluded: dict[str, str] = {}  # peer -> reason
         self._view: View[R] | None = None  # None: something changed since the last snapshot
@@ -465,14 +601,14 @@ class Membership(Generic[R]):
             return self._left(now, msg)
         if msg.about == self.me:
             return self._accused_me(now, msg.incarnation, msg.sender)
-        m = self.members.get(msg.about)
-        if m is None:
+        i = self._row(msg.about)
+        if i is None:
             return "unknown"
-        if msg.incarnation < m.incarnation or m.state not in PROBED:
+        if msg.incarnation < self._rec[i].seq or self._state(i) not in PROBED:  # type: ignore[union-attr]
             return "old"
         if not self._allow_accusation(now, msg.sender):
             return "accusation_rate"
-        return self._accuse(now, m, by=msg.sender)
+        return self._accuse(now, i, by=msg.sender)
 
     def screen(self, msg: Rumored) -> str | None:
         """Why a rumor must not even be passed on (gossip validation), or None. Pure: a lie
@@ -507,16 +643,19 @@ class Membership(Generic[R]):
             self._probe_failed(now, p)
 
     def rtt_sample(self, peer: str, rtt: float) -> None:
-        if peer not in self.members or not 0 <= rtt < 3600:  # NaN fails both
+        i = self._row(peer)
+        if i is None or not 0 <= rtt < 3600:  # NaN fails both
             return
-        a = self.timing.rtt_alpha
-        old = self._rtt.get(peer)
-        self._rtt[peer] = (rtt, rtt) if old is None else ((1 - a) * old[0] + a * rtt, min(old[1], rtt))
+        a, old = self.timing.rtt_alpha, self._rtt_ewma[i]
+        if math.isnan(old):
+            self._rtt_ewma[i] = self._rtt_min[i] = rtt
+        else:
+            self._rtt_ewma[i], self._rtt_min[i] = (1 - a) * old + a * rtt, min(self._rtt_min[i], rtt)
         self._view = None
 
     def connection_lost(self, now: float, peer: str) -> None:
-        m = self.members.get(peer)
-        if m is not None and m.state in PROBED and peer not in self._probing and not self.leaving:
+        i = self._row(peer)
+        if i is not None and self._state(i) in PROBED and peer not in self._probing and not self.leaving:
             self._start_probe(now, peer)
 
     def merge_sync(self, now: float, records: Iterable[R], claims: Iterable[tuple[str, str, int]], by: str,
@@ -553,9 +692,9 @@ class Membership(Generic[R]):
             return
         self._excluded[peer] = reason
         self._buckets.pop(peer, None)
-        m = self.members.get(peer)
-        if m is not None:
-            self._drop(m, "excluded: " + reason)
+        i = self._row(peer)
+        if i is not None:
+            self._drop(i, "excluded: " + reason)
 
     def readmit(self, peer: str) -> None:
         """Undo ``exclude``: the peer's next record is taken again."""
@@ -570,17 +709,17 @@ class Membership(Generic[R]):
             self._publish(now)
         if now >= self._next_refresh and not self.leaving:
             self._publish(now)
-        events, timers = self._events, self._timers
+        events, timers, due, rec = self._events, self._timers, self._due, self._rec
         while True:  # what is due, earliest first within each heap: O(log N) each
             if events and events[0][0] <= now:
                 self._fire(now, *heapq.heappop(events))
-            elif timers and timers[0].due <= now:  # type: ignore[operator]
-                m = heapq.heappop(timers)
-                m.due = None
-                if self.members.get(m.peer) is m:  # else dropped since
-                    self._expire(now, m)
-                    if self.members.get(m.peer) is m:
-                        self._schedule(m)
+            elif timers and due[timers[0]] <= now:
+                i = _heap_pop(timers, due)
+                self._st[i] &= ~_TIMED
+                if rec[i] is not None:  # else dropped since
+                    self._expire(now, i)
+                    if rec[i] is not None:
+                        self._schedule(i)
             else:
                 break
         if now >= self._next_probe:
@@ -593,13 +732,13 @@ class Membership(Generic[R]):
             self._next_sync = now + sync_scale(t.sync_interval, self._up(), t.sync_scale_threshold) * self._jitter()
             alive = self._in[State.ALIVE]
             if alive:
-                self._actions.append(Sync(self.rng.choice(alive).peer))
+                self._actions.append(Sync(self._ix.names[self.rng.choice(alive)]))
             self._forget(now)
         if now >= self._next_reconnect:
             self._next_reconnect = now + t.reconnect_interval
             dead = self._in[State.DEAD]
             if dead:
-                self._actions.append(Sync(self.rng.choice(dead).peer))
+                self._actions.append(Sync(self._ix.names[self.rng.choice(dead)]))
 
     def next_deadline(self) -> float:
         """The earliest time ``handle_timeout`` has something to do. Amortized O(log N): entries
@@ -607,20 +746,20 @@ class Membership(Generic[R]):
         out = min(self._next_probe, self._next_refresh, self._next_sync, self._next_reconnect)
         if self._publish_pending:
             out = min(out, self._last_publish + self.timing.publish_interval)
-        events, timers = self._events, self._timers
+        events, timers, due = self._events, self._timers, self._due
         while events and not self._live(*events[0]):
             heapq.heappop(events)
         if events:
             out = min(out, events[0][0])
         while timers:
-            m = timers[0]
-            if self.members.get(m.peer) is not m:
-                heapq.heappop(timers).due = None
-            elif self._deadline(m) > m.due:  # type: ignore[operator]  # a newer record: move it to its real time
-                heapq.heappop(timers).due = None
-                self._schedule(m)
+            i = timers[0]
+            if self._rec[i] is None:  # dropped since
+                self._st[_heap_pop(timers, due)] &= ~_TIMED
+            elif self._deadline(i) > due[i]:  # a newer record: move it to its real time
+                self._st[_heap_pop(timers, due)] &= ~_TIMED
+                self._schedule(i)
             else:
-                return min(out, m.due)  # type: ignore[type-var]
+                return min(out, due[i])
         return out
 
     def take_actions(self) -> list[Action]:
@@ -633,12 +772,16 @@ class Membership(Generic[R]):
         """The current snapshot; the same object until something in the view changes."""
         if self._view is None:
             self._version += 1
-            rtt = self._rtt
-            self._view = View(version=self._version, me=self.me, members=MappingProxyType({
-                peer: MemberView(peer=peer, state=m.state, stale=m.stale, record=m.record, since=m.since,
-                                 heard=m.heard, expires=m.expires, rtt_ewma=rtt[peer][0] if peer in rtt else None,
-                                 rtt_min=rtt[peer][1] if peer in rtt else None)
-                for peer, m in self.members.items()}))
+            names, st, ewma, low = self._ix.names, self._st, self._rtt_ewma, self._rtt_min
+            members = {}
+            for i, r in enumerate(self._rec):
+                if r is not None:
+                    measured = not math.isnan(ewma[i])
+                    members[names[i]] = MemberView(
+                        peer=names[i], state=_STATES[st[i] & _STATE], stale=bool(st[i] & _STALE), record=r,
+                        since=self._since[i], heard=self._heard[i], expires=self._expires[i],
+                        rtt_ewma=ewma[i] if measured else None, rtt_min=low[i] if measured else None)
+            self._view = View(version=self._version, me=self.me, members=MappingProxyType(members))
         return self._view
 
     def suspicion(self, peer: str) -> Suspicion | None:
@@ -651,47 +794,87 @@ class Membership(Generic[R]):
 
     def sync_claims(self) -> list[tuple[str, str, int]]:
         """Our claims for a push-pull sync: the members we hold suspect or dead."""
-        return [(m.peer, m.state.value, m.incarnation) for s in (State.SUSPECT, State.DEAD) for m in self._in[s]]
+        names, rec = self._ix.names, self._rec
+        return [(names[i], s.value, rec[i].seq) for s in (State.SUSPECT, State.DEAD)  # type: ignore[union-attr]
+                for i in self._in[s]]
 
     # --- internals: the member table ------------------------------------------------------
 
-    def _add(self, m: Member[R]) -> None:
-        self.members[m.peer] = m
-        group = self._in[m.state]
-        m.pos = _index(len(group))
-        group.append(m)
+    def _grow(self) -> None:
+        """Columns for every peer id in ``_ix`` (a shared index may have grown by other cores' peers)."""
+        k = len(self._ix) - len(self._rec)
+        if k <= 0:
+            return
+        k = max(k, len(self._rec) // 2, 16)  # amortized: a daemon's view grows one member at a time
+        self._rec.extend([None] * k)
+        self._st.extend(bytes(k))
+        zeros = bytes(8 * k)
+        for col in (self._since, self._heard, self._expires, self._due):
+            col.frombytes(zeros)
+        unmeasured = array("d", [math.nan]) * k
+        self._rtt_ewma.extend(unmeasured)
+        self._rtt_min.extend(unmeasured)
+        self._pos.frombytes(bytes(4 * k))
+
+    def _row(self, peer: str) -> int | None:
+        """``peer``'s row if it is in the view, else None."""
+        i = self._ix.rows.get(peer)
+        return i if i is not None and i < len(self._rec) and self._rec[i] is not None else None
+
+    def _state(self, i: int) -> State:
+        return _STATES[self._st[i] & _STATE]  # type: ignore[return-value]
+
+    def _add(self, peer: str, record: R, now: float, expires: float) -> None:
+        i = self._ix.of(peer)
+        if i >= len(self._rec):
+            self._grow()
+        self._rec[i] = record
+        self._st[i] = _CODE[State.ALIVE] | (self._st[i] & _TIMED)
+        self._since[i] = self._heard[i] = now
+        self._expires[i] = expires
+        self._count += 1
+        group = self._in[State.ALIVE]
+        self._pos[i] = len(group)
+        group.append(i)
         order = self._order  # a random place in this round's probe order: Fisher-Yates, inside out
-        i = self.rng.randint(0, len(order))
-        order.append(m.peer)
-        order[i], order[-1] = order[-1], order[i]
-        self._schedule(m)
+        j = self.rng.randint(0, len(order))
+        order.append(i)
+        order[j], order[-1] = order[-1], order[j]
+        self._schedule(i)
 
-    def _unlist(self, m: Member[R]) -> None:
-        group = self._in[m.state]
+    def _unlist(self, i: int) -> None:
+        group = self._in[self._state(i)]
         last = group.pop()
-        if last is not m:
-            group[m.pos] = last
-            last.pos = m.pos
+        if last != i:
+            group[self._pos[i]] = last
+            self._pos[last] = self._pos[i]
 
-    def _set_state(self, now: float, m: Member[R], state: State, reason: str) -> None:
-        old = m.state
-        self._unlist(m)
+    def _set_state(self, now: float, i: int, state: State, reason: str) -> None:
+        old = self._state(i)
+        self._unlist(i)
         group = self._in[state]
-        m.state, m.since, m.pos = state, now, _index(len(group))
-        group.append(m)
+        self._st[i] = _CODE[state] | (self._st[i] & ~_STATE)
+        self._since[i] = now
+        self._pos[i] = len(group)
+        group.append(i)
+        peer = self._ix.names[i]
         if state is not State.SUSPECT:
-            self._suspicions.pop(m.peer, None)
+            self._suspicions.pop(peer, None)
         if state not in PROBED:
-            self._forget_probe(m.peer)
-        self._changed(m.peer, old, state, reason)
+            self._forget_probe(peer)
+        self._changed(peer, old, state, reason)
 
-    def _drop(self, m: Member[R], reason: str) -> None:
-        del self.members[m.peer]
-        self._unlist(m)
-        self._forget_probe(m.peer)
-        for extra in (self._rtt, self._suspicions, self._certs):
-            extra.pop(m.peer, None)
-        self._changed(m.peer, m.state, None, reason)
+    def _drop(self, i: int, reason: str) -> None:
+        peer, state = self._ix.names[i], self._state(i)
+        self._unlist(i)
+        self._rec[i] = None
+        self._st[i] &= _TIMED  # its timer entry, if any, is skipped when it comes up
+        self._count -= 1
+        self._rtt_ewma[i] = self._rtt_min[i] = math.nan
+        self._forget_probe(peer)
+        for extra in (self._suspicions, self._certs):
+            extra.pop(peer, None)
+        self._changed(peer, state, None, reason)
 
     def _forget_probe(self, peer: str) -> None:
         p = self._probing.pop(peer, None)
@@ -700,22 +883,34 @@ class Membership(Generic[R]):
 
     # --- internals: the two heaps -----------------------------------------------------------
 
-    def _schedule(self, m: Member[R]) -> None:
-        """Keep ``m`` in the timer heap at most once, at or before its deadline: a later deadline
-        (a newer record) is picked up lazily when its entry comes up; an earlier one (rare: a
-        shorter ttl) gets an ``_EARLY`` event of its own."""
-        d = self._deadline(m)
+    def _schedule(self, i: int) -> None:
+        """Keep row ``i`` in the timer heap at most once, at or before its deadline: a later
+        deadline (a newer record) is picked up lazily when its entry comes up; an earlier one
+        (rare: a shorter ttl) gets an ``_EARLY`` event of its own."""
+        d = self._deadline(i)
         if d == INF:
             return
-        if m.due is None:
-            m.due = d
-            heapq.heappush(self._timers, m)
+        if not self._st[i] & _TIMED:
+            self._st[i] |= _TIMED
+            self._due[i] = d
+            _heap_push(self._timers, self._due, i)
             if len(self._timers) > self._timers_limit:  # members dropped since: keep the others
-                self._timers[:] = [x for x in self._timers if self.members.get(x.peer) is x]
-                heapq.heapify(self._timers)
-                self._timers_limit = 2 * len(self._timers) + 64
-        elif d < m.due:
-            self._push(d, _EARLY, m.peer)
+                self._rebuild_timers()
+        elif d < self._due[i]:
+            self._push(d, _EARLY, self._ix.names[i])
+
+    def _rebuild_timers(self) -> None:
+        timers, due = self._timers, self._due
+        keep = array("i")
+        for i in timers:
+            if self._rec[i] is not None:
+                keep.append(i)
+            else:
+                self._st[i] &= ~_TIMED
+        timers[:] = keep  # in place: callers hold it
+        for pos in reversed(range(len(timers) // 2)):  # heapq.heapify
+            _sift_up(timers, due, pos)
+        self._timers_limit = 2 * len(timers) + 64
 
     def _push(self, t: float, kind: int, key: int | str) -> None:
         heapq.heappush(self._events, (t, kind, key))
@@ -729,13 +924,13 @@ class Membership(Generic[R]):
         if kind == _PROBE:
             p = self._probes.get(key)  # type: ignore[call-overload]
             return p is not None and p.deadline == t
-        m = self.members.get(key)  # type: ignore[call-overload]
-        if m is None:
+        i = self._row(key)  # type: ignore[arg-type]
+        if i is None:
             return False
         if kind == _SUSPECT:
             s = self._suspicions.get(key)  # type: ignore[call-overload]
             return s is not None and s.deadline == t
-        return self._deadline(m) == t
+        return self._deadline(i) == t
 
     def _fire(self, now: float, t: float, kind: int, key: int | str) -> None:
         if not self._live(t, kind, key):
@@ -747,30 +942,33 @@ class Membership(Generic[R]):
             else:
                 self._go_indirect(now, p)
             return
-        m = self.members[key]  # type: ignore[index]
+        i: int = self._row(key)  # type: ignore[arg-type,assignment]
         if kind == _SUSPECT:
             self.counters.deaths += 1
-            self._set_state(now, m, State.DEAD, "suspicion timed out")
+            self._set_state(now, i, State.DEAD, "suspicion timed out")
             if self._speak():
-                self._actions.append(PublishRumor("dead", m.peer, m.incarnation))
+                self._actions.append(PublishRumor("dead", key, self._rec[i].seq))  # type: ignore[arg-type,union-attr]
         else:
-            self._expire(now, m)
-            if self.members.get(key) is m:  # stale now: its certificate may run out before its timer
-                self._schedule(m)
+            self._expire(now, i)
+            if self._rec[i] is not None:  # stale now: its certificate may run out before its timer
+                self._schedule(i)
 
-    def _deadline(self, m: Member[R]) -> float:
-        """When something happens to ``m`` by itself: its certificate runs out or its record goes stale."""
-        cert = self._certs.get(m.peer, INF)
-        return cert if m.stale or cert < m.expires else m.expires
+    def _deadline(self, i: int) -> float:
+        """When something happens to row ``i`` by itself: its certificate runs out or its record goes stale."""
+        cert = self._certs.get(self._ix.names[i], INF) if self._certs else INF
+        expires = self._expires[i]
+        return cert if self._st[i] & _STALE or cert < expires else expires
 
-    def _expire(self, now: float, m: Member[R]) -> None:
-        if self._certs.get(m.peer, INF) <= now:
+    def _expire(self, now: float, i: int) -> None:
+        peer = self._ix.names[i]
+        if self._certs.get(peer, INF) <= now:
             self.counters.certs_expired += 1
-            self._drop(m, "certificate expired")
-        elif not m.stale and m.expires <= now:
-            m.stale = True
+            self._drop(i, "certificate expired")
+        elif not self._st[i] & _STALE and self._expires[i] <= now:
+            self._st[i] |= _STALE
             self.counters.records_expired += 1
-            self._changed(m.peer, m.state, m.state, "stale: no record within its ttl")
+            state = self._state(i)
+            self._changed(peer, state, state, "stale: no record within its ttl")
 
     # --- internals: the protocol ------------------------------------------------------------
 
@@ -792,41 +990,44 @@ class Membership(Generic[R]):
             if cert_left != INF:
                 cert_expires = now + cert_left
         expires = now - age + r.ttl
-        m = self.members.get(r.peer)
-        if m is None or r.seq > m.record.seq:
+        i = self._row(r.peer)
+        held = None if i is None else self._rec[i]
+        if held is None or r.seq > held.seq:
             if cert_expires == INF:
-                self._certs.pop(r.peer, None)
+                if self._certs:
+                    self._certs.pop(r.peer, None)
             else:
                 self._certs[r.peer] = cert_expires
-        if m is None:
-            self._add(Member(r, State.ALIVE, now, now, expires))
+        if i is None or held is None:
+            self._add(r.peer, r, now, expires)
             self.counters.records_accepted += 1
             self._changed(r.peer, None, State.ALIVE, "joined")
             return "new"
-        if r.seq == m.record.seq:
+        if r.seq == held.seq:
             return "duplicate"  # the same record by another path (sync and gossip): normal
-        if r.seq < m.record.seq:
+        if r.seq < held.seq:
             self.counters.records_old += 1
             return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
-        m.record, m.heard, m.expires = r, now, expires
+        self._rec[i], self._heard[i], self._expires[i] = r, now, expires
         self._view = None
-        if m.stale and expires > now:
-            m.stale = False
-            self._changed(m.peer, m.state, m.state, "fresh record")
-        self._schedule(m)
-        if m.state is not State.ALIVE:
-            reason = "refuted suspicion" if m.state is State.SUSPECT else "rejoined"
-            self._set_state(now, m, State.ALIVE, reason)
+        state = self._state(i)
+        if self._st[i] & _STALE and expires > now:
+            self._st[i] &= ~_STALE
+            self._changed(r.peer, state, state, "fresh record")
+        self._schedule(i)
+        if state is not State.ALIVE:
+            reason = "refuted suspicion" if state is State.SUSPECT else "rejoined"
+            self._set_state(now, i, State.ALIVE, reason)
         return "updated"
 
     def _left(self, now: float, msg: Rumored) -> str:
-        m = self.members.get(msg.about)
-        if m is None or msg.about == self.me:
-            return "unknown" if m is None else "old"
-        if msg.incarnation < m.incarnation or m.state is State.LEFT:
+        i = self._row(msg.about)
+        if i is None or msg.about == self.me:
+            return "unknown" if i is None else "old"
+        if msg.incarnation < self._rec[i].seq or self._state(i) is State.LEFT:  # type: ignore[union-attr]
             return "old"
-        self._set_state(now, m, State.LEFT, "left")
+        self._set_state(now, i, State.LEFT, "left")
         return "left"
 
     def _accused_me(self, now: float, inc: int, by: str) -> str:
@@ -844,8 +1045,8 @@ class Membership(Generic[R]):
         t = self.timing
         b = self._buckets.get(by)
         if b is None:
-            if len(self._buckets) > 4 * len(self.members) + 64:  # accusers no longer in the view
-                self._buckets = {p: x for p, x in self._buckets.items() if p in self.members}
+            if len(self._buckets) > 4 * self._count + 64:  # accusers no longer in the view
+                self._buckets = {p: x for p, x in self._buckets.items() if self._row(p) is not None}
             b = self._buckets[by] = _Bucket(tokens=float(t.accusation_burst), at=now)
         b.tokens = min(float(t.accusation_burst), b.tokens + max(0.0, now - b.at) * t.accusation_rate)
         b.at = max(b.at, now)
@@ -854,30 +1055,32 @@ class Membership(Generic[R]):
         b.tokens -= 1
         return True
 
-    def _accuse(self, now: float, m: Member[R], by: str) -> str:
-        result = self._suspect(now, m, by)
-        if m.peer not in self._probing and not self.leaving:
-            self._start_probe(now, m.peer)  # our own evidence, at once
+    def _accuse(self, now: float, i: int, by: str) -> str:
+        result = self._suspect(now, i, by)
+        peer = self._ix.names[i]
+        if peer not in self._probing and not self.leaving:
+            self._start_probe(now, peer)  # our own evidence, at once
         return result
 
     def _changed(self, peer: str, old: State | None, new: State | None, reason: str) -> None:
         self._view = None
         self._actions.append(Changed(peer, old, new, reason))
 
-    def _suspect(self, now: float, m: Member[R], by: str) -> str:
-        if m.state is State.ALIVE:
+    def _suspect(self, now: float, i: int, by: str) -> str:
+        peer, state = self._ix.names[i], self._state(i)
+        if state is State.ALIVE:
             n = len(self._in[State.ALIVE]) + len(self._in[State.SUSPECT]) + 1
             low, high = suspicion_bounds(n, self.timing.probe_interval, self.timing.suspicion_mult,
                                          self.timing.suspicion_max_mult)
-            self._set_state(now, m, State.SUSPECT, "suspected by " + by)
+            self._set_state(now, i, State.SUSPECT, "suspected by " + by)
             k = expected_confirmations(n, self.timing.suspicion_mult)
-            s = self._suspicions[m.peer] = Suspicion(started=now, k=k, low=low, high=high, confirmers={by})
-            self._push(s.deadline, _SUSPECT, m.peer)
+            s = self._suspicions[peer] = Suspicion(started=now, k=k, low=low, high=high, confirmers={by})
+            self._push(s.deadline, _SUSPECT, peer)
             self.counters.suspicions += 1
             return "suspect"
-        s = self._suspicions.get(m.peer)
-        if m.state is State.SUSPECT and s is not None and s.confirm(by):
-            self._push(s.deadline, _SUSPECT, m.peer)  # sooner: the one pushed before is stale
+        s = self._suspicions.get(peer)
+        if state is State.SUSPECT and s is not None and s.confirm(by):
+            self._push(s.deadline, _SUSPECT, peer)  # sooner: the one pushed before is stale
             return "confirmed"
         return "old"
 
@@ -900,19 +1103,20 @@ class Membership(Generic[R]):
     def _next_target(self) -> str | None:
         """The next member in a shuffled round-robin: the list is rebuilt once per round (O(N)
         per N probes); members gone, down or already being probed are skipped."""
+        names, rec, st = self._ix.names, self._rec, self._st
         for _ in range(2):
             while self._order:
-                peer = self._order.pop()
-                m = self.members.get(peer)
-                if m is not None and m.state in PROBED and peer not in self._probing:
-                    return peer
-            self._order = [m.peer for s in PROBED for m in self._in[s]]
+                i = self._order.pop()
+                if rec[i] is not None and _STATES[st[i] & _STATE] in PROBED and names[i] not in self._probing:
+                    return names[i]
+            self._order = array("i", [i for s in PROBED for i in self._in[s]])
             self.rng.shuffle(self._order)
         return None
 
     def _timeout_for(self, peer: str, floor: float) -> float:
-        rtt = self._rtt.get(peer)
-        return self.awareness.scale(max(floor, 3 * (rtt[0] if rtt is not None else 0.0) + 0.1))
+        i = self._row(peer)
+        rtt = math.nan if i is None else self._rtt_ewma[i]
+        return self.awareness.scale(max(floor, 3 * (0.0 if math.isnan(rtt) else rtt) + 0.1))
 
     def _start_probe(self, now: float, peer: str) -> None:
         timeout = self._timeout_for(peer, self.timing.probe_timeout)
@@ -927,12 +1131,13 @@ class Membership(Generic[R]):
         a list of all of them: rejection sampling over the alive list (O(k) expected)."""
         alive = self._in[State.ALIVE]
         k = self.timing.indirect_probes
+        names = self._ix.names
         if len(alive) <= 2 * k + 1:  # few: SWIM's plain sample
-            candidates = [m.peer for m in alive if m.peer != target]
+            candidates = [names[i] for i in alive if names[i] != target]
             return self.rng.sample(candidates, min(k, len(candidates)))
         chosen: list[str] = []
         while len(chosen) < k:
-            peer = alive[self.rng.randrange(len(alive))].peer
+            peer = names[alive[self.rng.randrange(len(alive))]]
             if peer != target and peer not in chosen:
                 chosen.append(peer)
         return chosen
@@ -956,23 +1161,23 @@ class Membership(Generic[R]):
     def _probe_succeeded(self, now: float, p: _Probe) -> None:
         self._end_probe(p)
         self.awareness.apply(-1)
-        m = self.members.get(p.target)
-        if m is not None and m.state is State.SUSPECT:  # it answered: the accusation was wrong
+        i = self._row(p.target)
+        if i is not None and self._state(i) is State.SUSPECT:  # it answered: the accusation was wrong
             self.counters.accusations_cleared += 1
-            self._set_state(now, m, State.ALIVE, "answered our probe")
+            self._set_state(now, i, State.ALIVE, "answered our probe")
 
     def _probe_failed(self, now: float, p: _Probe) -> None:
         self._end_probe(p)
         self.counters.probes_failed += 1
         # Lifeguard: helpers that did not even nack suggest our own links are the problem
         self.awareness.apply(len(p.helpers) - p.nacks if p.helpers else 1)
-        m = self.members.get(p.target)
-        if m is None or m.state not in PROBED:
+        i = self._row(p.target)
+        if i is None or self._state(i) not in PROBED:
             return
-        was_alive = m.state is State.ALIVE
-        result = self._suspect(now, m, by=self.me)
+        was_alive = self._state(i) is State.ALIVE
+        result = self._suspect(now, i, by=self.me)
         if was_alive or (result == "confirmed" and self._speak()):  # the first accuser always speaks
-            self._actions.append(PublishRumor("suspect", m.peer, m.incarnation))
+            self._actions.append(PublishRumor("suspect", p.target, self._rec[i].seq))  # type: ignore[union-attr]
 
     def _up(self) -> int:
         """Members up, this node included."""
@@ -1005,6 +1210,6 @@ class Membership(Generic[R]):
         """Dead and left members leave the view after ``forget_after``, and not before their
         last record expired (in a large swarm the ttl outlives ``forget_after``: a sync or a
         replay carrying that record would bring the member back as new): O(members down)."""
-        after = self.timing.forget_after
-        for m in [m for s in (State.DEAD, State.LEFT) for m in self._in[s] if now - m.since > after and m.expires <= now]:
-            self._drop(m, "forgotten")
+        after, since, expires = self.timing.forget_after, self._since, self._expires
+        for i in [i for s in (State.DEAD, State.LEFT) for i in self._in[s] if now - since[i] > after and expires[i] <= now]:
+            self._drop(i, "forgotten")
