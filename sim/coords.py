@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from swarmd.gossip.membership import Timing
+from swarmd.gossip.membership import Timing, refresh_period
 from swarmd.vivaldi.coordinates import DEFAULT, Client, Config, Coordinate
 
 from . import scenario
@@ -70,9 +70,9 @@ class Setup:
 
 
 def record_refresh(nodes: int, timing: Timing = Timing.wan()) -> float:
-    """How often membership republishes a node's record in a swarm of ``nodes`` (its
-    ``_refresh_every``: 30 s up to 300 members, then ``nodes / refresh_rate``: 100 s at 1,000)."""
-    return max(timing.refresh_interval, nodes / timing.refresh_rate)
+    """How often membership republishes a node's record in a swarm of ``nodes`` (``refresh_period``:
+    30 s up to 300 members, then ``nodes / refresh_rate``: 100 s at 1,000)."""
+    return refresh_period(timing, nodes)
 
 
 def place(nodes: int, seed: int) -> list[str]:

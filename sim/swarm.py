@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from swarmd.gossip.membership import (Changed, Counters, Membership, PeerIndex, Probe, ProbeVia, PublishRecord,
-                                      PublishRumor, State, Sync, Timing)
+                                      PublishRumor, State, Sync, Timing, record_ttl, refresh_period)
 from swarmd.gossip.protocols import KINDS  # what a node receives, by message kind: as the daemon counts it
 
 from . import gossipsub
@@ -302,11 +302,11 @@ class Swarm:
 
     # --- nodes ----------------------------------------------------------------------------
 
-    def _new_core(self, v: int, born: float | None = None) -> Membership:
+    def _new_core(self, v: int, born: float | None = None, first_refresh: float | None = None) -> Membership:
         self.epoch[v] += 1
         rng = random.Random(f"{self.seed}/core/{v}/{self.epoch[v]}")
         c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now if born is None else born,
-                       peers=self.peers)
+                       peers=self.peers, first_refresh=first_refresh)
         self.cores[v] = c
         self.net.set_power(v, UP)
         self._held[v] = -1
@@ -314,13 +314,15 @@ class Swarm:
 
     def _warm_start(self, nodes: list[int]) -> None:
         recs = []
+        period = refresh_period(self.timing, len(nodes))
         for v in nodes:
-            # started at some time in the last refresh interval: refreshes spread as in a swarm that has run
-            # a while, not all at once every 30 s
-            c = self._new_core(v, born=-self.rng.uniform(0, self.timing.refresh_interval))
+            # started at some time in the last refresh interval, and refreshes spread over the swarm's refresh
+            # period (as in a swarm that has run a while), not all within the first 30 s and in step after
+            c = self._new_core(v, born=-self.rng.uniform(0, self.timing.refresh_interval),
+                               first_refresh=self.rng.uniform(0, period))
             for a in c.take_actions():
                 if type(a) is PublishRecord:
-                    recs.append(self._record(v, a.seq))
+                    recs.append(self._record(v, a.seq, record_ttl(self.timing, len(nodes))))
         now = self.engine.now
         self._quiet = True
         try:
@@ -356,10 +358,11 @@ class Swarm:
         self.cores[v] = None
         self._armed[v] = INF
 
-    def _record(self, v: int, seq: int) -> SimRecord:
+    def _record(self, v: int, seq: int, ttl: float | None = None) -> SimRecord:
+        """``ttl``: the core's (stretched in large swarms) unless given (the warm start's, for the swarm it builds)."""
         c = self.cores[v]
         assert c is not None
-        r = SimRecord(self.names[v], seq, c.record_ttl)  # the ttl the core asks for (stretched in large swarms)
+        r = SimRecord(self.names[v], seq, c.record_ttl if ttl is None else ttl)
         history = self._records[v]
         self._held[v, v] = len(history)
         history.append(r)

@@ -11,7 +11,7 @@ import pytest
 from sim.network import Latency
 from sim.gossipsub import RECORD_BYTES
 from sim.swarm import SimRecord, Small, Swarm
-from swarmd.gossip.membership import State, Timing
+from swarmd.gossip.membership import State, Timing, refresh_period
 
 NAMES = ["a", "b", "c", "d", "e"]
 
@@ -112,6 +112,23 @@ def test_syncs_of_a_converged_swarm_carry_digests_not_records():
     whole_views = 2 * n * RECORD_BYTES / t.sync_interval  # a sync each way per interval, every record in it
     assert 0 < per_node_s < 0.15 * whole_views, (per_node_s, whole_views)
     assert s.counters().get("records_old", 0) == 0, "a sync never sends a record older than the receiver's"
+
+
+def test_a_warm_started_swarm_refreshes_at_its_steady_rate_from_the_start():
+    """A warm start stands for a swarm that has run a while: its refreshes are spread over the
+    swarm's refresh period (60 s at 600 members: 10 records/s), not all in the first 30 s and then
+    none until the period's end (which made a 120 s run of 5,000 nodes count almost no refresh)."""
+    n = 600
+    t = Timing.wan()
+    s = Swarm(Latency.uniform(n, 20.0), timing=t, seed=5)
+    published = []
+    for _ in range(4):
+        before = sum(len(h) for h in s._records)
+        s.run_for(30)
+        published.append(sum(len(h) for h in s._records) - before)
+    expected = 30 * t.refresh_rate  # a node every n / refresh_rate s
+    assert all(0.7 * expected < p < 1.3 * expected for p in published), (published, expected)
+    assert refresh_period(t, n) == 60.0
 
 
 def test_records_are_shared_slots_objects():

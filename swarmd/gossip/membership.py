@@ -190,11 +190,14 @@ class Timing:
     # reach its shortest timeout; a member publishes its own with probability
     # min(1, confirm_fanout / n) (every one of them in a swarm of at most 6).
     confirm_fanout: float = 6.0
-    # What a node receives grows with the swarm: every member's refreshes, and syncs that carry
-    # the whole view. Refreshes: the swarm as a whole refreshes at most ``refresh_rate`` records/s
-    # (a node every max(refresh_interval, n / refresh_rate) s: 30 s up to 300 members, 200 s at
-    # 2,000), its ttl stretched alike. Syncs: memberlist's pushPullScale, the interval times
-    # ceil(log2(n) - log2(32)) + 1 above 32 members (7x at 2,000).
+    # What a node receives would grow with the swarm: every member's refreshes, and syncs. Refreshes:
+    # the swarm as a whole refreshes at most ``refresh_rate`` records/s (a node every
+    # max(refresh_interval, n / refresh_rate) s: 30 s up to 300 members, 200 s at 2,000), its ttl
+    # stretched alike, so each node receives about refresh_rate records/s at any size (with a record
+    # of ~1 kB, its certificate included, and gossipsub's ~5 duplicates: ~60 kB/s). Fewer would cost
+    # routing: records carry the coordinates that estimates use, and at 4/s a cold 1,000-node swarm's
+    # median error at 120 s is 19 % instead of 8.6 % (sim/coords.py). Syncs: memberlist's
+    # pushPullScale, the interval times ceil(log2(n) - log2(32)) + 1 above 32 members (7x at 2,000).
     refresh_rate: float = 10.0
     sync_scale_threshold: int = 32
 
@@ -212,6 +215,17 @@ class Timing:
         """Unit tests and single-machine runs."""
         return cls(probe_interval=0.1, probe_timeout=0.1, indirect_timeout=0.2, refresh_interval=5.0,
                    sync_interval=2.0, reconnect_interval=0.5, forget_after=60.0)
+
+
+def refresh_period(timing: Timing, members: int) -> float:
+    """How often a member of a swarm of ``members`` (up, itself included) refreshes its record:
+    the swarm as a whole refreshes at most ``timing.refresh_rate`` records/s."""
+    return max(timing.refresh_interval, members / timing.refresh_rate)
+
+
+def record_ttl(timing: Timing, members: int) -> float:
+    """The ttl of a record in a swarm of ``members``: ``timing.record_ttl``, stretched as the refresh is."""
+    return min(MAX_TTL, timing.record_ttl * refresh_period(timing, members) / timing.refresh_interval)
 
 
 def sync_scale(interval: float, members: int, threshold: int = 32) -> float:
@@ -540,8 +554,11 @@ class SyncMerge:
 
 class Membership(Generic[R]):
     def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float,
-                 peers: PeerIndex | None = None) -> None:
-        """``peers``: the peer ids' ints, if shared with other cores (the simulator's); else its own."""
+                 peers: PeerIndex | None = None, first_refresh: float | None = None) -> None:
+        """``peers``: the peer ids' ints, if shared with other cores (the simulator's); else its own.
+        ``first_refresh``: when the first periodic refresh is due (default: a refresh period after the
+        first record, now); the simulator's warm start spreads them over the period of the swarm it
+        builds, as in a swarm that has run a while."""
         if not 0 <= seq < MAX_SEQ:
             raise ValueError(f"seq {seq} is outside 0..2^63")
         self.me = me
@@ -584,6 +601,8 @@ class Membership(Generic[R]):
         self._next_sync = now + rng.uniform(0, timing.sync_interval)
         self._next_reconnect = now + timing.reconnect_interval
         self.handle_timeout(now)
+        if first_refresh is not None:
+            self._next_refresh = first_refresh
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -1189,13 +1208,12 @@ class Membership(Generic[R]):
         return self.rng.uniform(0.75, 1.25)
 
     def _refresh_every(self) -> float:
-        t = self.timing
-        return max(t.refresh_interval, self._up() / t.refresh_rate)
+        return refresh_period(self.timing, self._up())
 
     @property
     def record_ttl(self) -> float:
-        """The ttl for this node's next record: ``Timing.record_ttl``, stretched as the refresh is."""
-        return min(MAX_TTL, self.timing.record_ttl * self._refresh_every() / self.timing.refresh_interval)
+        """The ttl for this node's next record (``record_ttl`` for the members up now)."""
+        return record_ttl(self.timing, self._up())
 
     def _speak(self) -> bool:
         """Whether to gossip a confirmation (a suspect or dead rumor about a member others accuse
