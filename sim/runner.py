@@ -87,7 +87,7 @@ def timing(name: str, overrides: tuple[tuple[str, float | int], ...] = ()) -> Ti
 def grace(t: Timing, nodes: int) -> float:
     """The longest a DEAD can lag the moment the peer stopped being reachable: a probe's
     interval and timeouts, then the longest suspicion (Lifeguard's maximum)."""
-    _, high = suspicion_bounds(nodes, t.probe_interval, t.suspicion_mult, t.suspicion_max_mult)
+    _, high = suspicion_bounds(nodes, t.probe_interval, t.suspicion_mult, t.suspicion_max_mult, t.suspicion_log_cap)
     return t.probe_interval + t.probe_timeout + t.indirect_timeout + high
 
 

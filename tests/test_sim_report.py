@@ -185,7 +185,7 @@ def test_a_small_scenarios_figures_sit_inside_hand_computed_bounds(small_outcome
     from swarmd.gossip.suspicion import suspicion_bounds
 
     t = Timing.wan()
-    low, high = suspicion_bounds(50, t.probe_interval, t.suspicion_mult, t.suspicion_max_mult)
+    low, high = suspicion_bounds(50, t.probe_interval, t.suspicion_mult, t.suspicion_max_mult, t.suspicion_log_cap)
     r = report.build(small_outcome)
     det = r["detection"]
     assert det["crashes"] == 2 and det["missed"] == 0

@@ -22,6 +22,18 @@ def test_suspicion_bounds_scale_with_log10_of_the_swarm(members, interval, mult,
     assert got_high == pytest.approx(low * max_mult)
 
 
+@pytest.mark.parametrize("members, cap, low", [
+    (5, 1.4, 2.0),  # a lab's swarm: under the cap, unchanged
+    (25, 1.4, 2.0 * math.log10(25)),
+    (2000, 1.4, 2.8),  # not memberlist's 6.6 s
+    (100_000, 1.4, 2.8),
+    (2000, math.inf, 2.0 * math.log10(2000)),
+])
+def test_the_log10_factor_stops_at_its_cap(members, cap, low):
+    got_low, got_high = suspicion_bounds(members, 0.5, 4.0, 6.0, cap)
+    assert got_low == pytest.approx(low) and got_high == pytest.approx(6 * low)
+
+
 @pytest.mark.parametrize("members, mult, k", [
     (100, 4.0, 2),  # memberlist: K = SuspicionMult - 2
     (4, 4.0, 2),  # n - 2 == K: just enough other members to confirm

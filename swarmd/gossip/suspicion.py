@@ -15,9 +15,11 @@ import math
 from dataclasses import dataclass, field
 
 
-def suspicion_bounds(members: int, probe_interval: float, mult: float, max_mult: float) -> tuple[float, float]:
-    """(min, max) timeout: memberlist's ``suspicionTimeout`` scaled by log10 of the swarm size."""
-    low = mult * max(1.0, math.log10(max(1, members))) * probe_interval
+def suspicion_bounds(members: int, probe_interval: float, mult: float, max_mult: float,
+                     log_cap: float = math.inf) -> tuple[float, float]:
+    """(min, max) timeout: memberlist's ``suspicionTimeout`` scaled by log10 of the swarm size,
+    that factor at most ``log_cap`` (``Timing.suspicion_log_cap``)."""
+    low = mult * max(1.0, min(log_cap, math.log10(max(1, members)))) * probe_interval
     return low, low * max_mult
 
 
