@@ -1,6 +1,8 @@
 """Membership figures on a 5-host country lab (DE US JP BR IN): time to a full view, capacity
 change convergence, kill -9 detection, gossip load and RSS per daemon; then a lossy soak
-(5 % loss on every link) counting false dead declarations. Needs root.
+(5 % loss on every link) counting false dead declarations, and the bytes a daemon received
+there by kind beside the simulator's twin of that lab (``soak_recv_*`` and ``soak_twin_recv_*``).
+Needs root.
 
 Convergence is timed by polling every receiver's `peers` over its control socket (a round
 of polls every few ms), so figures carry that resolution. The target for a change is
@@ -19,6 +21,7 @@ import psutil
 
 from sim.netlab import lab as labmod
 from sim.netlab import topology
+from sim.swarm import twin_received_by_kind
 from swarmd.rpc.client import Client
 
 COUNTRIES = ["DE", "US", "JP", "BR", "IN"]
@@ -26,6 +29,7 @@ CHANGES = 30
 KILLS = 8
 LOAD_WINDOW = 30.0
 SOAK_SECONDS = float(os.environ.get("SWARMD_BENCH_SOAK_SECONDS", "300"))
+BYTES_AFTER_S = 20.0  # the soak's bytes by kind are counted from then on (tests/netlab/test_gossip.py's)
 
 
 def _call(lab: labmod.Lab, host: str, method: str, **params):
@@ -53,6 +57,15 @@ def _all_alive(lab: labmod.Lab) -> bool:
 
 def _pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1] if len(samples) > 1 else samples[0]
+
+
+def _by_kind(lab: labmod.Lab, names: list[str]) -> dict[str, int]:
+    """Bytes received by kind, summed over the daemons (``status``'s ``gossip.received_by_kind``)."""
+    total: dict[str, int] = {}
+    for h in names:
+        for kind, size in _call(lab, h, "status")["gossip"]["received_by_kind"].items():
+            total[kind] = total.get(kind, 0) + size
+    return total
 
 
 def _lab(name: str, rtt, loss: float = 0.0, countries=None) -> tuple[labmod.Lab, float]:
@@ -135,7 +148,15 @@ def measure() -> dict[str, float]:
     if SOAK_SECONDS > 0:
         lab, _ = _lab("benchs", topology.uniform(30.0), loss=5.0)
         try:
-            time.sleep(SOAK_SECONDS)
+            names = [h.name for h in lab.state.hosts]
+            time.sleep(BYTES_AFTER_S)  # a new daemon republishes as its RTTs and coordinate settle: the twin does not
+            before, t0 = _by_kind(lab, names), time.monotonic()
+            time.sleep(max(0.0, SOAK_SECONDS - BYTES_AFTER_S))
+            after, took = _by_kind(lab, names), time.monotonic() - t0
+            twin = twin_received_by_kind(len(names), 30.0, 0.05, warm_s=BYTES_AFTER_S, seconds=took)
+            for kind, want in twin.items():  # what a daemon received by kind, beside its simulated twin's
+                results[f"soak_recv_{kind}_per_daemon_s"] = (after.get(kind, 0) - before.get(kind, 0)) / len(names) / took
+                results[f"soak_twin_recv_{kind}_per_node_s"] = want
             dead = suspect = 0
             for h in lab.state.hosts:
                 with open(h.log) as log:

@@ -4,10 +4,11 @@ time and peak RSS are its own.
 
 - ``lab-5-countries`` beside the lab's own figures (part ``gossip`` of this run, or of the last
   bench.json): kill detection by all p50/p99 and a change's time to every node p50/p99.
-- ``swarm-2k`` (1 % loss) and ``swarm-2k-5pct``, ``swarm-5k``, ``swarm-10k``: detection, false
-  dead, change convergence beyond the longest one-way delay, bytes per node per second, wall time,
-  peak RSS. A scenario whose n^2 member entries cannot fit in the memory available is skipped
-  and the memory it would need recorded (``swarm-10k`` on a 24 GB machine).
+- ``swarm-100``, ``swarm-1k``, ``swarm-2k`` (1 % loss) and ``swarm-2k-5pct``, ``swarm-5k``,
+  ``swarm-10k``: detection, false dead, change convergence beyond the longest one-way delay,
+  bytes per node per second (by kind), wall time, peak RSS; over 1k-10k, the bytes' largest
+  figure and its ratio to the smallest. A scenario whose n^2 member entries cannot fit in the
+  memory available is skipped and the memory it would need recorded.
 - ``disseminate-100k``: one record to 100,000 nodes over the gossipsub model.
 
 ``SWARMD_BENCH_SIM=lab-5-countries,swarm-2k`` runs only those. Reports and plots are kept in
@@ -28,11 +29,13 @@ from sim.runner import fits
 
 from . import core_cost
 
-SCENARIOS = ("lab-5-countries", "swarm-2k", "swarm-2k-5pct", "swarm-5k", "swarm-10k", "disseminate-100k")
+SCENARIOS = ("lab-5-countries", "swarm-100", "swarm-1k", "swarm-2k", "swarm-2k-5pct", "swarm-5k", "swarm-10k",
+             "disseminate-100k")
 ONLY = [s for s in os.environ.get("SWARMD_BENCH_SIM", ",".join(SCENARIOS)).split(",") if s in SCENARIOS]
 OUT = Path(".bench/sim")
-SHORT = {"lab-5-countries": "lab5", "swarm-2k": "2k", "swarm-2k-5pct": "2k_5pct", "swarm-5k": "5k",
-         "swarm-10k": "10k", "disseminate-100k": "100k"}
+SHORT = {"lab-5-countries": "lab5", "swarm-100": "100", "swarm-1k": "1k", "swarm-2k": "2k", "swarm-2k-5pct": "2k_5pct",
+         "swarm-5k": "5k", "swarm-10k": "10k", "disseminate-100k": "100k"}
+SWEEP = ("1k", "2k", "5k", "10k")  # bytes per node per second: flat within 2x over these, at most 40 kB/s (issue 30)
 def run(name: str) -> tuple[dict, float, float]:
     """(report.json, wall s, peak RSS in GB) of `swarm-sim run sim/scenarios/NAME.toml`."""
     out = OUT / name
@@ -102,6 +105,10 @@ def measure(lab: dict | None = None) -> dict[str, float]:
         results[f"sim_{key}_peak_rss_gb"] = rss
         results |= _dissemination(key, report) if report["scenario"]["mode"] == "disseminate" else \
             _membership(key, report)
+    sweep = [results[f"sim_{k}_bytes_recv_per_node_s"] for k in SWEEP if f"sim_{k}_bytes_recv_per_node_s" in results]
+    if len(sweep) >= 2:
+        results["sim_bytes_recv_per_node_s_max_over_min_1k_10k"] = max(sweep) / min(sweep)
+        results["sim_bytes_recv_per_node_s_max_1k_10k"] = max(sweep)
     lab = lab or {}
     for sim_key, lab_key in (("sim_lab5_detect_by_all_p50_s", "kill_detected_by_all_p50_s"),
                              ("sim_lab5_detect_by_all_p99_s", "kill_detected_by_all_p99_s"),

@@ -736,3 +736,14 @@ class Small:
                 raise AssertionError(f"not within {limit} simulated s")
             self.run_for(step)
         return self.now - start
+
+
+def twin_received_by_kind(hosts: int, rtt_ms: float, loss: float, warm_s: float, seconds: float) -> dict[str, float]:
+    """A lab's simulated twin (``hosts`` daemons, every pair ``rtt_ms`` apart, ``loss`` on every link,
+    the daemon's timing): the bytes a node receives per second by kind (KINDS), over ``seconds``
+    after ``warm_s``, as the daemon's ``status`` counts them (``gossip.received_by_kind``)."""
+    s = Swarm(Latency.uniform(hosts, rtt_ms), timing=Timing.wan(), loss=loss, seed=1)
+    s.run_for(warm_s)
+    before = {kind: got.copy() for kind, got in s.traffic.recv_by_kind.items()}
+    s.run_for(seconds)
+    return {kind: float((s.traffic.recv_by_kind[kind] - before[kind]).mean() / seconds) for kind in before}

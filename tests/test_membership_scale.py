@@ -9,7 +9,7 @@ import random
 
 from sim.network import Latency
 from sim.swarm import SimRecord, Small, Swarm
-from swarmd.gossip.membership import Membership, Probe, ProbeVia, PublishRumor, State, Timing
+from swarmd.gossip.membership import Membership, PeerIndex, Probe, ProbeVia, PublishRumor, State, Timing
 from swarmd.gossip.wire import Rumor
 
 
@@ -110,3 +110,25 @@ def test_a_dead_member_is_not_forgotten_while_its_record_could_still_bring_it_ba
         core.handle_timeout(now)
         core.take_actions()
     assert now > 3_900, f"forgotten at {now} s, before its record expired at 4,000 s"
+
+
+def test_a_member_costs_a_core_under_100_bytes_when_the_simulator_shares_the_peer_index():
+    """The simulator holds n cores of n members: at 10,000 nodes every byte a member costs is 100 MB.
+    Columns with a shared PeerIndex keep it under 100 B (rows of slots were 167 B, and their RTTs
+    in a dict up to 200 B more), and a core with its own index (the daemon's) under 150 B."""
+    from bench.core_cost import bytes_per_member
+
+    assert bytes_per_member(3000, shared=True) < 100
+    assert bytes_per_member(3000) < 150
+
+
+def test_a_core_sharing_a_peer_index_sees_only_its_own_members():
+    """Cores that share a PeerIndex share the ints, not the view: a peer another core interned is
+    not a member here until its record arrives, and a core grows its columns as the index grows."""
+    peers = PeerIndex(["a", "b"])
+    one = Membership("a", 1, Timing.wan(), random.Random(1), 0.0, peers=peers)
+    two = Membership("b", 1, Timing.wan(), random.Random(2), 0.0, peers=peers)
+    one.receive_record(0.0, SimRecord("late", 1))  # interned by one: rows now past two's columns
+    assert "late" in one.members and "late" not in two.members and len(two.members) == 0
+    assert two.receive_record(0.0, SimRecord("late", 1)) == "new" and two.members["late"].record.seq == 1
+    assert one.view().get("late").state is State.ALIVE and "b" not in one.view()

@@ -11,9 +11,7 @@ import time
 import pytest
 
 from sim.netlab.lab import SWARMD_PORT
-from sim.network import Latency
-from sim.swarm import Swarm
-from swarmd.gossip.membership import Timing
+from sim.swarm import twin_received_by_kind
 
 from .support import call, until
 
@@ -154,15 +152,6 @@ def received_by_kind(l, names: list[str]) -> dict[str, int]:
     return total
 
 
-def twin_by_kind(hosts: int, rtt_ms: float, loss: float, warm_s: float, seconds: float) -> dict[str, float]:
-    """The simulated twin's bytes received per node per second by kind (sim.swarm, the same cores)."""
-    s = Swarm(Latency.uniform(hosts, rtt_ms), timing=Timing.wan(), loss=loss, seed=1)
-    s.run_for(warm_s)
-    before = {kind: got.copy() for kind, got in s.traffic.recv_by_kind.items()}
-    s.run_for(seconds)
-    return {kind: float((s.traffic.recv_by_kind[kind] - before[kind]).mean() / seconds) for kind in before}
-
-
 @pytest.mark.skipif(SOAK_SECONDS <= 0, reason="SWARMD_SOAK_SECONDS=0")
 @pytest.mark.timeout(SOAK_SECONDS + 120)
 def test_soak_with_loss_makes_no_false_dead_and_its_bytes_by_kind_are_the_simulators(lab):
@@ -187,7 +176,7 @@ def test_soak_with_loss_makes_no_false_dead_and_its_bytes_by_kind_are_the_simula
     # what each member received, by kind, is what the simulator's twin of this lab counts
     # (same RTT, loss and timing): its sizes are the daemon's (sim/gossipsub.py, sim/swarm.py)
     lab_rates = {kind: (after[kind] - before.get(kind, 0)) / len(names) / took for kind in after}
-    twin = twin_by_kind(len(names), 30.0, 0.05, warm_s=BYTES_AFTER_S, seconds=took)
+    twin = twin_received_by_kind(len(names), 30.0, 0.05, warm_s=BYTES_AFTER_S, seconds=took)
     print({kind: (round(lab_rates[kind], 1), round(twin[kind], 1)) for kind in twin})
     assert set(lab_rates) == set(twin)
     for kind, want in twin.items():
