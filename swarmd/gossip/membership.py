@@ -1236,5 +1236,6 @@ class Membership(Generic[R]):
         last record expired (in a large swarm the ttl outlives ``forget_after``: a sync or a
         replay carrying that record would bring the member back as new): O(members down)."""
         after, since, expires = self.timing.forget_after, self._since, self._expires
-        for i in [i for s in (State.DEAD, State.LEFT) for i in self._in[s] if now - since[i] > after and expires[i] <= now]:
+        down = [i for s in (State.DEAD, State.LEFT) for i in self._in[s]]
+        for i in [i for i in down if now - since[i] > after and expires[i] <= now]:
             self._drop(i, "forgotten")
