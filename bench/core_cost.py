@@ -88,7 +88,8 @@ def measure(sizes: list[int]) -> list[dict[str, float | None]]:
         rows.append({"members": n, "event_us": round(event_cost(n), 2),
                      "bytes_per_member": round(bytes_per_member(n)),
                      "bytes_per_member_shared": round(bytes_per_member(n, shared=True)),
-                     "event_us_before": before.get("event_us"), "bytes_per_member_before": before.get("bytes_per_member"),
+                     "event_us_before": before.get("event_us"),
+                     "bytes_per_member_before": before.get("bytes_per_member"),
                      "event_us_before_issue_15": older.get("event_us"),
                      "bytes_per_member_before_issue_15": older.get("bytes_per_member")})
     return rows
