@@ -257,11 +257,15 @@ def booted(tmp_path):
 
 
 def remove_cgroups(name: str) -> None:
-    """The daemon's own cgroups (swarmd-<peer>), left in each v1 controller after the container is gone."""
-    for top in Path("/sys/fs/cgroup").glob(f"**/{name}"):
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [top]:
+    """The daemon's own cgroups (swarmd-<peer>), left in each v1 controller after the container is gone.
+    They may be going while we look (the unit's stop removes them too): os.walk skips a directory that
+    vanished, where Path.glob raised FileNotFoundError from its scandir."""
+    tops = [os.path.join(root, d) for root, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d == name]
+    for top in tops:
+        inner = [os.path.join(root, d) for root, dirs, _ in os.walk(top) for d in dirs]
+        for d in sorted(inner, key=lambda p: p.count(os.sep), reverse=True) + [top]:  # leaves first
             with contextlib.suppress(OSError):
-                d.rmdir()
+                os.rmdir(d)
 
 
 @pytest.mark.slow
