@@ -77,7 +77,8 @@ no event may cost O(N), and each member is paid for N times over):
   expiry): a newer record leaves the heap alone and the entry moves to the real time when it
   comes up or ``next_deadline`` peeks at it; a deadline moved earlier (a shorter ttl, or a
   member dropped and back while its entry waits: rare) gets an event entry. It is heapq's
-  algorithm on an array, by key. The event heap holds ``(time, kind, key)`` for probe and
+  algorithm on an array, by key (``heapq`` itself compares the items: a ``(time, row)`` tuple
+  would cost each member 64 B, where a row in an array is 4). The event heap holds ``(time, kind, key)`` for probe and
   suspicion deadlines; an entry whose probe or suspicion moved since is skipped. A heap is
   rebuilt without its stale entries when it grows past twice its size at the last rebuild
   plus 64. ``next_deadline()``: O(1) plus O(log N) per stale entry it pops;
