@@ -126,7 +126,9 @@ def job_rows(j: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
     gpus = f", GPUs free {','.join(map(str, j['gpus_free']))}" if j["gpus_free"] else ""
     return [("jobs here", f"{j['slots'] - j['slots_free']} of {j['slots']} slots used, {j['ranks_here']} ranks"
                           f"{gpus}; ranks run as {j['user'] or 'this user'}"),
-            ("coordinating", j["coordinating"] or "-")]
+            ("coordinating", j["coordinating"] or "-"),
+            ("slots held by", ", ".join(f"{h['job']} ({h['state']}, for …{h['coordinator'][-8:]})"
+                                        for h in j.get("holding") or ()) or "-")]
 
 
 def sandbox_rows(sb: Mapping[str, Any] | None) -> list[tuple[str, Any]]:

@@ -211,6 +211,19 @@ def test_a_job_cancelled_as_soon_as_it_is_submitted_runs_nothing(node):
         wait_until(lambda: not node.call("status")["jobs"]["coordinating"], 20, "the coordinator done with it")
 
 
+def test_status_says_which_jobs_hold_the_slots_here(node):
+    job = node.call("jobs.run", spec={"cmd": ["sleep", "600"]}, detach=True)["submitted"]
+    try:
+        me = node.call("status")["peer_id"]
+        wait_until(lambda: node.call("status")["jobs"]["holding"] == [
+            {"job": job, "coordinator": me, "state": "running"}], 20, "the job holding a slot, running")
+        shown = swarmctl(node, "status").stdout
+        assert f"slots held by {job} (running, for …{me[-8:]})" in " ".join(shown.split()), shown
+    finally:
+        node.call("jobs.cancel", id=job)
+    wait_until(lambda: node.call("status")["jobs"]["holding"] == [], 20, "the slot given back")
+
+
 def test_a_hostile_workdir_upload_is_refused_and_the_daemon_keeps_serving(node):
     import hashlib
     import io

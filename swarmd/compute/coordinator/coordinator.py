@@ -225,7 +225,10 @@ class Jobs:
         ledger = self.worker.ledger
         return {"slots": ledger.slots, "slots_free": ledger.slots_free, "gpus_free": list(ledger.gpus_free),
                 "ranks_here": self.worker.ranks, "user": self._rank_user(),
-                "coordinating": sorted(self.live), "output_dropped": self.worker.dropped_lines}
+                "coordinating": sorted(self.live), "output_dropped": self.worker.dropped_lines,
+                # what holds this host's slots: a provider sees whose jobs run here
+                "holding": [{"job": job, "coordinator": coordinator, "state": ledger.state_of(job, coordinator)}
+                            for coordinator, job in sorted(ledger.held(), key=lambda k: (k[1], k[0]))]}
 
     def _rank_user(self) -> str | None:
         sandbox = self.worker.sandbox
