@@ -29,7 +29,9 @@ The model:
   peers per heartbeat; the receiver answers IWANT and gets the message one round trip
   later. Modelled for the nodes the mesh did not reach: each hears IHAVE from
   ``HISTORY_GOSSIP * D_LAZY`` random nodes, at their heartbeats after their own receipt.
-- Costs (bytes, per message): a record ~RECORD_BYTES (the lab's measured record size), a
+- Costs (bytes, per message): a record ``record_bytes(rtts)``: the lab's measured size with
+  the RTTs to its 4 other hosts, and RTT_ENTRY_BYTES more for each further member its record
+  lists (at most wire.MAX_RTTS, 16: a large swarm's records are 60 % larger than a lab's), a
   rumor RUMOR_BYTES, IHAVE MSG_ID_BYTES per id; every node that receives a message sends
   it to its mesh peers but the one it came from, and receives on average one copy per
   mesh peer but one (the first copy and the duplicates).
@@ -52,10 +54,20 @@ HISTORY_GOSSIP = 3
 HISTORY_LENGTH = 5
 
 RECORD_BYTES = 1000  # a signed record with its certificate (lab: 790-890 B, swarmctl status's bytes_in / messages_in)
+LAB_RTTS = 4  # the RTTs a record of a 5-host lab lists (its other hosts): RECORD_BYTES includes them
+RTT_ENTRY_BYTES = 50  # one more [peer id, ms] in a record's RTTs: a 38-byte id and a float64, msgpack (make_record)
 RUMOR_BYTES = 300
 MSG_ID_BYTES = 20
 CONTROL_BYTES = 40  # framing of one RPC (IHAVE, IWANT, GRAFT) without its ids
 PROBE_BYTES = 32  # a ping or its echo: libp2p's 32 bytes, as the daemon counts them (payload, no framing)
+
+
+def record_bytes(rtts: int) -> int:
+    """A record's size on the wire when it lists `rtts` RTTs (a node lists its nearest members'
+    up to wire.MAX_RTTS): 1,000 B in a 5-host lab, 1,600 B from 17 members on."""
+    return RECORD_BYTES + RTT_ENTRY_BYTES * (rtts - LAB_RTTS)
+
+
 QUANTUM = 0.001  # arrivals are delivered in 1 ms steps: a message's nodes in one event per step
 
 PARAMS = {"D": D, "D_low": D_LOW, "D_high": D_HIGH, "D_lazy": D_LAZY, "heartbeat_s": HEARTBEAT,

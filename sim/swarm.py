@@ -41,12 +41,13 @@ import numpy as np
 
 from swarmd.gossip.membership import (Changed, Counters, Membership, PeerIndex, Probe, ProbeVia, PublishRecord,
                                       PublishRumor, State, Sync, Timing, record_ttl, refresh_period)
+from swarmd.gossip.wire import MAX_RTTS
 from swarmd.gossip.protocols import KINDS  # what a node receives, by message kind: as the daemon counts it
 
 from . import gossipsub
 from .engine import Engine
 from .gossipsub import CONTROL_BYTES, D_LAZY, HEARTBEAT, HISTORY_GOSSIP, MSG_ID_BYTES, PROBE_BYTES, QUANTUM, \
-    RECORD_BYTES, RUMOR_BYTES, Mesh
+    RUMOR_BYTES, Mesh, record_bytes
 from .network import CRASHED, STOPPED, UP, Latency, Network
 
 INF = float("inf")
@@ -132,6 +133,7 @@ class Swarm:
             raise ValueError("one distinct name per node")
         self.index = {name: i for i, name in enumerate(self.names)}
         self.peers = PeerIndex(self.names)  # every core's rows: node v is row v, in all of them
+        self.record_bytes = record_bytes(min(n - 1, MAX_RTTS))  # each record lists its nearest members' RTTs
         self.on_changed = on_changed
         self.on_received = on_received
         self.engine = Engine()
@@ -384,7 +386,7 @@ class Swarm:
                 self._watch.pop(v, None)
                 # every later record carries the change too: a node across a cut gets only those
                 r.watch = v in self._watched
-                self._spread(v, r, RECORD_BYTES, self._deliver_record, len(self._records[v]) - 1)
+                self._spread(v, r, self.record_bytes, self._deliver_record, len(self._records[v]) - 1)
             elif t is PublishRumor:
                 self._spread(v, SimRumor(a.kind, c.me, a.about, a.incarnation), RUMOR_BYTES, self._deliver_rumor, 0)
             elif t is Sync:
@@ -621,7 +623,7 @@ class Swarm:
         mine, my_claims = self._held[v].copy(), c.sync_claims()
         offer = np.where(mine > theirs, mine, -1)
         want = theirs > mine
-        self.traffic.one(v, p, RECORD_BYTES * int(np.count_nonzero(offer >= 0))
+        self.traffic.one(v, p, self.record_bytes * int(np.count_nonzero(offer >= 0))
                          + DIGEST_BYTES * int(np.count_nonzero(want)) + CLAIM_BYTES * len(my_claims) + CONTROL_BYTES,
                          "syncs")
         eng = self.engine
@@ -634,7 +636,7 @@ class Swarm:
             return
         answer = np.where(want, self._held[p], -1)
         if self.cores[v] is c and self.net.reachable(p, v):
-            self.traffic.one(p, v, RECORD_BYTES * int(np.count_nonzero(answer >= 0)) + CONTROL_BYTES, "syncs")
+            self.traffic.one(p, v, self.record_bytes * int(np.count_nonzero(answer >= 0)) + CONTROL_BYTES, "syncs")
             eng = self.engine
             eng.at(eng.now + self.net.delay(p, v), self._sync_answered, (v, c, p, answer, claims))
         self._merge(p, cp, v, offer, my_claims)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sim.network import Latency
-from sim.gossipsub import RECORD_BYTES
+from sim.gossipsub import RECORD_BYTES, RTT_ENTRY_BYTES
 from sim.swarm import SimRecord, Small, Swarm
 from swarmd.gossip.membership import State, Timing, refresh_period
 
@@ -109,7 +109,7 @@ def test_syncs_of_a_converged_swarm_carry_digests_not_records():
     s = Swarm(Latency.uniform(n, 20.0), timing=t, seed=3)
     s.run_for(seconds)
     per_node_s = s.traffic.recv_by_kind["syncs"].mean() / seconds
-    whole_views = 2 * n * RECORD_BYTES / t.sync_interval  # a sync each way per interval, every record in it
+    whole_views = 2 * n * s.record_bytes / t.sync_interval  # a sync each way per interval, every record in it
     assert 0 < per_node_s < 0.15 * whole_views, (per_node_s, whole_views)
     assert s.counters().get("records_old", 0) == 0, "a sync never sends a record older than the receiver's"
 
@@ -211,3 +211,29 @@ def test_a_partition_between_countries_cuts_only_across_it():
     s.heal(cut)
     s.run_for(15)
     assert all(s.state(o, p) is State.ALIVE for o in range(6) for p in range(6) if o != p)
+
+
+def test_a_simulated_record_is_as_large_as_the_daemons_with_as_many_rtts():
+    """A record lists the RTTs to its nearest members, up to 16: in a 5-host lab 4, in a large
+    swarm 16, and each is ~50 B on the wire. The simulator counts a large swarm's records 60 %
+    larger than a lab's (it once counted every record at the lab's size, a third too few bytes)."""
+    import time
+
+    from nacl.signing import SigningKey
+
+    from swarmd.gossip.wire import MAX_RTTS, make_record
+    from swarmd.p2p.signed import peer_from_key, peer_str
+    from test_wire import OTHER, OTHER_PEER, RES, SWARM, cert_for, signer
+
+    others = [peer_str(peer_from_key(bytes(SigningKey(os.urandom(32)).verify_key))) for _ in range(MAX_RTTS)]
+
+    def size(rtts: int) -> int:
+        return len(make_record(signer(OTHER), swarm=SWARM, peer=peer_str(OTHER_PEER), seq=7, issued=time.time(),
+                               ttl=120.0, addrs=[], resources=RES, labels={}, wg=None,
+                               cert=cert_for(OTHER_PEER, issued=time.time() - 10, ttl=3600),
+                               rtts={p: 12.25 + i for i, p in enumerate(others[:rtts])}))
+
+    per_entry = (size(MAX_RTTS) - size(4)) / (MAX_RTTS - 4)
+    assert abs(per_entry - RTT_ENTRY_BYTES) <= 3, per_entry
+    assert Swarm(Latency.uniform(5, 20.0)).record_bytes == RECORD_BYTES
+    assert Swarm(Latency.uniform(40, 20.0)).record_bytes == RECORD_BYTES + (MAX_RTTS - 4) * RTT_ENTRY_BYTES
