@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from swarmd.gossip.membership import Timing
-from swarmd.gossip.wire import MAX_RTTS
+from swarmd.gossip.rtts import MAX_RTTS
 from swarmd.routing.paths import ASK_LEGS, ASK_PER_ROUND, MAX_RELAYED, SWITCH_MIN_GAIN_MS, SWITCH_RATIO, best_relay
 
 from . import coords

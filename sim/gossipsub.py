@@ -31,7 +31,7 @@ The model:
   ``HISTORY_GOSSIP * D_LAZY`` random nodes, at their heartbeats after their own receipt.
 - Costs (bytes, per message): a record ``record_bytes(rtts)``: the lab's measured size with
   the RTTs to its 4 other hosts, and RTT_ENTRY_BYTES more for each further member its record
-  lists (at most wire.MAX_RTTS, 16: a large swarm's records are 60 % larger than a lab's), a
+  lists (at most rtts.MAX_RTTS, 16: a large swarm's records are 14 % larger than a lab's), a
   rumor RUMOR_BYTES, IHAVE MSG_ID_BYTES per id; every node that receives a message sends
   it to its mesh peers but the one it came from, and receives on average one copy per
   mesh peer but one (the first copy and the duplicates).
@@ -53,9 +53,12 @@ HEARTBEAT = 1.0
 HISTORY_GOSSIP = 3
 HISTORY_LENGTH = 5
 
-RECORD_BYTES = 1000  # a signed record with its certificate (lab: 790-890 B, swarmctl status's bytes_in / messages_in)
-LAB_RTTS = 4  # the RTTs a record of a 5-host lab lists (its other hosts): RECORD_BYTES includes them
-RTT_ENTRY_BYTES = 50  # one more [peer id, ms] in a record's RTTs: a 38-byte id and a float64, msgpack (make_record)
+# A signed record with its certificate and the RTTs to a 5-host lab's 4 other hosts: 1,000 B
+# with RTT entries of a peer id and a float (lab: 790-890 B, swarmctl status's bytes_in /
+# messages_in, framing besides), 160 B less with 10-byte entries (gossip/rtts.py; make_record)
+RECORD_BYTES = 840
+LAB_RTTS = 4
+RTT_ENTRY_BYTES = 10  # one more entry in a record's RTTs: a member's 8-byte tag and uint16 tenths of a ms
 RUMOR_BYTES = 300
 MSG_ID_BYTES = 20
 CONTROL_BYTES = 40  # framing of one RPC (IHAVE, IWANT, GRAFT) without its ids
@@ -64,7 +67,8 @@ PROBE_BYTES = 32  # a ping or its echo: libp2p's 32 bytes, as the daemon counts 
 
 def record_bytes(rtts: int) -> int:
     """A record's size on the wire when it lists `rtts` RTTs (a node lists its nearest members'
-    up to wire.MAX_RTTS): 1,000 B in a 5-host lab, 1,600 B from 17 members on."""
+    up to rtts.MAX_RTTS): 840 B in a 5-host lab, 960 B from 17 members on (1,600 B when an
+    entry was a peer id and a float)."""
     return RECORD_BYTES + RTT_ENTRY_BYTES * (rtts - LAB_RTTS)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from swarmd.gossip.membership import (Changed, Counters, Membership, PeerIndex, Probe, ProbeVia, PublishRecord,
                                       PublishRumor, State, Sync, Timing, record_ttl, refresh_period)
-from swarmd.gossip.wire import MAX_RTTS
+from swarmd.gossip.rtts import MAX_RTTS
 from swarmd.gossip.protocols import KINDS  # what a node receives, by message kind: as the daemon counts it
 
 from . import gossipsub

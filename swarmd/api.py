@@ -23,6 +23,7 @@ from . import __version__, log
 from .compute import api as compute_api
 from .config import LOG_LEVELS
 from .gossip import api as gossip_api
+from .gossip.rtts import tag_index
 from .mesh import api as mesh_api
 from .routing import api as routing_api
 from .rpc.protocol import Access, Caller, ErrorCode, Method, Param, RpcError
@@ -116,8 +117,9 @@ def methods(node: Node) -> list[Method]:
 
 def peer_rows(node: Node) -> list[dict[str, Any]]:
     now_mono, now = trio.current_time(), time.time()
-    rows = []
-    for m in sorted(node.gossip.view(), key=lambda m: m.peer):
+    rows, view = [], node.gossip.view()
+    names = tag_index((view.me, *(m.peer for m in view)))  # a record's RTTs name members by tag
+    for m in sorted(view, key=lambda m: m.peer):
         r = m.record
         rtt, source = peer_rtt(node, m)
         rows.append({
@@ -126,7 +128,7 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
             "rtt_min_ms": None if m.rtt_min is None else round(m.rtt_min * 1000, 2),
             "resources": r.resources.to_wire(), "summary": r.resources.summary(), "labels": r.labels,
             "addrs": list(r.addrs), "seq": r.seq, "record_age_s": round(now - r.issued, 3),
-            "rtts_ms": r.rtts, "jobs": None if r.jobs is None else r.jobs.to_wire(),
+            "rtts_ms": r.rtts.named(names), "jobs": None if r.jobs is None else r.jobs.to_wire(),
             # how members reach it (issue 25), as its record says: wg.nat, wg.reflexive
             "nat": None if r.wg is None else r.wg.nat, "reflexive": None if r.wg is None else r.wg.reflexive,
         })

@@ -13,6 +13,7 @@ import trio
 
 from swarmd import api
 from swarmd.gossip.membership import MemberView, State, View
+from swarmd.gossip.rtts import Rtts
 from swarmd.rpc.protocol import Access, Caller, ErrorCode, RpcError
 from swarmd.testing import FakeMesh
 
@@ -49,7 +50,7 @@ class FakeRouting:
 def record(peer: str) -> SimpleNamespace:
     resources = SimpleNamespace(to_wire=lambda: {"cpu_count": 2}, summary=lambda: "2 CPUs")
     return SimpleNamespace(peer=peer, resources=resources, labels={}, addrs=(), seq=1, issued=time.time(),
-                           rtts={}, jobs=None, wg=None)
+                           rtts=Rtts(), jobs=None, wg=None)
 
 
 def view(members: dict[str, float | None]) -> View:

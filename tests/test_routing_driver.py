@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from swarmd.gossip.cert import swarm_id
 from swarmd.gossip.membership import State, View
+from swarmd.gossip.rtts import Rtts
 from swarmd.metrics import Metrics
 from swarmd.p2p.rejects import Rejects
 from swarmd.p2p.signed import peer_from_key, peer_str, unseal
@@ -55,7 +56,7 @@ def mview(**states):
                                                            endpoints=(IP[ID[name]],) if ID[name] in IP else ())
         members[ID[name]] = SimpleNamespace(peer=ID[name], state=State.ALIVE if state == "nowg" else state,
                                             record=SimpleNamespace(wg=wg, issued=time.time() - 100, coord=None,
-                                                                   relay=False, via={}, rtts={}))
+                                                                   relay=False, via={}, rtts=Rtts()))
     return View(version=1, me=ID["r"], members=MappingProxyType(members))
 
 
@@ -640,7 +641,7 @@ def crowd_server(pairs: int) -> tuple[server.RelayServer, list[tuple[str, str]],
     signer = dict(zip(ids, keys))
     members = {p: SimpleNamespace(peer=p, state=State.ALIVE, record=SimpleNamespace(
         wg=SimpleNamespace(port=51820, endpoints=(ips[p],)), issued=time.time() - 100, coord=None, relay=False,
-        via={}, rtts={})) for p in ids}
+        via={}, rtts=Rtts())) for p in ids}
     members[R] = mview(r=State.ALIVE).members[R]
     view = View(version=1, me=R, members=MappingProxyType(members))
     relay = Relay(R, is_member=lambda peer: peer in members, addresses=[IP[R]], exclude=("10.211.0.0/16",))

@@ -352,6 +352,31 @@ def test_job_slots_and_rtts_travel_in_the_record():
     assert old.jobs is None and old.rtts == {}
 
 
+def test_a_records_rtts_take_10_bytes_an_entry_and_an_older_daemons_list_still_reads():
+    from swarmd.gossip.rtts import Rtts, rtt_tag, tag_index
+
+    other, me = peer_str(OTHER_PEER), peer_str(PEER)
+    rec = decode(record(rtts={other: 12.34, me: 99_999.0}))
+    assert rec.rtts[other] == 12.3 and rec.rtts.get(me) == 6553.5, "kept to 0.1 ms, at most 6,553.5 ms"
+    stranger = peer_str(peer_from_key(bytes(STRANGER.verify_key)))
+    assert stranger not in rec.rtts and rec.rtts.get(stranger) is None
+    assert rec.rtts.named(tag_index([other])) == {other: 12.3}, "listed only for the members the reader knows"
+    assert len(record(rtts={other: 1.0, me: 2.0})) - len(record()) == 4 + 2 + 2 * 10  # "rtt", bin header, 2 entries
+    older = decode(sealed(record_body(rtts=[[OTHER_PEER, 7.5]])))
+    assert older.rtts == {other: 7.5} and older.rtts == Rtts({rtt_tag(other): 7.5})
+
+
+@pytest.mark.parametrize("value, detail", [
+    ("12", "at most 16 entries of 10 bytes"),
+    (b"\x00" * 15, "at most 16 entries of 10 bytes"),
+    (b"\x00" * 170, "at most 16 entries of 10 bytes"),
+    (b"\x01" * 8 + b"\x00\x05" + b"\x01" * 8 + b"\x00\x06", "a member listed twice"),
+])
+def test_bad_rtts_are_refused_naming_the_field(value, detail):
+    with pytest.raises(Invalid, match=detail):
+        decode(sealed(record_body(rtt=value)))
+
+
 @pytest.mark.parametrize("field, value, detail", [
     ("jobs", {"slots": 2, "free": 3, "gpus_free": 0, "ranks": 0}, "more slots free than there are"),
     ("jobs", {"slots": 2, "free": True, "gpus_free": 0, "ranks": 0}, "record.jobs.free"),

@@ -27,7 +27,8 @@ from ..p2p.signed import Invalid
 from .capacity import Collector, Resources
 from .membership import State
 from .state import Shared
-from .wire import MAX_RTTS, JobSlots, MeshInfo, Record, make_record
+from .rtts import MAX_RTTS
+from .wire import JobSlots, MeshInfo, Record, make_record
 
 log = structlog.get_logger("swarmd.gossip")
 

@@ -3,12 +3,12 @@
 Every message is a signed blob (see signed.py) whose body has ``v`` (schema version), ``k``
 (kind), ``swarm``, ``peer`` (the signer) and ``cert`` (the signer's membership certificate):
 
-- ``record``: ``{seq, issued, ttl, addrs, res, labels, wg, jobs, rtts, coord, relay, via}`` — what
-  a node is and offers (``coord``: its Vivaldi coordinate; ``relay``: it forwards WireGuard
-  packets for pairs of members; ``via``: the relay it chose for a pair it is the chooser of,
-  routing/paths.py). The
-  seq grows with every record a node issues, across restarts; it is also the node's SWIM
-  incarnation number, so a newer record refutes a suspicion.
+- ``record``: ``{seq, issued, ttl, addrs, res, labels, wg, jobs, rtt, coord, relay, via}`` — what
+  a node is and offers (``rtt``: its RTTs to its nearest members, rtts.py; ``coord``: its
+  Vivaldi coordinate; ``relay``: it forwards WireGuard packets for pairs of members; ``via``:
+  the relay it chose for a pair it is the chooser of, routing/paths.py). The seq grows with
+  every record a node issues, across restarts; it is also the node's SWIM incarnation number,
+  so a newer record refutes a suspicion.
 - ``suspect`` / ``dead``: ``{about, inc, issued}`` — the signer suspects ``about`` (or
   declares it dead) at incarnation ``inc``.
 - ``left``: ``{inc, issued}`` — the signer is leaving on purpose.
@@ -57,13 +57,13 @@ from .registry import (DemandEntry, ReplicaEntry, ServiceClaim, claims_from_wire
                        replicas_from_wire)
 from .membership import MAX_SEQ  # the one definition: the core refutes within it, the wire refuses above
 from .revocation import Revocation, check_revocation, is_revocation
+from .rtts import MAX_RTTS, Rtts, rtt_tag
 
 VERSION = 1
 MAX_MESSAGE = 64 * 1024  # a record with 64 GPUs is about 8 KiB
 RUMOR_TTL = 60.0  # a rumor older than this is a replay, not news
 MAX_LABELS = 32
 MAX_ADDRS = 16
-MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairwise view)
 MAX_VIA = 16  # relayed paths a record announces (routing/paths.py MAX_RELAYED)
 LABEL_KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 MAX_LABEL_VALUE = 255
@@ -197,7 +197,7 @@ class Record:
     labels: dict[str, str]
     wg: MeshInfo | None
     jobs: JobSlots | None = None
-    rtts: dict[str, float] = dataclasses.field(default_factory=dict)  # peer -> ms, measured by this node
+    rtts: Rtts = dataclasses.field(default_factory=Rtts)  # its RTTs to its nearest members (ms), by peer id
     coord: Coordinate | None = None  # its network coordinate (vivaldi/coordinates.py)
     relay: bool = False  # it offers to relay WireGuard packets between members
     via: dict[str, str] = dataclasses.field(default_factory=dict)  # peer -> the relay it chose for that pair
@@ -251,7 +251,9 @@ def make_record(sign: Signer, *, swarm: str, peer: str, seq: int, issued: float,
             "issued": issued, "ttl": ttl, "addrs": addrs, "res": resources.to_wire(),
             "labels": labels, "wg": None if wg is None else wg.to_wire(),
             "jobs": None if jobs is None else jobs.to_wire(),
-            "rtts": [[peer_bytes(p), ms] for p, ms in (rtts or {}).items()], "cert": cert.blob}
+            "cert": cert.blob}
+    if rtts:
+        body["rtt"] = Rtts.of(rtts).to_wire()
     if coord is not None:
         body["coord"] = coord.to_wire()
     if relay:
@@ -393,14 +395,16 @@ class Verifier:
         return Record(swarm=self.swarm, peer=cert.peer, seq=_uint(body, "seq", "record"), issued=issued,
                       ttl=ttl, addrs=tuple(addrs), resources=resources,
                       labels=check_labels(body.get("labels", {}), "record.labels"), wg=wg, jobs=jobs,
-                      rtts=_rtts(body.get("rtts", [])), coord=_coord(body.get("coord")),
+                      rtts=Rtts.from_wire(body["rtt"]) if "rtt" in body else _rtts(body.get("rtts", [])),
+                      coord=_coord(body.get("coord")),
                       relay=_flag(body.get("relay", False), "record.relay"), via=_via(body.get("via", []), cert.peer),
                       services=claims_from_wire(body.get("services", [])),
                       replicas=replicas_from_wire(body.get("replicas", [])),
                       demand=demand_from_wire(body.get("demand", [])), cert=cert, blob=blob)
 
 
-def _rtts(data: Any) -> dict[str, float]:
+def _rtts(data: Any) -> Rtts:
+    """An older daemon's RTTs: [[peer id, ms], ...]."""
     if not isinstance(data, list) or len(data) > MAX_RTTS:
         raise Invalid("malformed", f"record.rtts: expected a list of at most {MAX_RTTS} [peer, ms] pairs")
     out = {}
@@ -410,8 +414,8 @@ def _rtts(data: Any) -> dict[str, float]:
                 and 0 <= item[1] < 60_000):
             raise Invalid("malformed", "record.rtts: each entry is [peer id bytes, 0-60000 ms]")
         peer_key(item[0])
-        out[peer_str(item[0])] = float(item[1])
-    return out
+        out[rtt_tag(peer_str(item[0]))] = float(item[1])
+    return Rtts(out)
 
 
 def _coord(data: Any) -> Coordinate | None:

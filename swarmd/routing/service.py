@@ -35,7 +35,7 @@ from prometheus_client import Counter, Gauge
 
 from ..gossip.membership import State, View
 from ..p2p.transport import Transport
-from ..gossip.wire import MAX_RTTS
+from ..gossip.rtts import MAX_RTTS, tag_index
 from ..vivaldi import Client, Coordinate
 from ..wg.endpoint import split_endpoint
 from . import direct, exchange, icmp
@@ -309,9 +309,11 @@ class Routing(Readout):
             nat = reach(peer)[0]
             return nat == "public" or (nat is None and bool(getattr(view.get(peer).record, "addrs", ())))
 
+        names = tag_index((self.g.me, *peers))  # a record's RTTs name members by tag (gossip/rtts.py)
+
         def reports(peer: str) -> Mapping[str, float]:
             m = view.get(peer)
-            return m.record.rtts if m is not None else {}
+            return m.record.rtts.named(names) if m is not None else {}
 
         def announced(peer: str) -> str | None:
             m = view.get(peer)
