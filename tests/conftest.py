@@ -21,6 +21,16 @@ SWARMD = [sys.executable, "-m", "swarmd.main"]
 START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-core machine
 
 
+@pytest.fixture
+def own_firewall_table(monkeypatch) -> None:
+    """A sandbox a test opens in its own process gets a job table no daemon sweeps: a daemon
+    removes `swarmd_jobs_<pid>` when that pid runs no swarmd (a killed daemon's), and pytest's is
+    none, so another worker's daemon starting deleted a test's table while its job opened."""
+    from swarmd.compute.host.sandbox import firewall
+
+    monkeypatch.setattr(firewall, "table_for", lambda pid: f"swarmd_test_{pid}")
+
+
 def port_to_give() -> int:
     """A TCP port on 127.0.0.1 for a process a test starts to listen on: free now, and below both
     the kernel's ephemeral range (ip_local_port_range, 32768 up by default), so no process's

@@ -20,6 +20,8 @@ from swarmd.compute.host.sandbox import box as boxmod
 from swarmd.compute.host.sandbox.box import PARTS, Sandbox, SandboxError, Settings
 from swarmd.compute.host.sandbox.uids import SCRATCH, ipc_of, pids_of
 
+pytestmark = pytest.mark.usefixtures("own_firewall_table")  # (conftest): no daemon sweeps it
+
 UIDS = (64900, 64999)  # apart from the lab's slices and the default's low end
 
 

@@ -25,6 +25,8 @@ from swarmd.compute.host.executor import Executor, RankProc
 from reaper_daemon import settings
 from swarmd.compute.host.sandbox import box as boxmod, cgroups, reaper
 
+pytestmark = pytest.mark.usefixtures("own_firewall_table")  # (conftest): no daemon sweeps it
+
 ROOT = os.geteuid() == 0
 DAEMON = Path(__file__).with_name("reaper_daemon.py")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/"}
