@@ -66,6 +66,12 @@ class Setup:
     # coordinate is, as swarmd/routing/exchange.py asks the peer for it after the probe (FRESH).
     # Estimates still use the records' coordinates, as the routing service's do.
     fresh_after: float | None = None
+    # With publish_every: when a node's first refresh comes. A cold start, as the daemon's: each
+    # node's first record (its coordinate at the origin) at 0, and its first refresh one
+    # ``refresh_interval`` later (x0.75-1.25), because a node that just started counts only itself
+    # in its swarm (membership's ``refresh_period``); then every ``publish_every``. None: the
+    # first refresh anywhere in the first period, as in a swarm that has run a while.
+    first_publish: float | None = Timing.wan().refresh_interval
     config: Config = field(default=DEFAULT)
 
 
@@ -107,7 +113,10 @@ def run(setup: Setup = Setup(), *, keep: dict | None = None) -> dict:
     every = setup.publish_every
     published = [c.coordinate for c in clients]  # what peers see of each node
     published_at = [0.0] * n
-    next_publish = [rng.uniform(0.0, every) if every else 0.0 for _ in range(n)]
+    first = setup.first_publish
+    published_n = [1] * n  # records each node issued: its first at 0
+    next_publish = [(first * rng.uniform(0.75, 1.25) if first is not None else rng.uniform(0.0, every))
+                    if every else 0.0 for _ in range(n)]
     fresh_after = setup.fresh_after if every and setup.fresh_after is not None else None
     orders: list[list[int]] = [[] for _ in range(n)]
 
@@ -135,7 +144,9 @@ def run(setup: Setup = Setup(), *, keep: dict | None = None) -> dict:
             for i in by_phase:
                 if every and next_publish[i] <= now:
                     published[i], published_at[i] = clients[i].coordinate, now
-                    next_publish[i] += every * rng.uniform(0.75, 1.25)
+                    step = every if first is None else min(every, first * 2 ** published_n[i])
+                    published_n[i] += 1
+                    next_publish[i] += step * rng.uniform(0.75, 1.25)
                 j = next_target(i)
                 rtt = rtt_rows[sites[i]][sites[j]] + access[i] + access[j] + jitter * (rng.random() + rng.random())
                 fresh = not every or (fresh_after is not None and now - published_at[j] > fresh_after)
@@ -206,6 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--publish-every", type=float, default=None,
                    help="peers see a coordinate republished every S s (0: membership's record refresh at this "
                         "size); default: the peer's current one")
+    p.add_argument("--warm", action="store_true",
+                   help="with --publish-every: first refreshes spread over the first period (a swarm that has run "
+                        "a while), not one refresh interval after a cold start")
     p.add_argument("--fresh-after", type=float, default=None,
                    help="with --publish-every: an update uses the peer's current coordinate when its record's "
                         "is older than S s (routing/exchange.py's FRESH)")
@@ -213,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     every = record_refresh(args.nodes) if args.publish_every == 0 else args.publish_every
     figures = run(Setup(nodes=args.nodes, seconds=args.seconds, probe_interval=args.probe_interval,
                         jitter_ms=args.jitter_ms, access_ms=args.access_ms, pairs=args.pairs, seed=args.seed,
-                        publish_every=every, fresh_after=args.fresh_after))
+                        publish_every=every, fresh_after=args.fresh_after,
+                        first_publish=None if args.warm else d.first_publish))
     print(table(figures))
     print(json.dumps(figures, indent=2))
 

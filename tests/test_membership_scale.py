@@ -72,25 +72,43 @@ def test_syncs_and_refreshes_slow_down_as_the_swarm_grows_so_a_node_receives_abo
     assert small.record_ttl == Timing.wan().record_ttl
     big = Membership("me", 1, Timing.wan(), random.Random(1), 0.0)
     for i in range(1999):
-        big.receive_record(0.0, SimRecord(f"p{i}", 1))
-    assert big.record_ttl == Timing.wan().record_ttl * (2000 / 10.0) / 30.0  # refreshed every 200 s, ttl 800 s
+        big.receive_record(0.0, SimRecord(f"p{i}", 1, ttl=10_000.0))
+    assert big.record_ttl == Timing.wan().record_ttl * (2000 / 4.0) / 30.0  # refreshed every 500 s, ttl 2,000 s
+    # a member that just started refreshes sooner: 30 s after its first record, the step doubling
+    # with each record up to the swarm's period (Trickle's timer), x0.75-1.25 each
     big.take_actions()
-    big.local_change(1.0)
-    assert [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"]
-    big.handle_timeout(150.0)
-    assert not [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "no refresh before 0.75 x 200 s"
-    big.handle_timeout(252.0)
-    assert [a for a in big.take_actions() if type(a).__name__ == "PublishRecord"], "refreshed by 1.25 x 200 s"
+    issued, now = [0.0], 0.0
+    while now < 3_000:
+        now += 1.0
+        big.handle_timeout(now)
+        for a in big.take_actions():
+            if type(a).__name__ == "PublishRecord":
+                issued.append(now)
+            elif isinstance(a, Probe):
+                big.probe_result(now, a.id, True, 0.05)
+    steps = [b - a for a, b in zip(issued, issued[1:])]
+    assert len(steps) >= 7, steps
+    for got, want in zip(steps, (30, 60, 120, 240, 480, 500, 500)):
+        assert 0.75 * want - 1 <= got <= 1.25 * want + 1, steps
+    # a member of a swarm that has run a while (the simulator's warm start) refreshes at the period
+    settled = Membership("me", 1, Timing.wan(), random.Random(1), 0.0, first_refresh=10.0)
+    for i in range(1999):
+        settled.receive_record(0.0, SimRecord(f"p{i}", 1, ttl=10_000.0))
+    settled.take_actions()
+    settled.handle_timeout(10.0)
+    assert [a for a in settled.take_actions() if type(a).__name__ == "PublishRecord"]
+    settled.handle_timeout(10.0 + 0.74 * 500)
+    assert not [a for a in settled.take_actions() if type(a).__name__ == "PublishRecord"], "not before 0.75 x 500 s"
 
 
 def test_a_dead_member_is_not_forgotten_while_its_record_could_still_bring_it_back():
-    """At 10,000 members a record lives 4,000 s, longer than forget_after (3,600 s): forgetting
+    """At 10,000 members a record lives 10,000 s, longer than forget_after (3,600 s): forgetting
     at 3,600 s let a sync (or a replay) of its last record make it a new, alive member again."""
     wall0 = 1_000_000.0
     core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0)
     for i in range(9_999):
-        core.receive_record(0.0, SimRecord(f"p{i}", 1, ttl=4_000.0, issued=wall0), wall0)
-    assert core.record_ttl == 4_000.0
+        core.receive_record(0.0, SimRecord(f"p{i}", 1, ttl=10_000.0, issued=wall0), wall0)
+    assert core.record_ttl == 10_000.0
     last = SimRecord("p0", 2, ttl=core.record_ttl, issued=wall0)
     core.receive_record(0.0, last, wall0)
     for p in ("p1", "p2", "p3"):
@@ -105,11 +123,11 @@ def test_a_dead_member_is_not_forgotten_while_its_record_could_still_bring_it_ba
                 core.via_result(now, a.id, a.via, False)
             elif isinstance(a, Probe):
                 core.probe_result(now, a.id, False)
-    while "p0" in core.members and now < 5_000:
+    while "p0" in core.members and now < 12_000:
         now += 10.0
         core.handle_timeout(now)
         core.take_actions()
-    assert now > 3_900, f"forgotten at {now} s, before its record expired at 4,000 s"
+    assert now > 9_900, f"forgotten at {now} s, before its record expired at 10,000 s"
 
 
 def test_a_member_costs_a_core_under_100_bytes_when_the_simulator_shares_the_peer_index():
