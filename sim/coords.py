@@ -16,9 +16,10 @@ Model:
   own phase, the next one in its own shuffled round-robin (membership's probe order), and
   updates its coordinate with the RTT and the peer's *current* coordinate (serf's way: the
   ack carries it). With ``publish_every``, peers see instead the coordinate a node last put
-  in its signed record, republished at membership's refresh (``record_refresh``: every 100 s
-  at 1,000 members), and a node's estimates use those too. No loss, no churn: this is the
-  coordinates' accuracy, not membership's.
+  in its signed record, republished as membership refreshes: a cold start's first refresh one
+  refresh interval after the first record, the step doubling up to ``record_refresh`` (250 s
+  at 1,000 members; ``first_publish``), and a node's estimates use those too. No loss, no
+  churn: this is the coordinates' accuracy, not membership's.
 - Error: over ``pairs`` random distinct pairs (fixed for the run), the relative error
   ``|estimate - truth| / truth`` of i's estimate of j (i's coordinate to what i knows of
   j's, ``Coordinate.distance_to``), its median,
@@ -77,7 +78,7 @@ class Setup:
 
 def record_refresh(nodes: int, timing: Timing = Timing.wan()) -> float:
     """How often membership republishes a node's record in a swarm of ``nodes`` (``refresh_period``:
-    30 s up to 300 members, then ``nodes / refresh_rate``: 100 s at 1,000)."""
+    30 s up to 120 members, then ``nodes / refresh_rate``: 250 s at 1,000)."""
     return refresh_period(timing, nodes)
 
 

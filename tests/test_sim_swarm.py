@@ -116,7 +116,7 @@ def test_syncs_of_a_converged_swarm_carry_digests_not_records():
 
 def test_a_warm_started_swarm_refreshes_at_its_steady_rate_from_the_start():
     """A warm start stands for a swarm that has run a while: its refreshes are spread over the
-    swarm's refresh period (60 s at 600 members: 10 records/s), not all in the first 30 s and then
+    swarm's refresh period (150 s at 600 members: 4 records/s), not all in the first 30 s and then
     none until the period's end (which made a 120 s run of 5,000 nodes count almost no refresh)."""
     n = 600
     t = Timing.wan()
