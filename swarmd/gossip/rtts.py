@@ -32,7 +32,6 @@ from ..p2p.signed import Invalid, peer_bytes
 MAX_RTTS = 16  # the nearest members a record reports RTTs to (placement's pairwise view)
 TAG_BYTES = 8
 _ENTRY = struct.Struct(">8sH")  # tag, tenths of a millisecond
-MAX_MS = 0xFFFF / 10
 
 
 @functools.lru_cache(maxsize=1 << 16)
