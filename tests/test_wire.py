@@ -362,6 +362,7 @@ def test_a_records_rtts_take_10_bytes_an_entry_and_an_older_daemons_list_still_r
     assert stranger not in rec.rtts and rec.rtts.get(stranger) is None
     assert rec.rtts.named(tag_index([other])) == {other: 12.3}, "listed only for the members the reader knows"
     assert len(record(rtts={other: 1.0, me: 2.0})) - len(record()) == 4 + 2 + 2 * 10  # "rtt", bin header, 2 entries
+    assert decode(record(rtts={other: float("nan"), me: float("inf")})).rtts == {}, "a broken reading left out"
     older = decode(sealed(record_body(rtts=[[OTHER_PEER, 7.5]])))
     assert older.rtts == {other: 7.5} and older.rtts == Rtts({rtt_tag(other): 7.5})
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import struct
 from collections.abc import Iterable, Mapping
 
@@ -55,8 +56,10 @@ class Rtts:
 
     @classmethod
     def of(cls, by_peer: Mapping[str, float]) -> Rtts:
-        """From peer id -> ms (this node's own measurements), each kept to 0.1 ms and 6,553.5 ms."""
-        return cls({rtt_tag(p): min(max(round(ms * 10), 0), 0xFFFF) / 10 for p, ms in by_peer.items()})
+        """From peer id -> ms (this node's own measurements), each kept to 0.1 ms and 6,553.5 ms;
+        one that is not a finite number is left out (it would stop this node's record)."""
+        return cls({rtt_tag(p): min(max(round(ms * 10), 0), 0xFFFF) / 10 for p, ms in by_peer.items()
+                    if math.isfinite(ms)})
 
     def __contains__(self, peer: object) -> bool:
         return isinstance(peer, str) and rtt_tag(peer) in self._by_tag
