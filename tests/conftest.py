@@ -25,9 +25,18 @@ START_TIMEOUT = 30.0  # generous: libp2p's import alone is ~1 s on an idle 2-cor
 def own_firewall_table(monkeypatch) -> None:
     """A sandbox a test opens in its own process gets a job table no daemon sweeps: a daemon
     removes `swarmd_jobs_<pid>` when that pid runs no swarmd (a killed daemon's), and pytest's is
-    none, so another worker's daemon starting deleted a test's table while its job opened."""
+    none, so another worker's daemon starting deleted a test's table while its job opened. A
+    table a killed test run left (its pid gone) is deleted here instead."""
+    import re
+    import shutil
+
     from swarmd.compute.host.sandbox import firewall
 
+    if os.geteuid() == 0 and shutil.which("nft"):
+        listed = subprocess.run(["nft", "list", "tables", "inet"], capture_output=True, text=True).stdout
+        for pid in re.findall(r"^table inet swarmd_test_([1-9][0-9]{0,9})$", listed, re.M):
+            if not os.path.exists(f"/proc/{pid}"):
+                subprocess.run(["nft", "delete", "table", "inet", f"swarmd_test_{pid}"], capture_output=True)
     monkeypatch.setattr(firewall, "table_for", lambda pid: f"swarmd_test_{pid}")
 
 
