@@ -884,11 +884,18 @@ class Jobs:
         if run.attempts:
             live.store.set_attempt(job, run.attempts[-1].to_dict())
         self._replicate(job, live)
-        if live.charter is not None and not live.reconfiguring and not run.over and \
-                self._gone_of(live.charter) - live.removed - {self.gossip.me} and self._nursery is not None:
-            live.reconfiguring = True  # a replica gone: out of the quorum now, while a majority is there
-            self._nursery.start_soon(self._reconfigure, job, live)
+        self._prune(job, live)
         live.touch()
+
+    def _prune(self, job: str, live: _Live) -> None:
+        """A replica membership declares gone leaves the job's quorum now, while a majority is
+        there: at each change of the job (`_save`), and every SUCCESSION_EVERY while nothing
+        changes (a restart waiting for capacity, a long transfer), so that a coordinator lost
+        next still leaves a majority to a successor."""
+        if live.charter is not None and not live.reconfiguring and not live.run.over and \
+                self._gone_of(live.charter) - live.removed - {self.gossip.me} and self._nursery is not None:
+            live.reconfiguring = True
+            self._nursery.start_soon(self._reconfigure, job, live)
 
     async def _reconfigure(self, job: str, live: _Live) -> None:
         try:
@@ -995,7 +1002,8 @@ class Jobs:
         return {p for p in charter.replicas if self._gone(p)}
 
     async def _succession(self) -> None:
-        """Every SUCCESSION_EVERY: each live job this node is a replica of whose coordinator
+        """Every SUCCESSION_EVERY: the gone replicas of the jobs this node coordinates leave
+        their quorums (`_prune`); each live job this node is a replica of whose coordinator
         is gone (or was this node, in a past life) is taken over when this node is next in
         line (`takeover`); one takeover per job at a time."""
         assert self.replication is not None and self._nursery is not None
@@ -1005,6 +1013,8 @@ class Jobs:
         while True:
             await trio.sleep(SUCCESSION_EVERY)
             now = trio.current_time()
+            for job, live in list(self.live.items()):
+                self._prune(job, live)
             for key in store.held.keys():
                 record = store.get(key)
                 if record is None or key in taking or key[1] in self.live or now < self._retry.get(key, 0.0):
