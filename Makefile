@@ -5,7 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables conntrack util-linux systemd-container
+# chromium: the console's browser tests (tests/netlab/test_console.py, driven by playwright)
+APT_PACKAGES := build-essential libgmp-dev python3-venv python3-dev iproute2 iputils-ping wireguard-go wireguard-tools vde2 procps bubblewrap nftables conntrack util-linux systemd-container chromium
 # make bench's anchors only (a reverse proxy beside the gateway, a load generator): not make
 # test's, so that a package's service start that fails on a machine without an init cannot
 # fail the suite's set-up; nginx's own service is not started (policy-rc.d, below)

@@ -18,7 +18,7 @@ from swarmd.paths import client_socket
 from swarmd.rpc.client import Client, DaemonUnreachable, RemoteError
 from swarmd.rpc.protocol import ErrorCode
 
-from . import jobs, render, serve
+from . import console, jobs, render, serve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -89,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
 
     jobs.add_parser(sub, common)
     serve.add_parser(sub, common)
+    console.add_parser(sub, common)
 
     lb = sub.add_parser("labels", parents=[common], help="change this node's labels (re-advertised at once)")
     lbsub = lb.add_subparsers(dest="labels_command", metavar="ACTION", required=True)
@@ -246,6 +247,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "swarm": cmd_swarm, "peers": cmd_peers, "labels": cmd_labels, "mesh": cmd_mesh, "route": cmd_route,
     "jobs": jobs.command,
     "serve": serve.command,
+    "console": console.command,
 }
 
 

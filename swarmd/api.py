@@ -88,7 +88,8 @@ def methods(node: Node) -> list[Method]:
         return {"level": level, "previous": previous}
 
     async def peers(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        return {"swarm": node.gossip.swarm.swarm if node.gossip.swarm else None, "peers": peer_rows(node)}
+        return {"swarm": node.gossip.swarm.swarm if node.gossip.swarm else None, "peers": peer_rows(node),
+                "me": own_row(node)}
 
     async def mesh(params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         m = mesh_api.up(node.mesh, node.mesh_off, "mesh")
@@ -131,8 +132,20 @@ def peer_rows(node: Node) -> list[dict[str, Any]]:
             "rtts_ms": r.rtts.named(names), "jobs": None if r.jobs is None else r.jobs.to_wire(),
             # how members reach it (issue 25), as its record says: wg.nat, wg.reflexive
             "nat": None if r.wg is None else r.wg.nat, "reflexive": None if r.wg is None else r.wg.reflexive,
+            "coord": None if r.coord is None else r.coord.to_wire(),  # [*vec, height, error, adjustment]
         })
     return rows
+
+
+def own_row(node: Node) -> dict[str, Any] | None:
+    """This node as `peers` lists the others (what its own record says), for a map of the swarm
+    that has it too; None before its first record."""
+    r = node.gossip.own_record
+    if r is None:
+        return None
+    return {"peer": r.peer, "state": "alive", "resources": r.resources.to_wire(), "summary": r.resources.summary(),
+            "labels": r.labels, "seq": r.seq, "jobs": None if r.jobs is None else r.jobs.to_wire(),
+            "nat": None if r.wg is None else r.wg.nat, "coord": None if r.coord is None else r.coord.to_wire()}
 
 
 def peer_rtt(node: Node, m: MemberView[Any]) -> tuple[float | None, str | None]:

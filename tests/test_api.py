@@ -50,7 +50,7 @@ class FakeRouting:
 def record(peer: str) -> SimpleNamespace:
     resources = SimpleNamespace(to_wire=lambda: {"cpu_count": 2}, summary=lambda: "2 CPUs")
     return SimpleNamespace(peer=peer, resources=resources, labels={}, addrs=(), seq=1, issued=time.time(),
-                           rtts=Rtts(), jobs=None, wg=None)
+                           rtts=Rtts(), jobs=None, wg=None, coord=None)
 
 
 def view(members: dict[str, float | None]) -> View:
@@ -61,7 +61,8 @@ def view(members: dict[str, float | None]) -> View:
 
 
 def node(v: View, routing: FakeRouting | None, mesh: FakeMesh | None = None, **extra: Any) -> SimpleNamespace:
-    gossip = SimpleNamespace(view=lambda: v, me=ME, swarm=SimpleNamespace(swarm="s1"))
+    gossip = SimpleNamespace(view=lambda: v, me=ME, swarm=SimpleNamespace(swarm="s1"),
+                             own_record=extra.pop("own", None))
     return SimpleNamespace(gossip=gossip, routing=routing, mesh=mesh, config=SimpleNamespace(state_dir=None), log=None,
                            **{"mesh_off": None, **extra})
 
@@ -94,6 +95,19 @@ def test_peers_say_how_each_member_is_reached_as_its_record_says():
     rows = {r["peer"]: r for r in call(node(v, None), "peers")["peers"]}
     assert (rows[H2]["nat"], rows[H2]["reflexive"]) == ("eim", "203.0.113.5:40000")
     assert (rows[H3]["nat"], rows[H3]["reflexive"]) == (None, None), "no mesh side"
+
+
+def test_peers_give_each_members_network_coordinate_and_this_nodes_own_row_for_a_map():
+    v = view({H2: None, H3: None})
+    v.members[H2].record.coord = SimpleNamespace(to_wire=lambda: [12.5, -3.0, 0.1, 0.4, 0.0])
+    own = record(ME)
+    own.coord = SimpleNamespace(to_wire=lambda: [0.0, 1.0, 0.1, 0.2, 0.0])
+    result = call(node(v, None, own=own), "peers")
+    rows = {r["peer"]: r for r in result["peers"]}
+    assert rows[H2]["coord"] == [12.5, -3.0, 0.1, 0.4, 0.0] and rows[H3]["coord"] is None
+    assert result["me"]["peer"] == ME and result["me"]["coord"] == [0.0, 1.0, 0.1, 0.2, 0.0]
+    assert ME not in rows, "the others only: `swarmctl peers` lists them"
+    assert call(node(v, None), "peers")["me"] is None, "before this node's first record"
 
 
 def test_mesh_rows_carry_the_path_its_rtt_the_direct_rtt_and_the_estimate():

@@ -61,6 +61,13 @@ def test_the_wheel_carries_the_shipped_scenarios(wheel):
 
 
 @pytest.mark.slow
+def test_the_wheel_carries_the_consoles_page(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for asset in sorted((ROOT / "swarmd" / "console" / "static").iterdir()):
+        assert f"swarmd/console/static/{asset.name}" in names, f"{asset.name} is not in {wheel.name}"
+
+
+@pytest.mark.slow
 def test_everything_swarm_sim_imports_runs_from_the_wheel_alone(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",

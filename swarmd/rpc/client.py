@@ -62,6 +62,14 @@ class Client:
             self._sock.close()
             self._sock = None
 
+    def shutdown(self) -> None:
+        """End, from another thread, a stream this client is reading: its read returns at once
+        (closing alone would not wake it) and the stream raises DaemonUnreachable."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def _connect(self) -> socket.socket:
         if self._sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
