@@ -7,6 +7,8 @@ docs/console/ (the README shows them)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import shutil
 import subprocess
@@ -97,6 +99,13 @@ def test_the_swarm_view_lists_the_members_alive_and_shows_a_hostile_label_as_tex
           "h2's label on the page", interval=0.3)
     assert page.locator("img").count() == 0 and page.evaluate("window.pwned") is None and not page.errors
     until(lambda: page.locator("#map circle.member").count() == 3, 30, "three members on the map", interval=0.3)
+
+    def apart() -> bool:  # 10 ms links: the three points of a triangle, not one spot
+        xy = page.eval_on_selector_all("#map circle.member", "cs => cs.map(c => [+c.getAttribute('cx'), "
+                                                              "+c.getAttribute('cy')])")
+        return len(xy) == 3 and min(math.dist(a, b) for a, b in itertools.combinations(xy, 2)) > 40
+
+    until(apart, 30, "the members apart on the map", interval=0.3)
     until(lambda: page.locator("#map line.path").count() >= 2, 60, "the mesh's paths on the map", interval=0.5)
     shot(page, "swarm")
 

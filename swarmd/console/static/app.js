@@ -103,16 +103,71 @@ function project(vectors) {
   return centred.map((v) => axes.map((a) => v.reduce((s, x, i) => s + x * a[i], 0)).concat([0, 0]).slice(0, 2));
 }
 
+// Classical multidimensional scaling of an RTT matrix into the plane (for a swarm whose
+// coordinates have not moved from the origin yet: a new one).
+function mds(d) {
+  const n = d.length;
+  const sq = d.map((row) => row.map((x) => x * x));
+  const rowMean = sq.map((row) => row.reduce((a, b) => a + b, 0) / n);
+  const all = rowMean.reduce((a, b) => a + b, 0) / n;
+  const b = sq.map((row, i) => row.map((x, j) => -0.5 * (x - rowMean[i] - rowMean[j] + all)));
+  const out = d.map(() => [0, 0]);
+  const found = [];
+  for (let k = 0; k < 2; k++) {
+    let v = d.map((_, i) => 1 + ((i * 7 + k * 3) % 5));
+    let value = 0;
+    for (let round = 0; round < 100; round++) {
+      let w = b.map((row) => row.reduce((s, x, j) => s + x * v[j], 0));
+      for (const [u] of found) {
+        const dot = w.reduce((s, x, i) => s + x * u[i], 0);
+        w = w.map((x, i) => x - dot * u[i]);
+      }
+      const norm = Math.hypot(...w) || 1;
+      value = norm;
+      v = w.map((x) => x / norm);
+    }
+    found.push([v, value]);
+    v.forEach((x, i) => { out[i][k] = x * Math.sqrt(Math.max(value, 0)); });
+  }
+  return out;
+}
+
+// The plane to draw: the coordinates' two principal components once the members have spread
+// (a coordinate is where Vivaldi put it: distance ≈ RTT), else the RTTs measured, by MDS.
+function layout(part, members) {
+  const dims = members[0].coord ? members[0].coord.length - 3 : 0;
+  if (dims > 0 && members.every((m) => m.coord)) {
+    const points = project(members.map((m) => m.coord.slice(0, dims)));
+    const spread = Math.max(...points.map((p) => Math.hypot(p[0], p[1])));
+    if (spread >= 1) return {points, by: "network coordinates"};
+  }
+  if (members.length > 200) return {points: members.map((_, i) => [i % 20, Math.floor(i / 20)]), by: "nothing yet"};
+  const index = new Map(members.map((m, i) => [m.peer, i]));
+  const rtt = members.map(() => members.map(() => null));
+  const me = part.me ? index.get(part.me.peer) : undefined;
+  members.forEach((m, i) => {
+    if (me !== undefined && i !== me && typeof m.rtt_ms === "number") { rtt[me][i] = rtt[i][me] = m.rtt_ms; }
+    for (const [peer, value] of Object.entries(m.rtts_ms || {})) {
+      const j = index.get(peer);
+      if (j !== undefined && j !== i && typeof value === "number") { rtt[i][j] = rtt[j][i] = value; }
+    }
+  });
+  const d = rtt.map((row, i) => row.map((x, j) => {
+    if (i === j) return 0;
+    if (x !== null) return x;
+    const via = me !== undefined ? (rtt[i][me] || 0) + (rtt[me][j] || 0) : 0;
+    return via || 50;
+  }));
+  return {points: mds(d), by: "measured RTTs (the coordinates are still settling)"};
+}
+
 function drawMap(part) {
   const map = document.getElementById("map");
-  const members = (part.me ? [{...part.me, me: true}] : []).concat(part.members || []).filter((m) => m.coord);
+  const members = (part.me ? [{...part.me, me: true}] : []).concat(part.members || []);
   map.replaceChildren();
-  if (members.length === 0) {
-    map.append(Object.assign(svg("text", {x: 300, y: 200, "text-anchor": "middle"}), {textContent: "no coordinates yet"}));
-    return;
-  }
-  const dims = members[0].coord.length - 3;
-  const points = project(members.map((m) => m.coord.slice(0, dims)));
+  if (members.length === 0) return;
+  const {points, by} = layout(part, members);
+  document.getElementById("map-by").textContent = by;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   const span = Math.max(Math.max(...xs) - Math.min(...xs), Math.max(...ys) - Math.min(...ys), 1);
   const scale = 320 / span;
@@ -137,10 +192,12 @@ function drawMap(part) {
     label.textContent = short(m.peer);
     map.append(dot, label);
   });
-  const bar = svg("line", {x1: 20, y1: 385, x2: 20 + 50 * scale, y2: 385, class: "scale"});
-  const barText = svg("text", {x: 25 + 50 * scale, y: 389, class: "member-label"});
-  barText.textContent = "50 ms";
-  if (50 * scale < 560) map.append(bar, barText);
+  if (50 * scale < 560) {
+    const bar = svg("line", {x1: 20, y1: 385, x2: 20 + 50 * scale, y2: 385, class: "scale"});
+    const barText = svg("text", {x: 25 + 50 * scale, y: 389, class: "member-label"});
+    barText.textContent = "50 ms";
+    map.append(bar, barText);
+  }
 }
 
 function renderJobs(part) {
@@ -193,7 +250,10 @@ async function refreshJob() {
     document.getElementById("job-state").textContent = clean(err.message); return;
   }
   if (id !== state.job) return;
-  const handover = j.handover && j.handover.coordinator ? `; coordinated by ${short(j.handover.coordinator)} since a hand-over` : "";
+  const h = j.handover;
+  const handover = h && h.coordinator
+    ? `; coordinated by ${short(h.coordinator)}${h.epoch > 0 ? ` since a hand-over at ${when(h.since)} (epoch ${Number(h.epoch)})` : ""}`
+    : "";
   document.getElementById("job-state").textContent = `${clean(j.state)}${j.phase ? ` (${clean(j.phase)})` : ""}${handover}`;
   document.getElementById("job-cancel").hidden = ["succeeded", "failed", "cancelled"].includes(j.state);
   drawTimeline(j);
@@ -262,8 +322,9 @@ const CHARTS = [
   ["members alive", (s) => (s.swarm.members || []).filter((m) => m.state === "alive").length + 1],
   ["gossip in, kB/s", (s, prev) => prev && s.node.gossip && prev.node.gossip
     ? Math.max(0, (s.node.gossip.bytes_in - prev.node.gossip.bytes_in) / 1024 / Math.max(s.node.uptime_s - prev.node.uptime_s, 0.1)) : null],
-  ["jobs running here", (s) => (s.node.jobs && s.node.jobs.running) || 0],
-  ["relay sessions", (s) => (s.node.routing && s.node.routing.relay && s.node.routing.relay.sessions) || 0],
+  ["ranks running here", (s) => Number((s.node.jobs && s.node.jobs.ranks_here) || 0)],
+  ["pairs relayed here", (s) => Number((s.node.routing && s.node.routing.relay && s.node.routing.relay.pairs) || 0)],
+  ["coordinate error", (s) => (s.node.routing && s.node.routing.coordinate ? Number(s.node.routing.coordinate.error) : null)],
 ];
 
 function renderNode() {
