@@ -14,7 +14,8 @@ The API, ``/api/v1`` (openapi.py describes it; ``GET /api/v1/openapi.json``):
   hand-overs, checkpoints); ``GET jobs/{id}/logs?tail=N``: its last N output lines;
   ``POST jobs/{id}/cancel``: cancel it (the daemon refuses another user's job);
 - ``GET services``, ``GET services/{name}``: the registry and one service's replicas,
-  traffic and scaling;
+  traffic and scaling; ``POST services/{name}/scale`` ``{"replicas": N}``: a fixed count for
+  one of the caller's services;
 - ``GET node``: this daemon's status (sandbox, relay, gossip and routing counters);
 - ``GET events``: server-sent events, one ``snapshot`` (swarm, jobs, services, node) every
   ``interval`` seconds when something changed, a comment every KEEPALIVE_S else;
@@ -76,6 +77,7 @@ MAX_CALLS: Final = 8  # daemon calls in flight at once (threads)
 KEEPALIVE_S: Final = 15.0  # an idle event stream's comment: proxies and browsers keep it open
 LOG_TAIL_MAX: Final = 2000
 LOG_TAIL_DEFAULT: Final = 200
+MAX_SCALE: Final = 256  # replicas a scale may ask for (the daemon bounds it again)
 JOB_ID: Final = re.compile(f"[{ALPHABET}]{{1,{LENGTH}}}", re.ASCII)
 SERVICE: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", re.ASCII)
 CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -183,6 +185,7 @@ def make_app(swarm: Swarm, token: str, *, port: int, interval: float = 1.0) -> w
     app.router.add_post(f"{API}/jobs/{{id}}/cancel", _json(_cancel))
     app.router.add_get(f"{API}/services", _json(_services))
     app.router.add_get(f"{API}/services/{{name}}", _json(_service))
+    app.router.add_post(f"{API}/services/{{name}}/scale", _json(_scale))
     app.router.add_get(f"{API}/node", _json(_node))
     app.router.add_get(f"{API}/events", _events)
     return app
@@ -292,8 +295,7 @@ def _refused(exc: RemoteError) -> web.Response:
 def _job_id(request: web.Request) -> str:
     job = request.match_info["id"]
     if not JOB_ID.fullmatch(job):
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"a job id is 1-{LENGTH} characters of {ALPHABET}"}),
-                                 content_type="application/json")
+        raise _bad(f"a job id is 1-{LENGTH} characters of {ALPHABET}")
     return job
 
 
@@ -324,8 +326,7 @@ async def _logs(request: web.Request, daemon: Daemon) -> dict[str, Any]:
     job = _job_id(request)
     raw = request.query.get("tail", str(LOG_TAIL_DEFAULT))
     if not raw.isdigit() or not 1 <= int(raw) <= LOG_TAIL_MAX:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"tail must be 1-{LOG_TAIL_MAX}"}),
-                                 content_type="application/json")
+        raise _bad(f"tail must be 1-{LOG_TAIL_MAX}")
     lines, more = await daemon.tail(job, int(raw))
     return {"id": job, "lines": lines, "truncated": more}
 
@@ -338,12 +339,32 @@ async def _services(request: web.Request, daemon: Daemon) -> dict[str, Any]:
     return await daemon.call("serve.ls")
 
 
-async def _service(request: web.Request, daemon: Daemon) -> dict[str, Any]:
+def _service_name(request: web.Request) -> str:
     name = request.match_info["name"]
     if not SERVICE.fullmatch(name):
-        raise web.HTTPBadRequest(text=json.dumps({"error": "a service name is a DNS label: a-z, 0-9 and -"}),
-                                 content_type="application/json")
-    return await daemon.call("serve.show", name=name)
+        raise _bad("a service name is a DNS label: a-z, 0-9 and -")
+    return name
+
+
+async def _service(request: web.Request, daemon: Daemon) -> dict[str, Any]:
+    return await daemon.call("serve.show", name=_service_name(request))
+
+
+async def _scale(request: web.Request, daemon: Daemon) -> dict[str, Any]:
+    """``{"replicas": N}``: a fixed count for one of the caller's services (autoscaling off)."""
+    name = _service_name(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _bad("the body must be JSON: {\"replicas\": N}") from None
+    replicas = body.get("replicas") if isinstance(body, dict) else None
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= MAX_SCALE:
+        raise _bad(f"replicas must be a whole number 0-{MAX_SCALE}")
+    return await daemon.call("serve.scale", name=name, replicas=replicas)
+
+
+def _bad(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
 
 
 async def _node(request: web.Request, daemon: Daemon) -> dict[str, Any]:

@@ -112,6 +112,15 @@ SPEC: Final[dict[str, Any]] = {
             "parameters": [{"name": "name", "in": "path", "required": True,
                             "schema": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"}}],
             "responses": _answers(_OPEN, 400, 404, 409, 421, 502)}},
+        "/services/{name}/scale": {"post": {
+            "summary": "set one of the caller's services to a fixed number of replicas (autoscaling off)",
+            "operationId": "service_scale",
+            "parameters": [{"name": "name", "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"}}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["replicas"],
+                "properties": {"replicas": {"type": "integer", "minimum": 0, "maximum": 256}}}}}},
+            "responses": _answers(_OPEN, 400, 403, 404, 409, 421, 502)}},
         "/node": {"get": {"summary": "this daemon's status: sandbox, relay, gossip and routing counters",
                           "operationId": "node", "responses": _answers(_OPEN, 421, 502)}},
         "/events": {"get": {

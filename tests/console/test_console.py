@@ -125,6 +125,16 @@ def test_malformed_ids_names_and_counts_are_refused_naming_what_is_wrong(console
     assert status == 404 and "no job" in body["error"], body
     status, body = console.get(f"{API}/services/nothing")
     assert status == 404 and "no service" in body["error"], body
+    for raw in (b"three", b"[3]", b'{"replicas": "3"}', b'{"replicas": -1}', b'{"replicas": 257}',
+                b'{"replicas": true}', b'{"replicas": 2.5}', b"{}"):
+        status, _, body = console.request("POST", f"{API}/services/web/scale", body=raw,
+                                          headers={"Content-Type": "application/json"})
+        assert status == 400 and b"replicas" in body, (raw, status, body)
+    status, _, body = console.request("POST", f"{API}/services/web/scale", body=b'{"replicas": 2}',
+                                      headers={"Content-Type": "application/json"})
+    assert status == 404 and b"no service" in body, body
+    status, _, body = console.request("POST", f"{API}/services/web/scale", body=b"x" * 70_000)
+    assert status == 413, (status, body[:200])
 
 
 def test_what_the_api_answers_is_what_its_openapi_description_says(console, node):

@@ -146,6 +146,10 @@ def test_a_service_shows_its_replicas(lab, page, tmp_path):
     row.click()
     until(lambda: page.locator("#service-replicas tbody tr").count() == 2, 30, "the replicas listed", interval=0.3)
     shot(page, "services")
+    page.fill("#service-wanted", "1")
+    page.click("#service-scale")
+    until(lambda: row.locator("td").nth(1).text_content() == "1", 30, "the service scaled to one on the page",
+          interval=0.3, detail=lambda: page.locator("#service-said").text_content())
 
 
 def test_this_node_draws_its_counters_over_time(page):

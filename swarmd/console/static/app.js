@@ -297,8 +297,11 @@ async function refreshService() {
   const name = state.service;
   let s;
   try { s = await api(`/services/${encodeURIComponent(name)}`); } catch (err) { return; }
+  const shown = document.getElementById("service-detail").hidden === false && state.shownService === name;
   document.getElementById("service-detail").hidden = false;
   document.getElementById("service-title").textContent = `service ${clean(name)}`;
+  if (!shown) document.getElementById("service-wanted").value = String(Number(s.replicas_wanted) || 0);
+  state.shownService = name;
   fill(document.querySelector("#service-replicas tbody"), (s.replicas || []).map((r) =>
     el("tr", {}, el("td", {}, r.index), el("td", {}, short(r.host)), el("td", {}, r.healthy ? "yes" : "no"),
        el("td", {}, ms(r.rtt_ms)), el("td", {}, r.job || ""))));
@@ -383,6 +386,15 @@ document.addEventListener("DOMContentLoaded", () => {
     try {
       const answer = await api(`/jobs/${encodeURIComponent(state.job)}/cancel`, {method: "POST"});
       said.textContent = `cancelling (${clean(answer.state)})`;
+    } catch (err) { said.textContent = clean(err.message); }
+  });
+  document.getElementById("service-scale").addEventListener("click", async () => {
+    const said = document.getElementById("service-said");
+    const replicas = Number(document.getElementById("service-wanted").value);
+    try {
+      const answer = await api(`/services/${encodeURIComponent(state.service)}/scale`, {
+        method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({replicas})});
+      said.textContent = `scaling to ${Number(answer.replicas)}`;
     } catch (err) { said.textContent = clean(err.message); }
   });
   connect();
