@@ -42,6 +42,8 @@ Rules (every client of the page's port is hostile until it shows the token):
   ``X-Frame-Options: DENY``; API answers are ``no-store``. The page writes what members and
   jobs say as text (`textContent`), never as markup: a label ``<img onerror=…>`` shows as
   those characters (the browser test sends one).
+- Bounds. At most MAX_CALLS daemon calls at once (the rest wait their turn) and MAX_STREAMS
+  event streams (beyond, a 503 with Retry-After); a request body over 64 KiB is a 413.
 - Input. A job id is its alphabet, 1-12 characters (a unique prefix, as swarmctl takes); a
   service name a DNS label; ``tail`` 1-LOG_TAIL_MAX. Anything else is a 400 naming it.
 """
@@ -74,6 +76,7 @@ STATIC: Final = Path(__file__).parent / "static"
 FILES: Final = {"/": ("index.html", "text/html"), "/static/app.js": ("app.js", "text/javascript"),
                 "/static/app.css": ("app.css", "text/css")}
 MAX_CALLS: Final = 8  # daemon calls in flight at once (threads)
+MAX_STREAMS: Final = 16  # event streams open at once (a page holds two: the snapshots, a job's output)
 KEEPALIVE_S: Final = 15.0  # an idle event stream's comment: proxies and browsers keep it open
 LOG_TAIL_MAX: Final = 2000
 LOG_TAIL_DEFAULT: Final = 200
@@ -100,6 +103,7 @@ class Daemon:
     def __init__(self, swarm: Swarm) -> None:
         self.swarm = swarm
         self._calls = asyncio.Semaphore(MAX_CALLS)
+        self.streams = 0  # open now (MAX_STREAMS)
 
     async def call(self, method: str, **params: Any) -> Any:
         async with self._calls:
@@ -392,6 +396,14 @@ def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def _streams_full(daemon: Daemon) -> web.Response | None:
+    if daemon.streams < MAX_STREAMS:
+        return None
+    response = _error(503, f"{MAX_STREAMS} event streams are open already: close a page")
+    response.headers["Retry-After"] = "5"
+    return response
+
+
 async def _open_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                            "Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"})
@@ -403,17 +415,23 @@ async def _events(request: web.Request) -> web.StreamResponse:
     """A snapshot at once, then one whenever it changed (checked every `interval` seconds).
     `node` changes every time (uptime, counters): the page draws it over time."""
     daemon, interval = request.app[DAEMON_KEY], request.app[INTERVAL_KEY]
-    response = await _open_stream(request)
-    last, quiet_since = b"", time.monotonic()
-    while True:
-        data = _sse("snapshot", await snapshot(daemon))
-        if data != last:
-            await response.write(data)
-            last, quiet_since = data, time.monotonic()
-        elif time.monotonic() - quiet_since > KEEPALIVE_S:
-            await response.write(b": still here\n\n")
-            quiet_since = time.monotonic()
-        await asyncio.sleep(interval)
+    if (full := _streams_full(daemon)) is not None:
+        return full
+    daemon.streams += 1
+    try:
+        response = await _open_stream(request)
+        last, quiet_since = b"", time.monotonic()
+        while True:
+            data = _sse("snapshot", await snapshot(daemon))
+            if data != last:
+                await response.write(data)
+                last, quiet_since = data, time.monotonic()
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                await response.write(b": still here\n\n")
+                quiet_since = time.monotonic()
+            await asyncio.sleep(interval)
+    finally:
+        daemon.streams -= 1
 
 
 async def _follow(request: web.Request) -> web.StreamResponse:
@@ -423,14 +441,20 @@ async def _follow(request: web.Request) -> web.StreamResponse:
         await daemon.call("jobs.show", id=job)  # refused here, as a status, not inside the stream
     except RemoteError as exc:
         return _refused(exc)
-    response = await _open_stream(request)
-    follow = daemon.follow(job)
+    if (full := _streams_full(daemon)) is not None:
+        return full
+    daemon.streams += 1
+    follow = None
     try:
+        response = await _open_stream(request)
+        follow = daemon.follow(job)
         while (batch := await follow.next()) is not None:
             await response.write(_sse("lines", batch))
         await response.write(_sse("end", {"id": job}))
     except (RemoteError, DaemonUnreachable) as exc:
         await response.write(_sse("error", {"error": getattr(exc, "message", None) or str(exc)}))
     finally:
-        follow.close()
+        daemon.streams -= 1
+        if follow is not None:
+            follow.close()
     return response

@@ -256,3 +256,24 @@ def test_a_users_console_lists_and_cancels_only_that_users_jobs(make_daemon):
         for job in (mine, theirs):
             d.call("jobs.cancel", id=job)
         subprocess.run(["rm", "-rf", str(jobs_dir)], check=False)
+
+
+def test_a_client_opening_stream_after_stream_gets_a_503_past_the_bound_and_the_console_serves_on(console):
+    from swarmd.console.app import MAX_STREAMS
+
+    opened = []
+    try:
+        for _ in range(MAX_STREAMS):
+            conn = http.client.HTTPConnection("127.0.0.1", console.port, timeout=30)
+            conn.request("GET", f"{API}/events", headers={"Host": f"127.0.0.1:{console.port}",
+                                                          "Authorization": f"Bearer {console.token}"})
+            assert conn.getresponse().status == 200
+            opened.append(conn)
+        status, headers, body = console.request("GET", f"{API}/events")
+        assert status == 503 and headers["retry-after"] == "5" and b"event streams" in body
+        assert console.get(f"{API}/swarm")[0] == 200, "the rest of the API still answers"
+    finally:
+        for conn in opened:
+            conn.close()
+    wait_until(lambda: _read_stream(console, f"{API}/events", until=b"\n\n", timeout=5)[0] == 200, 20,
+               "a stream again once the others closed")
