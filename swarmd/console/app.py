@@ -362,6 +362,8 @@ async def _scale(request: web.Request, daemon: Daemon) -> dict[str, Any]:
     except ValueError:
         raise _bad("the body must be JSON: {\"replicas\": N}") from None
     replicas = body.get("replicas") if isinstance(body, dict) else None
+    if isinstance(replicas, float) and replicas.is_integer():  # 3.0 is JSON Schema's integer too
+        replicas = int(replicas)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= MAX_SCALE:
         raise _bad(f"replicas must be a whole number 0-{MAX_SCALE}")
     return await daemon.call("serve.scale", name=name, replicas=replicas)
