@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import call, swarmctl, three_hosts, until
+from .support import call, in_netns, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -42,13 +43,21 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
 '''
+# requests through the host's own gateway: how many answered 200
+CLIENT = """
+import http.client, sys
+c, ok = http.client.HTTPConnection("127.0.0.1", 8080, timeout=30), 0
+for i in range(int(sys.argv[1])):
+    c.request("GET", "/hello/x"); r = c.getresponse(); r.read(); ok += r.status == 200
+print(ok)
+"""
 
 
 @pytest.fixture(scope="module")
 def lab():
     if not os.path.exists(CHROMIUM):
         pytest.skip("no chromium (make setup installs Debian's)")
-    with three_hosts("w", mesh=True) as lab:
+    with three_hosts("w", mesh=True, daemon_args=["--gateway-listen", "127.0.0.1:8080"]) as lab:
         yield lab
 
 
@@ -145,6 +154,16 @@ def test_a_service_shows_its_replicas(lab, page, tmp_path):
           detail=lambda: row.text_content())
     row.click()
     until(lambda: page.locator("#service-replicas tbody tr").count() == 2, 30, "the replicas listed", interval=0.3)
+    for host in ("h1", "h2"):
+        done = in_netns(lab, host, sys.executable, "-c", CLIENT, "40")
+        assert done.stdout.strip() == "40", (done.stdout, done.stderr[-2000:])
+
+    def served() -> int:
+        found = re.search(r"(\d+) requests", page.locator("#service-gateway").text_content())
+        return int(found.group(1)) if found else 0
+
+    until(lambda: served() >= 40, 30, "h1's gateway's requests on the page", interval=0.5,
+          detail=lambda: page.locator("#service-gateway").text_content())
     shot(page, "services")
     page.fill("#service-wanted", "1")
     page.click("#service-scale")

@@ -7,7 +7,7 @@
 const API = "/api/v1";
 const HISTORY = 120; // snapshots kept for the node's charts (2 minutes at one a second)
 const OUTPUT_LINES = 500; // output lines kept on the page
-const state = { snapshot: null, history: [], job: null, service: null, follow: null, output: [] };
+const state = { snapshot: null, history: [], job: null, service: null, follow: null, output: [], serviceRates: {} };
 
 // --- text in, text out ---------------------------------------------------------------------
 
@@ -297,16 +297,63 @@ async function refreshService() {
   const name = state.service;
   let s;
   try { s = await api(`/services/${encodeURIComponent(name)}`); } catch (err) { return; }
+  if (name !== state.service) return;
   const shown = document.getElementById("service-detail").hidden === false && state.shownService === name;
   document.getElementById("service-detail").hidden = false;
   document.getElementById("service-title").textContent = `service ${clean(name)}`;
   if (!shown) document.getElementById("service-wanted").value = String(Number(s.replicas_wanted) || 0);
   state.shownService = name;
+  const num = (v, digits = 1) => (typeof v === "number" && isFinite(v) ? v.toFixed(digits) : "");
   fill(document.querySelector("#service-replicas tbody"), (s.replicas || []).map((r) =>
-    el("tr", {}, el("td", {}, r.index), el("td", {}, short(r.host)), el("td", {}, r.healthy ? "yes" : "no"),
-       el("td", {}, ms(r.rtt_ms)), el("td", {}, r.job || ""))));
+    el("tr", {}, el("td", {}, r.index), el("td", {}, short(r.host)),
+       el("td", {}, r.healthy ? (r.draining ? "draining" : "yes") : "no"), el("td", {}, ms(r.rtt_ms)),
+       el("td", {}, num(r.rate_per_s, 2)), el("td", {}, num(r.in_flight, 0)), el("td", {}, ms(r.p50_ms)),
+       el("td", {}, ms(r.p99_ms)), el("td", {}, ms(r.demand_rtt_ms)), el("td", {}, r.job || ""))));
+  const auto = s.autoscale || {};
+  const demand = auto.demand || {};
+  const points = demand.points || [];
+  const total = points.reduce((a, [, w]) => a + Number(w || 0), 0) || 1;
+  fill(document.querySelector("#service-entries tbody"), points.length
+    ? points.map(([peer, w]) => el("tr", {}, el("td", {title: peer}, short(peer)), el("td", {}, `${(Number(w) / total * 100).toFixed(0)} %`)))
+    : [el("tr", {}, el("td", {}, "no requests measured yet"), el("td", {}, ""))]);
+  const g = s.gateway;
+  document.getElementById("service-gateway").textContent = g
+    ? `this member's gateway: ${num(g.rate_per_s, 2)} req/s, ${g.requests || 0} requests, ${g.failures || 0} failed, p50 ${ms(g.p50_ms)}, p99 ${ms(g.p99_ms)}`
+    : "this member's gateway has seen no request for it";
+  const d = auto.decision;
+  document.getElementById("service-decision").textContent = d
+    ? `${Number(d.replicas)} replica(s), ${clean(d.mode)}: ${clean(d.reason)}${typeof d.forecast_rate === "number" ? `; forecast ${d.forecast_rate.toFixed(2)} req/s` : ""}`
+    : (s.autoscale ? "no decision yet" : "a fixed number of replicas (no autoscaling)");
+  fill(document.getElementById("service-events"), (auto.events || []).slice().reverse().map((e) =>
+    el("li", {}, `${when(e.at)} ${Number(e.from)} → ${Number(e.to)} (${clean(e.mode)}): ${clean(e.reason)}`)));
+  drawServiceChart(s, demand);
   const facts = document.getElementById("service-facts");
   facts.replaceChildren(...flatten(s, "", ["replicas"]).map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]).flat());
+}
+
+// The scaler's observed rate per bin and its forecast when it has one; else the demand's rate
+// as this page saw it.
+function drawServiceChart(s, demand) {
+  const box = document.getElementById("service-chart");
+  const scaler = (s.autoscale || {}).scaler;
+  let observed = scaler && scaler.history && scaler.history.length ? scaler.history : null;
+  const forecast = scaler && scaler.forecast ? scaler.forecast : [];
+  if (!observed) {
+    const seen = state.serviceRates[s.name] = (state.serviceRates[s.name] || []).concat(
+      typeof demand.rate_per_s === "number" ? [[Date.now() / 1000, demand.rate_per_s]] : []).slice(-HISTORY);
+    observed = seen;
+  }
+  const all = observed.concat(forecast);
+  box.replaceChildren();
+  if (all.length < 2) return;
+  const t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
+  const top = Math.max(1, ...all.map((p) => p[1]));
+  const xy = (p) => `${((p[0] - t0) / Math.max(t1 - t0, 1) * 470 + 5).toFixed(1)},${(115 - p[1] / top * 105).toFixed(1)}`;
+  box.append(svg("polyline", {points: observed.map(xy).join(" "), class: "series"}));
+  if (forecast.length) box.append(svg("polyline", {points: forecast.map(xy).join(" "), class: "series forecast"}));
+  const label = svg("text", {x: 5, y: 12, class: "member-label"});
+  label.textContent = `${top.toFixed(1)} req/s`;
+  box.append(label);
 }
 
 // A nested reply as "a.b.c: value" pairs: shown as text, whatever a daemon adds.
