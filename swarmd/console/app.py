@@ -93,6 +93,7 @@ _STATUS = {ErrorCode.PERMISSION_DENIED: 403, ErrorCode.INVALID_PARAMS: 400, Erro
 TOKEN_KEY: Final = web.AppKey("token", str)
 DAEMON_KEY: Final = web.AppKey("daemon", "Daemon")
 ORIGINS_KEY: Final = web.AppKey("origins", set)
+PORT_KEY: Final = web.AppKey("port", int)
 INTERVAL_KEY: Final = web.AppKey("interval", float)
 
 
@@ -176,6 +177,7 @@ def make_app(swarm: Swarm, token: str, *, port: int, interval: float = 1.0) -> w
     app[TOKEN_KEY] = token
     app[DAEMON_KEY] = Daemon(swarm)
     app[ORIGINS_KEY] = {f"http://{host}:{port}" for host in ("127.0.0.1", "localhost", "[::1]")}
+    app[PORT_KEY] = port
     app[INTERVAL_KEY] = interval
     app.router.add_get("/login", _login)
     for path in FILES:
@@ -220,7 +222,7 @@ def _token_of(request: web.Request) -> str | None:
 async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                  ) -> web.StreamResponse:
     app = request.app
-    port = int(next(iter(app[ORIGINS_KEY])).rsplit(":", 1)[1])
+    port = app[PORT_KEY]
     if not _host_ok(request, port):
         response: web.StreamResponse = _error(421, "this console answers only on its own loopback address "
                                                    f"(127.0.0.1:{port}, localhost:{port})")
