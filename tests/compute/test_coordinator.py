@@ -332,6 +332,14 @@ class GrowingHost(FakeHost):
         self.world.log.append(("stop", self.peer))
         self.stop.set()
 
+    async def commit(self, job: str, port: bool) -> tuple[tuple[int, ...], int | None]:
+        self.world.log.append(("commit", self.peer))
+        return await super().commit(job, port)
+
+    async def put_checkpoint(self, job: str, name: str, sha: str, size: int, path: Path) -> None:
+        self.world.log.append(("put", self.peer))
+        await super().put_checkpoint(job, name, sha, size, path)
+
     async def start(self, req: StartRequest, emit) -> None:
         self.world.starts.append((self.peer, req))
         rank = req.role.node_rank
@@ -348,9 +356,10 @@ class GrowingHost(FakeHost):
         await emit({"exit": [[rank, 0]], "first": None})
 
 
-def growing(tmp_path: Path, *, refusing_reserve: frozenset[str] = frozenset(), grow_every: float = 300.0):
+def growing(tmp_path: Path, *, refusing_reserve: frozenset[str] = frozenset(), grow_every: float = 300.0,
+            refusing_puts: frozenset[str] = frozenset()):
     """A swarm of A and B, where C becomes free (a candidate) just before the first checkpoint."""
-    world = World(set())
+    world = World(set(refusing_puts))
     world.log, world.refusing_reserve, world.free = [], refusing_reserve, trio.Event()
     jobs = jobs_over(tmp_path, world, (A, B, C))
     hosts = {p: GrowingHost(p, world) for p in (A, B, C)}
@@ -391,8 +400,10 @@ async def test_a_job_below_its_maximum_grows_at_its_next_checkpoint_holding_the_
     assert run.restart_count == 0, "a growth spends no restart (max_restarts is 0 here)"
     assert run.attempts[0].why == f"growing from 2 to 3 nodes at checkpoint e1.pt ({C[-8:]} free again)"
     assert run.attempts[1].resumed_from == "e1.pt" and run.grown_at is not None
-    assert world.log.index(("reserve", C)) < min(world.log.index(("stop", A)), world.log.index(("stop", B))), \
-        "the new host is held before any rank is stopped"
+    first_stop = min(world.log.index(("stop", A)), world.log.index(("stop", B)))
+    staged = [world.log.index((what, C)) for what in ("reserve", "commit", "put")]
+    assert staged == sorted(staged) and staged[-1] < first_stop, \
+        "the new host is held, committed and given the checkpoint before any rank is stopped"
     assert {req.role.restart_count for _, req in world.starts} == {0}, "TORCHELASTIC_RESTART_COUNT stays"
     lines = [text for _, text in jobs.store.read_log(job)[0]]
     marker = [t for t in lines if t.startswith("[swarmd] growing from 2 to 3 nodes at checkpoint e1.pt")]
@@ -408,6 +419,17 @@ async def test_a_refused_reservation_of_the_new_host_means_no_restart(tmp_path):
     assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
     assert [set(a.nodes) for a in run.attempts] == [{A, B}], "the job went on as it was"
     assert ("reserve", C) in world.log and not any(what == "stop" for what, _ in world.log)
+
+
+async def test_a_new_host_refusing_the_checkpoint_means_no_growth_and_its_hold_goes_back(tmp_path):
+    """Staged while the attempt runs: a host that will not take the job's checkpoint (its
+    budget, its disk) costs the running job nothing."""
+    jobs, world, free_again = growing(tmp_path, refusing_puts=frozenset({C}))
+    _, run = await grown(jobs, JobSpec(cmd=("train",), nodes=3, min_nodes=2), free_again)
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [set(a.nodes) for a in run.attempts] == [{A, B}], "the job went on as it was"
+    assert world.refused_puts == [C] and C in world.released
+    assert not any(what == "stop" for what, _ in world.log)
 
 
 def _grew_a_minute_ago(run) -> None:

@@ -16,10 +16,13 @@ put on every host (hub.py), and the ranks started with the next restart count.
 
 Growth (growth.py has the rule): right after a new checkpoint of a running MIN:MAX job below
 MAX is recorded, placement is asked for a bigger gang that keeps every running host; the
-hosts it adds are reserved (`_grow`), and only once all of them are held is the attempt
-stopped (`Run.grow`) and the next placed on the survivors and those hosts, exactly as a
-restart, from that checkpoint, spending none of `max_restarts`. A refused reservation leaves
-the job running as it is. A joining host that is gone by the next placement is left out.
+hosts it adds are reserved and committed, and given the workdir and the job's checkpoints
+while the attempt still runs (`_grow`, `_stage`): only once all of that is done is the
+attempt stopped (`Run.grow`) and the next placed on the survivors and those hosts, exactly as
+a restart, from that checkpoint, spending none of `max_restarts` (its setup then finds the
+transfers done: the pause is the stop and the start, not the copies). A refused reservation
+or setup leaves the job running as it is. A joining host that is gone by the next placement
+is left out.
 
 A host that refuses its part of an attempt's setup (the workdir ship, a checkpoint put: its
 checkpoint budget, its disk, a broken stream) is treated as a refused reservation: the gang
@@ -642,14 +645,20 @@ class Jobs:
                 port = got
         return order, gpus, port
 
-    async def _ship(self, job: str, live: _Live, digest: str) -> None:
+    async def _ship(self, job: str, live: _Live, digest: str, to: dict[str, Host] | None = None) -> None:
+        """The workdir on every host of the attempt (its progress shown), or on `to` (a growth's
+        hosts, staged while the attempt runs: its progress not the attempt's)."""
         archive = self.archives / f"{digest}.tar.gz"
         if not archive.exists():  # a successor: packed again from its own copy of the tree
             await trio.to_thread.run_sync(self._repack, digest, archive)
-        live.ship_total = archive.stat().st_size * len(live.hosts)
+        hosts = live.hosts if to is None else to
+        if to is None:
+            live.ship_total = archive.stat().st_size * len(hosts)
         done: dict[str, int] = {}
 
         def progress(peer: str, n: int) -> None:
+            if to is not None:
+                return
             done[peer] = n
             live.shipped = sum(done.values())
             live.touch()
@@ -663,12 +672,13 @@ class Jobs:
                 refused[peer] = str(exc)
 
         async with trio.open_nursery() as nursery:
-            for peer, host in live.hosts.items():
+            for peer, host in hosts.items():
                 nursery.start_soon(one, peer, host)
         if refused:
             raise HostsRefused("shipping the workdir", refused)
-        live.shipped = live.ship_total
-        live.touch()
+        if to is None:
+            live.shipped = live.ship_total
+            live.touch()
 
     async def _start_all(self, job: str, live: _Live, peers: tuple[str, ...], port: int, workdir: str | None,
                          checkpoints: tuple[tuple[str, str, int], ...] = (), *, attach: bool = False) -> None:
@@ -795,16 +805,17 @@ class Jobs:
         hosts = {p: self._host(p, live.auth) for p in joining}
         try:
             outcome = await self._reserve(job, spec, hosts)
+            staged = None if isinstance(outcome, gangmod.Release) else await self._stage(job, live, hosts)
         except trio.Cancelled:  # the attempt ended meanwhile: what was granted goes back now
             with trio.CancelScope(shield=True):
                 for host in hosts.values():
                     await _quietly(host.release, job)
             raise
-        if isinstance(outcome, gangmod.Release) or run.state != "running" or run.stopping:
+        if isinstance(outcome, gangmod.Release) or staged is not None or run.state != "running" or run.stopping:
             for peer in (outcome.peers if isinstance(outcome, gangmod.Release) else joining):
                 await _quietly(hosts[peer].release, job)
-            why = "; ".join(outcome.refused.values()) if isinstance(outcome, gangmod.Release) else run.state
-            log.info("no growth: the hosts that would join were not all held", job=job, why=why)
+            why = "; ".join(outcome.refused.values()) if isinstance(outcome, gangmod.Release) else staged or run.state
+            log.info("no growth: the hosts that would join were not all held and set up", job=job, why=why)
             return False
         # the newest checkpoint (the hub never empties its list): the one the next attempt resumes from
         reason = growth.why(peers, joining, live.hub.checkpoints[-1].name)
@@ -813,6 +824,20 @@ class Jobs:
         log.info("job grows", job=job, why=reason)
         self._save(job, live)
         return True
+
+    async def _stage(self, job: str, live: _Live, hosts: dict[str, Host]) -> str | None:
+        """A growth's held hosts, while the attempt runs: committed (a host takes a checkpoint
+        only for a committed hold), given the workdir and the job's checkpoints, so that the
+        next attempt's setup finds them there. None when done, else why not."""
+        try:
+            for host in hosts.values():
+                await host.commit(job, port=False)
+            if live.workdir is not None:
+                await self._ship(job, live, live.workdir, hosts)
+            await live.hub.put_all(live.run, hosts, tuple(hosts))
+        except HostError as exc:  # HostsRefused included
+            return str(exc)
+        return None
 
     def _event(self, job: str, live: _Live, peer: str, event: dict[str, Any]) -> None:
         run = live.run
