@@ -96,8 +96,9 @@ def start_daemon(base: Path, gateway: int) -> tuple[subprocess.Popen[bytes], Swa
     jobs.mkdir(mode=0o711)
     jobs.chmod(0o711)
     argv = [sys.executable, "-m", "swarmd.main", "--config", str(base / "empty.toml"),
-            "--state-dir", str(base / "state"), "--socket", str(base / "swarmd.sock"), "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics-addr", "off",
-            "--mdns", "off", "--mesh", "off", "--gateway-listen", f"127.0.0.1:{gateway}", "--jobs-dir", str(jobs)]
+            "--state-dir", str(base / "state"), "--socket", str(base / "swarmd.sock"),
+            "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics-addr", "off", "--mdns", "off", "--mesh", "off",
+            "--gateway-listen", f"127.0.0.1:{gateway}", "--jobs-dir", str(jobs)]
     if os.geteuid() == 0:
         argv += ["--job-user", "nobody"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
