@@ -152,9 +152,15 @@ class Reachability:
             return
         self.answered += 1
         self.judge.observed(seen)
+        self._decide(partial=True)  # at each answer: a slow or hung observer must not hold the verdict back
 
-    def _decide(self) -> None:
+    def _decide(self, *, partial: bool = False) -> None:
+        """The verdict from every observation in the window, at the end of a round and at each
+        answer (``partial``). Mid-round it never turns unknown: observations that expired while
+        the node did not ask (a pause) would flip it to unknown and back within one round."""
         verdict = self.judge.verdict(time.time())
+        if partial and verdict.kind == "unknown":
+            return
         before = self.verdict
         self.verdict = verdict
         now = time.time()

@@ -490,6 +490,30 @@ async def test_a_hostile_observer_is_counted_and_the_others_still_decide(rig, ho
     assert rig.counts() == (Counter({reason: 1} if reason else {}), Counter())
 
 
+async def test_the_verdict_moves_at_each_answer_not_when_a_hung_observer_gives_up(rig):
+    """A make test run saw h4's record keep its old mapping for 60 s after a rebind: two
+    observers had answered with the new one 46 s before, and the round that asked them was
+    still waiting on a third. The verdict is now decided as each answer comes."""
+    r = rig.reach
+
+    class Hung(Observers):
+        async def new_stream(self, peer_id, protocols):
+            if str(peer_id) == C:
+                await trio.sleep_forever()
+            return await super().new_stream(peer_id, protocols)
+
+    r.transport.host = Hung(lambda: None)
+    r.g._view = View(("a", "b", "c"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(r.round, ["192.168.1.2"])
+        with trio.fail_after(driver.TIMEOUT / 2):  # well before the round gives c up
+            while r.verdict.kind != "eim":
+                await trio.sleep(0.01)
+        assert (r.verdict.reflexive, set(r.verdict.confirmed_by)) == (REFLEXIVE, {A, B})
+        assert r.answered == 2 and r.g.readvertised == 1, "decided while c's ask still hangs"
+        nursery.cancel_scope.cancel()
+
+
 async def test_fresh_attestations_of_the_same_verdict_do_not_reissue_our_record_every_round(rig, monkeypatch):
     # a round every 10 s brings new attestations of the same mapping; the record carries them at its
     # own refreshes, and is reissued for them alone only when the last ones are half their life old
