@@ -68,8 +68,9 @@ def let_others_reach(path: Path) -> None:
         parent.chmod(parent.stat().st_mode | 0o001)
 
 
-@pytest.fixture
-def node(make_daemon):
+def group_daemon(make_daemon) -> tuple:
+    """A daemon in a swarm of its own whose socket group is an existing group (`d.gid`), running
+    jobs as a job user in a fresh jobs directory (returned too: the caller removes it)."""
     from sim.netlab.lab import job_user
 
     group = _group()
@@ -80,6 +81,12 @@ def node(make_daemon):
     d.call("swarm.init")
     wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
     d.gid = group.gr_gid
+    return d, jobs_dir
+
+
+@pytest.fixture
+def node(make_daemon):
+    d, jobs_dir = group_daemon(make_daemon)
     yield d
     for job in d.call("jobs.ls")["jobs"]:
         d.call("jobs.cancel", id=job["id"])

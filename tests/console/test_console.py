@@ -223,20 +223,13 @@ def test_the_python_client_runs_a_job_follows_its_output_and_cancels_another(nod
 def test_a_users_console_lists_and_cancels_only_that_users_jobs(make_daemon):
     """Two members of the daemon's group, each with a console of their own: neither sees nor
     cancels the other's job through it (the daemon's rule, met by the console's own uid)."""
-    from test_rpc_access import MEMBER, OTHER_MEMBER, _group, let_others_reach, submit
+    from test_rpc_access import MEMBER, OTHER_MEMBER, group_daemon, submit
 
-    group = _group()
-    jobs_dir = Path(tempfile.mkdtemp(prefix="swarmd-test-jobs-"))
-    jobs_dir.chmod(0o711)
-    d = make_daemon(args=["--jobs-dir", str(jobs_dir), "--job-user", job_user(), "--socket-group", group.gr_name])
-    let_others_reach(d.socket)
-    d.call("swarm.init")
-    wait_until(lambda: d.call("status").get("record"), 10, "the node's own record")
-    d.gid = group.gr_gid
+    d, jobs_dir = group_daemon(make_daemon)
     mine, theirs = submit(d, MEMBER), submit(d, OTHER_MEMBER)
     proc = subprocess.Popen([sys.executable, "-m", "swarmctl.main", "--socket", str(d.socket), "console", "--url"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=MEMBER, group=MEMBER,
-                            extra_groups=[group.gr_gid], env={**os.environ, "HOME": "/"})
+                            extra_groups=[d.gid], env={**os.environ, "HOME": "/"})
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("http://"), proc.stderr.read() if proc.poll() is not None else line
