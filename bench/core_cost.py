@@ -5,13 +5,15 @@ can do: an event is ``receive_record`` of a member's new record, then ``handle_t
 ``next_deadline`` (what a driver does after every input); probes the core starts are answered
 at once, as a healthy swarm would. Bytes per member: tracemalloc over building a core that
 holds N members (the records themselves are the driver's, shared, and not counted; nor are
-the ints all cores in a process share), once with its own ``PeerIndex`` (the daemon's) and once
-with one that all cores share (the simulator's, built before: not this core's).
+the ints all cores in a process share), once as the daemon's core (its own ``PeerIndex``, float64
+times) and once as the simulator's (a ``PeerIndex`` all cores share, built before: not this core's;
+``compact`` float32 times).
 
 ``python -m bench.core_cost [N ...]`` prints a table; quick (a few seconds at 10,000).
 ``BEFORE``: the same measurements on earlier cores, on this 2-core machine: a member an object
 of eight slots (commit 42b9b16, issue 30's columns replaced it), and the core before issue
-15's refactor (commit 40db257).
+15's refactor (commit 40db257). The first columns (commit a368dc7: float64 times, a ``heard`` column,
+RTTs in two NaN-filled columns) cost 132 B a member with its own index and 77 B shared, at 10,000.
 """
 
 from __future__ import annotations
@@ -61,14 +63,14 @@ def event_cost(n: int, events: int = 2000) -> float:
 
 
 def bytes_per_member(n: int, shared: bool = False) -> float:
-    """``shared``: the core's rows come from a PeerIndex all cores share (the simulator's)."""
+    """``shared``: the simulator's core (rows from a PeerIndex all cores share, float32 times)."""
     recs = [Rec(f"peer-{i:06d}", 10) for i in range(n)]
     _index(n)  # the ints every core in the process shares: built once, not this core's
     peers = PeerIndex(r.peer for r in recs) if shared else None
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0, peers=peers)
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(1), 0.0, peers=peers, compact=shared)
     for r in recs:
         core.receive_record(0.0, r)
     core.take_actions()

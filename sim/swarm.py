@@ -308,7 +308,7 @@ class Swarm:
         self.epoch[v] += 1
         rng = random.Random(f"{self.seed}/core/{v}/{self.epoch[v]}")
         c = Membership(self.names[v], self.epoch[v] << 32, self.timing, rng, self.engine.now if born is None else born,
-                       peers=self.peers, first_refresh=first_refresh)
+                       peers=self.peers, first_refresh=first_refresh, compact=True)
         self.cores[v] = c
         self.net.set_power(v, UP)
         self._held[v] = -1
@@ -331,10 +331,7 @@ class Swarm:
             for v in nodes:
                 c = self.cores[v]
                 assert c is not None
-                receive = c.receive_record
-                for r in recs:
-                    if r.peer != c.me:
-                        receive(now, r)
+                c.load(now, [r for r in recs if r.peer != c.me])  # receive_record for each, at a third of the cost
                 self._held[v, nodes] = self._held[nodes, nodes]
                 self._act(v, c, c.take_actions())
         finally:

@@ -56,7 +56,7 @@ def record(peer: str) -> SimpleNamespace:
 def view(members: dict[str, float | None]) -> View:
     """Alive members, each with this node's own probe EWMA (seconds) or none."""
     return View(version=1, me=ME, members=MappingProxyType({
-        p: MemberView(peer=p, state=State.ALIVE, stale=False, record=record(p), since=0.0, heard=0.0,
+        p: MemberView(peer=p, state=State.ALIVE, stale=False, record=record(p), since=0.0,
                       expires=1e9, rtt_ewma=rtt, rtt_min=rtt) for p, rtt in members.items()}))
 
 

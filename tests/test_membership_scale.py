@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from sim.network import Latency
 from sim.swarm import SimRecord, Small, Swarm
 from swarmd.gossip.membership import Membership, PeerIndex, Probe, ProbeVia, PublishRumor, State, Timing
@@ -150,3 +152,45 @@ def test_a_core_sharing_a_peer_index_sees_only_its_own_members():
     assert "late" in one.members and "late" not in two.members and len(two.members) == 0
     assert two.receive_record(0.0, SimRecord("late", 1)) == "new" and two.members["late"].record.seq == 1
     assert one.view().get("late").state is State.ALIVE and "b" not in one.view()
+
+
+def _state(core: Membership) -> tuple:
+    """Everything a core's later behaviour depends on, comparable."""
+    return (list(core._rec), bytes(core._st), core._since.tobytes(), core._expires.tobytes(), core._due.tobytes(),
+            core._pos.tobytes(), {s: g.tobytes() for s, g in core._in.items()}, core._timers.tobytes(),
+            core._order.tobytes(), core._count, core.counters, core.rng.getstate(), core.view().members)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_warm_start_loaded_at_once_is_the_core_that_took_each_record_in_turn(compact):
+    """The simulator's warm start (n cores of n records each: 400 million at 20,000 nodes) loads a core's
+    records at once: the same columns, heaps and random draws as a receive_record for each, so a run is
+    the run it was, and no "joined" changes (a formed swarm's start is no one's news)."""
+    peers = PeerIndex([f"p{i}" for i in range(400)] + ["me"])
+    recs = [SimRecord(f"p{i}", 10 + i % 3, ttl=60.0 + i % 7) for i in range(400)]
+    one, two = (Membership("me", 1 << 32, Timing.wan(), random.Random(5), 0.0, peers=peers, compact=compact)
+                for _ in range(2))
+    early = SimRecord("p3", 9)
+    for core in (one, two):
+        core.receive_record(0.5, early)  # one member already in: its row is skipped by neither
+        core.take_actions()
+    rest = [r for r in recs if r.peer != "p3"]
+    for r in rest:
+        assert one.receive_record(1.0, r) == "new"
+    assert {type(a).__name__ for a in one.take_actions()} == {"Changed"}
+    two.load(1.0, rest)
+    assert two.take_actions() == []
+    assert _state(one) == _state(two)
+    for t in (2.0, 30.0, 65.0, 200.0):  # and they stay the same core: probes, expiries
+        for core in (one, two):
+            core.handle_timeout(t)
+        assert one.take_actions() == two.take_actions() and _state(one) == _state(two)
+
+
+def test_a_warm_start_refuses_a_member_it_already_has():
+    core = Membership("me", 1 << 32, Timing.wan(), random.Random(5), 0.0)
+    core.receive_record(0.0, SimRecord("a", 1))
+    for bad in ([SimRecord("a", 2)], [SimRecord("me", 2)], [SimRecord("b", 1), SimRecord("b", 2)]):
+        with pytest.raises(ValueError):
+            core.load(1.0, bad)
+    assert list(core.members) == ["a"] and core.members["a"].record.seq == 1

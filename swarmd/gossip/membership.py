@@ -61,13 +61,13 @@ no event may cost O(N), and each member is paid for N times over):
 - Columns, not objects: a member is a row, its peer id interned as a small int by a
   ``PeerIndex`` (one per core in the daemon; one shared by every core in the simulator, whose
   n cores of n members then keep no per-core map of names). Per row: the record (a list, 8 B),
-  state and flags (a bytearray, 1 B), since/heard/expires and its timer's time (``array('d')``,
-  32 B), its RTT's EWMA and minimum (16 B, NaN until measured: a core that lives long
-  measures every member), its position in its state's list (4 B); what only some members have
-  lives in dicts beside them (a suspicion while suspect, ``_suspicions``; a finite certificate
-  expiry, ``_certs``). About 75 B a member, indexes included, where a row of slots was 170 B
-  and its RTTs in a dict up to 200 B more (``bench/core_cost.py``). ``members`` is a read-only mapping over the
-  rows for tests and debugging; nothing outside this module reads it.
+  state and flags (a bytearray, 1 B), since and expires and its timer's time (``array('d')``, 24 B;
+  the simulator's ``compact`` cores keep float32, 12 B), its position in its state's list (4 B);
+  what only some members have lives in dicts beside them (its RTT once a probe measured it,
+  ``_rtt``; a suspicion while suspect, ``_suspicions``; a finite certificate expiry, ``_certs``).
+  About 50 B a member, indexes included (a compact core 37 B), where a row of slots was 170 B
+  (``bench/core_cost.py``). ``members`` is a read-only mapping over the rows for tests and
+  debugging; nothing outside this module reads it.
 - ``_in``: per state, an ``array('i')`` of its rows (``_pos`` is the index). Counts are
   lengths; a random alive or dead member is one draw; indirect helpers are k draws with
   rejection; ``sync_claims`` and forgetting enumerate only the members down; a state change
@@ -305,7 +305,6 @@ class MemberView(Generic[R]):
     stale: bool  # its newest record is past its ttl
     record: R
     since: float  # when it entered ``state``
-    heard: float  # when its newest record arrived
     expires: float  # when that record goes stale
     rtt_ewma: float | None
     rtt_min: float | None
@@ -405,6 +404,13 @@ _CODE = {s: i for i, s in enumerate(_STATES) if s is not None}
 _STATE = 7  # the bits of the state's code
 _STALE = 8  # its newest record is past its ttl
 _TIMED = 16  # in the timer heap (at ``_due``); kept while a dropped row's entry waits to come up
+_UNMEASURED = (None, None)  # a member's RTT (EWMA, minimum) in the view until a probe measured it
+
+
+def _single(t: float) -> float:
+    """``t`` as a float32 column holds it (a compact core's times all round the same way, so a timer due
+    at a certificate's expiry finds it expired)."""
+    return array("f", (t,))[0]
 
 
 class Member(Generic[R]):
@@ -438,10 +444,6 @@ class Member(Generic[R]):
     @property
     def since(self) -> float:
         return self._core._since[self.row]
-
-    @property
-    def heard(self) -> float:
-        return self._core._heard[self.row]
 
     @property
     def expires(self) -> float:
@@ -566,8 +568,11 @@ class SyncMerge:
 
 class Membership(Generic[R]):
     def __init__(self, me: str, seq: int, timing: Timing, rng: random.Random, now: float,
-                 peers: PeerIndex | None = None, first_refresh: float | None = None) -> None:
+                 peers: PeerIndex | None = None, first_refresh: float | None = None, compact: bool = False) -> None:
         """``peers``: the peer ids' ints, if shared with other cores (the simulator's); else its own.
+        ``compact``: the member times (since, expiry, timer) in float32, 4 B each instead of 8: the simulator's
+        thousands of cores, whose clock starts at 0 and stays within hours (float32 is exact to 0.25 ms below
+        4,096 s); a daemon's monotonic clock counts its host's uptime, and keeps float64.
         ``first_refresh``: when the first periodic refresh is due (default: a refresh interval after
         the first record, now, then doubling); the simulator's warm start spreads them over the period
         of the swarm it builds, as in a swarm that has run a while, whose members refresh at the
@@ -588,9 +593,11 @@ class Membership(Generic[R]):
         self._ix = peers if peers is not None else PeerIndex()
         self._rec: list[R | None] = []
         self._st = bytearray()  # state code | _STALE | _TIMED
-        self._since, self._heard, self._expires = array("d"), array("d"), array("d")
-        self._due = array("d")  # its time in the timer heap, while _TIMED
-        self._rtt_ewma, self._rtt_min = array("d"), array("d")  # NaN: not measured
+        times = "f" if compact else "d"
+        self._since, self._expires = array(times), array(times)
+        self._due = array(times)  # its time in the timer heap, while _TIMED
+        self._single = compact  # other times kept (certificates' expiry) are rounded as the columns round
+        self._rtt: dict[int, tuple[float, float]] = {}  # row -> its RTT's EWMA and minimum, once measured
         self._pos = array("i")  # its index in _in[its state]
         self._count = 0
         self._grow()
@@ -626,6 +633,33 @@ class Membership(Generic[R]):
         ``wall``: the wall-clock time now, for the record's age and its certificate's expiry
         (None: the record is taken as just issued, as in simulations)."""
         return self._receive_record(now, record, wall)
+
+    def load(self, now: float, records: Iterable[R]) -> None:
+        """Take the records of a formed swarm at once (the simulator's warm start: each of its n cores
+        takes n records): the same columns, heaps and random draws as ``receive_record(now, r)`` for
+        each in turn, at a third of the cost, and no ``Changed`` actions (a start's members did not join).
+        Only records of peers not in the view (else ValueError), taken as just issued."""
+        records = list(records)
+        for r in records:
+            if r.peer == self.me or r.peer in self._excluded or self._row(r.peer) is not None:
+                raise ValueError(f"load: {r.peer!r} is not a new member")
+        rows = [self._ix.of(r.peer) for r in records]
+        if len(set(rows)) != len(rows):
+            raise ValueError("load: a peer's record twice")
+        self._grow()
+        rec, st, since, expires, pos = self._rec, self._st, self._since, self._expires, self._pos
+        alive, order, draw, schedule = self._in[State.ALIVE], self._order, self.rng.randrange, self._schedule
+        code = _CODE[State.ALIVE]
+        for i, r in zip(rows, records):
+            rec[i], st[i], since[i], expires[i], pos[i] = r, code | (st[i] & _TIMED), now, now + r.ttl, len(alive)
+            alive.append(i)
+            j = draw(len(order) + 1)  # _add's place in the probe order: the same draw as its randint(0, len)
+            order.append(i)
+            order[j], order[-1] = order[-1], order[j]
+            schedule(i)
+        self._count += len(rows)
+        self.counters.records_accepted += len(rows)
+        self._view = None
 
     def receive_rumor(self, now: float, msg: Rumored) -> str:
         """Merge a verified rumor; the result names what it did."""
@@ -680,11 +714,8 @@ class Membership(Generic[R]):
         i = self._row(peer)
         if i is None or not 0 <= rtt < 3600:  # NaN fails both
             return
-        a, old = self.timing.rtt_alpha, self._rtt_ewma[i]
-        if math.isnan(old):
-            self._rtt_ewma[i] = self._rtt_min[i] = rtt
-        else:
-            self._rtt_ewma[i], self._rtt_min[i] = (1 - a) * old + a * rtt, min(self._rtt_min[i], rtt)
+        a, old = self.timing.rtt_alpha, self._rtt.get(i)
+        self._rtt[i] = (rtt, rtt) if old is None else ((1 - a) * old[0] + a * rtt, min(old[1], rtt))
         self._view = None
 
     def connection_lost(self, now: float, peer: str) -> None:
@@ -806,15 +837,14 @@ class Membership(Generic[R]):
         """The current snapshot; the same object until something in the view changes."""
         if self._view is None:
             self._version += 1
-            names, st, ewma, low = self._ix.names, self._st, self._rtt_ewma, self._rtt_min
+            names, st, rtts = self._ix.names, self._st, self._rtt
             members = {}
             for i, r in enumerate(self._rec):
                 if r is not None:
-                    measured = not math.isnan(ewma[i])
+                    ewma, low = rtts.get(i, _UNMEASURED)
                     members[names[i]] = MemberView(
                         peer=names[i], state=_STATES[st[i] & _STATE], stale=bool(st[i] & _STALE), record=r,
-                        since=self._since[i], heard=self._heard[i], expires=self._expires[i],
-                        rtt_ewma=ewma[i] if measured else None, rtt_min=low[i] if measured else None)
+                        since=self._since[i], expires=self._expires[i], rtt_ewma=ewma, rtt_min=low)
             self._view = View(version=self._version, me=self.me, members=MappingProxyType(members))
         return self._view
 
@@ -842,13 +872,8 @@ class Membership(Generic[R]):
         k = max(k, len(self._rec) // 2, 16)  # amortized: a daemon's view grows one member at a time
         self._rec.extend([None] * k)
         self._st.extend(bytes(k))
-        zeros = bytes(8 * k)
-        for col in (self._since, self._heard, self._expires, self._due):
-            col.frombytes(zeros)
-        unmeasured = array("d", [math.nan]) * k
-        self._rtt_ewma.extend(unmeasured)
-        self._rtt_min.extend(unmeasured)
-        self._pos.frombytes(bytes(4 * k))
+        for col in (self._since, self._expires, self._due, self._pos):
+            col.frombytes(bytes(col.itemsize * k))
 
     def _row(self, peer: str) -> int | None:
         """``peer``'s row if it is in the view, else None."""
@@ -864,7 +889,7 @@ class Membership(Generic[R]):
             self._grow()
         self._rec[i] = record
         self._st[i] = _CODE[State.ALIVE] | (self._st[i] & _TIMED)
-        self._since[i] = self._heard[i] = now
+        self._since[i] = now
         self._expires[i] = expires
         self._count += 1
         group = self._in[State.ALIVE]
@@ -904,7 +929,7 @@ class Membership(Generic[R]):
         self._rec[i] = None
         self._st[i] &= _TIMED  # its timer entry, if any, is skipped when it comes up
         self._count -= 1
-        self._rtt_ewma[i] = self._rtt_min[i] = math.nan
+        self._rtt.pop(i, None)
         self._forget_probe(peer)
         for extra in (self._suspicions, self._certs):
             extra.pop(peer, None)
@@ -1031,7 +1056,7 @@ class Membership(Generic[R]):
                 if self._certs:
                     self._certs.pop(r.peer, None)
             else:
-                self._certs[r.peer] = cert_expires
+                self._certs[r.peer] = _single(cert_expires) if self._single else cert_expires
         if i is None or held is None:
             self._add(r.peer, r, now, expires)
             self.counters.records_accepted += 1
@@ -1043,7 +1068,7 @@ class Membership(Generic[R]):
             self.counters.records_old += 1
             return "old"  # a replay, or a straggler overtaken by a newer record
         self.counters.records_accepted += 1
-        self._rec[i], self._heard[i], self._expires[i] = r, now, expires
+        self._rec[i], self._expires[i] = r, expires
         self._view = None
         state = self._state(i)
         if self._st[i] & _STALE and expires > now:
@@ -1150,8 +1175,8 @@ class Membership(Generic[R]):
 
     def _timeout_for(self, peer: str, floor: float) -> float:
         i = self._row(peer)
-        rtt = math.nan if i is None else self._rtt_ewma[i]
-        return self.awareness.scale(max(floor, 3 * (0.0 if math.isnan(rtt) else rtt) + 0.1))
+        rtt = self._rtt.get(i) if i is not None else None  # type: ignore[arg-type]
+        return self.awareness.scale(max(floor, 3 * (0.0 if rtt is None else rtt[0]) + 0.1))
 
     def _start_probe(self, now: float, peer: str) -> None:
         timeout = self._timeout_for(peer, self.timing.probe_timeout)

@@ -285,7 +285,7 @@ def test_a_pair_nobody_measured_is_ranked_by_its_coordinate_estimate():
 
     def member(peer, rtt_s=None):
         return MemberView(peer=peer, state=State.ALIVE, stale=False, record=SimpleNamespace(rtts={}), since=0.0,
-                          heard=0.0, expires=1e9, rtt_ewma=rtt_s, rtt_min=rtt_s)
+                          expires=1e9, rtt_ewma=rtt_s, rtt_min=rtt_s)
     view = View(version=1, me="me", members=MappingProxyType({"a": member("a", 0.08), "b": member("b"),
                                                               "c": member("c")}))
     candidates = [node(p) for p in ("me", "a", "b", "c")]
@@ -321,7 +321,7 @@ def test_the_daemons_routing_estimates_the_pairs_nobody_measured():
     place_at, rtts = {"a": 0.0, "b": 2.0, "c": 300.0, "d": 380.0}, {"c": {"d": 80.0}}
     view = View(version=1, me="me", members=MappingProxyType({
         p: MemberView(peer=p, state=State.ALIVE, stale=False, record=SimpleNamespace(rtts=rtts.get(p, {}), coord=at(x)),
-                      since=0.0, heard=0.0, expires=1e9, rtt_ewma=None, rtt_min=None) for p, x in place_at.items()}))
+                      since=0.0, expires=1e9, rtt_ewma=None, rtt_min=None) for p, x in place_at.items()}))
     gossip = SimpleNamespace(me="me", view=lambda: view)
     routing = Routing(gossip=gossip, mesh=None, config=SimpleNamespace(),
                       metrics=SimpleNamespace(registry=CollectorRegistry()), transport=Transport(SimpleNamespace()))
