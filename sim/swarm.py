@@ -18,7 +18,7 @@ Theory of operation:
 - A sync runs as the daemon's (gossip/sync.py): the responder's digest (``[peer, seq]`` of
   every record it holds), the requester's records the digest lacks or holds older and the
   peers it wants, then the wanted records. The swarm keeps, per node and peer, which of the
-  peer's records the node's core holds (``_held``, an int32 matrix kept from the cores' own
+  peer's records the node's core holds (``_held``, an int16 matrix kept from the cores' own
   results; a later record has a higher index), so a sync costs numpy comparisons plus the
   records that differ, not a Python loop over the view.
 - Start: the nodes given start as a formed swarm (each holds every other's first record,
@@ -54,6 +54,7 @@ INF = float("inf")
 BOOTSTRAP = 3  # peers a joining node syncs with first
 CLAIM_BYTES = 50
 DIGEST_BYTES = 64  # a digest's [peer, seq], msgpack: a 52-character peer id and a 64-bit seq
+MAX_RECORDS = 2**15 - 1  # records a node may publish in one run (_held's int16 indexes)
 HELLO_BYTES = 210  # a sync's first frame each way: the sender's certificate (measured: 207 B)
 
 
@@ -146,7 +147,9 @@ class Swarm:
         self.cores: list[Membership | None] = [None] * n
         self.epoch = [0] * n
         self._armed = [INF] * n
-        self._held = np.full((n, n), -1, dtype=np.int32)  # [node, peer]: index in _records[peer], -1: none
+        # [node, peer]: index in _records[peer], -1: none. int16 (n^2 of them: 2 B a member, 0.8 GB at 20,000
+        # nodes): a node publishes a record a refresh, a change or a refutation, not MAX_RECORDS in any run
+        self._held = np.full((n, n), -1, dtype=np.int16)
         self._rows = [memoryview(row) for row in self._held]  # the same rows, for one item at a time (faster)
         self._records: list[list[SimRecord]] = [[] for _ in range(n)]
         self._watch: dict[int, None] = {}
@@ -363,6 +366,8 @@ class Swarm:
         assert c is not None
         r = SimRecord(self.names[v], seq, c.record_ttl if ttl is None else ttl)
         history = self._records[v]
+        if len(history) >= MAX_RECORDS:
+            raise RuntimeError(f"node {v} published {MAX_RECORDS:,} records: more than the int16 _held indexes")
         self._held[v, v] = len(history)
         history.append(r)
         return r

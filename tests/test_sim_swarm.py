@@ -239,3 +239,17 @@ def test_a_simulated_record_is_as_large_as_the_daemons_with_as_many_rtts():
     assert abs(per_entry - RTT_ENTRY_BYTES) <= 1, per_entry
     assert Swarm(Latency.uniform(5, 20.0)).record_bytes == RECORD_BYTES
     assert Swarm(Latency.uniform(40, 20.0)).record_bytes == RECORD_BYTES + (MAX_RTTS - 4) * RTT_ENTRY_BYTES
+
+
+def test_a_node_past_the_records_the_held_matrix_can_index_stops_the_run_with_why(monkeypatch):
+    """``_held`` indexes each peer's records in int16 (400 million of them at 20,000 nodes): a node that
+    published more than that stops the run, saying so, instead of wrapping to another record's index."""
+    import sim.swarm
+
+    monkeypatch.setattr(sim.swarm, "MAX_RECORDS", 4)
+    s = Swarm(Latency.uniform(3, 20.0), timing=Timing.local())
+    with pytest.raises(RuntimeError, match="published 4 records"):
+        for _ in range(10):
+            s.change(0)
+            s.run_for(2.0)
+    assert len(s._records[0]) == 4

@@ -648,14 +648,15 @@ class Membership(Generic[R]):
             raise ValueError("load: a peer's record twice")
         self._grow()
         rec, st, since, expires, pos = self._rec, self._st, self._since, self._expires, self._pos
-        alive, order, draw, schedule = self._in[State.ALIVE], self._order, self.rng.randrange, self._schedule
-        code = _CODE[State.ALIVE]
-        for i, r in zip(rows, records):
-            rec[i], st[i], since[i], expires[i], pos[i] = r, code | (st[i] & _TIMED), now, now + r.ttl, len(alive)
-            alive.append(i)
-            j = draw(len(order) + 1)  # _add's place in the probe order: the same draw as its randint(0, len)
-            order.append(i)
-            order[j], order[-1] = order[-1], order[j]
+        # _add's appends, into arrays made at their exact size (appends keep 1/16 spare)
+        alive = self._in[State.ALIVE] = self._in[State.ALIVE] + array("i", rows)
+        order = self._order = self._order + array("i", bytes(4 * len(rows)))
+        first, last = len(alive) - len(rows), len(order) - len(rows)  # the new rows' places in each
+        draw, schedule, code = self.rng.randrange, self._schedule, _CODE[State.ALIVE]
+        for k, (i, r) in enumerate(zip(rows, records)):
+            rec[i], st[i], since[i], expires[i], pos[i] = r, code | (st[i] & _TIMED), now, now + r.ttl, first + k
+            j = draw(last + k + 1)  # _add's random place in the probe order: the same draw as its randint(0, len)
+            order[last + k], order[j] = order[j], i
             schedule(i)
         self._count += len(rows)
         self.counters.records_accepted += len(rows)
@@ -872,8 +873,9 @@ class Membership(Generic[R]):
         k = max(k, len(self._rec) // 2, 16)  # amortized: a daemon's view grows one member at a time
         self._rec.extend([None] * k)
         self._st.extend(bytes(k))
-        for col in (self._since, self._expires, self._due, self._pos):
-            col.frombytes(bytes(col.itemsize * k))
+        for name in ("_since", "_expires", "_due", "_pos"):  # new arrays of the exact size (extend keeps 1/16 spare)
+            col = getattr(self, name)
+            setattr(self, name, col + array(col.typecode, bytes(col.itemsize * k)))
 
     def _row(self, peer: str) -> int | None:
         """``peer``'s row if it is in the view, else None."""
