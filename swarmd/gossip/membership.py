@@ -65,8 +65,9 @@ no event may cost O(N), and each member is paid for N times over):
   the simulator's ``compact`` cores keep float32, 12 B), its position in its state's list (4 B);
   what only some members have lives in dicts beside them (its RTT once a probe measured it,
   ``_rtt``; a suspicion while suspect, ``_suspicions``; a finite certificate expiry, ``_certs``).
-  About 50 B a member, indexes included (a compact core 37 B), where a row of slots was 170 B
-  (``bench/core_cost.py``). ``members`` is a read-only mapping over the rows for tests and
+  About 50 B a member with the indexes below (a compact core's 37 B; ``bench/core_cost.py``
+  measures 39 B under a shared ``PeerIndex``, 96 B with a core's own), where a row of slots was
+  170 B. ``members`` is a read-only mapping over the rows for tests and
   debugging; nothing outside this module reads it.
 - ``_in``: per state, an ``array('i')`` of its rows (``_pos`` is the index). Counts are
   lengths; a random alive or dead member is one draw; indirect helpers are k draws with
@@ -596,7 +597,7 @@ class Membership(Generic[R]):
         times = "f" if compact else "d"
         self._since, self._expires = array(times), array(times)
         self._due = array(times)  # its time in the timer heap, while _TIMED
-        self._single = compact  # other times kept (certificates' expiry) are rounded as the columns round
+        self._compact = compact  # then other times kept (certificates' expiry) are rounded as the columns round
         self._rtt: dict[int, tuple[float, float]] = {}  # row -> its RTT's EWMA and minimum, once measured
         self._pos = array("i")  # its index in _in[its state]
         self._count = 0
@@ -637,7 +638,7 @@ class Membership(Generic[R]):
     def load(self, now: float, records: Iterable[R]) -> None:
         """Take the records of a formed swarm at once (the simulator's warm start: each of its n cores
         takes n records): the same columns, heaps and random draws as ``receive_record(now, r)`` for
-        each in turn, at a third of the cost, and no ``Changed`` actions (a start's members did not join).
+        each in turn, in about half the time, and no ``Changed`` actions (a start's members did not join).
         Only records of peers not in the view (else ValueError), taken as just issued."""
         records = list(records)
         for r in records:
@@ -1058,7 +1059,7 @@ class Membership(Generic[R]):
                 if self._certs:
                     self._certs.pop(r.peer, None)
             else:
-                self._certs[r.peer] = _single(cert_expires) if self._single else cert_expires
+                self._certs[r.peer] = _single(cert_expires) if self._compact else cert_expires
         if i is None or held is None:
             self._add(r.peer, r, now, expires)
             self.counters.records_accepted += 1
