@@ -25,7 +25,6 @@ from swarmd.rpc.client import Client
 
 from . import render, render_jobs
 
-UPLOAD_CHUNK = 4 * 1024 * 1024
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -141,6 +140,7 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
 
 
 def _upload(client: Client, workdir: str, err: Any) -> str:
+    from swarmd.client import send_workdir
     from swarmd.compute.workdir import WorkdirError, pack
 
     try:
@@ -149,12 +149,7 @@ def _upload(client: Client, workdir: str, err: Any) -> str:
         raise UsageError(str(exc)) from None
     err.print(f"workdir {workdir}: {packed.files} files, {render.size(packed.size)} "
               f"({render.size(len(packed.data))} packed), sha256 {packed.digest[:12]}")
-    data = packed.data
-    for offset in range(0, len(data), UPLOAD_CHUNK):
-        reply = client.call("jobs.upload", digest=packed.digest, offset=offset, size=len(data),
-                            data=data[offset:offset + UPLOAD_CHUNK])
-        if reply.get("have"):
-            break
+    send_workdir(client, packed)
     return packed.digest
 
 

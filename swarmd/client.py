@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from .compute.spec import SpecError, build
-from .compute.workdir import WorkdirError, pack
+from .compute.workdir import Packed, WorkdirError, pack
 from .paths import client_socket
 from .rpc.client import Client, DaemonUnreachable, RemoteError
 
 __all__ = ["DaemonUnreachable", "Job", "LogLine", "Member", "RemoteError", "Service", "SpecError", "Swarm",
            "WorkdirError"]
 
-UPLOAD_CHUNK = 1 << 20  # bytes of a packed workdir per `jobs.upload` call (swarmctl's)
+UPLOAD_CHUNK = 4 << 20  # bytes of a packed workdir per `jobs.upload` call (the daemon takes up to 8 MiB)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,16 @@ class Service:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> Service:
         return cls(name=d["name"], raw=dict(d))
+
+
+def send_workdir(c: Client, packed: Packed) -> None:
+    """Upload a packed workdir in chunks (swarmctl's and ``Swarm.upload``'s), stopping as soon as the
+    daemon says it has that digest (uploaded before, or by another of this user's runs)."""
+    for offset in range(0, len(packed.data), UPLOAD_CHUNK):
+        reply = c.call("jobs.upload", digest=packed.digest, offset=offset, size=len(packed.data),
+                       data=packed.data[offset:offset + UPLOAD_CHUNK])
+        if reply.get("have"):
+            return
 
 
 class Swarm:
@@ -166,11 +176,7 @@ class Swarm:
         """Pack ``workdir`` here (the daemon may not be able to read it) and upload it; its digest."""
         packed = pack(Path(workdir))
         with self._client() as c:
-            for offset in range(0, len(packed.data), UPLOAD_CHUNK):
-                reply = c.call("jobs.upload", digest=packed.digest, offset=offset, size=len(packed.data),
-                               data=packed.data[offset:offset + UPLOAD_CHUNK])
-                if reply.get("have"):
-                    break
+            send_workdir(c, packed)
         return packed.digest
 
     def cancel(self, job: str) -> Job:
