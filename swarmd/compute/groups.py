@@ -62,6 +62,20 @@ def form(nodes: Sequence[str], rtt_ms: Callable[[str, str], float | None],
     return tuple(tuple(members[g]) for g in sorted(members))
 
 
+def check(value: object, n: int) -> tuple[tuple[int, ...], ...]:
+    """Groups of ``n`` node ranks as ``form`` gives them, from a member's bytes (a successor takes a job
+    over with the groups its ranks run with): each rank once, each group sorted, groups in order of
+    their lowest rank. ValueError naming what is wrong."""
+    if not (isinstance(value, list) and 0 < len(value) <= n <= MAX_NODES
+            and all(isinstance(g, list) and g and all(type(i) is int for i in g) for g in value)):
+        raise ValueError(f"groups must be lists of node ranks (at most {MAX_NODES} nodes)")
+    if sorted(i for g in value for i in g) != list(range(n)):
+        raise ValueError(f"groups must hold each node rank 0..{n - 1} once")
+    if any(g != sorted(g) for g in value) or [g[0] for g in value] != sorted(g[0] for g in value):
+        raise ValueError("groups must be sorted, and in order of their lowest node rank")
+    return tuple(tuple(g) for g in value)
+
+
 def known(r: object) -> bool:
     """An RTT reading ``form`` takes: a finite number of ms, at least 0."""
     return isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r >= 0

@@ -505,3 +505,44 @@ async def test_a_job_asking_for_groups_tells_each_host_its_latency_groups_and_sh
     world.hold = None
     await finished(jobs, JobSpec.from_wire({"cmd": ["true"], "nodes": 1}))
     assert [req.role.groups for _, req in world.starts] == [()]
+
+
+def test_a_successor_shows_the_groups_the_ranks_run_with_and_refuses_malformed_ones(tmp_path):
+    """The record carries the running attempt's latency groups (not their RTT matrix: too big for a
+    record): a successor shows those, with its own RTTs, and keeps them once the job ended; groups of
+    an earlier attempt are dropped (the next start forms its own); a member's malformed groups are
+    refused like any other malformed field."""
+    import msgpack
+    import pytest
+
+    from swarmd.compute.coordinator.run import Run
+    from swarmd.compute.succession import Charter, Record, spec_digest
+
+    from .test_succession import PEER, sign
+
+    h2, h3 = PEER["h2"], PEER["h3"]
+    jobs = jobs_over(tmp_path, World(set()), (h2, h3))
+    jobs.gossip.me = h3
+    jobs._rtt = lambda view: (lambda a, b: 120.0)  # type: ignore[method-assign]
+    spec = JobSpec.from_wire({"cmd": ["python", "train.py"], "nodes": 2, "groups": "auto"})
+    charter = Charter.make(origin=PEER["o"], job="0123456789ab", owner_uid=1000, spec=spec_digest(spec.to_wire()),
+                           hosts=[h2, h3], sign=sign("o"))
+    run = Run(job="0123456789ab", max_restarts=1)
+    run.placed((h2, h3), now=1.0)
+
+    def record(groups: object) -> Record:
+        state = {"run": run.to_wire(), "spec": spec.to_wire(), "workdir": None, "ray": None, "name": None,
+                 "created": 1.0, "started": None, "checkpoints": [], "since": 1.0, "groups": groups}
+        return Record.make(charter, 1, 7, msgpack.packb(state), sign("h2"))
+
+    for bad in ({"attempt": 1, "groups": [[0, 0]]}, {"attempt": 1, "groups": [[1], [0]]},
+                {"attempt": 1, "groups": [[0], [1], [2]]}, {"attempt": 1, "groups": [[True], [1]]},
+                {"attempt": 1, "groups": [[0], []]}, {"groups": [[0, 1]]}, [[0], [1]]):
+        with pytest.raises(ValueError, match="groups"):
+            jobs._rebuild(record(bad), 2)
+    assert jobs.handed.get("0123456789ab") is None  # a refused record leaves nothing behind
+    assert jobs._rebuild(record({"attempt": 0, "groups": [[0], [1]]}), 2).grouping is None  # another attempt's
+    live = jobs._rebuild(record({"attempt": 1, "groups": [[0], [1]]}), 2)
+    assert live.grouping == {"attempt": 1, "groups": [[0], [1]], "max_rtt_ms": 30.0, "nodes": [h2, h3],
+                             "rtt_ms": [[None, 120.0], [120.0, None]]}
+    assert jobs.handed.groups("0123456789ab") == live.grouping  # shown after the job ended too

@@ -81,6 +81,7 @@ def test_no_group_spans_a_link_slower_than_the_cap_on_random_matrices():
         out = groups.form(nodes, rtt, max_rtt_ms=cap)
         assert sorted(i for g in out for i in g) == list(range(n)), "every node in exactly one group"
         assert [g[0] for g in out] == sorted(g[0] for g in out) and all(list(g) == sorted(g) for g in out)
+        assert groups.check([list(g) for g in out], n) == out  # what a record carries, a successor takes
         for g in out:
             for i, j in itertools.combinations(g, 2):
                 assert table[frozenset((nodes[i], nodes[j]))] is not None
@@ -89,6 +90,13 @@ def test_no_group_spans_a_link_slower_than_the_cap_on_random_matrices():
         for a, b in itertools.combinations(out, 2):
             links = [table[frozenset((nodes[i], nodes[j]))] for i in a for j in b]
             assert any(x is None or x > cap for x in links), (trial, out)
+
+
+@pytest.mark.parametrize("bad", [None, [], [[]], [[0], [0]], [[0, 2]], [[1, 0]], [[1], [0]], [[0], [1], [2]],
+                                 [[0.0], [1]], [[False], [1]], [["0"], [1]], "01", {0: [0]}])
+def test_groups_a_member_recorded_are_refused_unless_form_could_have_made_them(bad):
+    with pytest.raises(ValueError, match="groups"):
+        groups.check(bad, 2)
 
 
 def test_bad_arguments_are_refused():

@@ -377,16 +377,19 @@ class Jobs:
             "hosts": self.store.hosts(row.id),
         }
 
-    def _grouping(self, job: str, spec: JobSpec, peers: tuple[str, ...]) -> dict[str, Any] | None:
-        """The attempt's hosts (node-rank order) in groups by latency when the job asked for them
-        (compute/groups.py, capped at ``spec.groups`` ms), with the RTTs that made them."""
+    def _grouping(self, job: str, spec: JobSpec, attempt: int, peers: tuple[str, ...],
+                  found: tuple[tuple[int, ...], ...] | None = None) -> dict[str, Any] | None:
+        """Attempt ``attempt``'s hosts (node-rank order) in groups by latency when the job asked for them
+        (compute/groups.py, capped at ``spec.groups`` ms), with the RTTs that made them. ``found``: the
+        groups a job taken over runs with (its record's), shown with this node's RTTs."""
         if spec.groups is None:
             return None
         rtt = self._rtt(self.gossip.view())
         ms = {(a, b): rtt(a, b) for a in peers for b in peers if a != b}
-        found = latency.form(peers, lambda a, b: ms[(a, b)], spec.groups)
-        log.info("latency groups", job=job, groups=[list(g) for g in found], max_rtt_ms=spec.groups)
-        return {"groups": [list(g) for g in found], "max_rtt_ms": spec.groups, "nodes": list(peers),
+        if found is None:
+            found = latency.form(peers, lambda a, b: ms[(a, b)], spec.groups)
+            log.info("latency groups", job=job, groups=[list(g) for g in found], max_rtt_ms=spec.groups)
+        return {"attempt": attempt, "groups": [list(g) for g in found], "max_rtt_ms": spec.groups, "nodes": list(peers),
                 "rtt_ms": [[None if a == b or not latency.known(ms[(a, b)]) else round(ms[(a, b)], 2) for b in peers]
                            for a in peers]}
 
@@ -689,7 +692,7 @@ class Jobs:
         addrs = [self._address(p) if not attach else self._address_or(p) for p in peers]
         live.addresses = dict(zip(peers, addrs))
         if not attach:  # a job taken over runs with the groups its ranks were started with
-            live.grouping = self._grouping(job, spec, peers)
+            live.grouping = self._grouping(job, spec, run.attempts[-1].n, peers)
             if live.grouping is not None:  # kept with the attempt: shown after the job ended
                 live.store.set_attempt(job, run.attempts[-1].to_dict())
                 live.store.set_groups(job, run.attempts[-1].n, live.grouping)
@@ -1001,7 +1004,11 @@ class Jobs:
         return {"run": live.run.to_wire(), "spec": live.spec.to_wire(), "workdir": live.workdir, "ray": live.ray,
                 "name": row.name if row else None, "created": row.created if row else None,
                 "started": row.started if row else None, "checkpoints": live.hub.describe(), "since": live.since,
-                "removed": sorted(live.removed), "removing": sorted(live.removing) if live.removing is not None else None}
+                "removed": sorted(live.removed), "removing": sorted(live.removing) if live.removing is not None else None,
+                # the groups the attempt's ranks run with (not their nodes again, nor the RTT matrix: 128 nodes'
+                # would not fit a record)
+                "groups": {"attempt": live.grouping["attempt"], "groups": live.grouping["groups"]}
+                if live.grouping else None}
 
     # --- hand-over (succession.py): a job taken over, or followed from its origin -------
 
@@ -1123,6 +1130,7 @@ class Jobs:
         if not all(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < 2**40)
                    for t in times.values()):
             raise ValueError("record times must be seconds since the epoch")
+        found = self._carried_groups(state.get("groups"), spec, run)
         auth = Authority(origin, epoch, charter)
         store = self.store if origin == self.gossip.me else self.handed
         row = store.get(job)
@@ -1135,6 +1143,9 @@ class Jobs:
             raise ValueError(f"job {job} is here already, {'of another origin' if row.coordinator != origin else 'ended'}")
         for attempt in run.attempts:
             store.set_attempt(job, attempt.to_dict())
+        grouping = self._grouping(job, spec, run.attempts[-1].n, run.nodes, found) if found is not None else None
+        if grouping is not None and run.attempts:
+            store.set_groups(job, run.attempts[-1].n, grouping)
         hub = Hub(job, worker=self.worker, me=self.gossip.me, host=functools.partial(self._host, auth=auth),
                   origin=origin)
         hub.restore(state.get("checkpoints", []), self.worker.checkpoint_max)
@@ -1142,7 +1153,19 @@ class Jobs:
         return _Live(run=run, spec=spec, hub=hub, store=store, auth=auth, workdir=workdir, ray=ray,
                      removed=removed, recorded_removed=removed,
                      removing=check_removed(removing, charter) if removing is not None else None,
-                     seq=record.seq if epoch == record.epoch else 0)
+                     seq=record.seq if epoch == record.epoch else 0, grouping=grouping)
+
+    @staticmethod
+    def _carried_groups(value: Any, spec: JobSpec, run: Run) -> tuple[tuple[int, ...], ...] | None:
+        """The groups a record says the running attempt's ranks have (ValueError if malformed); None
+        when it has none, or they were an earlier attempt's (the next start forms its own)."""
+        if value is None:
+            return None
+        if spec.groups is None or not (isinstance(value, dict) and set(value) == {"attempt", "groups"}):
+            raise ValueError("record.groups must be {attempt, groups}, of a job that asked for groups")
+        if not run.nodes or not run.attempts or value["attempt"] != run.attempts[-1].n:
+            return None
+        return latency.check(value["groups"], len(run.nodes))
 
     async def _resume(self, job: str, live: _Live) -> None:
         """Go on where the predecessor was: the running attempt's hosts attached (their ranks
