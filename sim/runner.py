@@ -44,10 +44,10 @@ class Outcome:
 
 # Each core holds every member: n^2 entries of about this many bytes, all told (a compact core's 39 B
 # with a shared PeerIndex, the swarm's int16 matrix of records held, the tables beside them):
-# tracemalloc counts 44.6 B an entry at 2,000 nodes, and swarm-20k peaks at about 17 GB. (Float64
-# times, a heard column and RTT columns were 90 B an entry: 20,000 nodes needed 34 GB; rows of
-# slots were 220 B.)
-BYTES_PER_ENTRY = 45
+# tracemalloc counts 44.6 B an entry at 2,000 nodes, and swarm-20k peaked at 17.34 GB, 46.2 B an
+# entry over a small run's 0.11 GB. (Float64 times, a heard column and RTT columns were 90 B an
+# entry: 20,000 nodes needed 34 GB; rows of slots were 220 B.)
+BYTES_PER_ENTRY = 46
 # A run starts only if that leaves this share of the memory available (with rows of slots, 10,000
 # nodes' 20.5 GB estimate fit 90 % of a 24 GB machine's 22.8 GB free, and its warm start alone
 # passed 19.4 GB)
