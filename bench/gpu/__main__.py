@@ -168,12 +168,22 @@ def check_nvml(ctx: Ctx) -> Result:
                   f"{len(gpus)} GPU(s), {slots.get('gpus_free')} free", detail)
 
 
-def check_cuda_job(ctx: Ctx) -> Result:
-    job, lines = run_job(ctx, ["python", "cuda_job.py"], 240, gpus_per_node=1 if ctx.gpu else 0)
+def run_gpu_job(ctx: Ctx, script: str, timeout: float) -> tuple[dict, dict, dict]:
+    """A one-GPU job (no GPU where there is none): its record, its JSON line and the detail a Result keeps."""
+    job, lines = run_job(ctx, ["python", script], timeout, gpus_per_node=1 if ctx.gpu else 0)
     out = json_line(lines)
-    detail = {"job": {k: job.get(k) for k in ("state", "exit_code", "reason")}, "out": out, "tail": lines[-20:]}
+    return job, out, {"job": {k: job.get(k) for k in ("state", "exit_code", "reason")}, "out": out,
+                      "tail": lines[-20:]}
+
+
+def no_gpu(name: str, out: dict, detail: dict) -> Result:
+    return Result(name, "skip", f"no NVIDIA GPU here (the job ran: cuda={out.get('cuda')})", detail)
+
+
+def check_cuda_job(ctx: Ctx) -> Result:
+    job, out, detail = run_gpu_job(ctx, "cuda_job.py", 240)
     if not ctx.gpu:
-        return Result("cuda_job", "skip", f"no NVIDIA GPU here (the job ran: cuda={out.get('cuda')})", detail)
+        return no_gpu("cuda_job", out, detail)
     ok = (job.get("state") == "succeeded" and out.get("cuda_visible_devices") == "0" and out.get("device_count") == 1
           and out.get("nccl") and out.get("allreduce_ok") and not out.get("other_gpu_nodes_opened"))
     return Result("cuda_job", "pass" if ok else "fail",
@@ -249,11 +259,9 @@ def _get(url: str) -> dict | None:
 
 
 def check_finetune(ctx: Ctx) -> Result:
-    job, lines = run_job(ctx, ["python", "lora_job.py"], 300, gpus_per_node=1 if ctx.gpu else 0)
-    out = json_line(lines)
-    detail = {"job": {k: job.get(k) for k in ("state", "exit_code", "reason")}, "out": out, "tail": lines[-20:]}
+    job, out, detail = run_gpu_job(ctx, "lora_job.py", 300)
     if not ctx.gpu:
-        return Result("finetune", "skip", f"no NVIDIA GPU here (the job ran: cuda={out.get('cuda')})", detail)
+        return no_gpu("finetune", out, detail)
     bf16, nf4, hook = out.get("bf16") or {}, out.get("nf4") or {}, out.get("bf16_hook") or {}
     ok = bool(bf16.get("learned")) and (nf4.get("learned") or "skipped" in nf4) and hook.get("same_weights")
     nf4_text = f"NF4 {nf4.get('peak_mb')} MiB" if "peak_mb" in nf4 else f"NF4 {nf4.get('skipped') or nf4.get('error')}"
