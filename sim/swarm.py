@@ -334,7 +334,7 @@ class Swarm:
             for v in nodes:
                 c = self.cores[v]
                 assert c is not None
-                c.load(now, [r for r in recs if r.peer != c.me])  # receive_record for each, at a third of the cost
+                c.load(now, [r for r in recs if r.peer != c.me])  # receive_record for each, in about half the time
                 self._held[v, nodes] = self._held[nodes, nodes]
                 self._act(v, c, c.take_actions())
         finally:
