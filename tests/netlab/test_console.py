@@ -155,6 +155,11 @@ def test_a_service_shows_its_replicas(lab, page, tmp_path):
     row.click()
     until(lambda: page.locator("#service-replicas tbody tr").count() == 2, 30, "the replicas listed", interval=0.3)
     for host in ("h1", "h2"):
+        # the page reads the registry; each gateway polls it every second for its own table, and
+        # answers 503 "no replica" (Retry-After: 1) until then (CI once sent all 40 before h1's did)
+        until(lambda: sum(r.get("ejected") is False for r in call(lab, host, "serve.show", name="hello")["replicas"])
+              == 2, 30, f"{host}'s gateway routing to both replicas", interval=0.5,
+              detail=lambda: call(lab, host, "serve.show", name="hello")["replicas"])
         done = in_netns(lab, host, sys.executable, "-c", CLIENT, "40")
         assert done.stdout.strip() == "40", (done.stdout, done.stderr[-2000:])
 
