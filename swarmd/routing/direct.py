@@ -23,7 +23,8 @@ Rules:
   direct) ``CHANGE_TRIES - 1`` times ``quick_s`` apart (an end may have lagged: both must send
   to punch, and the follower moves when the chooser's record reaches it), then after
   ``retry_s``, doubling after each failed try up to ``retry_max_s`` (but every ``quick_s``, for
-  ``UNMEASURED_TRIES`` tries, while an end is not yet measured: its record has no NAT kind), and
+  ``QUICK_TRIES`` tries, while an end is not yet measured, its record having no NAT kind, or while
+  the pair's direct path once proved itself with the ends as they are now: ``worked``), and
   at once (then ``CHANGE_TRIES - 1`` times more, ``quick_s`` apart) when either end's (nat,
   reflexive) changes (a new mapping, a new verdict) or the endpoint we send its direct packets
   to does (its reflexive endpoint attested at last): ``fingerprint``. A try that shows a
@@ -60,14 +61,19 @@ SESSION_S = 180.0  # WireGuard's REJECT_AFTER_TIME: a handshake older than this 
 # again every QUICK_S for this many failed tries before backing off: a member is measured by public
 # members that see its WireGuard packets on a direct path (a relayed observer attests nothing), so a
 # pair relayed at a loaded start-up and tried rarely kept a symmetric NAT unmeasured, and so relayed
-# to everyone, for good (CI: h5 unknown for the whole reach lab, every pair with it relayed).
-UNMEASURED_TRIES = 10
+# to everyone, for good (CI: h5 unknown for the whole reach lab, every pair with it relayed). The same
+# for a pair whose direct path once worked with both ends' NATs and endpoints as they are now: a failure
+# of such a path is more likely a passing one (a loaded host's follower moving late) than theory's (CI:
+# an address-restricted cone and a symmetric NAT, direct for minutes, failed three tries during a Ray
+# job's start and stayed relayed for the back-off's 10 minutes).
+QUICK_TRIES = 10
 # Tries, ``quick_s`` apart, that a pair gets from the moment it is found lacking or either end changes,
 # before the back-off. A punch with a symmetric NAT's end as the chooser needs the follower behind an
 # address-restricted cone to send first, within one grace of the chooser's move: on a loaded host the
 # chooser's record can reach it late, so two tries failed in CI (a pair theory allows stayed relayed for
 # the 10 minutes of the back-off). Each failed try costs the pair up to ``grace_s`` without a path.
 CHANGE_TRIES = 3
+MAX_CHANGES = 1024  # changes kept for the driver's log between two drains
 
 
 def nated(kind: object) -> bool:
@@ -139,20 +145,27 @@ class DirectWatch:
         self._since_fp: dict[str, Hashable] = {}  # peer -> the fingerprint since then (a change restarts it)
         self._lack: dict[str, _Lacking] = {}
         self._nats: dict[str, tuple[object, object]] = {}  # peer -> (mine, its) wg.nat, last seen
+        self._worked: dict[str, Hashable] = {}  # peer -> the fingerprint its direct path last proved itself at
         self.declared = 0  # counter: pairs found without a direct path
         self.tries = 0  # counter: tries of the direct path again
+        # (peer, what) for each change, for the driver's log: "lacking" (found so, or a try failed),
+        # "trying", "works" (a try shook hands); drained by the driver (``take_changes``)
+        self.changes: list[tuple[str, str]] = []
 
     def observe(self, now: float, peer: str, *, on_direct: bool, unshaken: bool, fingerprint: Hashable,
                 nats: tuple[object, object]) -> None:
         """One evaluation's observation of the pair (me, ``peer``)."""
         self._nats[peer] = nats
         lack = self._lack.get(peer)
+        if on_direct and not unshaken and (peer in self._since or (lack is not None and lack.trying_since is not None)):
+            self._worked[peer] = fingerprint  # unproven, or on a try, until now: it shook hands on the direct path
         if lack is not None and lack.trying_since is None and (
                 lack.fingerprint != fingerprint or (lack.retry_at is not None and now >= lack.retry_at)):
             if lack.fingerprint != fingerprint:  # a new mapping or verdict: try at once, back-off anew
                 lack.fingerprint, lack.failures, lack.quick = fingerprint, 0, CHANGE_TRIES - 1
             lack.trying_since = now
             self.tries += 1
+            self._changed(peer, "trying")
         if on_direct and unshaken:
             if self._since_fp.get(peer, fingerprint) != fingerprint:
                 self._since.pop(peer, None)  # a new endpoint or verdict: the other end gets the whole grace for it
@@ -168,9 +181,11 @@ class DirectWatch:
                                             retry_at=None if impossible(*nats) else now + self.quick_s,
                                             quick=CHANGE_TRIES - 2)  # this was a try; the next is quick
                 self.declared += 1
+                self._changed(peer, "lacking")
         elif lack.trying_since is not None and on_direct:
             if not unshaken:
                 del self._lack[peer]  # a handshake on the direct path: it works now
+                self._changed(peer, "works")
             elif since is not None and now - since >= self.grace_s:
                 if lack.quick > 0:
                     delay = self.quick_s
@@ -178,16 +193,26 @@ class DirectWatch:
                 else:
                     lack.failures += 1
                     delay = min(self.retry_s * 2 ** lack.failures, self.retry_max_s)
-                    if None in nats and lack.failures <= UNMEASURED_TRIES:
-                        delay = self.quick_s  # an end not yet measured: its measurement may need this path
+                    if lack.failures <= QUICK_TRIES and (None in nats or self._worked.get(peer) == lack.fingerprint):
+                        delay = self.quick_s  # an end's measurement may need this path; or it worked as things are
                 lack.since, lack.trying_since, lack.reason = now, None, reason(*nats)
                 lack.retry_at = None if impossible(*nats) else now + delay
+                self._changed(peer, "lacking")
 
     def forget(self, keep: Iterable[str]) -> None:
         keep = set(keep)
-        for table in (self._since, self._since_fp, self._lack, self._nats):
+        for table in (self._since, self._since_fp, self._lack, self._nats, self._worked):
             for peer in [p for p in table if p not in keep]:
                 del table[peer]
+
+    def _changed(self, peer: str, what: str) -> None:
+        if len(self.changes) < MAX_CHANGES:  # drained each evaluation; a core nobody drains stops at the cap
+            self.changes.append((peer, what))
+
+    def take_changes(self) -> list[tuple[str, str]]:
+        """The changes since the last call (``changes``), oldest first."""
+        changes, self.changes = self.changes, []
+        return changes
 
     def lacking(self, peer: str) -> str | None:
         """The reason the pair must be relayed now (it has no direct path, no try under way), or None."""

@@ -482,6 +482,10 @@ class Routing(Readout):
                         nursery.start_soon(self.contained, self._measure, peer)
                 case AskLegs(peer=peer, relays=relays):
                     nursery.start_soon(self.contained, self.exchange.ask_legs, peer, relays)
+        for peer, what in self.paths.direct.take_changes():
+            row = self.paths.direct.row(trio.current_time(), peer)
+            log.info("direct path", peer=peer, now=what, reason=row["reason"], failures=row["failures"],
+                     retry_in_s=row["retry_in_s"], nat_here=row["nat_here"], nat_peer=row["nat_peer"])
         if self.server is not None:
             self.server.view_changed()
         if (announced := self.paths.announced()) != self._announced or self._report_due(own):

@@ -113,10 +113,23 @@ def why_not(lab) -> dict:
             route = call(lab, host, "route", peer=lab.state.host(other).peer_id)
             row = paths(lab, host).get(other, {})
             out[pair] = {"role": route["role"], "reason": route["reason"], "direct_path": route["direct_path"],
-                         "row": {k: row.get(k) for k in ("path", "endpoint", "handshake_age_s", "reflexive")}}
+                         "row": {k: row.get(k) for k in ("path", "endpoint", "handshake_age_s", "reflexive")},
+                         "log": path_log(lab, host, other)}
         except Exception as exc:  # evidence only: the wait has failed already
             out[pair] = repr(exc)
     return out
+
+
+def path_log(lab, host: str, other: str, last: int = 8) -> list[str]:
+    """``host``'s last log lines on its path to ``other``: path changes, and its direct path found
+    lacking, tried, working again (routing/direct.py's changes), each cut to its event and times."""
+    peer = lab.state.host(other).peer_id
+    lines = []
+    with open(lab.state.host(host).log, errors="replace") as f:
+        for line in f:
+            if peer in line and ('"path changes"' in line or '"direct path"' in line):
+                lines.append(line.strip()[:300])
+    return lines[-last:]
 
 
 def overlay(lab, host: str) -> str:

@@ -94,7 +94,7 @@ def test_a_pair_with_an_unmeasured_end_keeps_trying_soon_then_backs_off():
     assert w.lacking("b") == dp.NO_DIRECT
     tries = tries_of(w, ("public", None), 4000)
     gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
-    quick = dp.UNMEASURED_TRIES + dp.CHANGE_TRIES - 2
+    quick = dp.QUICK_TRIES + dp.CHANGE_TRIES - 2
     assert tries[0] == 40.0 and gaps[:quick] == [41] * quick, \
         "every quick_s (plus the try's grace) while an end is unmeasured"
     assert gaps[quick] == 1211, "then the back-off, at its cap"
@@ -106,6 +106,33 @@ def test_a_pair_with_an_unmeasured_end_keeps_trying_soon_then_backs_off():
         "a measured pair backs off after its quick tries"
 
 
+def test_a_pair_whose_direct_path_worked_as_things_are_keeps_trying_soon_then_backs_off():
+    # CI: an address-restricted cone and a symmetric NAT, direct for minutes, failed three tries during
+    # a loaded Ray start and stayed relayed for the back-off's 10 minutes
+    w = watch()
+    nats = ("eim", "edm")
+    w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=nats)
+    w.observe(2.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=nats)  # punched: it shook hands
+    w.observe(500.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=nats)  # lost (e.g. roamed to a relay)
+    w.observe(510.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=nats)
+    assert w.lacking("b") == dp.SYMMETRIC
+    tries = tries_of(w, nats, 4000)
+    gaps = [round(b - a) for a, b in zip(tries, tries[1:])]
+    quick = dp.QUICK_TRIES + dp.CHANGE_TRIES - 2
+    assert gaps[:quick] == [41] * quick and gaps[quick] == 1211, "every quick_s for QUICK_TRIES, then the back-off"
+    assert [what for _, what in w.take_changes()][:4] == ["lacking", "trying", "lacking", "trying"]
+    assert w.take_changes() == [], "drained"
+    elsewhere = watch()  # it worked, but at another mapping: as a pair that never worked
+    elsewhere.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=nats)
+    elsewhere.observe(2.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=nats)
+    moved = (FP[0], ("edm", "5.6.7.0:9"))
+    for t in (500.0, 510.0, 511.0, 521.0):
+        elsewhere.observe(t, "b", on_direct=True, unshaken=True, fingerprint=moved, nats=nats)
+    for t in (552.0, 553.0, 563.0, 594.0, 595.0, 605.0):
+        elsewhere.observe(t, "b", on_direct=t not in (552.0, 594.0), unshaken=True, fingerprint=moved, nats=nats)
+    assert elsewhere.row(605.0, "b")["retry_in_s"] == 600, "the back-off after CHANGE_TRIES"
+
+
 def test_a_try_that_shakes_hands_ends_the_lack():
     w = watch()
     w.observe(0.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
@@ -115,6 +142,7 @@ def test_a_try_that_shakes_hands_ends_the_lack():
     w.observe(311.0, "b", on_direct=True, unshaken=True, fingerprint=FP, nats=("eim", "eim"))
     w.observe(313.0, "b", on_direct=True, unshaken=False, fingerprint=FP, nats=("eim", "eim"))
     assert not w.trying("b") and w.lacking("b") is None and w.row(313.0, "b")["state"] == "ok"
+    assert [what for _, what in w.take_changes()] == ["lacking", "trying", "works"], "for the driver's log"
 
 
 def test_a_changed_mapping_or_verdict_retries_at_once():
