@@ -264,29 +264,94 @@ def test_a_successor_takes_over_only_the_spec_its_origin_signed(tmp_path):
     assert row is not None and row.submitted_by == 1000 and row.coordinator == PEER["o"]
 
 
-async def test_a_daemon_that_stops_leaves_a_replicated_job_to_its_replicas(tmp_path):
-    """A coordinator whose daemon stops (its tasks cancelled) neither fails nor releases a job
-    other replicas can carry on: its last record says it runs, for a successor to take over."""
+async def stopped_while_running(tmp_path: Path):
+    """A replicated job whose coordinator's daemon stopped (its tasks cancelled) while the job
+    ran: (jobs, the replicas' stores, the world, the job, the state its origin's record says)."""
     import msgpack
 
     world = World(set())
     world.hold = trio.Event()
     jobs, stores = replicated_jobs(tmp_path, world)
+
+    def recorded() -> str | None:
+        record = stores[jobs.gossip.me].get((jobs.gossip.me, job))
+        return None if record is None else msgpack.unpackb(record.body)["run"]["state"]
+
     async with trio.open_nursery() as nursery:
         jobs._nursery = nursery
         job = jobs.submit(JobSpec(cmd=("python", "x.py"), nodes=2), None, 0)
         run = jobs.live[job].run
-
-        def recorded() -> str | None:
-            record = stores[jobs.gossip.me].get((jobs.gossip.me, job))
-            return None if record is None else msgpack.unpackb(record.body)["run"]["state"]
-
         with trio.fail_after(10):
             while run.state != "running" or recorded() != "running":
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()  # the daemon stops
+    return jobs, stores, world, job, recorded()
+
+
+async def test_a_daemon_that_stops_leaves_a_replicated_job_to_its_replicas(tmp_path):
+    """A coordinator whose daemon stops (its tasks cancelled) neither fails nor releases a job
+    other replicas can carry on: its last record says it runs, for a successor to take over."""
+    jobs, _, world, job, recorded = await stopped_while_running(tmp_path)
     assert jobs.store.get(job).state == "running" and world.released == [], world.released
-    assert recorded() == "running", "its replicas' record still says it runs"
+    assert recorded == "running", "its replicas' record still says it runs"
+
+
+class Members:
+    """A membership view: `states` by peer, the rest unknown to it."""
+
+    def __init__(self, me: str, states: dict[str, str]) -> None:
+        self.me = me
+        self.members = {p: SimpleNamespace(peer=p, state=SimpleNamespace(value=v)) for p, v in states.items()}
+
+    def get(self, peer: str):
+        return self.members.get(peer)
+
+    def __iter__(self):
+        return iter(self.members.values())
+
+
+@pytest.mark.parametrize("others", ["dead", "unknown", "alone", "one alive"])
+async def test_an_origin_marks_its_job_lost_only_once_every_replica_is_gone_for_lost_after(tmp_path, monkeypatch,
+                                                                                           others):
+    """The origin follows a job its replicas carried on (it stopped, or was superseded); every
+    replica is then gone: after LOST_AFTER its row fails saying so and the record goes (no
+    takeover, nothing followed after a restart). Not while one replica lives, nor while this
+    node sees no live member at all (cut off alone: the job may go on elsewhere)."""
+    from swarmd.compute.coordinator import coordinator as co
+
+    from .test_succession import PEER
+
+    jobs, stores, _, job, _ = await stopped_while_running(tmp_path)  # its replicas would carry it on
+    key = (jobs.gossip.me, job)
+    replicas = [p for p in stores[jobs.gossip.me].get(key).charter.replicas if p != jobs.gossip.me]
+    states = {"dead": {p: "dead" for p in replicas} | {PEER["x"]: "alive"},
+              "unknown": {PEER["x"]: "alive"},  # a restarted origin: dead members long reaped from the view
+              "alone": {p: "dead" for p in replicas},  # every member dead: this node is the one cut off
+              "one alive": {replicas[0]: "dead", replicas[1]: "alive"}}[others]
+    view = Members(jobs.gossip.me, states)
+    jobs.gossip.view = lambda: view
+    jobs.worker.coordinator_gone = lambda peer: "dead" if states.get(peer) == "dead" else None
+    lost_at, lose = [], jobs._lose
+
+    async def timed(*args):
+        lost_at.append(trio.current_time())
+        await lose(*args)
+
+    jobs._lose = timed
+    monkeypatch.setattr(co, "LOST_AFTER", 1.0)  # 120 s in a daemon
+    monkeypatch.setattr(co, "FOLLOW_EVERY", 0.05)
+    began = trio.current_time()
+    with trio.move_on_after(co.LOST_AFTER + 3):
+        await jobs._follow(job)
+    row = jobs.store.get(job)
+    if others in ("dead", "unknown"):
+        assert len(lost_at) == 1 and co.LOST_AFTER <= lost_at[0] - began < co.LOST_AFTER + 3, (lost_at, began)
+        assert row.state == "failed" and row.reason.startswith("lost: every replica") and row.ended, row
+        assert all(short in row.reason for short in (p[-8:] for p in replicas)), row.reason
+        assert jobs.replication.store.get(key) is None and job not in jobs.following
+        assert not any(p.name.endswith(".rec") for p in jobs.replication.store.dir.iterdir()), "its file too"
+    else:
+        assert row.state == "running" and jobs.replication.store.get(key) is not None, (others, row)
 
 
 def test_a_one_host_job_on_another_node_gets_the_nearest_member_as_a_witness(tmp_path):

@@ -96,6 +96,11 @@ MIN_REPLICAS = 3  # a job's charter names at least this many replicas where the 
 # before it fails the job, or takes the end it saw: beyond a partition this long, a successor
 # on the other side and this node may both have ended it their own way (Slurm's SlurmctldTimeout)
 CONFIRM_PATIENCE = 120.0
+# seconds an origin following its job waits, every other replica gone (dead, left, or unknown to
+# a swarm it is in), before it marks the job lost: the hosts stopped its ranks after 45 s without a
+# coordinator, and a takeover needs a majority of the replicas. As long as a coordinator cut off
+# waits (above): only a partition longer than that ends a job on one side that goes on on the other
+LOST_AFTER = CONFIRM_PATIENCE
 
 
 @dataclasses.dataclass(slots=True)
@@ -1274,9 +1279,17 @@ class Jobs:
         until the job ends and all of it is here (`jobs show` and `jobs logs -f` read them
         as ever), or this node coordinates it again."""
         me = self.gossip.me
+        away_since: float | None = None  # since when every other replica has been gone
         while job not in self.live:
             record = await self._newest((me, job))
             if record is None:
+                return
+            if (away := self._carried_by_none(record.charter)) is None:
+                away_since = None
+            elif away_since is None:
+                away_since = trio.current_time()
+            elif trio.current_time() - away_since >= LOST_AFTER:
+                await self._lose(job, record, away)
                 return
             coordinator = record.charter.coordinator(record.epoch)
             try:
@@ -1297,6 +1310,28 @@ class Jobs:
             if run.over and drained:
                 return
             await trio.sleep(FOLLOW_EVERY)
+
+    def _carried_by_none(self, charter: Charter) -> list[str] | None:
+        """The job's other replicas when every one is gone (dead or left, or unknown to a view
+        that holds a live member: this node is in a swarm, not cut off alone), else None."""
+        view, me = self.gossip.view(), self.gossip.me
+        others = [p for p in charter.replicas if p != me]
+        if not others or not any(m.state.value == "alive" for m in view):
+            return None
+        return others if all(view.get(p) is None or self._gone(p) for p in others) else None
+
+    async def _lose(self, job: str, record: JobRecord, replicas: list[str]) -> None:
+        """Every replica that could carry the job on is gone for ``LOST_AFTER``: the owner's row
+        fails saying so, and the record goes (no takeover, nothing followed after a restart)."""
+        assert self.replication is not None
+        names = ", ".join(short(p) for p in replicas)
+        reason = f"lost: every replica that carried the job on is gone ({names}) and nobody coordinates it"
+        log.warning("a job of this node's is lost: its replicas are gone", job=job, replicas=names)
+        self.following.pop(job, None)
+        row = self.store.get(job)
+        if row is not None and row.state not in TERMINAL:
+            self.store.update(job, state="failed", reason=reason, ended=time.time())
+        await trio.to_thread.run_sync(self.replication.store.drop, record.charter.key)
 
     def _mirror(self, job: str, run: Run) -> None:
         """The owner's row as the coordinator's record has it."""

@@ -133,6 +133,12 @@ class Store:
     def get(self, key: tuple[str, str]) -> Record | None:
         return self.held.get(key)
 
+    def drop(self, key: tuple[str, str]) -> None:
+        """Forget the job's record, its file first. Blocking: call in a thread."""
+        with self._lock:
+            (self.dir / file_name(key)).unlink(missing_ok=True)
+            self.held.drop(key)
+
     def _evict_ended(self, origin: str) -> bool:
         over = []
         for key in self.held.keys():
