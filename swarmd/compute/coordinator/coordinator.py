@@ -1282,7 +1282,7 @@ class Jobs:
         away_since: float | None = None  # since when every other replica has been gone
         while job not in self.live:
             record = await self._newest((me, job))
-            if record is None:
+            if record is None or job in self.live:  # or this node took it over meanwhile
                 return
             if (away := self._carried_by_none(record.charter)) is None:
                 away_since = None
