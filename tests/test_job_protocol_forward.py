@@ -117,3 +117,28 @@ async def test_the_coordinator_forwards_through_the_host_until_the_jobs_ranks_en
             async with remote.forward(JOB, port):
                 pass
     assert host.rejected == {"not_running": 1}
+
+
+async def test_the_origin_forwards_to_its_job_while_a_successor_coordinates_it_and_commands_nothing(
+        tmp_path, echo):  # noqa: F811
+    """`jobs forward` from the owner's daemon after a hand-over: the host passes its origin's
+    forward at the old epoch (a forward commands nothing) while the fence refuses its commands;
+    another member naming the origin's job is refused as before."""
+    from compute.test_succession import PEER as PEERS
+    from test_job_handover import the_charter
+
+    uid, port = echo
+    origin, successor, intruder = PEERS["o"], PEERS["h2"], PEERS["x"]
+    host = Host(tmp_path)
+    run_here(host, uid, coordinator=origin)
+    charter = the_charter()
+    host.worker.authorize(JOB, successor, origin, 1, charter)  # the successor attached at epoch 1
+    claim = {"origin": origin, "epoch": 0, "charter": charter.blob}
+    stream = FakeStream(origin, [req("forward", port=port, **claim)], raw=b"ping")
+    await host.handler.handle(stream)
+    assert split(bytes(stream.out)) == ({"port": port}, b"ping")
+    refused = await host.ask(origin, req("cancel", **claim))
+    assert "successor took it over" in refused[0]["error"] and host.rejected == {"stale_epoch": 1}
+    refused = await host.ask(intruder, req("forward", port=port, **claim))
+    assert "error" in refused[0] and host.rejected["not_replica"] == 1, (refused, host.rejected)
+    assert host.worker.forwards.open((origin, JOB)) == 0 and host.worker.ledger.state_of(JOB, origin) == "running"

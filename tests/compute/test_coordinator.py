@@ -354,6 +354,33 @@ async def test_an_origin_marks_its_job_lost_only_once_every_replica_is_gone_for_
         assert row.state == "running" and jobs.replication.store.get(key) is not None, (others, row)
 
 
+async def test_an_origin_following_its_job_forwards_to_the_head_the_record_names(tmp_path, monkeypatch):
+    """`jobs forward` at the origin while a successor coordinates: to the job's first host as the
+    newest record has it (the host lets the job's origin forward at any epoch), and no longer
+    once nothing follows the job."""
+    import msgpack
+
+    from swarmd.compute.coordinator import coordinator as co
+    from swarmd.compute.coordinator.run import Run
+
+    jobs, stores, _, job, _ = await stopped_while_running(tmp_path)
+    record = stores[jobs.gossip.me].get((jobs.gossip.me, job))
+    head = Run.from_wire(msgpack.unpackb(record.body)["run"]).nodes[0]
+    with pytest.raises(HostError, match="is not running"):
+        jobs.head(job)
+    monkeypatch.setattr(co, "FOLLOW_EVERY", 0.05)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(jobs._follow, job)
+        with trio.fail_after(10):
+            while job not in jobs._heads:
+                await trio.sleep(0.01)
+        peer, address, host = jobs.head(job)
+        assert peer == head and address.startswith("10.211.0.") and host.peer == head
+        nursery.cancel_scope.cancel()
+    with pytest.raises(HostError, match="is not running"):
+        jobs.head(job)
+
+
 def test_a_one_host_job_on_another_node_gets_the_nearest_member_as_a_witness(tmp_path):
     """A majority of {origin, host} is both: a service's replica could not survive its host.
     The charter adds the nearest other member in service; a job on the origin alone needs none."""

@@ -178,6 +178,7 @@ class Jobs:
         self.reject = reject or gossip.reject  # a member's bad input, counted (node.py: under "jobs")
         self.replication = replication  # jobs' records to their replicas (replication.py); None: not kept
         self.following: dict[str, dict[str, Any]] = {}  # this node's jobs another replica coordinates
+        self._heads: dict[str, tuple[str, Charter]] = {}  # of those running: their first host, the charter
         self._tried: dict[tuple[str, str], int] = {}  # the epoch this process last tried to take a job over at
         self._retry: dict[tuple[str, str], float] = {}  # no new try at a takeover before then
 
@@ -304,6 +305,9 @@ class Jobs:
         """The running job's first host (node rank 0: a Ray job's head), where `jobs forward`
         connects: (peer, its address, the host). HostError saying why when it is not running."""
         live = self.live.get(job)
+        if live is None and (followed := self._heads.get(job)) is not None:  # a successor coordinates it
+            peer, charter = followed
+            return peer, self._address_of(peer), self._host(peer, Authority(origin=self.gossip.me, charter=charter))
         if live is None or live.run.state != "running" or not live.run.nodes:
             row = self.store.get(job)
             state = live.run.state if live is not None else row.state if row is not None else "unknown"
@@ -312,11 +316,13 @@ class Jobs:
         if live.run.node_state.get(peer) != "running" or peer not in live.hosts:
             raise HostError(f"job {job} is not running on its first host {short(peer)} "
                             f"({live.run.node_state.get(peer, 'not placed')})")
+        return peer, self._address_of(peer), live.hosts[peer]
+
+    def _address_of(self, peer: str) -> str:
         try:
-            address = self._address(peer)
+            return self._address(peer)
         except (HostError, KeyError):  # gone from the view this instant: the forward itself will say
-            address = "?"
-        return peer, address, live.hosts[peer]
+            return "?"
 
     async def watch(self, job: str, *, progress: bool, output: bool, rank: int | None = None,
                     follow: bool = True) -> AsyncIterator[dict[str, Any]]:
@@ -1278,6 +1284,12 @@ class Jobs:
         output kept up from the newest record and from the coordinator's copy of the output,
         until the job ends and all of it is here (`jobs show` and `jobs logs -f` read them
         as ever), or this node coordinates it again."""
+        try:
+            await self._keep_up(job)
+        finally:
+            self._heads.pop(job, None)
+
+    async def _keep_up(self, job: str) -> None:
         me = self.gossip.me
         away_since: float | None = None  # since when every other replica has been gone
         while job not in self.live:
@@ -1302,6 +1314,11 @@ class Jobs:
             if isinstance(since, bool) or not isinstance(since, (int, float)) or not 0 <= since < 2**40:
                 since = None
             self.following[job] = {"coordinator": coordinator, "epoch": record.epoch, "since": since}
+            head = run.nodes[0] if run.state == "running" and run.nodes else None
+            if head is not None and run.node_state.get(head) == "running":
+                self._heads[job] = (head, record.charter)  # where `jobs forward` goes (the host lets its origin)
+            else:
+                self._heads.pop(job, None)
             drained = coordinator == me or await self._pull_log(job, coordinator)
             if job in self.live:
                 return
@@ -1316,9 +1333,9 @@ class Jobs:
         that holds a live member: this node is in a swarm, not cut off alone), else None."""
         view, me = self.gossip.view(), self.gossip.me
         others = [p for p in charter.replicas if p != me]
-        if not others or not any(m.state.value == "alive" for m in view):
+        if not others or not all(view.get(p) is None or self._gone(p) for p in others):
             return None
-        return others if all(view.get(p) is None or self._gone(p) for p in others) else None
+        return others if any(m.state.value == "alive" for m in view) else None
 
     async def _lose(self, job: str, record: JobRecord, replicas: list[str]) -> None:
         """Every replica that could carry the job on is gone for ``LOST_AFTER``: the owner's row

@@ -49,7 +49,10 @@ worker's fence decides (`Worker.authorize`): with no charter known here only the
 commands the job; once one is, only the coordinator of the highest epoch seen, and a higher
 epoch presented with the charter becomes the one obeyed. Everything else is refused and
 counted by reason (``not_replica``, ``not_its_epoch``, ``stale_epoch``, ``charter_changed``,
-``charter_mismatch``, ``not_coordinator``, ``bad_epoch``, ``signature``).
+``charter_mismatch``, ``not_coordinator``, ``bad_epoch``, ``signature``). One exception: a
+``forward`` of its own job from the job's origin passes at any epoch (it commands nothing;
+the owner's front end reaches the job while a successor coordinates it), and the ledger
+still lets it reach only a running hold keyed by that origin.
 Before its certificate is checked a stream costs little and is held briefly: its first
 frame and the check within `FIRST_FRAME_TIMEOUT`, at most `MAX_UNCHECKED_PER_PEER` such
 streams a peer (peer ids are free: an outsider must not use up what members need). Only a
@@ -183,7 +186,12 @@ class JobHandler:
             try:
                 if not is_job_id(req.get("job")):
                     check_job_id(req.get("job"))  # raises, naming the format
-                origin = self._authorize(req, req["job"], peer)
+                if op == Forward.OP and req.get("origin", peer) == peer:
+                    # its own job's listener, for its origin (the owner's front end) at any epoch: a
+                    # forward commands nothing, and the owner reaches the job while a successor coordinates
+                    origin = peer
+                else:
+                    origin = self._authorize(req, req["job"], peer)
                 reply = await self._op(op, req["job"], origin, req, stream, peer)
                 if reply is not None:  # None: the op has had the stream (a forward, a ckpt_get)
                     await write_frame(stream, reply)
