@@ -234,3 +234,53 @@ def test_the_serve_example_answers_through_jobs_forward_with_replicas_on_several
         swarmctl(rl, "h1", "jobs", "cancel", job)
     until(lambda: call(rl, "h1", "jobs.show", id=job)["state"] == "cancelled", 30, "the Serve job cancelled")
     until(lambda: not job_uid_processes(), 15, "no process of a job uid left", detail=job_uid_processes)
+
+
+TICKS = """
+import os, time
+import ray
+ray.init()
+@ray.remote(num_cpus=1)
+def square(i):
+    return i * i
+for i in range(600):
+    print("tick", i, ray.get(square.remote(i)), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_a_ray_jobs_coordinator_crashes_and_a_replica_carries_the_cluster_on(rl, tmp_path):
+    """Last in the module (it crashes h1). A detached Ray job submitted from h1 on h2 and h3;
+    h1 crashes: a replica takes the job over, the Ray cluster and its driver go on untouched;
+    h1 comes back, follows the job (every tick once) and cancels it, leaving nothing."""
+    hosts = [arg for h in ("h2", "h3") for arg in ("--host", rl.state.host(h).peer_id)]
+    r = swarmctl(rl, "h1", "jobs", "run", "--ray", "--nodes", "2", "--detach", *hosts,
+                 "--workdir", str(workdir(tmp_path, TICKS)), "--", "python", "job.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job = r.stdout.split()[-1]
+    until(lambda: "tick 3 " in job_logs(rl, "h1", job), 120, "the driver running tasks", interval=1,
+          detail=lambda: job_logs(rl, "h1", job)[-2000:])
+    rl.crash("h1")
+    try:
+        until(lambda: any(job in call(rl, h, "status")["jobs"]["coordinating"] for h in ("h2", "h3")), 30,
+              "a replica coordinates the job", interval=0.3)
+    finally:
+        rl.revive("h1")
+    h1 = rl.state.host("h1").peer_id
+    until(lambda: (call(rl, "h1", "jobs.show", id=job).get("handover") or {}).get("coordinator") not in (None, h1),
+          60, "h1 follows the successor", interval=0.5, detail=lambda: call(rl, "h1", "jobs.show", id=job))
+
+    def ticks() -> list[int]:
+        return [int(t.split()[1]) for texts in rank_lines(job_logs(rl, "h1", job)).values() for t in texts
+                if t.startswith("tick ")]
+
+    seen = max(ticks())
+    until(lambda: max(ticks()) >= seen + 6, 60, "the driver ticking on after the hand-over", interval=1)
+    got = ticks()
+    assert got == list(range(len(got))), f"every tick once and in order, none lost: {got}"
+    shown = call(rl, "h1", "jobs.show", id=job)
+    assert shown["state"] == "running" and len(shown["attempts"]) == 1, "the Ray cluster was never restarted"
+    assert swarmctl(rl, "h1", "jobs", "cancel", job).returncode == 0
+    until(lambda: call(rl, "h1", "jobs.show", id=job)["state"] == "cancelled", 60, "the Ray job cancelled from h1",
+          interval=0.5, detail=lambda: call(rl, "h1", "jobs.show", id=job))
+    until(lambda: not job_uid_processes(), 30, "no process of a job uid left", detail=job_uid_processes)
