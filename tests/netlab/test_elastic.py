@@ -349,6 +349,20 @@ def test_a_partitioned_submitter_stands_down_and_the_job_runs_once(healthy, tmp_
             f"rank {rank}: every step once, none stopped by h1: {steps[-5:]}"
 
 
+def restart_detail(lab, job: str, successor: str) -> dict:
+    """A failed wait's evidence: the job as its owner (h1) follows it, the views of the members,
+    and the successor's log lines about the job (its placement's refusals among them)."""
+    out: dict = {"views": views(lab, ("h1", "h2", "h3", "h4"))}
+    try:
+        j = show(lab, job)
+        out["job"] = {k: j.get(k) for k in ("state", "phase", "reason", "node_state", "nodes", "handover")}
+    except Exception as exc:  # noqa: BLE001 - evidence only: the wait has failed already
+        out["job"] = repr(exc)[:200]
+    with open(lab.state.host(successor).log, errors="replace") as f:
+        out["successor_log"] = [line.strip()[:400] for line in f if job in line][-12:]
+    return out
+
+
 def test_a_coordinator_crashing_mid_restart_hands_the_restart_over(healthy, tmp_path):
     """The restart is held open by capacity, not by timing: h1's two slots are taken by jobs h2
     coordinates, so once a host of the 3-node job is lost the restart waits for a third host
@@ -385,7 +399,8 @@ def test_a_coordinator_crashing_mid_restart_hands_the_restart_over(healthy, tmp_
           interval=0.2, detail=lambda: views(lab, survivors))
     successor = coordinator_of(lab, job, survivors)
     lab.revive("h1")  # its slots are free again: the blockers' ranks died with it
-    until(lambda: coordinator_of(lab, job, (successor,)) is None, 240, "the job ends on its successor", interval=0.5)
+    until(lambda: coordinator_of(lab, job, (successor,)) is None, 240, "the job ends on its successor", interval=0.5,
+          detail=lambda: restart_detail(lab, job, successor))
     until(lambda: show(lab, job)["state"] in ("succeeded", "failed", "cancelled"), 60, "the owner sees the end",
           interval=0.5, detail=lambda: show(lab, job))
     j, out = show(lab, job), logs(lab, job)
