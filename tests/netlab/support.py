@@ -49,6 +49,20 @@ def until(predicate, timeout: float, what: str, interval: float = 0.05, detail=N
         time.sleep(max(interval, time.monotonic() - began))
 
 
+def handed_over_and_back(lab, job: str, replicas: Sequence[str] = ("h2", "h3")) -> None:
+    """h1, the job's submitter, crashes: one of ``replicas`` takes the job over; h1 comes back
+    (revived even when the wait fails) and follows the successor as the owner's front end."""
+    lab.crash("h1")
+    try:
+        until(lambda: any(job in call(lab, h, "status")["jobs"]["coordinating"] for h in replicas), 30,
+              "a replica coordinates the job", interval=0.3)
+    finally:
+        lab.revive("h1")
+    h1 = lab.state.host("h1").peer_id
+    until(lambda: (call(lab, "h1", "jobs.show", id=job).get("handover") or {}).get("coordinator") not in (None, h1),
+          60, "h1 follows the successor", interval=0.5, detail=lambda: call(lab, "h1", "jobs.show", id=job))
+
+
 def in_netns(lab, host: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", lab.state.host(host).netns, *argv],
                           capture_output=True, text=True, timeout=timeout)

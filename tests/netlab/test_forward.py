@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from .support import call, job_logs, swarmctl, three_hosts, until
+from .support import call, handed_over_and_back, job_logs, swarmctl, three_hosts, until
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 
@@ -118,15 +118,7 @@ def test_the_owner_forwards_to_its_job_after_a_successor_took_it_over(fl, tmp_pa
     forward at any epoch) and cancels it there."""
     h2 = fl.state.host("h2").peer_id
     job = server_job(fl, tmp_path, "--host", h2)
-    fl.crash("h1")
-    try:
-        until(lambda: any(job in call(fl, h, "status")["jobs"]["coordinating"] for h in ("h2", "h3")), 30,
-              "a replica coordinates the job", interval=0.3)
-    finally:
-        fl.revive("h1")
-    until(lambda: (call(fl, "h1", "jobs.show", id=job).get("handover") or {}).get("coordinator") not in (
-        None, fl.state.host("h1").peer_id), 60, "h1 follows the successor", interval=0.5,
-        detail=lambda: call(fl, "h1", "jobs.show", id=job))
+    handed_over_and_back(fl, job)
     with forwarding(fl, "h1", job) as (fw, local, line):
         assert f"({h2[-8:]}) port 8000" in line, (line, fw.stderr.read() if fw.poll() is not None else "")
         assert get(local).startswith(f"hello from {job} uid ".encode())

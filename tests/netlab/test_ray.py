@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .support import call, in_netns, job_logs, rank_lines, swarmctl, three_hosts, until, workdir
+from .support import (call, handed_over_and_back, in_netns, job_logs, rank_lines, swarmctl, three_hosts, until,
+                      workdir)
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -260,15 +261,7 @@ def test_a_ray_jobs_coordinator_crashes_and_a_replica_carries_the_cluster_on(rl,
     job = r.stdout.split()[-1]
     until(lambda: "tick 3 " in job_logs(rl, "h1", job), 120, "the driver running tasks", interval=1,
           detail=lambda: job_logs(rl, "h1", job)[-2000:])
-    rl.crash("h1")
-    try:
-        until(lambda: any(job in call(rl, h, "status")["jobs"]["coordinating"] for h in ("h2", "h3")), 30,
-              "a replica coordinates the job", interval=0.3)
-    finally:
-        rl.revive("h1")
-    h1 = rl.state.host("h1").peer_id
-    until(lambda: (call(rl, "h1", "jobs.show", id=job).get("handover") or {}).get("coordinator") not in (None, h1),
-          60, "h1 follows the successor", interval=0.5, detail=lambda: call(rl, "h1", "jobs.show", id=job))
+    handed_over_and_back(rl, job)
 
     def ticks() -> list[int]:
         return [int(t.split()[1]) for texts in rank_lines(job_logs(rl, "h1", job)).values() for t in texts
