@@ -31,9 +31,11 @@ class World:
     succeed, except on a first attempt of two hosts: rank 0 writes a checkpoint, then the
     other host is lost."""
 
-    def __init__(self, refusing: set[str], refusing_workdir: frozenset[str] = frozenset()) -> None:
+    def __init__(self, refusing: set[str], refusing_workdir: frozenset[str] = frozenset(),
+                 breaking: frozenset[str] = frozenset()) -> None:
         self.refusing = refusing
         self.refusing_workdir = refusing_workdir
+        self.breaking = set(breaking)  # hosts whose first start's stream breaks before its ranks start
         self.starts: list[tuple[str, StartRequest]] = []
         self.puts: list[tuple[str, str]] = []
         self.refused_puts: list[str] = []
@@ -78,6 +80,9 @@ class FakeHost:
 
     async def start(self, req: StartRequest, emit) -> None:
         self.world.starts.append((self.peer, req))
+        if self.peer in self.world.breaking:
+            self.world.breaking.discard(self.peer)
+            raise HostError(f"{self.peer[-8:]}: job stream: stream closed (StreamEOF)")
         rank = req.role.node_rank
         await emit({"started": [rank]})
         if self.world.hold is not None:
@@ -165,6 +170,24 @@ async def test_hosts_refusing_every_setup_fail_the_job_after_max_attempts_saying
     run = await finished(jobs, JobSpec(cmd=("train",), nodes=1), digest)
     assert run.state == "failed" and world.starts == []
     assert run.reason == "shipping the workdir failed: CCCCcccc: no room for the workdir, 3 times with other hosts"
+
+
+async def test_a_job_pinned_to_a_host_whose_stream_broke_restarts_there_and_others_avoid_a_lost_host(tmp_path):
+    """A lost host is avoided while another fits; where nothing else would (a service replica
+    pinned to its host, whose stream broke once as its ranks started) it is placed again at
+    once, not waited on until the job's wait runs out (CI once: a chat replica 180 s unplaced)."""
+    world = World(refusing=set(), breaking=frozenset({A}))
+    run = await finished(jobs_over(tmp_path, world, (A, B)), JobSpec(cmd=("serve",), nodes=1, max_restarts=2,
+                                                                   hosts=(A,), wait_s=600))
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.reason
+    assert [a.nodes for a in run.attempts] == [(A,), (A,)]
+    assert run.attempts[0].why == "host AAAAaaaa lost: job stream: stream closed (StreamEOF)"
+
+    world = World(refusing=set(), breaking=frozenset({A}))
+    (tmp_path / "free").mkdir()
+    run = await finished(jobs_over(tmp_path / "free", world, (A, B)), JobSpec(cmd=("serve",), nodes=1,
+                                                                              max_restarts=2))
+    assert (run.state, [a.nodes for a in run.attempts]) == ("succeeded", [(A,), (B,)])
 
 
 # --- the job's record on its replicas (issue 26) -------------------------------------------
@@ -434,6 +457,9 @@ class GrowingHost(FakeHost):
 
     async def start(self, req: StartRequest, emit) -> None:
         self.world.starts.append((self.peer, req))
+        if self.peer in self.world.breaking:
+            self.world.breaking.discard(self.peer)
+            raise HostError(f"{self.peer[-8:]}: job stream: stream closed (StreamEOF)")
         rank = req.role.node_rank
         await emit({"started": [rank]})
         if not any(what == "stop" for what, _ in self.world.log):  # the first attempt (its hosts start in any order)

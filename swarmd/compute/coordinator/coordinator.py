@@ -10,9 +10,10 @@ to the store as they happen; `watch` lets any number of clients follow a job.
 Elastic jobs (run.py has the rules): an attempt ends at the first of a host's stream or
 heartbeat breaking, membership declaring a host dead (`watch` in `_start_all`, every
 WATCH_EVERY), or a rank exiting non-zero; every other host is told to stop at once. With
-restarts left, the survivors are kept (placement's `require`), the lost hosts excluded, the
-gang reserved again, the workdir shipped where it is missing, the job's newest checkpoints
-put on every host (hub.py), and the ranks started with the next restart count.
+restarts left, the survivors are kept (placement's `require`), the lost hosts avoided (placed
+again only where nothing else fits: a replica pinned to its host), the gang reserved again,
+the workdir shipped where it is missing, the job's newest checkpoints put on every host
+(hub.py), and the ranks started with the next restart count.
 
 Growth (growth.py has the rule): right after a new checkpoint of a running MIN:MAX job below
 MAX is recorded, placement is asked for a bigger gang that keeps every running host; the
@@ -83,6 +84,7 @@ from .store import JobRow, JobStore, RankRow
 log = structlog.get_logger("swarmd.jobs")
 
 KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goes on
+LOST_BEFORE = "lost in an earlier attempt"  # placement's word for a host it avoids
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
 WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
@@ -539,16 +541,17 @@ class Jobs:
 
     async def _place_and_hold(self, job: str, live: _Live, left_out: dict[str, str]
                               ) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], int] | None:
-        """Place the attempt and hold its gang; a restart keeps its survivors and never places a
-        lost host again, nor one in `left_out` (it refused this attempt's setup). None when
-        the job ended (no fit, cancelled, refused too often)."""
+        """Place the attempt and hold its gang; a restart keeps its survivors and places neither a
+        host lost in an earlier attempt nor one in `left_out` (it refused this attempt's setup)
+        while others fit. None when the job ended (no fit, cancelled, refused too often)."""
         run, spec = live.run, live.spec
         give_up = trio.current_time() + spec.wait_s
-        refused: dict[str, str] = {p: "lost in an earlier attempt" for p in run.lost} | left_out
+        refused: dict[str, str] = {p: LOST_BEFORE for p in run.lost} | left_out
         survivors = tuple(p for p in run.kept if p not in refused) if run.state == "restarting" else ()
         joining = tuple(p for p in run.joining if p not in refused and p not in survivors)  # a growth's hosts
         survivors += joining
         attempts = 0
+        lost_tried = False  # the hosts lost earlier, tried again once nothing else fits
         while True:
             if run.cancelled:
                 run.to("cancelled")
@@ -581,6 +584,14 @@ class Jobs:
                 for peer in left_out:
                     refused.pop(peer, None)
                 left_out.clear()
+                continue
+            if isinstance(placement, NoFit) and not lost_tried and LOST_BEFORE in refused.values():
+                # only a host lost in an earlier attempt would fit (a replica pinned to its host, whose
+                # stream broke once): placed again where it is alive now; the restarts bound how often
+                lost_tried = True
+                for peer in run.lost:
+                    if refused.get(peer) == LOST_BEFORE:
+                        del refused[peer]
                 continue
             if isinstance(placement, NoFit):
                 if trio.current_time() < give_up:
@@ -810,7 +821,7 @@ class Jobs:
             return False
         view = self.gossip.view()
         candidates, rtt_ms = self._candidates(view), self._rtt(view)
-        lost = {p: "lost in an earlier attempt" for p in run.lost}
+        lost = {p: LOST_BEFORE for p in run.lost}
         placement = await trio.to_thread.run_sync(
             lambda: place(spec, candidates, rtt_ms, exclude=lost, require=peers))
         joining = growth.joining(spec.nodes, peers, placement.peers) if isinstance(placement, Placement) else ()

@@ -122,7 +122,7 @@ class Run:
     cancelled: bool = False
     stopping: bool = False  # the current attempt's nodes are being stopped (a failure, a loss, a cancel)
     verdict: str | None = None  # how the current attempt's end is taken: "restart" | "fail"
-    lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: not placed again
+    lost: set[str] = field(default_factory=set)  # hosts lost in any attempt: avoided when placing
     kept: tuple[str, ...] = ()  # the ended attempt's surviving hosts, which the next one keeps
     lost_workers: list[str] = field(default_factory=list)  # a driven job's worker hosts lost, and why
     joining: tuple[str, ...] = ()  # hosts a growth holds for the next attempt, beside `kept`
