@@ -259,8 +259,9 @@ def test_the_model_examples_answer_through_a_gateway_on_another_host_and_tokens_
 
 def replica_detail(lab, name: str) -> dict:
     """A service that does not come up: its controller's view, each replica's job as its
-    coordinator shows it, and which jobs hold the hosts' slots (twice a replica of embed was
-    never placed on h4 here, host None for 180 s: this says why next time)."""
+    coordinator shows it, which jobs hold the hosts' slots (twice a replica of embed was never
+    placed on h4 here, host None for 180 s), and each host's log lines on those jobs, on members
+    and on failed handlers (once in CI chat's job stream to h3 closed as it started: say why)."""
     shown = call(lab, "h1", "serve.show", name=name)
     out = {"service": shown, "jobs": {}, "slots": {}}
     for r in shown.get("replicas") or []:
@@ -275,6 +276,11 @@ def replica_detail(lab, name: str) -> dict:
             out["slots"][h] = call(lab, h, "status").get("jobs")
         except Exception as exc:
             out["slots"][h] = repr(exc)[:200]
+    marks = (*out["jobs"], '"member ', "handler failed", '"level": "error"')
+    out["logs"] = {}
+    for h in HOSTS:
+        with open(lab.state.host(h).log, errors="replace") as f:
+            out["logs"][h] = [line.strip()[:400] for line in f if any(m in line for m in marks)][-12:]
     return out
 
 
