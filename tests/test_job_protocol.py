@@ -555,3 +555,19 @@ async def test_the_checkpoint_replicator_outlives_any_hosts_misbehaviour(tmp_pat
     with pytest.raises(HostError, match="no live host gave checkpoint e3.pt: rank0host: checkpoint get"):
         await hub.fetch(run, {"rank0host": Gone()}, hub.checkpoints[-1])
     assert await hub.put_all(run, {"rank0host": Gone()}, ("rank0host",)) == (), "never resumed from a lost copy"
+
+
+async def test_a_start_that_breaks_on_this_host_tells_its_coordinator_what_broke_and_gives_the_slot_back(tmp_path):
+    """An error nobody foresaw (here a full disk as the job's directory is prepared) reaches the
+    coordinator as the start's error, naming it, instead of a closed stream it can only call a
+    lost host; the slot is free again and the handler serves the next request."""
+    host = Host(tmp_path, slots=1)
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    host.worker._prepare = full
+    replies = await run_job(host, "coord")
+    assert replies == [{"error": "start: this host failed: OSError: [Errno 28] No space left on device"}]
+    assert host.worker.ledger.slots_free == 1 and not host.rejected
+    assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]

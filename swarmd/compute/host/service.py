@@ -59,7 +59,9 @@ streams a peer (peer ids are free: an outsider must not use up what members need
 member's stream then counts against the host's budget: at most `MAX_STREAMS_PER_PEER`
 beyond this host's job slots from one peer, and `MAX_STREAMS` from all; past either it is
 refused before anything more is read.
-Every refusal of a peer's request is counted by reason and answered with the reason.
+Every refusal of a peer's request is counted by reason and answered with the reason. A
+failure of this host's own (its disk, its sandbox) is logged with its traceback and answered
+``{error: "<op>: this host failed: …"}``: the coordinator's job says what broke.
 """
 
 from __future__ import annotations
@@ -215,6 +217,11 @@ class JobHandler:
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
             except CoordinatorGone as exc:
                 log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
+            except Exception as exc:  # this host broke, not the request: its coordinator reads what broke
+                log.exception("a job request failed on this host", peer=peer, job=req.get("job"), op=shown)
+                with trio.move_on_after(1), contextlib.suppress(PeerError):
+                    await write_frame(stream, {"error": f"{shown}: this host failed: {exc.__class__.__name__}: "
+                                                        f"{str(exc)[:200]}"})
         except FrameTooLarge as exc:
             self.rejected("too_large", peer, f"job request: {exc}")
         except PeerError as exc:
