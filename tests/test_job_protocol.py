@@ -564,10 +564,10 @@ async def test_a_start_that_breaks_on_this_host_tells_its_coordinator_what_broke
     host = Host(tmp_path, slots=1)
 
     def full(*args):
-        raise OSError(28, "No space left on device")
+        raise OSError(28, "No space left on device", str(tmp_path / "jobs"))
 
     host.worker._prepare = full
     replies = await run_job(host, "coord")
-    assert replies == [{"error": "start: this host failed: OSError: [Errno 28] No space left on device"}]
+    assert replies == [{"error": "start: this host failed: OSError: No space left on device"}], "no path of the host's"
     assert host.worker.ledger.slots_free == 1 and not host.rejected
     assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]

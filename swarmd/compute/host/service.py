@@ -219,9 +219,10 @@ class JobHandler:
                 log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
             except Exception as exc:  # this host broke, not the request: its coordinator reads what broke
                 log.exception("a job request failed on this host", peer=peer, job=req.get("job"), op=shown)
+                what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # no path of ours
                 with trio.move_on_after(1), contextlib.suppress(PeerError):
                     await write_frame(stream, {"error": f"{shown}: this host failed: {exc.__class__.__name__}: "
-                                                        f"{str(exc)[:200]}"})
+                                                        f"{what[:200]}"})
         except FrameTooLarge as exc:
             self.rejected("too_large", peer, f"job request: {exc}")
         except PeerError as exc:
