@@ -571,3 +571,22 @@ async def test_a_start_that_breaks_on_this_host_tells_its_coordinator_what_broke
     assert replies == [{"error": "start: this host failed: OSError: No space left on device"}], "no path of the host's"
     assert host.worker.ledger.slots_free == 1 and not host.rejected
     assert await host.ask("coord", req("reserve", gpus=0, ranks=1, lease=30.0)) == [{"gpus": []}]
+
+
+async def test_a_coordinator_resetting_the_stream_as_the_host_answers_is_not_the_hosts_failure(tmp_path):
+    """The stream breaking under the answer is the peer's doing: the handler ends quietly, and
+    nothing is logged as this host failing (a coordinator resets the stream once it has the exit)."""
+    from libp2p.network.stream.exceptions import StreamReset
+    from structlog.testing import capture_logs
+
+    from fake_stream import FakeStream
+
+    class Resetting(FakeStream):
+        async def write(self, data: bytes) -> None:
+            raise StreamReset("reset by the peer")
+
+    host = Host(tmp_path)
+    with capture_logs() as logged:
+        await host.handler.handle(Resetting("coord", [req("reserve", gpus=0, ranks=1, lease=30.0)]))
+    assert not [e for e in logged if "failed on this host" in e["event"]], logged
+    assert host.worker.ledger.state_of(JOB, "coord") == "leased", "the reservation stands until its lease ends"

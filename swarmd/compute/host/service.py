@@ -217,6 +217,8 @@ class JobHandler:
                 await write_frame(stream, {"error": f"{shown}: {exc}"})
             except CoordinatorGone as exc:
                 log.info("a coordinator went away from its job", peer=peer, job=req.get("job"), why=str(exc))
+            except (PeerError, FrameTooLarge):  # the stream, below: the peer's doing, not this host's
+                raise
             except Exception as exc:  # this host broke, not the request: its coordinator reads what broke
                 log.exception("a job request failed on this host", peer=peer, job=req.get("job"), op=shown)
                 what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # no path of ours
