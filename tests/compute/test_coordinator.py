@@ -32,10 +32,12 @@ class World:
     other host is lost."""
 
     def __init__(self, refusing: set[str], refusing_workdir: frozenset[str] = frozenset(),
-                 breaking: frozenset[str] = frozenset()) -> None:
+                 breaking: frozenset[str] = frozenset(), broken: frozenset[str] = frozenset()) -> None:
         self.refusing = refusing
         self.refusing_workdir = refusing_workdir
         self.breaking = set(breaking)  # hosts whose first start's stream breaks before its ranks start
+        self.broken = broken  # hosts whose every start's does
+        self.started_at: list[float] = []
         self.starts: list[tuple[str, StartRequest]] = []
         self.puts: list[tuple[str, str]] = []
         self.refused_puts: list[str] = []
@@ -80,7 +82,8 @@ class FakeHost:
 
     async def start(self, req: StartRequest, emit) -> None:
         self.world.starts.append((self.peer, req))
-        if self.peer in self.world.breaking:
+        self.world.started_at.append(trio.current_time())
+        if self.peer in self.world.breaking or self.peer in self.world.broken:
             self.world.breaking.discard(self.peer)
             raise HostError(f"{self.peer[-8:]}: job stream: stream closed (StreamEOF)")
         rank = req.role.node_rank
@@ -188,6 +191,20 @@ async def test_a_job_pinned_to_a_host_whose_stream_broke_restarts_there_and_othe
     run = await finished(jobs_over(tmp_path / "free", world, (A, B)), JobSpec(cmd=("serve",), nodes=1,
                                                                               max_restarts=2))
     assert (run.state, [a.nodes for a in run.attempts]) == ("succeeded", [(A,), (B,)])
+
+
+async def test_a_pinned_host_that_breaks_every_start_is_tried_again_less_and_less_often(tmp_path, monkeypatch):
+    """Not hammered: the pause before a lost host is placed again doubles with each restart
+    (1 s, 2 s, 4 s … up to a minute here), and the restarts still bound the tries."""
+    from swarmd.compute.coordinator import coordinator
+
+    monkeypatch.setattr(coordinator, "LOST_RETRY_FIRST", 0.1)
+    world = World(refusing=set(), broken=frozenset({A}))
+    run = await finished(jobs_over(tmp_path, world, (A, B)), JobSpec(cmd=("serve",), nodes=1, max_restarts=3,
+                                                                   hosts=(A,), wait_s=600))
+    assert run.state == "failed" and [peer for peer, _ in world.starts] == [A] * 4, run.reason
+    gaps = [b - a for a, b in zip(world.started_at, world.started_at[1:])]
+    assert [round(g, 1) >= want for g, want in zip(gaps, (0.1, 0.2, 0.4))] == [True] * 3, gaps
 
 
 # --- the job's record on its replicas (issue 26) -------------------------------------------
@@ -457,7 +474,8 @@ class GrowingHost(FakeHost):
 
     async def start(self, req: StartRequest, emit) -> None:
         self.world.starts.append((self.peer, req))
-        if self.peer in self.world.breaking:
+        self.world.started_at.append(trio.current_time())
+        if self.peer in self.world.breaking or self.peer in self.world.broken:
             self.world.breaking.discard(self.peer)
             raise HostError(f"{self.peer[-8:]}: job stream: stream closed (StreamEOF)")
         rank = req.role.node_rank
