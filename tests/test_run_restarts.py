@@ -201,3 +201,14 @@ def test_a_resumed_job_whose_ranks_end_before_every_start_is_told_succeeds():
     run2.node_exited(A, {0: 0})
     run2.node_exited(B, {1: 0})  # neither start was told
     assert run2.state == "succeeded"
+
+
+def test_a_lost_host_is_placed_again_after_a_pause_doubling_with_each_restart_up_to_a_minute():
+    """Where only a host lost earlier fits: 1 s after the first restart, then 2, 4 … 60 s; the
+    largest count a member's record may carry still gives a minute, not an overflow."""
+    run = Run(job="j", max_restarts=1000)
+    pauses = []
+    for count in (0, 1, 2, 3, 6, 7, 1000):
+        run.restart_count = count
+        pauses.append(run.lost_retry_pause)
+    assert pauses == [1.0, 1.0, 2.0, 4.0, 32.0, 60.0, 60.0]

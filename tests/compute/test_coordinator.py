@@ -196,9 +196,9 @@ async def test_a_job_pinned_to_a_host_whose_stream_broke_restarts_there_and_othe
 async def test_a_pinned_host_that_breaks_every_start_is_tried_again_less_and_less_often(tmp_path, monkeypatch):
     """Not hammered: the pause before a lost host is placed again doubles with each restart
     (1 s, 2 s, 4 s … up to a minute here), and the restarts still bound the tries."""
-    from swarmd.compute.coordinator import coordinator
+    from swarmd.compute.coordinator import run as runmod
 
-    monkeypatch.setattr(coordinator, "LOST_RETRY_FIRST", 0.1)
+    monkeypatch.setattr(runmod, "LOST_RETRY_FIRST", 0.1)
     world = World(refusing=set(), broken=frozenset({A}))
     run = await finished(jobs_over(tmp_path, world, (A, B)), JobSpec(cmd=("serve",), nodes=1, max_restarts=3,
                                                                    hosts=(A,), wait_s=600))

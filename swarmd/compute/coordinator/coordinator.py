@@ -85,8 +85,6 @@ log = structlog.get_logger("swarmd.jobs")
 
 KEEPALIVE = 5.0  # seconds of silence after which a follower is told the job goes on
 LOST_BEFORE = "lost in an earlier attempt"  # placement's word for a host it avoids
-LOST_RETRY_FIRST = 1.0  # seconds before a lost host is placed again, doubling with each restart,
-LOST_RETRY_MAX = 60.0  # up to this (Kubernetes' CrashLoopBackOff: 10 s doubling to 5 min)
 WAIT_POLL = 1.0  # seconds between placement attempts of a job that waits for capacity
 LOST_REASON = "the coordinating daemon restarted while the job was running"
 WATCH_EVERY = 0.25  # seconds between looks at the membership view for a job's dead hosts
@@ -592,8 +590,7 @@ class Jobs:
                 # stream broke once): placed again where it is alive now, after a pause that doubles
                 # with each restart (a host that breaks every start is not hammered)
                 lost_tried = True
-                resume = trio.current_time() + min(LOST_RETRY_FIRST * 2 ** max(run.restart_count - 1, 0),
-                                                   LOST_RETRY_MAX)
+                resume = trio.current_time() + run.lost_retry_pause
                 while trio.current_time() < resume and not run.cancelled:
                     await trio.sleep(min(WAIT_POLL, resume - trio.current_time()))
                 for peer in run.lost:

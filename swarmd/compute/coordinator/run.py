@@ -49,6 +49,8 @@ STATES = ("placing", "reserving", "shipping", "starting", "running", "restarting
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 PHASES = ("stopping", "placing", "reserving", "shipping", "starting")  # of a restart
 _LIVE = ("placing", "reserving", "shipping", "starting", "running", "restarting")
+LOST_RETRY_FIRST = 1.0  # seconds before a lost host is placed again, doubling with each restart,
+LOST_RETRY_MAX = 60.0  # up to this (Kubernetes' CrashLoopBackOff: 10 s doubling to 5 min)
 
 # (state, requested) -> the state the job is in afterwards
 MOVES: dict[tuple[str, str], str] = {
@@ -342,6 +344,13 @@ class Run:
     def survivors(self) -> tuple[str, ...]:
         """The current attempt's hosts that were not lost, in node-rank order."""
         return tuple(n for n in self.nodes if self.node_state.get(n) != "lost")
+
+    @property
+    def lost_retry_pause(self) -> float:
+        """Seconds before a host lost earlier is placed again, where nothing else fits: 1 s
+        doubling with each restart, up to a minute (the count comes from a record: its range is
+        checked, and the doubling stops well before a float could overflow)."""
+        return min(LOST_RETRY_FIRST * 2 ** min(max(self.restart_count - 1, 0), 16), LOST_RETRY_MAX)
 
     @property
     def over(self) -> bool:
